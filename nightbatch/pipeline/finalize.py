@@ -18,7 +18,8 @@ from nightbatch.ids import derived_id
 from nightbatch.jsonl import split_lines
 from nightbatch.pipeline import layout
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
-from nightbatch.pipeline.results import Tally, digest, unrun_line
+from nightbatch.pipeline.results import Tally, digest, summarize_result_line, unrun_line
+from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore, LineWriter
 from nightbatch.wire import TERMINAL_STATUSES
@@ -115,10 +116,10 @@ def _write_files(services: Services, batch: dict[str, Any], unrun_code: str) -> 
                 _merge_results(blobs, batch_id, shard["shard_id"], seen, out, err, tally)
             if len(seen) < int(shard["lines"]):
                 for key in shard["segments"]:
-                    for raw in split_lines(blobs.iter_chunks(key), max_bytes=MAX_RESULT_LINE):
+                    for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
                         if not raw.data:
                             continue
-                        custom_id = json.loads(raw.data)["custom_id"]
+                        custom_id = parse_segment_line(raw.data).custom_id
                         if digest(custom_id) not in seen:
                             seen.add(digest(custom_id))
                             err.write(unrun_line(batch_id, custom_id, unrun_code))
@@ -151,19 +152,18 @@ def _merge_results(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int
                    err: LineWriter, tally: Tally) -> None:
     prefix = layout.results_prefix(batch_id, shard_id)
     for key in sorted(k for k in blobs.list_keys(prefix) if k.endswith(".jsonl")):
-        for raw in split_lines(blobs.iter_chunks(key), max_bytes=MAX_RESULT_LINE):
+        for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
             if not raw.data:
                 continue
-            line = json.loads(raw.data)
-            d = digest(line["custom_id"])
+            summary = summarize_result_line(raw.data)
+            d = digest(summary.custom_id)
             if d in seen:
                 continue  # a zombie attempt's duplicate: the first result wins
             seen.add(d)
-            response = line.get("response")
             data = raw.data + b"\n"
-            if response is not None and 200 <= int(response.get("status_code", 0)) < 300:
+            if summary.ok:
                 out.write(data)
-                tally.add_success(response.get("body") or {})
+                tally.add_success(summary.usage)
             else:
                 err.write(data)
                 tally.failed += 1
