@@ -87,6 +87,12 @@ class Settings(BaseSettings):
     checkpoint_every_seconds: float = 10.0
     max_in_flight: int = 256
 
+    # Accounting: what one GPU-second costs, for `batch.nightbatch.cost` (estimates; set to your prices).
+    instance_type: str = "g6e.xlarge"
+    capacity: Literal["spot", "on-demand"] = "spot"
+    instance_price_per_hour: float = 0.0  # 0 = use the built-in price table for instance_type and capacity
+    gpus_per_instance: int = 1
+
     @field_validator("hour_seconds")
     @classmethod
     def _positive(cls, v: float) -> float:
