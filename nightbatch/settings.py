@@ -83,6 +83,17 @@ class Settings(BaseSettings):
     checkpoint_every_seconds: float = 10.0
     max_in_flight: int = 256
 
+    # --- GPU worker (gpu_worker/main.py): the shard one container runs, the engine, polling and draining. ---
+    # AWS Batch passes the shard as NIGHTBATCH_BATCH_ID / NIGHTBATCH_SHARD_ID.
+    batch_id: str = ""
+    shard_id: str = ""
+    # "module:Class" of an engine taking a ModelSpec; empty means the vLLM engine.
+    worker_engine: str = ""
+    # How often a running shard reads the batch item for cancel/expiry.
+    worker_poll_seconds: float = 5.0
+    # How long a stopping shard lets in-flight requests finish: under ECS's 30 s SIGTERM-to-SIGKILL window.
+    worker_drain_seconds: float = 20.0
+
     @field_validator("hour_seconds")
     @classmethod
     def _positive(cls, v: float) -> float:
