@@ -93,6 +93,17 @@ class Settings(BaseSettings):
     instance_price_per_hour: float = 0.0  # 0 = use the built-in price table for instance_type and capacity
     gpus_per_instance: int = 1
 
+    # --- GPU worker (gpu_worker/main.py): the shard one container runs, the engine, polling and draining. ---
+    # AWS Batch passes the shard as NIGHTBATCH_BATCH_ID / NIGHTBATCH_SHARD_ID.
+    batch_id: str = ""
+    shard_id: str = ""
+    # "module:Class" of an engine taking a ModelSpec; empty means the vLLM engine.
+    worker_engine: str = ""
+    # How often a running shard reads the batch item for cancel/expiry.
+    worker_poll_seconds: float = 5.0
+    # How long a stopping shard lets in-flight requests finish: under ECS's 30 s SIGTERM-to-SIGKILL window.
+    worker_drain_seconds: float = 20.0
+
     @field_validator("hour_seconds")
     @classmethod
     def _positive(cls, v: float) -> float:
