@@ -1,4 +1,4 @@
-"""Files API through the stock OpenAI SDK over real HTTP: upload, auto-paged list, retrieve, content, delete."""
+"""Files API via the stock OpenAI SDK over real HTTP: upload, auto-paged list, retrieve, content, delete."""
 
 from __future__ import annotations
 
