@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 import uvicorn
-from moto.server import ThreadedMotoServer
 from openai import OpenAI
 
 from functions.api.app import create_app
+from nightbatch.local.aws import AtomicMotoServer
 from nightbatch.services import Services, build_services
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, make_adapters
@@ -55,10 +55,13 @@ class MotoServer:
 @pytest.fixture(scope="session")
 def moto_server() -> Iterator[MotoServer]:
     """moto's server on a free loopback port, with fake credentials and AWS_ENDPOINT_URL in the environment
-    (so subprocesses and code that builds its own boto3 clients reach it too)."""
+    (so subprocesses and code that builds its own boto3 clients reach it too).
+
+    It is the local stack's AtomicMotoServer: a ThreadedMotoServer whose DynamoDB requests are atomic as in
+    AWS, so races between conditional writes behave as they will in production."""
     # One log line per AWS call would bury the interesting part of a failure report.
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server = AtomicMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
