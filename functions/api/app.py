@@ -3,21 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import lru_cache
 
 from fastapi import FastAPI
 
 from functions.api import errors
 from functions.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from functions.api.routers import batches, files, limits, models
-from nightbatch.services import Services, build_services
-from nightbatch.settings import get_settings
-from nightbatch.storage import make_adapters
-
-
-@lru_cache(maxsize=1)
-def default_services() -> Services:
-    return build_services(make_adapters(get_settings()))
+from nightbatch.services import Services, default_services
 
 
 def create_app(services: Callable[[], Services] = default_services) -> FastAPI:
