@@ -6,6 +6,8 @@ import argparse
 import logging
 import sys
 
+from nightbatch import cli_keys
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nightbatch", description="Self-hosted OpenAI-compatible Batch API")
@@ -15,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     local.add_argument("--port", type=int, default=8000)
     local.add_argument("--no-engines", action="store_true",
                        help="do not start model engines (batches stay in_progress); for API-only work")
+    cli_keys.register(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
@@ -22,6 +25,8 @@ def main(argv: list[str] | None = None) -> int:
         from nightbatch.local.stack import serve
 
         serve(args.host, args.port, engines=not args.no_engines)
+    if args.command == "keys":
+        return cli_keys.run(args)
     return 0
 
 

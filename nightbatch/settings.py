@@ -104,6 +104,23 @@ class Settings(BaseSettings):
     # How long a stopping shard lets in-flight requests finish: under ECS's 30 s SIGTERM-to-SIGKILL window.
     worker_drain_seconds: float = 20.0
 
+    # --- Tenancy: stored API keys, idempotent creates, per-tenant limits (docs/TENANCY.md) ---
+    # How long a process trusts a stored key lookup; a revoked key stops working within this many seconds.
+    key_cache_seconds: float = 30.0
+    # Idempotency-Key records: how long a key replays its first answer, and how long an unfinished first
+    # request holds the key before a retry may take it over (a crashed request must not block it forever).
+    idempotency_ttl_seconds: int = 86400
+    idempotency_lock_seconds: int = 300
+    # Per-tenant limits; 0 means unlimited. NIGHTBATCH_TENANT_LIMITS_JSON overrides them per tenant:
+    # {"team-a": {"queued_tokens": 1000000}, "*": {"requests_per_minute": 600}} ("*" = every other tenant).
+    limit_queued_requests: int = 1_000_000
+    limit_queued_tokens: int = 50_000_000
+    limit_batches_in_flight: int = 1000
+    limit_requests_per_minute: int = 6000
+    # Retry-After sent with a 429 for too many batches in flight (the SDK honours values up to 60 s).
+    limit_in_flight_retry_after: int = 30
+    tenant_limits_json: str = ""
+
     @field_validator("hour_seconds")
     @classmethod
     def _positive(cls, v: float) -> float:

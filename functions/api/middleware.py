@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nightbatch.ids import new_request_id
+from nightbatch.logs import bind, unbind
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -29,6 +30,7 @@ class RequestIdMiddleware:
             return
         request_id = new_request_id()
         scope.setdefault("state", {})["request_id"] = request_id
+        log_token = bind(request_id=request_id)  # every log line of this request carries its id
 
         started = False
 
@@ -54,6 +56,8 @@ class RequestIdMiddleware:
             await send_with_id({"type": "http.response.start", "status": 500, "headers": [
                 (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
             await send_with_id({"type": "http.response.body", "body": body})
+        finally:
+            unbind(log_token)
 
 
 class BodyLimitMiddleware:

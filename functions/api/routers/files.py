@@ -7,7 +7,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, File, Form, Query, Request, UploadFile
 from fastapi.responses import Response, StreamingResponse
 
-from functions.api.deps import PrincipalDep, ServicesDep
+from functions.api.deps import Principal, PrincipalDep, ServicesDep
+from functions.api.idempotency import IdempotencyDep
 from nightbatch.errors import InvalidRequestError, PayloadTooLargeError
 from nightbatch.services import Services
 from nightbatch.wire import DeletedFile, FileObject, ListPage
@@ -24,8 +25,17 @@ def create_file(
     services: ServicesDep,
     purpose: Annotated[str, Form()],
     file: Annotated[UploadFile, File()],
+    idem: IdempotencyDep,
     expires_after_anchor: Annotated[str | None, Form(alias="expires_after[anchor]")] = None,
     expires_after_seconds: Annotated[int | None, Form(alias="expires_after[seconds]")] = None,
+) -> Any:
+    return idem.run(lambda: _create_file(
+        principal, services, purpose, file, expires_after_anchor, expires_after_seconds))
+
+
+def _create_file(
+    principal: Principal, services: Services, purpose: str, file: UploadFile,
+    expires_after_anchor: str | None, expires_after_seconds: int | None,
 ) -> FileObject:
     if purpose not in UPLOAD_PURPOSES:
         raise InvalidRequestError(
