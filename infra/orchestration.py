@@ -120,6 +120,10 @@ class Orchestration(Construct):
         )
         shards.item_processor(run_shard)
 
+        # Finalize is idempotent (conditional writes from the expected status), so a transient failure of its
+        # own is retried rather than leaving the batch open for the sweeper.
+        finalize.add_retry(errors=["States.TaskFailed"], max_attempts=2, interval=cdk.Duration.seconds(10),
+                           backoff_rate=3.0)
         # Finalize always runs: any unexpected failure before it is caught into it.
         for state in (validate, plan, shards):
             state.add_catch(finalize, errors=["States.ALL"], result_path="$.error")
