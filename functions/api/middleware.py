@@ -1,0 +1,142 @@
+"""ASGI middleware: an `x-request-id` on every response, and request-body limits enforced while reading."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from nightbatch.ids import new_request_id
+
+Scope = dict[str, Any]
+Message = dict[str, Any]
+ASGIApp = Callable[..., Any]
+
+log = logging.getLogger("nightbatch.api")
+
+JSON_BODY_LIMIT = 1024 * 1024
+MULTIPART_SLACK = 64 * 1024
+
+
+class RequestIdMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = new_request_id()
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        started = False
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode()))
+                message["headers"] = headers
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        except Exception:
+            # No stack trace or internal name reaches the client; the log has it, keyed by request id.
+            log.exception("unhandled error", extra={"request_id": request_id, "path": scope.get("path")})
+            if started:
+                raise
+            body = json.dumps({"error": {
+                "message": "The server had an error while processing your request. Sorry about that!",
+                "type": "server_error", "param": None, "code": None}}).encode()
+            await send_with_id({"type": "http.response.start", "status": 500, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+            await send_with_id({"type": "http.response.body", "body": body})
+
+
+class BodyLimitMiddleware:
+    """413 for bodies over the limit, checked on Content-Length and again while the body streams in."""
+
+    def __init__(self, app: ASGIApp, *, upload_limit: Callable[[], int]) -> None:
+        self.app = app
+        self.upload_limit = upload_limit
+
+    def _limit(self, scope: Scope) -> tuple[int, str]:
+        path: str = scope.get("path", "")
+        if path.rstrip("/").endswith("/files") or path.rstrip("/").endswith("/parts"):
+            limit = self.upload_limit()
+            return limit + MULTIPART_SLACK, _upload_message(limit)
+        return JSON_BODY_LIMIT, f"Request body is larger than the {JSON_BODY_LIMIT // 1024} KiB limit."
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "DELETE", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        limit, message = self._limit(scope)
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    declared = -1
+                if declared > limit:
+                    await _send_413(send, message, scope)
+                    return
+        received = 0
+        exceeded = False
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal received, exceeded
+            msg: Message = await receive()
+            if msg["type"] == "http.request":
+                received += len(msg.get("body", b""))
+                if received > limit:
+                    exceeded = True
+                    return {"type": "http.disconnect"}
+            return msg
+
+        async def guarded_send(msg: Message) -> None:
+            nonlocal started
+            if exceeded:
+                return
+            if msg["type"] == "http.response.start":
+                started = True
+            await send(msg)
+
+        try:
+            await self.app(scope, limited_receive, guarded_send)
+        except Exception:
+            if not exceeded:
+                raise
+        if exceeded and not started:
+            await _send_413(send, message, scope)
+
+
+def _upload_message(limit: int) -> str:
+    return (
+        f"File is larger than the {_human(limit)} limit for POST /v1/files on this deployment. "
+        "Upload larger files with the Uploads API (POST /v1/uploads; in the OpenAI SDK "
+        "client.uploads.upload_file_chunked(..., part_size=4 * 1024 * 1024))."
+    )
+
+
+def _human(n: int) -> str:
+    if n % (1024 * 1024) == 0:
+        return f"{n // (1024 * 1024)} MiB"
+    if n % 1_000_000 == 0:
+        return f"{n // 1_000_000} MB"
+    return f"{n} bytes"
+
+
+async def _send_413(send: Any, message: str, scope: Scope) -> None:
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                 "code": "payload_too_large"}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    request_id = scope.get("state", {}).get("request_id")
+    if request_id:
+        headers.append((b"x-request-id", request_id.encode()))
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,98 @@
+"""/v1/files: upload, list, retrieve, delete, content."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, File, Form, Query, Request, UploadFile
+from fastapi.responses import Response, StreamingResponse
+
+from functions.api.deps import PrincipalDep, ServicesDep
+from nightbatch.errors import InvalidRequestError, PayloadTooLargeError
+from nightbatch.services import Services
+from nightbatch.wire import DeletedFile, FileObject, ListPage
+
+router = APIRouter(prefix="/v1/files", tags=["files"])
+
+UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
+JSONL_MEDIA_TYPE = "application/jsonl; charset=utf-8"
+
+
+@router.post("", response_model=FileObject)
+def create_file(
+    principal: PrincipalDep,
+    services: ServicesDep,
+    purpose: Annotated[str, Form()],
+    file: Annotated[UploadFile, File()],
+    expires_after_anchor: Annotated[str | None, Form(alias="expires_after[anchor]")] = None,
+    expires_after_seconds: Annotated[int | None, Form(alias="expires_after[seconds]")] = None,
+) -> FileObject:
+    if purpose not in UPLOAD_PURPOSES:
+        raise InvalidRequestError(
+            f"Invalid value: '{purpose}'. Supported values are: "
+            + ", ".join(f"'{p}'" for p in UPLOAD_PURPOSES) + ".",
+            param="purpose", code="invalid_value",
+        )
+    if expires_after_anchor is not None and expires_after_anchor != "created_at":
+        raise InvalidRequestError(
+            f"Invalid value: '{expires_after_anchor}'. Supported values are: 'created_at'.",
+            param="expires_after[anchor]", code="invalid_value",
+        )
+    limit = services.settings.max_upload_bytes
+    file.file.seek(0, 2)
+    size = file.file.tell()
+    file.file.seek(0)
+    if size > limit:
+        raise PayloadTooLargeError(
+            f"File is {size} bytes, over the {limit} byte limit for POST /v1/files on this deployment. "
+            "Upload larger files with the Uploads API (POST /v1/uploads; in the OpenAI SDK "
+            "client.uploads.upload_file_chunked(..., part_size=4 * 1024 * 1024)).",
+            param="file",
+        )
+    return services.files.create(
+        principal.tenant, filename=file.filename or "upload", purpose=purpose, fileobj=file.file, size=size,
+        expires_after_seconds=expires_after_seconds,
+    )
+
+
+@router.get("", response_model=ListPage[FileObject])
+def list_files(
+    principal: PrincipalDep,
+    services: ServicesDep,
+    purpose: str | None = None,
+    limit: Annotated[int, Query()] = 10_000,
+    order: str = "desc",
+    after: str | None = None,
+) -> ListPage[FileObject]:
+    return services.files.list(principal.tenant, purpose=purpose, limit=limit, order=order, after=after)
+
+
+@router.get("/{file_id}", response_model=FileObject, responses={200: {"content": {"application/jsonl": {}}}})
+def retrieve_file(file_id: str, request: Request, principal: PrincipalDep, services: ServicesDep) -> Any:
+    item = services.files.item(principal.tenant, file_id)
+    if (
+        services.settings.seed_compat_file_get
+        and item["purpose"] == "batch_output"
+        and "application/json" not in request.headers.get("accept", "")
+    ):
+        # ARCHITECTURE decision 7: the `requests` quickstart downloads results from this URL.
+        return content_response(services, item)
+    return FileObject.model_validate(services.files.get(principal.tenant, file_id).model_dump())
+
+
+@router.delete("/{file_id}", response_model=DeletedFile)
+def delete_file(file_id: str, principal: PrincipalDep, services: ServicesDep) -> DeletedFile:
+    return services.files.delete(principal.tenant, file_id)
+
+
+@router.get("/{file_id}/content", responses={200: {"content": {"application/octet-stream": {}}}})
+def file_content(file_id: str, principal: PrincipalDep, services: ServicesDep) -> Response:
+    return content_response(services, services.files.item(principal.tenant, file_id))
+
+
+def content_response(services: Services, item: dict[str, Any]) -> Response:
+    media = JSONL_MEDIA_TYPE if item["filename"].endswith(".jsonl") else "application/octet-stream"
+    return StreamingResponse(
+        services.files.chunks(item), media_type=media,
+        headers={"content-length": str(item["bytes"])},
+    )

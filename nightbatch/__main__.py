@@ -1,0 +1,3 @@
+from nightbatch.cli import main
+
+raise SystemExit(main())

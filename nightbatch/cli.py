@@ -1,0 +1,29 @@
+"""The `nightbatch` console script."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nightbatch", description="Self-hosted OpenAI-compatible Batch API")
+    sub = parser.add_subparsers(dest="command", required=True)
+    local = sub.add_parser("local", help="run the whole stack on this machine (embedded AWS, CPU engines)")
+    local.add_argument("--host", default="127.0.0.1")
+    local.add_argument("--port", type=int, default=8000)
+    local.add_argument("--no-engines", action="store_true",
+                       help="do not start model engines (batches stay in_progress); for API-only work")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    if args.command == "local":
+        from nightbatch.local.stack import serve
+
+        serve(args.host, args.port, engines=not args.no_engines)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

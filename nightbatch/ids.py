@@ -1,0 +1,48 @@
+"""Identifiers in OpenAI's shapes: `file-…`, `batch_…`, `upload_…`, `part_…`, `batch_req_…`, `req_…`."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import string
+
+_B62 = string.digits + string.ascii_letters
+
+
+def _base62(n_chars: int) -> str:
+    return "".join(secrets.choice(_B62) for _ in range(n_chars))
+
+
+def new_file_id() -> str:
+    return f"file-{_base62(24)}"
+
+
+def new_batch_id() -> str:
+    return f"batch_{secrets.token_hex(16)}"
+
+
+def new_upload_id() -> str:
+    return f"upload_{secrets.token_hex(12)}"
+
+
+def new_part_id() -> str:
+    return f"part_{secrets.token_hex(12)}"
+
+
+def new_request_id() -> str:
+    return f"req_{secrets.token_hex(16)}"
+
+
+def derived_id(prefix: str, *parts: str, length: int = 24) -> str:
+    """A stable id derived from its parts, so a re-run (e.g. Finalize twice) names the same object."""
+    digest = hashlib.sha256("\x1f".join(parts).encode()).digest()
+    n = int.from_bytes(digest, "big")
+    out = []
+    for _ in range(length):
+        n, r = divmod(n, 62)
+        out.append(_B62[r])
+    return prefix + "".join(out)
+
+
+def batch_request_id(batch_id: str, custom_id: str) -> str:
+    return derived_id("batch_req_", batch_id, custom_id, length=32)

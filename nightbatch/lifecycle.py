@@ -1,0 +1,38 @@
+"""The batch lifecycle table: every transition is one conditional write from the expected status."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from nightbatch.clock import now
+from nightbatch.storage import Table
+from nightbatch.wire import TERMINAL_STATUSES
+
+# (from statuses) -> to; the timestamp field is f"{to}_at".
+TRANSITIONS: dict[str, tuple[str, ...]] = {
+    "failed": ("validating",),
+    "in_progress": ("validating",),
+    "cancelling": ("validating", "in_progress"),
+    "finalizing": ("in_progress", "validating"),
+    "completed": ("finalizing",),
+    "expired": ("finalizing",),
+    # A cancelled batch writes its files while still `cancelling` (cancel wins over expiry).
+    "cancelled": ("cancelling",),
+}
+
+
+def transition(
+    table: Table, batch_id: str, to: str, *, extra: Mapping[str, Any] | None = None,
+    from_: tuple[str, ...] | None = None, at: int | None = None,
+) -> dict[str, Any]:
+    """Moves a batch to `to` if it is in one of the allowed statuses; StorageConflictError otherwise."""
+    allowed = from_ if from_ is not None else TRANSITIONS[to]
+    fields: dict[str, Any] = {"status": to, f"{to}_at": at if at is not None else now()}
+    fields.update(extra or {})
+    remove: tuple[str, ...] = ()
+    if to in TERMINAL_STATUSES:
+        remove = ("open_status",)
+    else:
+        fields["open_status"] = to
+    return table.update(batch_id, set_=fields, remove=remove, expect_in={"status": allowed})

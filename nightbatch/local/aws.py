@@ -1,0 +1,53 @@
+"""Embedded AWS: moto's server in this process on loopback, with the bucket and table infra/ would create."""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from moto.server import ThreadedMotoServer
+
+from nightbatch.settings import Settings
+from nightbatch.storage import make_adapters
+from nightbatch.storage.dynamo import create_table
+
+FAKE_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class EmbeddedAws:
+    server: Any
+    endpoint_url: str
+    port: int
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+def start_embedded_aws(settings: Settings, *, host: str = "127.0.0.1") -> EmbeddedAws:
+    port = free_port(host)
+    # boto3 in this process (and any child process) reaches moto without code changes.
+    for k, v in FAKE_CREDENTIALS.items():
+        os.environ.setdefault(k, v)
+    os.environ["AWS_DEFAULT_REGION"] = settings.region
+    os.environ["MOTO_PORT"] = str(port)
+    server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
+    server.start()
+    endpoint = f"http://{host}:{port}"
+    os.environ["AWS_ENDPOINT_URL"] = endpoint
+    adapters = make_adapters(settings, endpoint_url=endpoint)
+    adapters.client("s3").create_bucket(Bucket=settings.bucket)
+    create_table(adapters.client("dynamodb"), settings.table)
+    return EmbeddedAws(server=server, endpoint_url=endpoint, port=port)

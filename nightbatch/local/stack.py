@@ -1,0 +1,86 @@
+"""`nightbatch local`: embedded AWS + the API app + the in-process workflow runner, in one process."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import sys
+from pathlib import Path
+from typing import Any
+
+from nightbatch.settings import Settings
+
+log = logging.getLogger("nightbatch.local")
+
+LOCAL_UPLOAD_LIMIT = 512 * 1000 * 1000  # OpenAI's per-file limit; no API Gateway in front locally
+
+
+def state_file() -> Path:
+    base = Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local" / "state"))
+    return base / "nightbatch" / "local.json"
+
+
+def local_settings(**overrides: Any) -> Settings:
+    values: dict[str, Any] = {"mode": "local", "max_upload_bytes": LOCAL_UPLOAD_LIMIT}
+    values.update(overrides)
+    return Settings(**values)
+
+
+def serve(host: str = "127.0.0.1", port: int = 8000, *, engines: bool = True) -> None:
+    import uvicorn
+
+    from functions.api.app import create_app
+    from nightbatch.local.aws import start_embedded_aws
+    from nightbatch.local.runner import LocalWorkflow
+    from nightbatch.services import build_services
+    from nightbatch.storage import make_adapters
+
+    env_key = os.environ.get("NIGHTBATCH_API_KEY", "")
+    key = env_key or f"nb-dev-{secrets.token_urlsafe(24)}"
+    settings = local_settings(api_key=key)
+    aws = start_embedded_aws(settings, host="127.0.0.1")
+    adapters = make_adapters(settings, endpoint_url=aws.endpoint_url)
+    workflow = LocalWorkflow(adapters, engines=engines)
+    services = build_services(adapters, workflow)
+    workflow.bind(services)
+    app = create_app(lambda: services)
+
+    base_url = f"http://{host}:{port}/v1"
+    _record(base_url, aws.endpoint_url, settings)
+    print(f"nightbatch local: {base_url}", flush=True)
+    print(f"  API key: {key}" + ("" if env_key else "   (generated; set NIGHTBATCH_API_KEY to choose one)"),
+          flush=True)
+    print("  State is in memory and is lost when this process stops.", flush=True)
+    print(f"  Try: OpenAI(base_url='{base_url}', api_key='{key}')", flush=True)
+    config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
+    server = uvicorn.Server(config)
+    try:
+        if engines:
+            workflow.warm_up_in_background()
+        server.run()
+    finally:
+        workflow.stop()
+        aws.stop()
+        _forget()
+        print("nightbatch local: stopped", file=sys.stderr, flush=True)
+
+
+def _record(base_url: str, aws_endpoint: str, settings: Settings) -> None:
+    path = state_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "base_url": base_url, "aws_endpoint_url": aws_endpoint, "table": settings.table,
+        "bucket": settings.bucket, "region": settings.region, "pid": os.getpid(),
+    }))
+
+
+def _forget() -> None:
+    path = state_file()
+    try:
+        data = json.loads(path.read_text())
+        if data.get("pid") == os.getpid():
+            path.unlink()
+    except (OSError, ValueError):
+        pass

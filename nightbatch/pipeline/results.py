@@ -1,0 +1,59 @@
+"""Result lines: the error lines for requests that never ran, and the tallies Finalize takes from the files."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from nightbatch.ids import batch_request_id
+from nightbatch.jsonl import dumps_line
+
+UNRUN_MESSAGES = {
+    "batch_cancelled": "This request was not executed because the batch was cancelled.",
+    "batch_expired": "This request could not be executed before the completion window expired.",
+    "shard_failed": "This request was not executed: its shard failed after all retries.",
+}
+
+
+def unrun_line(batch_id: str, custom_id: str, code: str) -> bytes:
+    return dumps_line({
+        "id": batch_request_id(batch_id, custom_id), "custom_id": custom_id, "response": None,
+        "error": {"code": code, "message": UNRUN_MESSAGES[code]},
+    })
+
+
+def digest(custom_id: str) -> int:
+    return int.from_bytes(hashlib.blake2b(custom_id.encode(), digest_size=8).digest(), "big")
+
+
+@dataclass
+class Tally:
+    """Counts and usage recomputed from the lines written (ARCHITECTURE decision 1)."""
+
+    completed: int = 0
+    failed: int = 0
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+    models: set[str] = field(default_factory=set)
+
+    def add_success(self, body: dict[str, Any]) -> None:
+        self.completed += 1
+        usage = body.get("usage") or {}
+        self.input_tokens += int(usage.get("prompt_tokens") or 0)
+        self.output_tokens += int(usage.get("completion_tokens") or 0)
+        details = usage.get("prompt_tokens_details") or {}
+        self.cached_tokens += int(details.get("cached_tokens") or 0)
+        out_details = usage.get("completion_tokens_details") or {}
+        self.reasoning_tokens += int(out_details.get("reasoning_tokens") or 0)
+
+    def usage(self) -> dict[str, Any]:
+        return {
+            "input_tokens": self.input_tokens,
+            "input_tokens_details": {"cached_tokens": self.cached_tokens},
+            "output_tokens": self.output_tokens,
+            "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens},
+            "total_tokens": self.input_tokens + self.output_tokens,
+        }

@@ -1,0 +1,196 @@
+"""DynamoDB adapter over the one table: conditional writes, atomic counters, owner-ordered queries."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from decimal import Decimal
+from typing import Any
+
+from botocore.exceptions import ClientError
+
+from nightbatch.errors import StorageConflictError
+
+OWNER_INDEX = "by_owner"
+STATUS_INDEX = "by_status"
+
+
+class Table:
+    def __init__(self, *, resource: Any, name: str) -> None:
+        self.table = resource.Table(name)
+        self.name = name
+
+    def put_new(self, item: Mapping[str, Any]) -> None:
+        try:
+            self.table.put_item(Item=_to_ddb(dict(item)), ConditionExpression="attribute_not_exists(pk)")
+        except ClientError as e:
+            if _conditional(e):
+                raise StorageConflictError(str(item.get("pk"))) from e
+            raise
+
+    def put(self, item: Mapping[str, Any]) -> None:
+        self.table.put_item(Item=_to_ddb(dict(item)))
+
+    def get(self, pk: str, *, consistent: bool = True) -> dict[str, Any] | None:
+        resp = self.table.get_item(Key={"pk": pk}, ConsistentRead=consistent)
+        item = resp.get("Item")
+        return _from_ddb(item) if item is not None else None
+
+    def update(
+        self,
+        pk: str,
+        *,
+        set_: Mapping[str, Any] | None = None,
+        add: Mapping[str, int] | None = None,
+        remove: tuple[str, ...] = (),
+        expect_in: Mapping[str, tuple[Any, ...]] | None = None,
+        expect_absent: tuple[str, ...] = (),
+        must_exist: bool = True,
+    ) -> dict[str, Any]:
+        """One UpdateItem; raises StorageConflictError when a condition fails. Returns the new item."""
+        names: dict[str, str] = {}
+        values: dict[str, Any] = {}
+        clauses: list[str] = []
+        conds: list[str] = []
+
+        def name(attr: str) -> str:
+            key = f"#n{len(names)}"
+            names[key] = attr
+            return key
+
+        def value(v: Any) -> str:
+            key = f":v{len(values)}"
+            values[key] = _to_ddb(v)
+            return key
+
+        if set_:
+            clauses.append("SET " + ", ".join(f"{name(k)} = {value(v)}" for k, v in set_.items()))
+        if add:
+            clauses.append("ADD " + ", ".join(f"{name(k)} {value(v)}" for k, v in add.items()))
+        if remove:
+            clauses.append("REMOVE " + ", ".join(name(k) for k in remove))
+        if must_exist:
+            conds.append(f"attribute_exists({name('pk')})")
+        for attr, allowed in (expect_in or {}).items():
+            conds.append(f"{name(attr)} IN ({', '.join(value(v) for v in allowed)})")
+        for attr in expect_absent:
+            conds.append(f"attribute_not_exists({name(attr)})")
+        kwargs: dict[str, Any] = {
+            "Key": {"pk": pk},
+            "UpdateExpression": " ".join(clauses),
+            "ExpressionAttributeNames": names,
+            "ReturnValues": "ALL_NEW",
+        }
+        if values:
+            kwargs["ExpressionAttributeValues"] = values
+        if conds:
+            kwargs["ConditionExpression"] = " AND ".join(conds)
+        try:
+            resp = self.table.update_item(**kwargs)
+        except ClientError as e:
+            if _conditional(e):
+                raise StorageConflictError(pk) from e
+            raise
+        new: dict[str, Any] = _from_ddb(resp["Attributes"])
+        return new
+
+    def delete(self, pk: str) -> None:
+        self.table.delete_item(Key={"pk": pk})
+
+    def query_owner(
+        self, owner: str, *, ascending: bool, after_sk: str | None = None, page_size: int = 100
+    ) -> Iterator[dict[str, Any]]:
+        """Items of one owner ordered by `owner_sk`, strictly after `after_sk` in that order."""
+        from boto3.dynamodb.conditions import Key
+
+        cond = Key("owner").eq(owner)
+        if after_sk is not None:
+            cond = cond & (Key("owner_sk").gt(after_sk) if ascending else Key("owner_sk").lt(after_sk))
+        kwargs: dict[str, Any] = {
+            "IndexName": OWNER_INDEX,
+            "KeyConditionExpression": cond,
+            "ScanIndexForward": ascending,
+            "Limit": page_size,
+        }
+        while True:
+            resp = self.table.query(**kwargs)
+            for item in resp.get("Items", []):
+                yield _from_ddb(item)
+            start = resp.get("LastEvaluatedKey")
+            if not start:
+                return
+            kwargs["ExclusiveStartKey"] = start
+
+    def query_open(self, status: str, *, page_size: int = 100) -> Iterator[dict[str, Any]]:
+        from boto3.dynamodb.conditions import Key
+
+        kwargs: dict[str, Any] = {
+            "IndexName": STATUS_INDEX,
+            "KeyConditionExpression": Key("open_status").eq(status),
+            "Limit": page_size,
+        }
+        while True:
+            resp = self.table.query(**kwargs)
+            for item in resp.get("Items", []):
+                yield _from_ddb(item)
+            start = resp.get("LastEvaluatedKey")
+            if not start:
+                return
+            kwargs["ExclusiveStartKey"] = start
+
+
+def create_table(client: Any, name: str) -> None:
+    """Creates the table as infra/ does (used by the local stack and tests against moto)."""
+    client.create_table(
+        TableName=name,
+        BillingMode="PAY_PER_REQUEST",
+        AttributeDefinitions=[
+            {"AttributeName": "pk", "AttributeType": "S"},
+            {"AttributeName": "owner", "AttributeType": "S"},
+            {"AttributeName": "owner_sk", "AttributeType": "S"},
+            {"AttributeName": "open_status", "AttributeType": "S"},
+            {"AttributeName": "created_sk", "AttributeType": "S"},
+        ],
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        GlobalSecondaryIndexes=[
+            {
+                "IndexName": OWNER_INDEX,
+                "KeySchema": [
+                    {"AttributeName": "owner", "KeyType": "HASH"},
+                    {"AttributeName": "owner_sk", "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "ALL"},
+            },
+            {
+                "IndexName": STATUS_INDEX,
+                "KeySchema": [
+                    {"AttributeName": "open_status", "KeyType": "HASH"},
+                    {"AttributeName": "created_sk", "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "KEYS_ONLY"},
+            },
+        ],
+    )
+
+
+def _conditional(e: ClientError) -> bool:
+    return str(e.response.get("Error", {}).get("Code")) == "ConditionalCheckFailedException"
+
+
+def _to_ddb(v: Any) -> Any:
+    if isinstance(v, float):
+        return Decimal(repr(v))
+    if isinstance(v, dict):
+        return {k: _to_ddb(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_to_ddb(x) for x in v]
+    return v
+
+
+def _from_ddb(v: Any) -> Any:
+    if isinstance(v, Decimal):
+        return int(v) if v == v.to_integral_value() else float(v)
+    if isinstance(v, dict):
+        return {k: _from_ddb(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_from_ddb(x) for x in v]
+    return v

@@ -1,0 +1,156 @@
+"""S3 adapter: streamed puts and gets, line iteration, a multipart line writer, pre-signed links."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable, Iterator
+from typing import Any, BinaryIO
+
+from botocore.exceptions import ClientError
+
+# S3 rejects multipart parts under 5 MiB (except the last); 8 MiB keeps memory flat and part counts low.
+PART_BYTES = 8 * 1024 * 1024
+CHUNK_BYTES = 256 * 1024
+
+
+class BlobStore:
+    def __init__(self, *, client: Any, bucket: str) -> None:
+        self.client = client
+        self.bucket = bucket
+
+    def put_bytes(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> None:
+        self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType=content_type)
+
+    def put_fileobj(self, key: str, fileobj: BinaryIO) -> None:
+        self.client.upload_fileobj(fileobj, self.bucket, key)
+
+    def get_bytes(self, key: str) -> bytes | None:
+        try:
+            body: bytes = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except ClientError as e:
+            if _missing(e):
+                return None
+            raise
+        return body
+
+    def iter_chunks(self, key: str, *, start: int = 0, chunk: int = CHUNK_BYTES) -> Iterator[bytes]:
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+        if start:
+            kwargs["Range"] = f"bytes={start}-"
+        body = self.client.get_object(**kwargs)["Body"]
+        try:
+            yield from body.iter_chunks(chunk)
+        finally:
+            body.close()
+
+    def size(self, key: str) -> int | None:
+        try:
+            return int(self.client.head_object(Bucket=self.bucket, Key=key)["ContentLength"])
+        except ClientError as e:
+            if _missing(e):
+                return None
+            raise
+
+    def exists(self, key: str) -> bool:
+        return self.size(key) is not None
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.bucket, Key=key)
+
+    def list_keys(self, prefix: str) -> Iterator[str]:
+        paginator = self.client.get_paginator("list_objects_v2")
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+            for obj in page.get("Contents", []):
+                yield str(obj["Key"])
+
+    def delete_prefix(self, prefix: str) -> None:
+        batch: list[dict[str, str]] = []
+        for key in self.list_keys(prefix):
+            batch.append({"Key": key})
+            if len(batch) == 1000:
+                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch})
+                batch = []
+        if batch:
+            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch})
+
+    def presign_get(self, key: str, *, expires: int = 300, filename: str | None = None) -> str:
+        params: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+        if filename:
+            params["ResponseContentDisposition"] = f'attachment; filename="{_ascii(filename)}"'
+        url: str = self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=expires)
+        return url
+
+    def writer(self, key: str) -> LineWriter:
+        return LineWriter(self, key)
+
+
+class LineWriter:
+    """Streams bytes into one S3 object: one PUT when small, a multipart upload past PART_BYTES."""
+
+    def __init__(self, store: BlobStore, key: str) -> None:
+        self.store = store
+        self.key = key
+        self.buf = io.BytesIO()
+        self.upload_id: str | None = None
+        self.parts: list[dict[str, Any]] = []
+        self.bytes_written = 0
+
+    def write(self, data: bytes) -> None:
+        self.buf.write(data)
+        self.bytes_written += len(data)
+        if self.buf.tell() >= PART_BYTES:
+            self._flush_part()
+
+    def write_lines(self, lines: Iterable[bytes]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def _flush_part(self) -> None:
+        c = self.store.client
+        if self.upload_id is None:
+            self.upload_id = c.create_multipart_upload(Bucket=self.store.bucket, Key=self.key)["UploadId"]
+        n = len(self.parts) + 1
+        resp = c.upload_part(
+            Bucket=self.store.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=n,
+            Body=self.buf.getvalue(),
+        )
+        self.parts.append({"ETag": resp["ETag"], "PartNumber": n})
+        self.buf = io.BytesIO()
+
+    def close(self) -> int:
+        if self.upload_id is None:
+            self.store.put_bytes(self.key, self.buf.getvalue())
+        else:
+            if self.buf.tell():
+                self._flush_part()
+            self.store.client.complete_multipart_upload(
+                Bucket=self.store.bucket, Key=self.key, UploadId=self.upload_id,
+                MultipartUpload={"Parts": self.parts},
+            )
+        self.buf = io.BytesIO()
+        return self.bytes_written
+
+    def abort(self) -> None:
+        if self.upload_id is not None:
+            self.store.client.abort_multipart_upload(
+                Bucket=self.store.bucket, Key=self.key, UploadId=self.upload_id
+            )
+            self.upload_id = None
+
+    def __enter__(self) -> LineWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def _missing(e: ClientError) -> bool:
+    code = str(e.response.get("Error", {}).get("Code", ""))
+    return code in {"404", "NoSuchKey", "NotFound"}
+
+
+def _ascii(name: str) -> str:
+    return "".join(ch if 32 <= ord(ch) < 127 and ch not in '"\\' else "_" for ch in name)

@@ -1,0 +1,48 @@
+"""Builds the boto3 clients once per process and hands them to the adapters."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import boto3
+from botocore.config import Config
+
+from nightbatch.settings import Settings
+from nightbatch.storage.dynamo import Table
+from nightbatch.storage.s3 import BlobStore
+
+
+@dataclass
+class Adapters:
+    settings: Settings
+    session: Any
+    endpoint_url: str | None = None
+
+    def client(self, service: str, **kw: Any) -> Any:
+        return self.session.client(service, endpoint_url=self.endpoint_url, **kw)
+
+    @cached_property
+    def blobs(self) -> BlobStore:
+        # SigV4 so pre-signed URLs work in every region (moto and us-east-1 default to SigV2 otherwise).
+        cfg = Config(signature_version="s3v4", retries={"max_attempts": 5, "mode": "standard"})
+        return BlobStore(client=self.client("s3", config=cfg), bucket=self.settings.bucket)
+
+    @cached_property
+    def table(self) -> Table:
+        resource = self.session.resource("dynamodb", endpoint_url=self.endpoint_url)
+        return Table(resource=resource, name=self.settings.table)
+
+    @cached_property
+    def stepfunctions(self) -> Any:
+        return self.client("stepfunctions")
+
+    @cached_property
+    def sns(self) -> Any:
+        return self.client("sns")
+
+
+def make_adapters(settings: Settings, *, endpoint_url: str | None = None) -> Adapters:
+    session = boto3.session.Session(region_name=settings.region)
+    return Adapters(settings=settings, session=session, endpoint_url=endpoint_url)
