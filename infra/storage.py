@@ -68,6 +68,7 @@ class Storage(Construct):
                     index_name="by_status",
                     partition_key=dynamodb.Attribute(name="open_status", type=dynamodb.AttributeType.STRING),
                     sort_key=dynamodb.Attribute(name="created_sk", type=dynamodb.AttributeType.STRING),
+                    projection_type=dynamodb.ProjectionType.KEYS_ONLY,
                 ),
             ],
         )

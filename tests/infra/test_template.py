@@ -54,6 +54,39 @@ def test_table_keys_indexes_ttl_pitr(template: dict[str, Any]) -> None:
     assert types == dict.fromkeys(("pk", "owner", "owner_sk", "open_status", "created_sk"), "S")
 
 
+def test_table_matches_what_the_core_creates_locally(template: dict[str, Any]) -> None:
+    """nightbatch.storage.dynamo.create_table is the local stack's copy of this table: they must agree."""
+    from nightbatch.storage.dynamo import create_table
+
+    class Recorder:
+        kwargs: dict[str, Any] = {}
+
+        def create_table(self, **kwargs: Any) -> None:
+            Recorder.kwargs = kwargs
+
+    create_table(Recorder(), "t")
+    core = Recorder.kwargs
+    table = _props(one_of_type(template, "AWS::DynamoDB::GlobalTable"))
+    assert table["KeySchema"] == core["KeySchema"]
+    assert sorted(table["AttributeDefinitions"], key=str) == sorted(core["AttributeDefinitions"], key=str)
+
+    def indexes(gsis: list[dict[str, Any]]) -> dict[str, Any]:
+        return {g["IndexName"]: (g["KeySchema"], g["Projection"]) for g in gsis}
+
+    assert indexes(table["GlobalSecondaryIndexes"]) == indexes(core["GlobalSecondaryIndexes"])
+
+
+def test_object_keys_the_core_writes_are_under_granted_prefixes() -> None:
+    from infra.storage import PREFIXES
+    from nightbatch.pipeline import layout
+
+    from nightbatch.files import file_key
+
+    keys = [layout.manifest_key("b"), layout.segment_key("b", 1), layout.shard_key("b", "00000"),
+            layout.done_key("b", "00000"), layout.output_key("b"), layout.error_key("b"), file_key("file-x")]
+    assert keys and all(k.startswith(PREFIXES) for k in keys), keys
+
+
 def test_lambdas_share_runtime_and_have_the_expected_handlers(template: dict[str, Any]) -> None:
     functions = [f["Properties"] for f in of_type(template, "AWS::Lambda::Function").values()]
     assert sorted(f["Handler"] for f in functions) == sorted([
