@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from cfn import one_of_type, resolve
+from tests.infra.cfn import one_of_type, resolve
 from cfnlint.api import ManualArgs, lint
 
 # W3005: CDK's redundant DependsOn on roles; W3010: the AZs pinned by cdk.context.json.

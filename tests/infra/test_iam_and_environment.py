@@ -8,7 +8,7 @@ import json
 from typing import Any
 
 import pytest
-from cfn import of_type, one_of_type, resolve
+from tests.infra.cfn import of_type, one_of_type, resolve
 
 from nightbatch.settings import Settings
 

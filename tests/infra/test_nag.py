@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from conftest import Synth, synthesize
+from tests.infra.synth import Synth, synthesize
 
 from infra import nag
 

@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 import pytest
-from cfn import one_of_type, resolve
-from conftest import TEST_CONTEXT
+from tests.infra.cfn import one_of_type, resolve
+from tests.infra.synth import TEST_CONTEXT
 
 CONTEXT_RETRY = TEST_CONTEXT["shardRetry"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from cfn import of_type, one_of_type
-from conftest import ROOT, TEST_CONTEXT, Synth
+from tests.infra.cfn import of_type, one_of_type
+from tests.infra.synth import ROOT, TEST_CONTEXT, Synth
 
 CONTEXT = json.loads((ROOT / "cdk.json").read_text())["context"]
 
