@@ -14,7 +14,7 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from infra.functions import LambdaFunction
+from infra.lambdas import LambdaFunction
 
 API_HANDLER = "functions.api.handler.handler"
 # API Gateway's integration timeout is 30 s (hard); the function must answer before it.

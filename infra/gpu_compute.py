@@ -138,12 +138,12 @@ class GpuCompute(Construct):
         if spot:
             self.compute_environments.append(batch.ManagedEc2EcsComputeEnvironment(
                 self, "Spot", spot=True, allocation_strategy=batch.AllocationStrategy.SPOT_PRICE_CAPACITY_OPTIMIZED,
-                **common,  # type: ignore[arg-type]
+                **common,
             ))
         if on_demand:
             self.compute_environments.append(batch.ManagedEc2EcsComputeEnvironment(
                 self, "OnDemand", spot=False, allocation_strategy=batch.AllocationStrategy.BEST_FIT_PROGRESSIVE,
-                **common,  # type: ignore[arg-type]
+                **common,
             ))
 
         # Jobs that can never be placed (no capacity, or a misconfiguration) end instead of waiting forever;
@@ -156,7 +156,9 @@ class GpuCompute(Construct):
             ],
             job_state_time_limit_actions=[
                 batch.JobStateTimeLimitAction(
-                    max_time=runnable_timeout, reason=batch.JobStateTimeLimitActionsReason.INSUFFICIENT_INSTANCE_CAPACITY),
+                    max_time=runnable_timeout,
+                    reason=batch.JobStateTimeLimitActionsReason.INSUFFICIENT_INSTANCE_CAPACITY,
+                ),
                 batch.JobStateTimeLimitAction(
                     max_time=cdk.Duration.minutes(10),
                     reason=batch.JobStateTimeLimitActionsReason.COMPUTE_ENVIRONMENT_MAX_RESOURCE),

@@ -108,7 +108,8 @@ class Observability(Construct):
         self.dashboard.add_widgets(
             cloudwatch.GraphWidget(
                 title="Open batches by status", width=12,
-                left=[emf_metric("BatchesOpen", statistic="Maximum", dimension_value=s, label=s) for s in OPEN_STATUSES],
+                left=[emf_metric("BatchesOpen", statistic="Maximum", dimension_value=s, label=s)
+                      for s in OPEN_STATUSES],
             ),
             cloudwatch.GraphWidget(
                 title="Finished batches by status", width=12,

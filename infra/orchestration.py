@@ -16,7 +16,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from infra.environment import settings_environment
-from infra.functions import LambdaFunction
+from infra.lambdas import LambdaFunction
 
 # Version of the task input/output documents; handlers accept the versions they know, so a deploy
 # during running batches does not break executions started by the previous definition.
@@ -81,7 +81,7 @@ class Orchestration(Construct):
             # retry_on_service_exceptions (default on) retries Lambda service errors: decision 3.
             return tasks.LambdaInvoke(
                 self, name.capitalize(), lambda_function=self.tasks[name].function,
-                payload=sfn.TaskInput.from_object(_batch_ref()), **kwargs,  # type: ignore[arg-type]
+                payload=sfn.TaskInput.from_object(_batch_ref()), **kwargs,
             )
 
         validate = invoke("validate", result_selector={"valid.$": "$.Payload.valid"}, result_path="$.validation")

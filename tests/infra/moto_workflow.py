@@ -156,7 +156,7 @@ def create_resources(template: dict[str, Any]) -> Deployment:
         containerProperties={"image": "worker", "vcpus": 4, "memory": 14336, "environment": env},
     )["jobDefinitionArn"]
 
-    for logical, fn in functions.items():
+    for fn in functions.values():
         d.lambda_env[fn["Properties"]["Handler"]] = {
             k: str(v) for k, v in d.render(fn["Properties"]["Environment"]["Variables"]).items()}
     boto3.client("stepfunctions", region_name=REGION).create_state_machine(

@@ -7,8 +7,9 @@ import json
 from typing import Any
 
 import pytest
-from tests.infra.cfn import one_of_type, resolve
 from cfnlint.api import ManualArgs, lint
+
+from tests.infra.cfn import one_of_type, resolve
 
 # W3005: CDK's redundant DependsOn on roles; W3010: the AZs pinned by cdk.context.json.
 IGNORED = ["W3005", "W3010"]

@@ -8,9 +8,9 @@ import json
 from typing import Any
 
 import pytest
-from tests.infra.cfn import of_type, one_of_type, resolve
 
 from nightbatch.settings import Settings
+from tests.infra.cfn import of_type, one_of_type, resolve
 
 # Actions AWS offers no resource-level permissions for, so "*" is the only possible resource.
 STAR_ALLOWED = {
@@ -105,7 +105,7 @@ def test_every_lambda_variable_is_a_settings_field(template: dict[str, Any]) -> 
     for handler, env in _lambda_envs(template).items():
         unknown = {name for name in env if _field(name) not in Settings.model_fields}
         assert not unknown, f"{handler}: {unknown} are not Settings fields"
-        assert REQUIRED <= {_field(n) for n in env}, handler
+        assert {_field(n) for n in env} >= REQUIRED, handler
         assert env["NIGHTBATCH_MODE"] == "aws"
 
 
@@ -123,7 +123,7 @@ def test_job_definition_variables_are_settings_fields_or_worker_constants(templa
     env = _job_env(template)
     unknown = {n for n in env if n not in WORKER_ONLY_ENV and _field(n) not in Settings.model_fields}
     assert not unknown
-    assert REQUIRED <= {_field(n) for n in env if n not in WORKER_ONLY_ENV}
+    assert {_field(n) for n in env if n not in WORKER_ONLY_ENV} >= REQUIRED
     if importlib.util.find_spec("gpu_worker.model_prep") is None:
         pytest.skip("gpu_worker/model_prep.py is not on this branch yet: cannot check NIGHTBATCH_MODEL_CACHE")
     model_prep = importlib.import_module("gpu_worker.model_prep")

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from tests.infra.synth import Synth, synthesize
 
 from infra import nag
+from tests.infra.synth import Synth, synthesize
 
 
 def _plugin(report: dict[str, Any] | None) -> dict[str, Any]:

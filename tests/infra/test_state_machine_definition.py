@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+
 from tests.infra.cfn import one_of_type, resolve
 from tests.infra.synth import TEST_CONTEXT
 

@@ -78,9 +78,8 @@ def test_table_matches_what_the_core_creates_locally(template: dict[str, Any]) -
 
 def test_object_keys_the_core_writes_are_under_granted_prefixes() -> None:
     from infra.storage import PREFIXES
-    from nightbatch.pipeline import layout
-
     from nightbatch.files import file_key
+    from nightbatch.pipeline import layout
 
     keys = [layout.manifest_key("b"), layout.segment_key("b", 1), layout.shard_key("b", "00000"),
             layout.done_key("b", "00000"), layout.output_key("b"), layout.error_key("b"), file_key("file-x")]
@@ -137,7 +136,8 @@ def test_gpu_compute_environments_spot_first_min_zero(template: dict[str, Any]) 
     order = {o["Order"]: o["ComputeEnvironment"]["Fn::GetAtt"][0] for o in queue["ComputeEnvironmentOrder"]}
     assert order == {1: by_kind["SPOT"][0], 2: by_kind["EC2"][0]}
     limits = {a["Reason"]: a for a in queue["JobStateTimeLimitActions"]}
-    assert set(limits) == {"CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY", "MISCONFIGURATION:COMPUTE_ENVIRONMENT_MAX_RESOURCE",
+    assert set(limits) == {"CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY",
+                           "MISCONFIGURATION:COMPUTE_ENVIRONMENT_MAX_RESOURCE",
                            "MISCONFIGURATION:JOB_RESOURCE_REQUIREMENT"}
     assert all(a["State"] == "RUNNABLE" and a["Action"] == "CANCEL" for a in limits.values())
     assert limits["CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY"]["MaxTimeSeconds"] == CONTEXT["runnableTimeoutMinutes"] * 60
