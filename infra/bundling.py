@@ -20,6 +20,8 @@ LAMBDA_PACKAGES = ("nightbatch", "functions")
 # Project dependencies that only the local stack or the SDK examples use.
 NOT_IN_LAMBDA = frozenset({"moto", "uvicorn", "openai"})
 _SKIP_PARTS = frozenset({"__pycache__", "tests"})
+# The local stack (moto server, CPU engines) never runs in Lambda.
+_SKIP_DIRS = ("nightbatch/local/",)
 
 RUNTIME = lambda_.Runtime.PYTHON_3_14
 ARCHITECTURE = lambda_.Architecture.ARM_64
@@ -45,8 +47,9 @@ def _code_files(root: Path) -> Iterable[Path]:
         if not base.is_dir():
             continue
         for path in sorted(base.rglob("*")):
-            if path.is_file() and not _SKIP_PARTS.intersection(path.relative_to(root).parts) \
-                    and path.suffix not in (".pyc", ".pyo"):
+            relative = path.relative_to(root)
+            if (path.is_file() and not _SKIP_PARTS.intersection(relative.parts)
+                    and not relative.as_posix().startswith(_SKIP_DIRS) and path.suffix not in (".pyc", ".pyo")):
                 yield path
 
 
@@ -65,7 +68,7 @@ class PipLocalBundler:
         return [
             sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
             "--target", output_dir, "--platform", self.platform, "--python-version", self.python_version,
-            "--implementation", "cp", "--only-binary=:all:", "--no-compile", "--upgrade",
+            "--implementation", "cp", "--only-binary=:all:", "--no-compile", "--upgrade", "--no-warn-conflicts",
             *self.requirements,
         ]
 
