@@ -60,6 +60,11 @@ class NightbatchStack(cdk.Stack):
             "table": table.table_name,
             "models_json": config.models_json,
             "max_gpus": config.max_gpus,
+            # Cost estimates (batch.nightbatch.cost): the preferred type and capacity; the job definition is
+            # shared by both compute environments, so a job cannot be told which one placed it.
+            "instance_type": config.gpu_instance_types[0],
+            "capacity": "spot" if config.capacity.spot else "on-demand",
+            "gpus_per_instance": 1,
             **config.limits,
         })
 

@@ -87,6 +87,23 @@ class Settings(BaseSettings):
     checkpoint_every_seconds: float = 10.0
     max_in_flight: int = 256
 
+    # Accounting: what one GPU-second costs, for `batch.nightbatch.cost` (estimates; set to your prices).
+    instance_type: str = "g6e.xlarge"
+    capacity: Literal["spot", "on-demand"] = "spot"
+    instance_price_per_hour: float = 0.0  # 0 = use the built-in price table for instance_type and capacity
+    gpus_per_instance: int = 1
+
+    # --- GPU worker (gpu_worker/main.py): the shard one container runs, the engine, polling and draining. ---
+    # AWS Batch passes the shard as NIGHTBATCH_BATCH_ID / NIGHTBATCH_SHARD_ID.
+    batch_id: str = ""
+    shard_id: str = ""
+    # "module:Class" of an engine taking a ModelSpec; empty means the vLLM engine.
+    worker_engine: str = ""
+    # How often a running shard reads the batch item for cancel/expiry.
+    worker_poll_seconds: float = 5.0
+    # How long a stopping shard lets in-flight requests finish: under ECS's 30 s SIGTERM-to-SIGKILL window.
+    worker_drain_seconds: float = 20.0
+
     # Resources the deployed stack wires in (infra/ sets them; empty in the local mode until it needs them).
     job_queue: str = ""  # AWS Batch queue ARN: the sweeper cancels a cancelled/expired batch's unstarted jobs
     webhook_queue_url: str = ""  # SQS queue Notify puts webhook deliveries on
