@@ -121,6 +121,14 @@ class Settings(BaseSettings):
     limit_in_flight_retry_after: int = 30
     tenant_limits_json: str = ""
 
+    # Resources the deployed stack wires in (infra/ sets them; empty in the local mode until it needs them).
+    job_queue: str = ""  # AWS Batch queue ARN: the sweeper cancels a cancelled/expired batch's unstarted jobs
+    webhook_queue_url: str = ""  # SQS queue Notify puts webhook deliveries on
+    email_sender: str = ""  # verified SES sender address; empty disables e-mail notifications
+    email_configuration_set: str = ""
+    email_allowed_domains: str = ""  # comma-separated recipient domains; empty allows any
+    api_keys_secret: str = ""  # Secrets Manager secret (ARN) holding comma-separated API keys
+
     @field_validator("hour_seconds")
     @classmethod
     def _positive(cls, v: float) -> float:
