@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nightbatch.assembly import AssemblyService, UploadJobs
 from nightbatch.batches import BatchService, Workflow
 from nightbatch.files import FileService
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters
 from nightbatch.storage.stepfunctions import StepFunctionsWorkflow
+from nightbatch.uploads import UploadService, build_upload_services
 
 
 @dataclass
@@ -17,9 +19,13 @@ class Services:
     adapters: Adapters
     files: FileService
     batches: BatchService
+    uploads: UploadService
+    assembly: AssemblyService
 
 
-def build_services(adapters: Adapters, workflow: Workflow | None = None) -> Services:
+def build_services(
+    adapters: Adapters, workflow: Workflow | None = None, upload_jobs: UploadJobs | None = None
+) -> Services:
     settings = adapters.settings
     if workflow is None:
         workflow = StepFunctionsWorkflow(
@@ -27,4 +33,6 @@ def build_services(adapters: Adapters, workflow: Workflow | None = None) -> Serv
         )
     files = FileService(settings=settings, blobs=adapters.blobs, table=adapters.table)
     batches = BatchService(settings=settings, table=adapters.table, files=files, workflow=workflow)
-    return Services(settings=settings, adapters=adapters, files=files, batches=batches)
+    uploads, assembly = build_upload_services(adapters, files, upload_jobs)
+    return Services(settings=settings, adapters=adapters, files=files, batches=batches, uploads=uploads,
+                    assembly=assembly)

@@ -15,6 +15,7 @@ from nightbatch.settings import Settings
 log = logging.getLogger("nightbatch.local")
 
 LOCAL_UPLOAD_LIMIT = 512 * 1000 * 1000  # OpenAI's per-file limit; no API Gateway in front locally
+LOCAL_PART_LIMIT = 64 * 1024 * 1024  # OpenAI's part limit, the SDK's default part_size
 
 
 def state_file() -> Path:
@@ -23,7 +24,11 @@ def state_file() -> Path:
 
 
 def local_settings(**overrides: Any) -> Settings:
-    values: dict[str, Any] = {"mode": "local", "max_upload_bytes": LOCAL_UPLOAD_LIMIT}
+    values: dict[str, Any] = {
+        "mode": "local", "max_upload_bytes": LOCAL_UPLOAD_LIMIT,
+        # No Lambda response limit locally: parts up to OpenAI's size, every download inline.
+        "max_upload_part_bytes": LOCAL_PART_LIMIT, "max_inline_download_bytes": 0,
+    }
     values.update(overrides)
     return Settings(**values)
 

@@ -1,0 +1,1 @@
+"""Lambda entry points for the workflow's steps and background tasks."""
