@@ -106,16 +106,18 @@ class ThreadUploadJobs:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="compose")
         self._timers: set[threading.Timer] = set()
         self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._queued = 0
 
     def bind(self, assembly: AssemblyService) -> None:
         self._assembly = assembly
 
     def compose(self, file_id: str, upload_id: str, *, delay_seconds: float = 0.0) -> None:
-        self._pool.submit(self._run, delay_seconds, lambda a: a.compose(file_id, upload_id))
+        self._submit(delay_seconds, lambda a: a.compose(file_id, upload_id))
 
     def purge_parts(self, upload_id: str, *, delay_seconds: float = 0.0) -> None:
         if delay_seconds <= 0:
-            self._pool.submit(self._run, 0.0, lambda a: a.purge(upload_id))
+            self._submit(0.0, lambda a: a.purge(upload_id))
             return
         timer = threading.Timer(delay_seconds, self._fire, args=(upload_id,))
         timer.daemon = True
@@ -127,6 +129,19 @@ class ThreadUploadJobs:
         with self._lock:
             self._timers = {t for t in self._timers if t.is_alive() and t is not threading.current_thread()}
         self._run(0.0, lambda a: a.purge(upload_id))
+
+    def _submit(self, delay_seconds: float, job: Callable[[AssemblyService], Any]) -> None:
+        with self._lock:
+            self._queued += 1
+        self._pool.submit(self._queued_run, delay_seconds, job)
+
+    def _queued_run(self, delay_seconds: float, job: Callable[[AssemblyService], Any]) -> None:
+        try:
+            self._run(delay_seconds, job)
+        finally:
+            with self._idle:
+                self._queued -= 1
+                self._idle.notify_all()
 
     def _run(self, delay_seconds: float, job: Callable[[AssemblyService], Any]) -> None:
         if delay_seconds > 0:
@@ -141,8 +156,10 @@ class ThreadUploadJobs:
             log.exception("upload job failed")
 
     def drain(self, timeout: float = 60.0) -> None:
-        """Waits until the compositions queued so far have run (tests, shutdown)."""
-        self._pool.submit(lambda: None).result(timeout=timeout)
+        """Waits until no composition or immediate purge is queued or running (tests, shutdown)."""
+        with self._idle:
+            if not self._idle.wait_for(lambda: self._queued == 0, timeout=timeout):
+                raise TimeoutError("upload jobs still running")
 
     def stop(self) -> None:
         with self._lock:

@@ -45,7 +45,10 @@ def aws_endpoint() -> Iterator[str]:
 @pytest.fixture(scope="session")
 def stack(aws_endpoint: str) -> Iterator[Stack]:
     settings = local_settings(
-        api_key=API_KEY, bucket="nb-uploads-test", table="nb-uploads-test", upload_parts_grace_seconds=0,
+        api_key=API_KEY,
+        bucket="nb-uploads-test",
+        table="nb-uploads-test",
+        upload_parts_grace_seconds=0,
     )
     adapters = make_adapters(settings, endpoint_url=aws_endpoint)
     adapters.client("s3").create_bucket(Bucket=settings.bucket)
@@ -53,17 +56,27 @@ def stack(aws_endpoint: str) -> Iterator[Stack]:
     workflow = LocalWorkflow(adapters, engines=False)
     services = build_services(adapters, workflow)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(
-        create_app(lambda: services), host="127.0.0.1", port=port, log_level="warning", lifespan="off",
-    ))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(lambda: services),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            lifespan="off",
+        )
+    )
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
     while not server.started:
         assert time.monotonic() < deadline, "uvicorn did not start"
         time.sleep(0.02)
-    stack = Stack(base_url=f"http://127.0.0.1:{port}/v1", aws_endpoint=aws_endpoint, services=services,
-                  settings=settings)
+    stack = Stack(
+        base_url=f"http://127.0.0.1:{port}/v1",
+        aws_endpoint=aws_endpoint,
+        services=services,
+        settings=settings,
+    )
     try:
         yield stack
     finally:
