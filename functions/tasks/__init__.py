@@ -1,1 +1,1 @@
-"""Lambda entry points for the workflow's steps and background tasks."""
+"""One Lambda handler per workflow step; each parses its versioned input and calls the core task function."""

@@ -9,12 +9,9 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Iterator
-from functools import lru_cache
 from typing import Any
 
-from nightbatch.services import Services, build_services
-from nightbatch.settings import get_settings
-from nightbatch.storage import make_adapters
+from nightbatch.services import Services, default_services
 
 log = logging.getLogger("nightbatch.tasks.compose_upload")
 
@@ -22,11 +19,6 @@ TASKS: dict[str, Callable[[Services, dict[str, Any]], object]] = {
     "compose_upload": lambda s, m: s.assembly.compose(m["file_id"], m["upload_id"]),
     "purge_upload_parts": lambda s, m: s.assembly.purge(m["upload_id"]),
 }
-
-
-@lru_cache(maxsize=1)
-def default_services() -> Services:
-    return build_services(make_adapters(get_settings()))
 
 
 def messages(event: dict[str, Any]) -> Iterator[dict[str, Any]]:
@@ -48,5 +40,5 @@ def run(services: Services, event: dict[str, Any]) -> list[object]:
     return results
 
 
-def handler(event: dict[str, Any], context: object) -> dict[str, Any]:
+def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     return {"results": [str(r) for r in run(default_services(), event)]}

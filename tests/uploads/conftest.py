@@ -55,6 +55,7 @@ def stack(aws_endpoint: str) -> Iterator[Stack]:
     create_table(adapters.client("dynamodb"), settings.table)
     workflow = LocalWorkflow(adapters, engines=False)
     services = build_services(adapters, workflow)
+    workflow.bind(services)
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
