@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import time
 import urllib.parse
 from collections.abc import Callable
 from typing import Any
@@ -125,6 +126,12 @@ def test_file_still_in_parts_streams_locally_and_asks_to_retry_behind_lambda(
     assert "parts" not in stack.file_item(file_id)
     r = requests.get(f"{stack.base_url}/files/{file_id}/content", headers=auth(), timeout=30)
     assert r.status_code == 200 and r.content == lines and r.history[0].status_code == 307
+    # The workflow validated the batch's input (read through the parts, or the composed object).
+    deadline = time.monotonic() + 30
+    while (batch := client.batches.retrieve(batch.id)).status == "validating":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert batch.errors is None and batch.request_counts is not None and batch.request_counts.total == 100
 
 
 def test_sdk_retries_until_the_file_is_assembled(stack: Stack, override: Callable[..., None]) -> None:
