@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import os
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -138,3 +139,21 @@ def test_uploads_are_tenant_scoped(stack: Stack) -> None:
     with pytest.raises(NotFoundError):
         stack.services.files.get("someone-else", done.file.id)
     stack.jobs.drain()
+
+
+def test_file_deleted_before_composition_leaves_nothing_behind(
+    stack: Stack, override: Callable[..., None]
+) -> None:
+    override(upload_compose_delay_seconds=0.5)
+    uploads = stack.services.uploads
+    up = uploads.create(
+        "default", CreateUploadRequest(bytes=6, filename="d", mime_type="text/plain", purpose="batch")
+    )
+    ids = [uploads.add_part("default", up.id, io.BytesIO(b"abc"), 3).id for _ in range(2)]
+    done = uploads.complete("default", up.id, CompleteUploadRequest(part_ids=ids))
+    assert done.file is not None
+    assert b"".join(stack.services.files.chunks(stack.file_item(done.file.id))) == b"abcabc"
+    stack.services.files.delete("default", done.file.id)
+    stack.jobs.drain()
+    assert stack.part_keys(up.id) == []
+    assert not stack.services.files.blobs.exists(f"files/{done.file.id}")
