@@ -129,6 +129,25 @@ class Settings(BaseSettings):
     email_allowed_domains: str = ""  # comma-separated recipient domains; empty allows any
     api_keys_secret: str = ""  # Secrets Manager secret (ARN) holding comma-separated API keys
 
+    # Uploads API and large downloads (issue 7; ARCHITECTURE "Payload limits").
+    # One part's bytes: ~4 MiB fits API Gateway + Lambda once base64-encoded; locally OpenAI's 64 MiB.
+    max_upload_part_bytes: int = 4 * 1024 * 1024
+    # OpenAI: an Upload holds at most 8 GB.
+    max_upload_total_bytes: int = 8 * 1024 * 1024 * 1024
+    # Keeps a File item's ordered part-key list under DynamoDB's 400 KB item limit (4 MiB parts -> 16 GB).
+    max_upload_parts: int = 4000
+    # Larger downloads answer 307 to a pre-signed S3 URL (a Lambda response carries ~4 MiB raw); 0 = no limit.
+    max_inline_download_bytes: int = 4 * 1024 * 1024
+    presigned_url_seconds: int = 300
+    # /complete verifies an md5 by re-reading the parts up to this size when no running digest is at hand.
+    upload_sync_md5_max_bytes: int = 512 * 1024 * 1024
+    # SQS queue of the compose-upload task (AWS); empty composes on a thread of this process (the local mode).
+    upload_queue_url: str = ""
+    # Part objects outlive composition this long so readers already streaming through them can finish.
+    upload_parts_grace_seconds: int = 900
+    # Development only: wait this long before composing, so tests can observe a file still made of parts.
+    upload_compose_delay_seconds: float = 0.0
+
     @field_validator("hour_seconds")
     @classmethod
     def _positive(cls, v: float) -> float:

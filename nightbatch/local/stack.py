@@ -15,6 +15,7 @@ from nightbatch.settings import Settings
 log = logging.getLogger("nightbatch.local")
 
 LOCAL_UPLOAD_LIMIT = 512 * 1000 * 1000  # OpenAI's per-file limit; no API Gateway in front locally
+LOCAL_PART_LIMIT = 64 * 1024 * 1024  # OpenAI's part limit, the SDK's default part_size
 
 
 def state_file() -> Path:
@@ -24,7 +25,9 @@ def state_file() -> Path:
 
 def local_settings(**overrides: Any) -> Settings:
     # A laptop's CPU costs nothing extra: cost estimates read $0 unless an instance price is configured.
-    defaults: dict[str, Any] = {"max_upload_bytes": LOCAL_UPLOAD_LIMIT, "instance_type": "cpu-local"}
+    # No Lambda response limit locally: uploads and parts up to OpenAI's sizes, every download inline.
+    defaults: dict[str, Any] = {"max_upload_bytes": LOCAL_UPLOAD_LIMIT, "instance_type": "cpu-local",
+                                "max_upload_part_bytes": LOCAL_PART_LIMIT, "max_inline_download_bytes": 0}
     # Local defaults yield to NIGHTBATCH_* variables; explicit overrides win over both.
     values = {k: v for k, v in defaults.items() if f"NIGHTBATCH_{k.upper()}" not in os.environ}
     values.update(overrides)
