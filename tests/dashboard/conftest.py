@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 import time
 from collections.abc import Iterator
@@ -70,7 +71,9 @@ def serve_in_thread(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
 @pytest.fixture(scope="module")
 def live_api() -> Iterator[LiveApi]:
     saved_env = dict(os.environ)  # the embedded AWS points this process's boto3 at itself; undo that after
-    settings = local_settings(api_key=API_KEY, bucket="nb-dashboard-test", table="nb-dashboard-test")
+    # moto keeps one in-process state for every server it starts: fresh names per module.
+    name = f"nb-dashboard-{secrets.token_hex(4)}"
+    settings = local_settings(api_key=API_KEY, bucket=name, table=name)
     aws = start_embedded_aws(settings)
     adapters = make_adapters(settings, endpoint_url=aws.endpoint_url)
     services = build_services(adapters, HandDrivenWorkflow())
