@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from nightbatch.batches import BatchService, Workflow
 from nightbatch.files import FileService
-from nightbatch.settings import Settings
-from nightbatch.storage import Adapters
+from nightbatch.settings import Settings, get_settings
+from nightbatch.storage import Adapters, make_adapters
 from nightbatch.storage.stepfunctions import StepFunctionsWorkflow
 
 
@@ -28,3 +29,9 @@ def build_services(adapters: Adapters, workflow: Workflow | None = None) -> Serv
     files = FileService(settings=settings, blobs=adapters.blobs, table=adapters.table)
     batches = BatchService(settings=settings, table=adapters.table, files=files, workflow=workflow)
     return Services(settings=settings, adapters=adapters, files=files, batches=batches)
+
+
+@lru_cache(maxsize=1)
+def default_services() -> Services:
+    """The services of a Lambda or worker process: AWS adapters and the Step Functions workflow."""
+    return build_services(make_adapters(get_settings()))

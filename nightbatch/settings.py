@@ -74,14 +74,35 @@ class Settings(BaseSettings):
     input_file_ttl_seconds: int = 30 * 86400
     output_file_ttl_seconds: int = 30 * 86400
 
-    # Sharding: target estimated tokens per shard, and a cap on the number of shards.
-    shard_target_tokens: int = 2_000_000
-    shard_max_lines: int = 50_000
+    # Sharding. Validate writes the input as segments; Plan groups whole segments into shards. A shard targets
+    # enough estimated tokens that loading the model (~60 s) is <= 10 % of its GPU time at ~4k tokens/s, and
+    # shards number at most a few per GPU so the Distributed Map keeps every GPU busy to the end.
+    segment_max_lines: int = 1000
+    segment_max_bytes: int = 4 * 1024 * 1024
+    shard_target_tokens: int = 2_500_000
+    shards_per_gpu: int = 3
     max_gpus: int = 4
     # Worker checkpointing.
     checkpoint_every_lines: int = 64
     checkpoint_every_seconds: float = 10.0
     max_in_flight: int = 256
+
+    # Accounting: what one GPU-second costs, for `batch.nightbatch.cost` (estimates; set to your prices).
+    instance_type: str = "g6e.xlarge"
+    capacity: Literal["spot", "on-demand"] = "spot"
+    instance_price_per_hour: float = 0.0  # 0 = use the built-in price table for instance_type and capacity
+    gpus_per_instance: int = 1
+
+    # --- GPU worker (gpu_worker/main.py): the shard one container runs, the engine, polling and draining. ---
+    # AWS Batch passes the shard as NIGHTBATCH_BATCH_ID / NIGHTBATCH_SHARD_ID.
+    batch_id: str = ""
+    shard_id: str = ""
+    # "module:Class" of an engine taking a ModelSpec; empty means the vLLM engine.
+    worker_engine: str = ""
+    # How often a running shard reads the batch item for cancel/expiry.
+    worker_poll_seconds: float = 5.0
+    # How long a stopping shard lets in-flight requests finish: under ECS's 30 s SIGTERM-to-SIGKILL window.
+    worker_drain_seconds: float = 20.0
 
     # --- Download links and the CLI (issue 9: dashboard, CLI) ---
     # HMAC key for signed download links (/v1/nightbatch/files/{id}/download). Unset: a random key per

@@ -44,6 +44,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engines: bool = True) ->
     adapters = make_adapters(settings, endpoint_url=aws.endpoint_url)
     workflow = LocalWorkflow(adapters, engines=engines)
     services = build_services(adapters, workflow)
+    workflow.bind(services)
     app = create_app(lambda: services)
 
     base_url = f"http://{host}:{port}/v1"
