@@ -60,6 +60,8 @@ class VllmEngine:
         self._state: State | None = None
         self._routes: dict[str, _Route] = {}
         self.start_seconds: float | None = None
+        # The engine's sequence slots, read by the runner to keep enough requests in flight (scheduling.py).
+        self.max_num_seqs: int | None = None
 
     async def start(self) -> None:
         if self._stack is not None:
@@ -92,6 +94,7 @@ class VllmEngine:
             raise
         self._stack, self._state = stack, state
         self._routes = _routes(state)
+        self.max_num_seqs = int(client.vllm_config.scheduler_config.max_num_seqs)
         self.start_seconds = time.monotonic() - started
         print(
             f"[nightbatch.engine] {self.model_name} ready in {self.start_seconds:.1f} s ({model_dir})",
