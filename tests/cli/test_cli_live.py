@@ -99,7 +99,7 @@ def test_a_file_over_the_part_size_goes_up_in_parts(cli: Any, live_api: Any, tmp
 def test_status_list_and_cancel(cli: Any, live_api: Any) -> None:
     running = create_batch(live_api.services, 20, job="backfill")
     live_api.drive(running, "in_progress", request_counts={"total": 20, "completed": 0, "failed": 0},
-                   model=MODEL, live_completed=7, live_failed=1)
+                   model=MODEL, live_completed=7, live_failed=1, live_input_tokens=400, live_output_tokens=120)
     fresh = create_batch(live_api.services)
 
     r = cli("status", running)
@@ -107,6 +107,7 @@ def test_status_list_and_cancel(cli: Any, live_api: Any) -> None:
     assert r.out.splitlines()[0] == f"{running}  in_progress"
     assert "  endpoint    /v1/chat/completions  (model SmolLM2-135M-Instruct)" in r.out
     assert "  requests    7 completed, 1 failed, 20 total" in r.out
+    assert "  tokens      520 so far" in r.out  # the workers' live counters
     assert "  metadata    job=backfill" in r.out
 
     r = cli("list")

@@ -88,7 +88,10 @@ def seeded(live_api: Any) -> dict[str, Any]:
                    usage={"input_tokens": 36, "input_tokens_details": {"cached_tokens": 0},
                           "output_tokens": 15, "output_tokens_details": {"reasoning_tokens": 0},
                           "total_tokens": 51},
-                   ext={"cost": {"estimated_usd": 0.0042, "gpu_seconds": 12.5}})
+                   ext={"cost": {"gpu_seconds": 12.5, "model_load_seconds": 4.1, "load_share": 0.328,
+                                 "instance_type": "g6e.xlarge", "capacity": "spot",
+                                 "estimated_cost_usd": 0.0042, "usd_per_1m_tokens": 82.35,
+                                 "usd_per_1m_output_tokens": 280.0, "estimate": True}})
     backdate(services, done, 3 * 3600, in_progress_at=3 * 3600 - 40, finalizing_at=2 * 3600 + 1500,
              completed_at=2 * 3600 + 1490)
 
@@ -101,7 +104,7 @@ def seeded(live_api: Any) -> dict[str, Any]:
 
     running = create_batch(services, 50, job="backfill")
     live_api.drive(running, "in_progress", request_counts={"total": 50, "completed": 0, "failed": 0},
-                   model=MODEL, live_completed=21, live_failed=1)
+                   model=MODEL, live_completed=21, live_failed=1, live_input_tokens=4_410, live_output_tokens=1_650)
     backdate(services, running, 14 * 60, in_progress_at=14 * 60 - 20)
 
     fresh = create_batch(services, 3)
@@ -169,6 +172,7 @@ def test_a_person_sees_cancels_and_downloads(page: Any, live_api: Any, seeded: d
     expect(done).to_contain_text("51")  # total tokens
     expect(done).to_contain_text("in 36 · out 15")
     expect(done).to_contain_text("$0.0042")
+    expect(done).to_contain_text("12.5 GPU-s · estimate")
     expect(done).to_contain_text("job=nightly-eval")
     expect(done.get_by_role("button", name="Cancel")).to_have_count(0)
 
@@ -182,6 +186,8 @@ def test_a_person_sees_cancels_and_downloads(page: Any, live_api: Any, seeded: d
     running = row(page, seeded["running"])
     expect(running.locator(".status")).to_have_text("in progress")
     expect(running.locator(".progress-text")).to_have_text("22 / 50 done (44%)")
+    expect(running).to_contain_text("6,060")  # live tokens while it runs
+    expect(running).to_contain_text("in 4,410 · out 1,650")
     expect(row(page, seeded["fresh"]).locator(".progress-text")).to_have_text("validating input…")
 
     # Live refresh: the workers move on, the page follows without a reload.
@@ -189,7 +195,8 @@ def test_a_person_sees_cancels_and_downloads(page: Any, live_api: Any, seeded: d
     expect(running.locator(".progress-text")).to_have_text("31 / 50 done (62%)", timeout=10_000)
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+    height = page.evaluate("Math.ceil(document.querySelector('main').getBoundingClientRect().bottom)")
+    page.screenshot(path=str(ARTIFACTS / "dashboard.png"), clip={"x": 0, "y": 0, "width": 1360, "height": height})
     shutil.copyfile(ARTIFACTS / "dashboard.png", ROOT / "docs" / "dashboard.png")
 
     with page.expect_download() as download:
