@@ -50,6 +50,17 @@ def test_rates_and_eta_follow_the_last_minute() -> None:
     assert snap.speed() == "4.0 req/s"
 
 
+def test_tokens_per_second_start_with_the_first_counters() -> None:
+    clock_ = Clock()
+    progress = Progress(now=clock_)
+    progress.update(batch(done=0))  # nothing checkpointed yet: no token counters on the batch
+    clock_.t += 10
+    progress.update(batch(done=10, nightbatch={"live_usage": {"total_tokens": 1000}}))
+    clock_.t += 5
+    snap = progress.update(batch(done=20, nightbatch={"live_usage": {"total_tokens": 3000}}))
+    assert (snap.tokens_per_s, snap.requests_per_s) == (400.0, pytest.approx(20 / 15))
+
+
 def test_a_new_status_starts_the_rate_afresh() -> None:
     clock_ = Clock()
     progress = Progress(now=clock_)
