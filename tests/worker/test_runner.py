@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpu_worker.engines.base import EngineReply
+from gpu_worker.engines.base import EngineFailedError, EngineReply
 from gpu_worker.results import result_line
 from gpu_worker.runner import ShardJob, ShardReport, run_shard
 from gpu_worker.shard import checkpoint_key, done_key
@@ -276,10 +276,6 @@ def test_resume_skips_finished_custom_ids(world: ShardWorld) -> None:
     assert marker is not None and marker["attempts"] == 3 and marker["lines"] == 100
     assert marker["input_tokens"] == 20 * 3 + report.input_tokens
     assert marker["output_tokens"] == 20 * 4 + report.output_tokens
-
-
-class EngineFailedError(RuntimeError):
-    """Same name as the vLLM engine's "engine process died" error, which the runner treats as fatal."""
 
 
 class DyingEngine(DeterministicEngine):
