@@ -163,6 +163,8 @@ class _ShardRun:
         finished = exhausted and self.cancelled_requests == 0 and self.fatal is None
         elapsed = time.monotonic() - started
         self._fill(report, finished, elapsed)
+        # Every attempt's GPU time counts toward the batch's cost, finished or not (Spot loss, cancel).
+        await asyncio.to_thread(self._write_accounting, report)
         if finished:
             if report.lines != self.spec.lines:
                 log.warning("shard %s/%s: definition says %d lines, segments hold %d", self.job.batch_id,
@@ -283,6 +285,13 @@ class _ShardRun:
         report.idle_seconds = round(max(0.0, elapsed - self.busy_seconds), 3)
         report.finished = finished
         report.stopped_reason = None if finished else (self.reason or "error")
+
+    def _write_accounting(self, report: ShardReport) -> None:
+        record = {"attempt": self.attempt, "model_load_seconds": round(report.model_load_seconds, 3),
+                  "inference_seconds": report.inference_seconds, "idle_seconds": report.idle_seconds,
+                  "finished": report.finished}
+        self.blobs.put_bytes(f"{self.prefix}acct-{self.attempt}.json", json.dumps(record).encode(),
+                             content_type="application/json")
 
     def _write_done(self, report: ShardReport) -> None:
         marker = {

@@ -12,6 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from gpu_worker.results import usage_tokens
+from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.storage import BlobStore
 
 log = logging.getLogger("gpu_worker.shard")
@@ -109,12 +110,11 @@ class PendingLines:
     def __iter__(self) -> Iterator[PendingRequest]:
         for key in self.spec.segments:
             for raw in iter_object_lines(self.blobs, key):
-                line = json.loads(raw)
-                custom_id = str(line["custom_id"])
-                if custom_id in self.skip:
+                req = parse_segment_line(raw)
+                if req.custom_id in self.skip:
                     self.skipped += 1
                     continue
-                yield PendingRequest(n=int(line["n"]), custom_id=custom_id, body=line["body"])
+                yield PendingRequest(n=req.number, custom_id=req.custom_id, body=req.body)
 
 
 def read_progress(blobs: BlobStore, prefix: str) -> Progress:

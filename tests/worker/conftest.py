@@ -16,6 +16,7 @@ from moto.server import ThreadedMotoServer
 from gpu_worker.shard import CHECKPOINT_RE, done_key, results_prefix, shard_key
 from nightbatch.ids import new_batch_id
 from nightbatch.local.aws import FAKE_CREDENTIALS, free_port
+from nightbatch.pipeline.segments import segment_line
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, make_adapters
 from nightbatch.storage.dynamo import create_table
@@ -73,11 +74,11 @@ class ShardWorld:
         for start in range(0, len(requests), per_segment):
             key = f"batches/{self.batch_id}/segments/{len(segments):06d}.jsonl"
             lines = [
-                json.dumps({"n": start + i + 1, "custom_id": r["custom_id"], "body": r["body"], "est": 20},
-                           separators=(",", ":"))
+                segment_line(start + i + 1, 20, json.dumps(
+                    {"custom_id": r["custom_id"], "method": "POST", "url": endpoint, "body": r["body"]}).encode())
                 for i, r in enumerate(requests[start:start + per_segment])
             ]
-            blobs.put_bytes(key, ("\n".join(lines) + "\n").encode())
+            blobs.put_bytes(key, b"".join(lines))
             segments.append(key)
         shard = {
             "version": 1, "batch_id": self.batch_id, "shard_id": self.shard_id, "endpoint": endpoint,
