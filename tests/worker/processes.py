@@ -13,18 +13,19 @@ from pathlib import Path
 
 from nightbatch.local.aws import FAKE_CREDENTIALS
 
-from .conftest import MotoServer, ShardWorld
+from .conftest import ShardWorld
 
 ROOT = Path(__file__).resolve().parents[2]
 DETERMINISTIC = "tests.support.deterministic_engine:DeterministicEngine"
 
 
-def worker_env(server: MotoServer, world: ShardWorld, **overrides: str) -> dict[str, str]:
-    s = server.settings
+def worker_env(world: ShardWorld, **overrides: str) -> dict[str, str]:
+    s = world.settings
+    assert world.adapters.endpoint_url, "worker subprocesses need a moto server, not mock_aws"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NIGHTBATCH_", "AWS_"))}
     env.update(FAKE_CREDENTIALS)
     env.update({
-        "AWS_ENDPOINT_URL": server.endpoint_url, "AWS_DEFAULT_REGION": s.region,
+        "AWS_ENDPOINT_URL": world.adapters.endpoint_url, "AWS_DEFAULT_REGION": s.region,
         "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
         "NIGHTBATCH_BUCKET": s.bucket, "NIGHTBATCH_TABLE": s.table, "NIGHTBATCH_REGION": s.region,
         "NIGHTBATCH_BATCH_ID": world.batch_id, "NIGHTBATCH_SHARD_ID": world.shard_id,

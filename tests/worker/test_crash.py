@@ -10,11 +10,11 @@ from pathlib import Path
 from nightbatch.ids import batch_request_id
 from nightbatch.wire import BatchRequestOutput
 
-from .conftest import MotoServer, ShardWorld, chat_requests
+from .conftest import ShardWorld, chat_requests
 from .processes import checkpoints_reach, spawn, wait_until, worker_env
 
 SEED = 20261129
-KILL_POINTS = 14
+KILL_POINTS = 12
 LINES = 600
 
 
@@ -29,14 +29,14 @@ def assert_complete(world: ShardWorld, custom_ids: list[str]) -> int:
 
 
 def test_sigkill_at_seeded_points_then_restart_loses_and_duplicates_nothing(
-    moto_server: MotoServer, tmp_path: Path
+    served_world: ShardWorld, tmp_path: Path
 ) -> None:
-    world = moto_server.new_world()
+    world = served_world
     requests = chat_requests(LINES)
     for i in range(0, LINES, 37):  # engine rejections travel through the same path
         requests[i]["body"]["messages"][0]["content"] = "FAIL this one"
     ids = world.seed(requests)
-    env = worker_env(moto_server, world, NIGHTBATCH_TEST_ENGINE_DELAY="0.04")
+    env = worker_env(world, NIGHTBATCH_TEST_ENGINE_DELAY="0.04")
     rng = random.Random(SEED)
     kills: list[str] = []
     for point in range(KILL_POINTS):
@@ -76,10 +76,10 @@ def test_sigkill_at_seeded_points_then_restart_loses_and_duplicates_nothing(
     assert duplicates == 0
 
 
-def test_sigterm_flushes_and_exits_for_a_retry_that_resumes(moto_server: MotoServer, tmp_path: Path) -> None:
-    world = moto_server.new_world()
+def test_sigterm_flushes_and_exits_for_a_retry_that_resumes(served_world: ShardWorld, tmp_path: Path) -> None:
+    world = served_world
     ids = world.seed(chat_requests(300))
-    env = worker_env(moto_server, world, NIGHTBATCH_TEST_ENGINE_DELAY="0.04",
+    env = worker_env(world, NIGHTBATCH_TEST_ENGINE_DELAY="0.04",
                      NIGHTBATCH_CHECKPOINT_EVERY_LINES="1000", NIGHTBATCH_CHECKPOINT_EVERY_SECONDS="60")
     worker = spawn(env, tmp_path / "term.log")
     # Wait until requests are running (the counters move only at checkpoints, so watch the log).
@@ -92,7 +92,7 @@ def test_sigterm_flushes_and_exits_for_a_retry_that_resumes(moto_server: MotoSer
     assert 0 < len(flushed) < len(ids)
     assert world.done_marker() is None
 
-    fast = worker_env(moto_server, world, NIGHTBATCH_TEST_ENGINE_DELAY="0.005")
+    fast = worker_env(world, NIGHTBATCH_TEST_ENGINE_DELAY="0.005")
     retry = spawn(fast, tmp_path / "retry.log")
     assert retry.wait(timeout=30) == 0, retry.stderr()
     assert assert_complete(world, ids) == 0
@@ -100,10 +100,10 @@ def test_sigterm_flushes_and_exits_for_a_retry_that_resumes(moto_server: MotoSer
     assert marker is not None and marker["attempts"] == 2
 
 
-def test_sigterm_of_a_cancelled_batch_is_a_clean_exit(moto_server: MotoServer, tmp_path: Path) -> None:
-    world = moto_server.new_world()
+def test_sigterm_of_a_cancelled_batch_is_a_clean_exit(served_world: ShardWorld, tmp_path: Path) -> None:
+    world = served_world
     world.seed(chat_requests(300))
-    env = worker_env(moto_server, world, NIGHTBATCH_TEST_ENGINE_DELAY="0.04",
+    env = worker_env(world, NIGHTBATCH_TEST_ENGINE_DELAY="0.04",
                      NIGHTBATCH_WORKER_POLL_SECONDS="30")
     worker = spawn(env, tmp_path / "term.log")
     assert wait_until(lambda: "attempt" in worker.stderr(), worker, timeout=20), worker.stderr()
@@ -113,11 +113,11 @@ def test_sigterm_of_a_cancelled_batch_is_a_clean_exit(moto_server: MotoServer, t
     assert world.done_marker() is None
 
 
-def test_an_unstarted_job_of_a_cancelled_batch_ends_at_once(moto_server: MotoServer, tmp_path: Path) -> None:
-    world = moto_server.new_world()
+def test_an_unstarted_job_of_a_cancelled_batch_ends_at_once(served_world: ShardWorld, tmp_path: Path) -> None:
+    world = served_world
     world.seed(chat_requests(5))
     world.set_status("cancelling")
-    worker = spawn(worker_env(moto_server, world), tmp_path / "cancelled.log")
+    worker = spawn(worker_env(world), tmp_path / "cancelled.log")
     assert worker.wait(timeout=20) == 0, worker.stderr()
     assert "engine not started" in worker.stderr()
     assert world.checkpoint_keys() == []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import MotoServer, chat_requests
+from .conftest import ShardWorld, chat_requests
 from .processes import checkpoints_reach, spawn, wait_until, worker_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -31,18 +31,18 @@ def _vllm_engine_missing() -> str | None:
 
 
 def test_vllm_worker_killed_twice_then_restarted_loses_and_duplicates_nothing(
-    moto_server: MotoServer, tmp_path: Path
+    served_world: ShardWorld, tmp_path: Path
 ) -> None:
     missing = _vllm_engine_missing()
     if missing:
         pytest.skip(missing)
-    world = moto_server.new_world()
+    world = served_world
     requests = chat_requests(LINES, max_tokens=16)
     for r in requests:
         r["body"]["temperature"] = 0
     ids = world.seed(requests, per_segment=10)
     env = worker_env(
-        moto_server, world, HF_HUB_OFFLINE="1", NIGHTBATCH_CHECKPOINT_EVERY_LINES="4",
+        world, HF_HUB_OFFLINE="1", NIGHTBATCH_CHECKPOINT_EVERY_LINES="4",
         NIGHTBATCH_CHECKPOINT_EVERY_SECONDS="1", NIGHTBATCH_MAX_IN_FLIGHT="8",
     )
     kills = 0
