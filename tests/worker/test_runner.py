@@ -308,3 +308,22 @@ def test_result_lines_round_trip_as_json_lines(world: ShardWorld) -> None:
         assert raw is not None
         for line in raw.splitlines():
             assert json.loads(line)["error"] is None
+
+
+def test_cancelling_run_shard_leaves_no_task_behind(world: ShardWorld) -> None:
+    world.seed(chat_requests(200))
+    engine = DeterministicEngine(CHAT_SPEC, delay=0.02)
+
+    async def go() -> list[asyncio.Task[Any]]:
+        job = ShardJob(batch_id=world.batch_id, shard_id=world.shard_id)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(
+                run_shard(job, engine=engine, blobs=world.adapters.blobs, table=world.adapters.table,
+                          settings=world.settings),
+                timeout=0.5,
+            )
+        await asyncio.sleep(0.1)
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    assert asyncio.run(go()) == []
+    assert 0 < len(engine.received) < 200
