@@ -202,3 +202,13 @@ def test_embedding_model_refuses_chat(embed_engine: VllmEngine, run: Any) -> Non
     reply = run(embed_engine.handle(CHAT, chat_body(model=EMBED_SPEC.name), "req-emb-chat"))
 
     assert_error(reply, 501)
+
+
+def test_base64_embeddings_and_binary_formats(embed_engine: VllmEngine, run: Any) -> None:
+    body = {"model": EMBED_SPEC.name, "input": "hello", "encoding_format": "base64"}
+    encoded = run(embed_engine.handle("/v1/embeddings", body, "req-b64"))
+    binary = run(embed_engine.handle("/v1/embeddings", {**body, "encoding_format": "bytes"}, "req-bytes"))
+
+    assert encoded.status_code == 200, encoded.body
+    assert isinstance(encoded.body["data"][0]["embedding"], str)
+    assert assert_error(binary, 400)["param"] == "encoding_format"
