@@ -124,9 +124,9 @@ def create_resources(template: dict[str, Any]) -> Deployment:
         url = sqs.create_queue(QueueName=queue_id[:70])["QueueUrl"]
         d.refs[queue_id] = url
         d.attrs[(queue_id, "Arn")] = f"arn:aws:sqs:{REGION}:{ACCOUNT}:{queue_id[:70]}"
-    secret_id, _ = one_of_type(template, "AWS::SecretsManager::Secret")
-    d.refs[secret_id] = boto3.client("secretsmanager", region_name=REGION).create_secret(
-        Name="nb-api-keys", SecretString="sk-test")["ARN"]
+    for secret_id in of_type(template, "AWS::SecretsManager::Secret"):
+        d.refs[secret_id] = boto3.client("secretsmanager", region_name=REGION).create_secret(
+            Name=secret_id, SecretString="test-secret")["ARN"]
 
     iam = boto3.client("iam", region_name=REGION)
     role = iam.create_role(RoleName="nb-role", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
