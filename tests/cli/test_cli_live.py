@@ -160,14 +160,17 @@ def test_submit_wait_follows_the_batch_until_it_completes(cli: Any, live_api: An
         assert line, proc.communicate()[1]
         seen += line
     batch_id = created_id(seen)
-    time.sleep(0.5)
+    # Each state lasts several polls, even on a busy machine.
+    time.sleep(1)
     live_api.drive(batch_id, "in_progress", request_counts={"total": 3, "completed": 0, "failed": 0})
-    time.sleep(0.5)
+    time.sleep(1)
     live_api.services.adapters.table.update(batch_id, set_={"live_completed": 2})
-    time.sleep(0.5)
+    time.sleep(1)
     finish(live_api, batch_id, b'{"custom_id": "req-0"}\n', b'{"custom_id": "req-2"}\n')
-    rest, err = proc.communicate(timeout=30)
-    assert (proc.returncode, err) == (0, "")
+    # Read on through the same buffered pipe (communicate() would drop what readline() read ahead).
+    assert proc.stderr is not None
+    rest, err = proc.stdout.read(), proc.stderr.read()
+    assert (proc.wait(timeout=30), err) == (0, "")
 
     # Not a terminal: plain timestamped lines, one per change of status.
     progress = [line.split(maxsplit=1)[1] for line in rest.splitlines() if re.match(r"\d\d:\d\d:\d\d ", line)]
