@@ -1,24 +1,18 @@
-"""The CLI run as a user runs it (a child process) against a live API on loopback."""
+"""The CLI run as a user runs it (a child process) against the shared API server on loopback."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.support.live_api import LiveApi, serve_live_api
-
-
-@pytest.fixture(scope="module")
-def live_api() -> Iterator[LiveApi]:
-    with serve_live_api("nb-test-cli") as api:
-        yield api
-
+if TYPE_CHECKING:
+    from tests.conftest import ApiServer
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,12 +44,12 @@ class Cli:
 
 
 @pytest.fixture
-def cli(live_api: LiveApi, tmp_path: Path) -> Cli:
+def cli(api_server: ApiServer, tmp_path: Path) -> Cli:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NIGHTBATCH_", "AWS_", "MOTO_"))}
     env.update({
         "PYTHONPATH": str(ROOT),
         "XDG_STATE_HOME": str(tmp_path / "state"),  # never a `nightbatch local` of whoever runs the tests
-        "NIGHTBATCH_BASE_URL": f"{live_api.url}/v1",
-        "NIGHTBATCH_API_KEY": live_api.api_key,
+        "NIGHTBATCH_BASE_URL": api_server.v1,
+        "NIGHTBATCH_API_KEY": api_server.api_key,
     })
     return Cli(env)
