@@ -83,6 +83,29 @@ class Settings(BaseSettings):
     checkpoint_every_seconds: float = 10.0
     max_in_flight: int = 256
 
+    # --- Notifications: webhooks, SNS, SES email (nightbatch/notifications; docs/NOTIFICATIONS.md) ---
+    # SQS queue of pending webhook deliveries (AWS). Empty in local mode: an in-process delayed queue.
+    webhook_queue_url: str = ""
+    # Failed deliveries are retried with exponential backoff from the base delay, each gap capped, until the
+    # event is older than the max age (OpenAI retries for 72 h). Tests shrink all three to seconds.
+    webhook_retry_base_seconds: float = 5.0
+    webhook_retry_max_delay_seconds: float = 6 * 3600.0
+    webhook_max_age_seconds: float = 72 * 3600.0
+    webhook_timeout_seconds: float = 10.0
+    # Private and loopback webhook targets (the local stack allows them; never in AWS). Link-local (instance
+    # metadata), multicast, reserved and unspecified addresses are refused regardless.
+    allow_private_targets: bool = False
+    # SES sender identity ("Name <addr>" or addr); empty disables email.
+    ses_sender: str = ""
+    # Comma-separated domains a batch may name in extra_body nightbatch.notify.email ("*" = any).
+    notify_email_domains: str = ""
+    # Comma-separated recipients of every terminal batch (the operator's own; not domain-checked).
+    notify_email_recipients: str = ""
+    # HMAC key for the signed download links in emails, the API's public base URL (no /v1), link lifetime.
+    link_secret: str = ""
+    public_base_url: str = ""
+    link_ttl_seconds: int = 7 * 86400
+
     @field_validator("hour_seconds")
     @classmethod
     def _positive(cls, v: float) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from email.utils import parseaddr
 from typing import Any
 
 from moto.server import ThreadedMotoServer
@@ -13,6 +14,7 @@ from nightbatch.settings import Settings
 from nightbatch.storage import make_adapters
 from nightbatch.storage.dynamo import create_table
 
+LOCAL_TOPIC = "nightbatch-events"
 FAKE_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -31,6 +33,7 @@ class EmbeddedAws:
     server: Any
     endpoint_url: str
     port: int
+    topic_arn: str = ""
 
     def stop(self) -> None:
         self.server.stop()
@@ -50,4 +53,9 @@ def start_embedded_aws(settings: Settings, *, host: str = "127.0.0.1") -> Embedd
     adapters = make_adapters(settings, endpoint_url=endpoint)
     adapters.client("s3").create_bucket(Bucket=settings.bucket)
     create_table(adapters.client("dynamodb"), settings.table)
-    return EmbeddedAws(server=server, endpoint_url=endpoint, port=port)
+    # Notifications: the topic infra/ creates, and the sender's domain verified in SES (moto enforces it).
+    topic_arn = str(adapters.sns.create_topic(Name=LOCAL_TOPIC)["TopicArn"])
+    sender = parseaddr(settings.ses_sender)[1]
+    if "@" in sender:
+        adapters.client("ses").verify_domain_identity(Domain=sender.rsplit("@", 1)[1])
+    return EmbeddedAws(server=server, endpoint_url=endpoint, port=port, topic_arn=topic_arn)

@@ -15,6 +15,7 @@ from nightbatch.settings import Settings
 log = logging.getLogger("nightbatch.local")
 
 LOCAL_UPLOAD_LIMIT = 512 * 1000 * 1000  # OpenAI's per-file limit; no API Gateway in front locally
+LOCAL_SENDER = "nightbatch@nightbatch.local"
 
 
 def state_file() -> Path:
@@ -24,6 +25,8 @@ def state_file() -> Path:
 
 def local_settings(**overrides: Any) -> Settings:
     values: dict[str, Any] = {"mode": "local", "max_upload_bytes": LOCAL_UPLOAD_LIMIT}
+    # Notifications: webhook receivers on this machine are fine, and email only reaches the embedded SES.
+    values.update(allow_private_targets=True, ses_sender=LOCAL_SENDER, notify_email_domains="*")
     values.update(overrides)
     return Settings(**values)
 
@@ -41,6 +44,10 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engines: bool = True) ->
     key = env_key or f"nb-dev-{secrets.token_urlsafe(24)}"
     settings = local_settings(api_key=key)
     aws = start_embedded_aws(settings, host="127.0.0.1")
+    settings = settings.model_copy(update={
+        "topic_arn": aws.topic_arn, "public_base_url": settings.public_base_url or f"http://{host}:{port}",
+        "link_secret": settings.link_secret or secrets.token_urlsafe(32),
+    })
     adapters = make_adapters(settings, endpoint_url=aws.endpoint_url)
     workflow = LocalWorkflow(adapters, engines=engines)
     services = build_services(adapters, workflow)

@@ -1,0 +1,1 @@
+"""One Lambda handler per workflow step; each parses its versioned input and calls the core task function."""

@@ -1,0 +1,206 @@
+"""Helpers for the notification tests: stacks on moto, batches moved by hand, loopback webhook receivers."""
+
+from __future__ import annotations
+
+import io
+import ipaddress
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import requests
+from moto.core.models import DEFAULT_ACCOUNT_ID
+
+from nightbatch import lifecycle
+from nightbatch.batches import CreateBatchRequest
+from nightbatch.notifications import Notifier
+from nightbatch.services import Services
+from nightbatch.settings import Settings
+from nightbatch.storage import Adapters
+
+API_KEY = "sk-notify-test"
+REGION = "us-east-1"
+SENDER = "nightbatch@example.org"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --- the no-connection guard -------------------------------------------------------------------------------------
+
+@dataclass
+class ConnectionGuard:
+    attempts: list[Any] = field(default_factory=list)
+
+
+def is_loopback(address: Any) -> bool:
+    if not isinstance(address, tuple):  # AF_UNIX
+        return True
+    try:
+        return ipaddress.ip_address(str(address[0]).split("%", 1)[0]).is_loopback
+    except ValueError:
+        return str(address[0]) == "localhost"
+
+
+class ServicesHolder:
+    services: Services | None = None
+
+    def __call__(self) -> Services:
+        assert self.services is not None
+        return self.services
+
+
+class NoWorkflow:
+    def start(self, batch_id: str) -> None:
+        """Batches are moved by the tests themselves."""
+
+
+@dataclass
+class Stack:
+    settings: Settings
+    adapters: Adapters
+    services: Services
+    notifier: Notifier
+    api_url: str
+    moto_url: str
+
+    def client(self) -> Any:
+        from openai import OpenAI
+
+        return OpenAI(base_url=f"{self.api_url}/v1", api_key=API_KEY, max_retries=0)
+
+
+# --- batches in terminal states, without the pipeline ------------------------------------------------------------
+
+def make_batch(stack: Stack, status: str = "completed", *, email: Any = None, tenant: str = "default") -> str:
+    """A batch moved through the lifecycle table directly, with output and error files when it has results."""
+    files = stack.services.files
+    line = b'{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[]}}\n'
+    inp = files.create(tenant, filename="in.jsonl", purpose="batch", fileobj=io.BytesIO(line), size=len(line))
+    options = {"notify": {"email": email}} if email is not None else None
+    batch = stack.services.batches.create(tenant, CreateBatchRequest(
+        input_file_id=inp.id, endpoint="/v1/chat/completions", completion_window="24h",
+        metadata={"run": "nightly"}, nightbatch=options))
+    table = stack.adapters.table
+    if status == "failed":
+        lifecycle.transition(table, batch.id, "failed", extra={"errors": {"object": "list", "data": [
+            {"code": "invalid_json_line", "message": "This line is not parseable as valid JSON.", "param": None,
+             "line": 1}]}})
+        return batch.id
+    if status == "cancelled":
+        lifecycle.transition(table, batch.id, "cancelling")
+        lifecycle.transition(table, batch.id, "cancelled")
+        return batch.id
+    lifecycle.transition(table, batch.id, "in_progress", extra={"request_counts": {"total": 3, "completed": 0,
+                                                                                   "failed": 0}})
+    lifecycle.transition(table, batch.id, "finalizing")
+    out = b'{"id":"batch_req_1","custom_id":"a","response":{"status_code":200},"error":null}\n' * 2
+    err = b'{"id":"batch_req_2","custom_id":"b","response":null,"error":{"code":"x","message":"y"}}\n'
+    out_file = files.create(tenant, filename=f"{batch.id}_output.jsonl", purpose="batch_output",
+                            fileobj=io.BytesIO(out), size=len(out))
+    err_file = files.create(tenant, filename=f"{batch.id}_error.jsonl", purpose="batch_output",
+                            fileobj=io.BytesIO(err), size=len(err))
+    lifecycle.transition(table, batch.id, status, extra={
+        "request_counts": {"total": 3, "completed": 2, "failed": 1}, "output_file_id": out_file.id,
+        "error_file_id": err_file.id,
+        "usage": {"input_tokens": 30, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 12,
+                  "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 42},
+    })
+    return batch.id
+
+
+# --- loopback webhook receivers ----------------------------------------------------------------------------------
+
+@dataclass
+class Received:
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+
+class Receiver:
+    """A real HTTP server on loopback. `script` holds one reply per request (an int status, or ("sleep", s));
+    when it runs out, replies are 200."""
+
+    def __init__(self, script: list[Any] | None = None) -> None:
+        self.script = list(script or [])
+        self.received: list[Received] = []
+        self.cond = threading.Condition()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("content-length", "0")))
+                with receiver.cond:
+                    receiver.received.append(Received({k.lower(): v for k, v in self.headers.items()}, body,
+                                                      time.time()))
+                    reply = receiver.script.pop(0) if receiver.script else 200
+                    receiver.cond.notify_all()
+                if isinstance(reply, tuple) and reply[0] == "sleep":
+                    time.sleep(reply[1])
+                    reply = 200
+                if isinstance(reply, tuple) and reply[0] == "redirect":
+                    self.send_response(302)
+                    self.send_header("location", reply[1])
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
+                self.send_response(int(reply))
+                self.send_header("content-length", "2")
+                self.end_headers()
+                self.wfile.write(b"ok")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/openai"
+
+    def wait_for(self, n: int, timeout: float = 10.0) -> list[Received]:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while len(self.received) < n:
+                left = deadline - time.monotonic()
+                assert left > 0, f"expected {n} deliveries, got {len(self.received)}"
+                self.cond.wait(left)
+            return list(self.received)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def deliveries(stack: Stack, endpoint_id: str) -> list[dict[str, Any]]:
+    resp = requests.get(f"{stack.api_url}/v1/nightbatch/webhook_endpoints/{endpoint_id}/deliveries",
+                        headers={"authorization": f"Bearer {API_KEY}"}, timeout=10)
+    assert resp.status_code == 200, resp.text
+    data: list[dict[str, Any]] = resp.json()["data"]
+    return data
+
+
+def sns_notifications(stack: Stack) -> list[tuple[Any, ...]]:
+    from moto.sns.models import sns_backends
+
+    return list(sns_backends[DEFAULT_ACCOUNT_ID][REGION].topics[stack.settings.topic_arn].sent_notifications)
+
+
+def ses_messages() -> list[Any]:
+    from moto.ses.models import ses_backends
+
+    return list(ses_backends[DEFAULT_ACCOUNT_ID][REGION].sent_messages)
+
+
+def event_json(received: Received) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(received.body)
+    return out
+
