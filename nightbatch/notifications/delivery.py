@@ -42,6 +42,11 @@ def owner(tenant: str, endpoint_id: str) -> str:
     return f"{tenant}#webhook_delivery#{endpoint_id}"
 
 
+def delivery_id(event_id: str, endpoint_id: str) -> str:
+    """Derived, so that a re-run of Notify finds the delivery it made before."""
+    return derived_id("wh_", event_id, endpoint_id, length=32)
+
+
 def to_wire(item: dict[str, Any]) -> WebhookDelivery:
     return WebhookDelivery(
         id=item["pk"], webhook_endpoint_id=item["endpoint_id"], event_id=item["event_id"],
@@ -67,21 +72,21 @@ class Deliveries:
         return float(min(s.webhook_retry_base_seconds * 2 ** (attempts_done - 1), s.webhook_retry_max_delay_seconds))
 
     def create(self, event: dict[str, Any], endpoint: dict[str, Any]) -> dict[str, Any]:
-        """The delivery of `event` to `endpoint`; its id is derived from both, so a re-run finds it."""
-        delivery_id = derived_id("wh_", event["event_id"], endpoint["pk"], length=32)
+        """The delivery of `event` to `endpoint` (the existing one when a previous run made it)."""
+        pk = delivery_id(event["event_id"], endpoint["pk"])
         created = now()
         item: dict[str, Any] = {
-            "pk": delivery_id, "kind": "webhook_delivery", "tenant": event["tenant"],
-            "owner": owner(event["tenant"], endpoint["pk"]), "owner_sk": precise_sort_key(delivery_id),
+            "pk": pk, "kind": "webhook_delivery", "tenant": event["tenant"],
+            "owner": owner(event["tenant"], endpoint["pk"]), "owner_sk": precise_sort_key(pk),
             "endpoint_id": endpoint["pk"], "event_id": event["event_id"], "event_type": event["type"],
             "batch_id": event.get("batch_id"), "body": event["body"], "status": "pending", "created_at": created,
-            "attempt_count": 0, "attempts": [], "next_attempt_at": created,
+            "attempt_count": 0, "attempts": [], "next_attempt_at": created, "created_ts": time.time(),
             "ttl": created + int(self.settings.webhook_max_age_seconds) + RETAIN_SECONDS,
         }
         try:
             self.table.put_new(item)
         except StorageConflictError:
-            return self.table.get(delivery_id) or item
+            return self.table.get(pk) or item
         return item
 
     def enqueue_first(self, item: dict[str, Any]) -> bool:
@@ -122,7 +127,7 @@ class Deliveries:
         status, next_at = "succeeded", None
         if not result.ok:
             delay = self.backoff(n)
-            give_up_at = item["created_at"] + self.settings.webhook_max_age_seconds
+            give_up_at = float(item.get("created_ts", item["created_at"])) + self.settings.webhook_max_age_seconds
             if final or time.time() + delay > give_up_at:
                 status = "failed"
             else:

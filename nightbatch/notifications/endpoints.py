@@ -18,7 +18,7 @@ from nightbatch.notifications.models import (
     WebhookEndpointWithSecret,
 )
 from nightbatch.notifications.signatures import new_secret, secret_hint
-from nightbatch.notifications.targets import resolve_target
+from nightbatch.notifications.targets import Resolver, resolve_target
 from nightbatch.settings import Settings
 from nightbatch.storage import Table
 from nightbatch.wire import ListPage
@@ -78,13 +78,14 @@ def check_name(name: str) -> str:
 
 
 class WebhookEndpointService:
-    def __init__(self, *, settings: Settings, table: Table) -> None:
+    def __init__(self, *, settings: Settings, table: Table, resolver: Resolver | None = None) -> None:
         self.settings = settings
         self.table = table
+        self.resolver = resolver
 
     def _check_url(self, url: str) -> str:
         # Checked again at every delivery: DNS may change after creation.
-        resolve_target(url, allow_private=self.settings.allow_private_targets)
+        resolve_target(url, allow_private=self.settings.allow_private_targets, resolver=self.resolver)
         return url
 
     def create(self, tenant: str, req: CreateWebhookEndpointRequest) -> WebhookEndpointWithSecret:

@@ -61,7 +61,7 @@ class Notifier:
         self.table = table
         self.topic = topic
         self.mailer = mailer
-        self.endpoints = WebhookEndpointService(settings=settings, table=table)
+        self.endpoints = WebhookEndpointService(settings=settings, table=table, resolver=resolver)
         self.deliveries = Deliveries(settings=settings, table=table, queue=queue, post=post, resolver=resolver)
 
     @property

@@ -76,10 +76,12 @@ def refusal(ip: IPAddress, *, allow_private: bool) -> str | None:
         return "an unspecified address"
     if ip.is_loopback:
         return None if allow_private else "a loopback address"
+    if ip.is_reserved:
+        return "a reserved address"
     if ip.is_private:
         return None if allow_private else "a private address"
-    if ip.is_reserved or not ip.is_global:
-        return "a reserved address"
+    if not ip.is_global:
+        return "a non-public address"
     return None
 
 

@@ -3,6 +3,7 @@ guard that fails any test whose code tries to connect anywhere but loopback."""
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import socket
@@ -63,6 +64,7 @@ def connection_guard(monkeypatch: pytest.MonkeyPatch) -> Iterator[ConnectionGuar
 
 @pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto server logs every request
     for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
         os.environ.setdefault(k, "testing")
     port = free_port()
@@ -111,7 +113,7 @@ def make_stack(
             "mode": "local", "region": REGION, "bucket": name, "table": name, "api_key": API_KEY,
             "allow_private_targets": True, "webhook_retry_base_seconds": 0.3,
             "webhook_retry_max_delay_seconds": 2.0, "webhook_max_age_seconds": 30.0,
-            "webhook_timeout_seconds": 0.5, "ses_sender": SENDER, "notify_email_domains": "example.com",
+            "webhook_timeout_seconds": 3.0, "ses_sender": SENDER, "notify_email_domains": "example.com",
             "notify_email_recipients": "ops@example.org", "link_secret": "test-link-secret",
             "public_base_url": api_url,
         }

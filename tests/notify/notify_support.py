@@ -166,7 +166,7 @@ class Receiver:
         self.thread.start()
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/openai"
 
-    def wait_for(self, n: int, timeout: float = 10.0) -> list[Received]:
+    def wait_for(self, n: int, timeout: float = 20.0) -> list[Received]:
         deadline = time.monotonic() + timeout
         with self.cond:
             while len(self.received) < n:
