@@ -7,13 +7,13 @@ from typing import Any
 
 from nightbatch.notifications import Notifier, build_notifier, notify_batch
 from nightbatch.notifications.models import NotifyInput
-from nightbatch.settings import get_settings
-from nightbatch.storage import make_adapters
+from nightbatch.services import default_services
 
 
 @lru_cache(maxsize=1)
 def default_notifier() -> Notifier:
-    return build_notifier(make_adapters(get_settings()))
+    """The notifier of a Lambda process: SQS delivery queue, SNS topic and SES sender from the environment."""
+    return build_notifier(default_services().adapters)
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:

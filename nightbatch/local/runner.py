@@ -2,31 +2,106 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
+from nightbatch.local.engines import EngineHost
+from nightbatch.notifications import Notifier, build_notifier, notify_batch
+from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
+from nightbatch.services import Services
 from nightbatch.storage import Adapters
 
 log = logging.getLogger("nightbatch.local")
+SHARD_ATTEMPTS = 2  # the state machine's Retry on States.TaskFailed, then Catch
 
 
 class LocalWorkflow:
+    """Validate → Plan → each shard on the warm engine → Finalize → Notify, like the state machine."""
+
     def __init__(self, adapters: Adapters, *, engines: bool = True) -> None:
         self.adapters = adapters
         self.engines_enabled = engines
+        self.host = EngineHost(adapters.settings) if engines else None
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="batch")
         self.stopping = threading.Event()
+        self.services: Services | None = None
+        self.notifier: Notifier | None = None
+
+    def bind(self, services: Services) -> None:
+        self.services = services
+        # The Notify step's notifier; its in-process delivery queue lives as long as this workflow (see stop()).
+        self.notifier = build_notifier(services.adapters)
 
     def start(self, batch_id: str) -> None:
-        self.pool.submit(self._run, batch_id)
+        self.pool.submit(self._run_logged, batch_id)
 
-    def _run(self, batch_id: str) -> None:
-        log.info("batch %s accepted (execution arrives with the pipeline)", batch_id)
+    def _run_logged(self, batch_id: str) -> None:
+        try:
+            self.run(batch_id)
+        except Exception:
+            log.exception("batch %s: workflow error", batch_id)
+
+    def run(self, batch_id: str) -> None:
+        services = self.services
+        assert services is not None, "bind() the services first"
+        inp = BatchTaskInput(batch_id=batch_id)
+        try:
+            valid = validate_batch(inp, services).valid
+            if valid:
+                plan = plan_batch(inp, services)
+                raw = services.adapters.blobs.get_bytes(plan.manifest_key) or b"[]"
+                for item in json.loads(raw):
+                    self._run_shard(services, item)
+        finally:
+            # The state machine catches every failure into Finalize, so Finalize always runs.
+            if valid_or_open(services, batch_id):
+                finalize_batch(inp, services)
+        self._notify(services, batch_id)
+
+    def _run_shard(self, services: Services, item: dict[str, Any]) -> None:
+        if self.host is None:
+            log.warning("engines are off: shard %s of %s not run", item["shard_id"], item["batch_id"])
+            return
+        from gpu_worker.runner import ShardJob, run_shard
+
+        job = ShardJob(batch_id=item["batch_id"], shard_id=item["shard_id"])
+        host = self.host
+        for attempt in range(1, SHARD_ATTEMPTS + 1):
+            if self.stopping.is_set():
+                return
+            try:
+                async def run() -> Any:
+                    shard = json.loads(services.adapters.blobs.get_bytes(
+                        f"batches/{job.batch_id}/shards/{job.shard_id}.json") or b"{}")
+                    engine = await host.engine(shard["model"])
+                    return await run_shard(job, engine=engine, blobs=services.adapters.blobs,
+                                           table=services.adapters.table, settings=services.settings)
+
+                host.submit(run()).result()
+                return
+            except Exception:
+                log.exception("shard %s of %s failed (attempt %d)", job.shard_id, job.batch_id, attempt)
+
+    def _notify(self, services: Services, batch_id: str) -> None:
+        if self.notifier is not None:
+            notify_batch(batch_id, notifier=self.notifier)
 
     def warm_up_in_background(self) -> None:
-        pass
+        if self.host is not None:
+            self.host.warm_up()
 
     def stop(self) -> None:
         self.stopping.set()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.notifier is not None:
+            self.notifier.close()
+        if self.host is not None:
+            self.host.stop()
+
+
+def valid_or_open(services: Services, batch_id: str) -> bool:
+    batch = services.adapters.table.get(batch_id)
+    return batch is not None and batch["status"] != "failed"

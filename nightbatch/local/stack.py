@@ -15,7 +15,8 @@ from nightbatch.settings import Settings
 log = logging.getLogger("nightbatch.local")
 
 LOCAL_UPLOAD_LIMIT = 512 * 1000 * 1000  # OpenAI's per-file limit; no API Gateway in front locally
-LOCAL_SENDER = "nightbatch@nightbatch.local"
+LOCAL_PART_LIMIT = 64 * 1024 * 1024  # OpenAI's part limit, the SDK's default part_size
+LOCAL_SENDER = "nightbatch@nightbatch.local"  # verified in the embedded SES; mail never leaves the process
 
 
 def state_file() -> Path:
@@ -24,10 +25,16 @@ def state_file() -> Path:
 
 
 def local_settings(**overrides: Any) -> Settings:
-    values: dict[str, Any] = {"mode": "local", "max_upload_bytes": LOCAL_UPLOAD_LIMIT}
-    # Notifications: webhook receivers on this machine are fine, and email only reaches the embedded SES.
-    values.update(allow_private_targets=True, ses_sender=LOCAL_SENDER, notify_email_domains="*")
+    # A laptop's CPU costs nothing extra: cost estimates read $0 unless an instance price is configured.
+    # No Lambda response limit locally: uploads and parts up to OpenAI's sizes, every download inline.
+    defaults: dict[str, Any] = {"max_upload_bytes": LOCAL_UPLOAD_LIMIT, "instance_type": "cpu-local",
+                                "max_upload_part_bytes": LOCAL_PART_LIMIT, "max_inline_download_bytes": 0,
+                                # Webhook receivers on this machine are fine; e-mail only reaches the embedded SES.
+                                "allow_private_targets": True, "email_sender": LOCAL_SENDER}
+    # Local defaults yield to NIGHTBATCH_* variables; explicit overrides win over both.
+    values = {k: v for k, v in defaults.items() if f"NIGHTBATCH_{k.upper()}" not in os.environ}
     values.update(overrides)
+    values["mode"] = "local"
     return Settings(**values)
 
 
@@ -40,17 +47,22 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engines: bool = True) ->
     from nightbatch.services import build_services
     from nightbatch.storage import make_adapters
 
+    # Engine start-up chatter stays out of the way unless asked for; models never come from a hub.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     env_key = os.environ.get("NIGHTBATCH_API_KEY", "")
     key = env_key or f"nb-dev-{secrets.token_urlsafe(24)}"
     settings = local_settings(api_key=key)
     aws = start_embedded_aws(settings, host="127.0.0.1")
     settings = settings.model_copy(update={
-        "topic_arn": aws.topic_arn, "public_base_url": settings.public_base_url or f"http://{host}:{port}",
-        "link_secret": settings.link_secret or secrets.token_urlsafe(32),
+        "topic_arn": settings.topic_arn or aws.topic_arn,
+        "public_base_url": settings.public_base_url or f"http://{host}:{port}",
     })
     adapters = make_adapters(settings, endpoint_url=aws.endpoint_url)
     workflow = LocalWorkflow(adapters, engines=engines)
     services = build_services(adapters, workflow)
+    workflow.bind(services)
     app = create_app(lambda: services)
 
     base_url = f"http://{host}:{port}/v1"

@@ -30,9 +30,10 @@ def requested(options: dict[str, Any] | None) -> list[str]:
 
 
 def domain_allowed(settings: Settings, address: str) -> bool:
-    domains = {d.lower() for d in _split(settings.notify_email_domains)}
+    """NIGHTBATCH_EMAIL_ALLOWED_DOMAINS: empty (or "*") allows any domain, as infra/config.py documents."""
+    domains = {d.lower() for d in _split(settings.email_allowed_domains)}
     m = ADDRESS_RE.match(address)
-    return m is not None and ("*" in domains or m.group(1).lower() in domains)
+    return m is not None and (not domains or "*" in domains or m.group(1).lower() in domains)
 
 
 def check_notify_options(options: dict[str, Any] | None, settings: Settings) -> None:
@@ -48,14 +49,14 @@ def check_notify_options(options: dict[str, Any] | None, settings: Settings) -> 
         if not domain_allowed(settings, a):
             raise InvalidRequestError(
                 f"Invalid '{PARAM}': '{a}' is not in a domain this deployment may email "
-                "(NIGHTBATCH_NOTIFY_EMAIL_DOMAINS).", param=PARAM, code="invalid_value")
+                "(NIGHTBATCH_EMAIL_ALLOWED_DOMAINS).", param=PARAM, code="invalid_value")
 
 
 def recipients(settings: Settings, options: dict[str, Any] | None) -> tuple[list[str], list[str]]:
     """(to send to, refused): the operator's recipients, then the batch's own that pass the domain rule."""
     out: list[str] = []
     refused: list[str] = []
-    for a in _split(settings.notify_email_recipients):
+    for a in _split(settings.email_recipients):
         if a.lower() not in (x.lower() for x in out):
             out.append(a)
     for a in requested(options)[:MAX_BATCH_RECIPIENTS]:

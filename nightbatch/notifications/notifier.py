@@ -13,22 +13,21 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from nightbatch.batches import to_wire as batch_to_wire
-from nightbatch.clock import now
 from nightbatch.errors import NightbatchError
+from nightbatch.links import sign_link
 from nightbatch.notifications import transport
 from nightbatch.notifications.delivery import Deliveries, Poster
 from nightbatch.notifications.email import compose, recipients
 from nightbatch.notifications.endpoints import WebhookEndpointService
 from nightbatch.notifications.events import mark_event, record_event
-from nightbatch.notifications.links import download_link
 from nightbatch.notifications.models import DeliveryAttempt
 from nightbatch.notifications.queues import DeliveryQueue, InProcessQueue
 from nightbatch.notifications.targets import Resolver
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, Table
+from nightbatch.storage.delivery_queue import SqsDeliveryQueue
 from nightbatch.storage.ses import Mailer
 from nightbatch.storage.sns import Topic
-from nightbatch.storage.sqs import SqsQueue
 from nightbatch.wire import TERMINAL_STATUSES
 
 log = logging.getLogger("nightbatch.notifications")
@@ -127,13 +126,11 @@ class Notifier:
         if not pending:
             return
         wire = batch_to_wire(batch)
-        expires = now() + self.settings.link_ttl_seconds
-        links = {fid: download_link(self.settings, fid, expires=expires)
-                 for fid in (wire.output_file_id, wire.error_file_id) if fid}
-        subject, text = compose(wire, links, links_expire_at=expires if any(links.values()) else None)
+        links, expires_at = self._links([fid for fid in (wire.output_file_id, wire.error_file_id) if fid])
+        subject, text = compose(wire, links, links_expire_at=expires_at)
         log.info("email for %s to %s\nSubject: %s\n\n%s", batch["pk"], ", ".join(pending), subject, text)
         if self.mailer is None:
-            log.warning("notify %s: email not sent, no sender identity (NIGHTBATCH_SES_SENDER)", batch["pk"])
+            log.warning("notify %s: email not sent, no sender identity (NIGHTBATCH_EMAIL_SENDER)", batch["pk"])
             return
         sent = list(event.get("emailed_to", []))
         for address in pending:
@@ -141,6 +138,17 @@ class Notifier:
             sent.append(address)
             mark_event(self.table, event["pk"], "emailed_to", sent)
             result.emails_sent += 1
+
+    def _links(self, file_ids: list[str]) -> tuple[dict[str, str | None], int | None]:
+        """Signed download links (nightbatch.links), or none when they could not be followed."""
+        s = self.settings
+        base = s.public_base_url.rstrip("/").removesuffix("/v1")
+        # Without a shared key each process signs with its own, and only the local mode (one process) could
+        # verify what the Notify Lambda signs.
+        if not file_ids or not base or (s.mode != "local" and not s.link_secret):
+            return {}, None
+        signed = [sign_link(s, fid, ttl_seconds=s.email_link_ttl_seconds) for fid in file_ids]
+        return {link.file_id: base + link.path for link in signed}, signed[0].expires_at
 
 
 def notify_batch(batch_id: str, *, notifier: Notifier) -> NotifyResult:
@@ -155,12 +163,16 @@ def build_notifier(
     """SQS when a queue URL is configured; in the local mode, an in-process delayed queue feeding the same code."""
     settings = adapters.settings
     topic = Topic(client=adapters.sns, topic_arn=settings.topic_arn) if settings.topic_arn else None
-    mailer = Mailer(client=adapters.client("ses"), sender=settings.ses_sender) if settings.ses_sender else None
+    mailer = None
+    if settings.email_sender:
+        mailer = Mailer(client=adapters.client("ses"), sender=settings.email_sender,
+                        configuration_set=settings.email_configuration_set)
     notifier = Notifier(settings=settings, table=adapters.table, topic=topic, mailer=mailer, queue=queue,
                         post=post, resolver=resolver)
     if queue is None:
         if settings.webhook_queue_url:
-            notifier.deliveries.queue = SqsQueue(client=adapters.client("sqs"), queue_url=settings.webhook_queue_url)
+            notifier.deliveries.queue = SqsDeliveryQueue(client=adapters.client("sqs"),
+                                                         queue_url=settings.webhook_queue_url)
         elif settings.mode == "local":
             notifier.deliveries.queue = InProcessQueue(notifier.handle_message)
     return notifier

@@ -90,7 +90,8 @@ class Table:
             if _conditional(e):
                 raise StorageConflictError(pk) from e
             raise
-        return _from_ddb(resp["Attributes"])
+        new: dict[str, Any] = _from_ddb(resp["Attributes"])
+        return new
 
     def delete(self, pk: str) -> None:
         self.table.delete_item(Key={"pk": pk})

@@ -5,15 +5,14 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 
 import pytest
 import requests
-from notify_support import make_batch, ses_messages, sns_notifications
 
 from nightbatch.errors import InvalidRequestError
+from nightbatch.links import sign_link
 from nightbatch.notifications.email import check_notify_options
-from nightbatch.notifications.links import download_link, link_signature
+from tests.notify.support import make_batch, ses_messages, sns_notifications
 
 
 def test_sns_gets_the_batch_object_with_the_tenant_attribute(stack):
@@ -49,6 +48,7 @@ def test_email_goes_to_opted_in_and_configured_recipients_with_links_that_resolv
     assert _email_to("mallory@elsewhere.test", batch_id) == [], "domains outside the allowed list are dropped"
     assert to_alice.source == "nightbatch@example.org"
     assert to_alice.subject == f"[nightbatch] Batch {batch_id} completed (2/3 succeeded)"
+    assert "links valid until" in to_alice.body
     body = to_alice.body
     for expected in ("Status:    completed", "3 total, 2 completed, 1 failed", "30 input, 12 output, 42 total",
                      "Duration:", "run=nightly", f'client.batches.retrieve("{batch_id}")'):
@@ -73,15 +73,15 @@ def test_email_goes_to_opted_in_and_configured_recipients_with_links_that_resolv
 def test_altered_or_expired_links_are_refused(stack):
     batch_id = make_batch(stack, "completed")
     file_id = stack.client().batches.retrieve(batch_id).output_file_id
-    link = download_link(stack.settings, file_id, expires=int(time.time()) + 60)
+    stack.notifier.notify_batch(batch_id)
+    [mail] = _email_to("ops@example.org", batch_id)
+    link = re.search(rf"{file_id}: (http\S+)", mail.body).group(1)
     other = stack.client().batches.retrieve(make_batch(stack, "completed")).output_file_id
     for bad in (link.replace("sig=", "sig=x"), link.replace(file_id, other), link.replace("expires=", "expires=1")):
         resp = requests.get(bad, allow_redirects=False, timeout=10)
-        assert resp.status_code == 403 and resp.json()["error"]["code"] == "invalid_signature"
-    past = int(time.time()) - 1
-    expired = (f"{stack.api_url}/v1/nightbatch/files/{file_id}/download?expires={past}"
-               f"&sig={link_signature(stack.settings.link_secret, file_id, past)}")
-    resp = requests.get(expired, allow_redirects=False, timeout=10)
+        assert resp.status_code == 403 and resp.json()["error"]["code"] == "invalid_link"
+    expired = sign_link(stack.settings, file_id, ttl_seconds=-1)
+    resp = requests.get(stack.api_url + expired.path, allow_redirects=False, timeout=10)
     assert resp.status_code == 403 and resp.json()["error"]["code"] == "link_expired"
 
 
@@ -96,7 +96,7 @@ def test_failed_batch_email_lists_the_errors_and_has_no_links(stack):
 
 def test_without_a_sender_nothing_is_sent_but_the_text_is_logged(make_stack, caplog):
     caplog.set_level(logging.INFO, logger="nightbatch.notifications")
-    stack = make_stack(ses_sender="")
+    stack = make_stack(email_sender="")
     batch_id = make_batch(stack, "cancelled", email="carol@example.com")
     assert stack.notifier.notify_batch(batch_id).emails_sent == 0
     assert _email_to("carol@example.com", batch_id) == []

@@ -6,11 +6,11 @@ import io
 import threading
 
 import pytest
-from notify_support import deliveries, make_batch, ses_messages, sns_notifications
 
 from nightbatch.batches import CreateBatchRequest
 from nightbatch.notifications import NotifyError
 from nightbatch.notifications.events import event_pk
+from tests.notify.support import deliveries, make_batch, ses_messages, sns_notifications
 
 
 def test_notify_twice_makes_one_event_one_delivery_one_sns_message_one_email_each(stack, receiver_factory):

@@ -9,14 +9,16 @@ import time
 import pytest
 from moto.core.models import DEFAULT_ACCOUNT_ID
 from moto.sqs.models import sqs_backends
-from notify_support import REGION, deliveries, make_batch
 
 from functions.tasks import deliver, notify
 from nightbatch.local.aws import start_embedded_aws
 from nightbatch.local.stack import local_settings
 from nightbatch.notifications.models import DeliveryMessage
+from nightbatch.services import default_services
 from nightbatch.settings import get_settings
 from nightbatch.storage import make_adapters
+from tests.conftest import REGION
+from tests.notify.support import deliveries, make_batch
 
 
 @pytest.fixture
@@ -29,14 +31,19 @@ def aws_env(make_stack, monkeypatch):
     env = {"MODE": "aws", "REGION": REGION, "BUCKET": s.bucket, "TABLE": s.table, "TOPIC_ARN": s.topic_arn,
            "WEBHOOK_QUEUE_URL": queue_url, "WEBHOOK_RETRY_BASE_SECONDS": "1", "WEBHOOK_TIMEOUT_SECONDS": "2",
            # the test's receivers are on loopback; the SSRF rules themselves are tested elsewhere
-           "ALLOW_PRIVATE_TARGETS": "true", "SES_SENDER": s.ses_sender, "API_KEY": s.api_key}
+           "ALLOW_PRIVATE_TARGETS": "true", "EMAIL_SENDER": s.email_sender, "API_KEY": s.api_key,
+           "LINK_SECRET": s.link_secret, "PUBLIC_BASE_URL": s.public_base_url}
     for k, v in env.items():
         monkeypatch.setenv(f"NIGHTBATCH_{k}", v)
     monkeypatch.setenv("AWS_ENDPOINT_URL", stack.moto_url)
-    get_settings.cache_clear()
-    notify.default_notifier.cache_clear()
+    _forget_cached_services()
     yield stack, queue_url, queue_name
+    _forget_cached_services()
+
+
+def _forget_cached_services():
     get_settings.cache_clear()
+    default_services.cache_clear()
     notify.default_notifier.cache_clear()
 
 
@@ -103,8 +110,8 @@ def test_local_embedded_aws_has_the_topic_and_a_verified_sender(monkeypatch):
         assert aws.topic_arn.endswith(":nightbatch-events")
         adapters = make_adapters(settings, endpoint_url=aws.endpoint_url)
         ses = adapters.client("ses")
-        ses.send_email(Source=settings.ses_sender, Destination={"ToAddresses": ["x@example.com"]},
+        ses.send_email(Source=settings.email_sender, Destination={"ToAddresses": ["x@example.com"]},
                        Message={"Subject": {"Data": "s"}, "Body": {"Text": {"Data": "b"}}})
-        assert settings.allow_private_targets and settings.notify_email_domains == "*"
+        assert settings.allow_private_targets
     finally:
         aws.stop()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from notify_support import deliveries, event_json, make_batch
 from openai.types.webhooks import (
     BatchCancelledWebhookEvent,
     BatchCompletedWebhookEvent,
@@ -12,6 +11,7 @@ from openai.types.webhooks import (
 )
 
 from nightbatch.notifications.delivery import delivery_id
+from tests.notify.support import deliveries, event_json, make_batch
 
 EVENT_CLASSES = {
     "completed": BatchCompletedWebhookEvent, "failed": BatchFailedWebhookEvent,

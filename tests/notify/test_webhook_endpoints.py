@@ -6,10 +6,10 @@ import base64
 
 import openai
 import pytest
-from notify_support import event_json
 from openai.types.webhooks import BatchCompletedWebhookEvent, BatchFailedWebhookEvent
 
 from nightbatch.notifications.models import CreateWebhookEndpointRequest
+from tests.notify.support import event_json
 
 
 def test_crud_through_the_sdk(stack, receiver_factory):

@@ -7,9 +7,9 @@ import socket
 
 import openai
 import pytest
-from notify_support import deliveries, make_batch
 
 from nightbatch.notifications.targets import TargetRefusedError, refusal, resolve_target
+from tests.notify.support import deliveries, make_batch
 
 REFUSED_IN_AWS = [
     "https://10.0.0.1/hook",

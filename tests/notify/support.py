@@ -5,7 +5,6 @@ from __future__ import annotations
 import io
 import ipaddress
 import json
-import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -21,19 +20,10 @@ from nightbatch.notifications import Notifier
 from nightbatch.services import Services
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters
+from tests.conftest import REGION, TEST_API_KEY, ApiServer
 
-API_KEY = "sk-notify-test"
-REGION = "us-east-1"
 SENDER = "nightbatch@example.org"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-# --- the no-connection guard -------------------------------------------------------------------------------------
 
 @dataclass
 class ConnectionGuard:
@@ -49,35 +39,33 @@ def is_loopback(address: Any) -> bool:
         return str(address[0]) == "localhost"
 
 
-class ServicesHolder:
-    services: Services | None = None
-
-    def __call__(self) -> Services:
-        assert self.services is not None
-        return self.services
-
-
-class NoWorkflow:
-    def start(self, batch_id: str) -> None:
-        """Batches are moved by the tests themselves."""
-
-
 @dataclass
 class Stack:
-    settings: Settings
-    adapters: Adapters
-    services: Services
+    """The API on loopback (tests/conftest.py's serve_api) plus the notifier the Notify step would use."""
+
+    api: ApiServer
     notifier: Notifier
-    api_url: str
     moto_url: str
 
+    @property
+    def settings(self) -> Settings:
+        return self.api.services.settings
+
+    @property
+    def services(self) -> Services:
+        return self.api.services
+
+    @property
+    def adapters(self) -> Adapters:
+        return self.api.services.adapters
+
+    @property
+    def api_url(self) -> str:
+        return self.api.base_url
+
     def client(self) -> Any:
-        from openai import OpenAI
+        return self.api.openai()
 
-        return OpenAI(base_url=f"{self.api_url}/v1", api_key=API_KEY, max_retries=0)
-
-
-# --- batches in terminal states, without the pipeline ------------------------------------------------------------
 
 def make_batch(stack: Stack, status: str = "completed", *, email: Any = None, tenant: str = "default") -> str:
     """A batch moved through the lifecycle table directly, with output and error files when it has results."""
@@ -182,7 +170,7 @@ class Receiver:
 
 def deliveries(stack: Stack, endpoint_id: str) -> list[dict[str, Any]]:
     resp = requests.get(f"{stack.api_url}/v1/nightbatch/webhook_endpoints/{endpoint_id}/deliveries",
-                        headers={"authorization": f"Bearer {API_KEY}"}, timeout=10)
+                        headers={"authorization": f"Bearer {TEST_API_KEY}"}, timeout=10)
     assert resp.status_code == 200, resp.text
     data: list[dict[str, Any]] = resp.json()["data"]
     return data

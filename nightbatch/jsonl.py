@@ -1,0 +1,67 @@
+"""Streaming JSONL: split a byte stream into numbered lines without ever holding more than one line."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+BOM = b"\xef\xbb\xbf"
+
+
+@dataclass(frozen=True)
+class RawLine:
+    number: int          # 1-based, blank lines counted
+    data: bytes | None   # None when the line exceeded max_bytes (its bytes were skipped, not kept)
+    size: int            # bytes in the line as uploaded (without the newline)
+
+
+def split_lines(chunks: Iterable[bytes], *, max_bytes: int) -> Iterator[RawLine]:
+    """Yields every line; a trailing CR (CRLF files) and a leading UTF-8 BOM are dropped."""
+    buf = bytearray()
+    number = 0
+    overflow = 0  # bytes of the current line already skipped because it is too long
+    first = True
+    for chunk in chunks:
+        if first and chunk:
+            if chunk.startswith(BOM):
+                chunk = chunk[len(BOM):]
+            first = False
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            if nl < 0:
+                rest = chunk[start:]
+                if overflow:
+                    overflow += len(rest)
+                elif len(buf) + len(rest) > max_bytes:
+                    overflow = len(buf) + len(rest)
+                    buf.clear()
+                else:
+                    buf += rest
+                break
+            piece = chunk[start:nl]
+            number += 1
+            if overflow or len(buf) + len(piece) > max_bytes:
+                yield RawLine(number, None, overflow + len(buf) + len(piece))
+            else:
+                buf += piece
+                if buf.endswith(b"\r"):
+                    del buf[-1]
+                yield RawLine(number, bytes(buf), len(buf))
+            buf.clear()
+            overflow = 0
+            start = nl + 1
+    if buf or overflow:
+        number += 1
+        if overflow:
+            yield RawLine(number, None, overflow)
+        else:
+            if buf.endswith(b"\r"):
+                del buf[-1]
+            yield RawLine(number, bytes(buf), len(buf))
+
+
+def dumps_line(obj: object) -> bytes:
+    """Compact JSON plus `\\n`, the form of every line we write."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"

@@ -1,0 +1,174 @@
+"""Finalize: merge shard results into the output and error files, then make the terminal transition.
+
+Idempotent: file ids derive from the batch id, a second run writes the same bytes (shards, checkpoints and
+lines are read in key order; the first result per custom_id wins) and finds the batch already terminal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+from nightbatch import lifecycle
+from nightbatch.accounting import collect_shard_times, cost_summary
+from nightbatch.clock import now
+from nightbatch.errors import StorageConflictError
+from nightbatch.ids import derived_id
+from nightbatch.jsonl import split_lines
+from nightbatch.pipeline import layout
+from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
+from nightbatch.pipeline.results import Tally, digest, summarize_result_line, unrun_line
+from nightbatch.pipeline.segments import parse_segment_line
+from nightbatch.services import Services
+from nightbatch.storage import BlobStore, LineWriter
+from nightbatch.wire import TERMINAL_STATUSES
+
+log = logging.getLogger("nightbatch.finalize")
+UNRUN_CODE = {"cancelled": "batch_cancelled", "expired": "batch_expired", "completed": "shard_failed"}
+MAX_RESULT_LINE = 64 * 1024 * 1024
+
+
+def decide_target(batch: dict[str, Any]) -> str:
+    status = batch["status"]
+    if status == "cancelling":
+        return "cancelled"
+    if status == "finalizing":
+        return str(batch.get("finalize_target", "completed"))
+    if status == "validating":
+        return "expired" if now() >= batch["expires_at"] else "failed"
+    return "expired" if now() >= batch["expires_at"] else "completed"
+
+
+def finalize_batch(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
+    table = services.adapters.table
+    batch = table.get(inp.batch_id)
+    if batch is None:
+        return FinalizeOutput(batch_id=inp.batch_id, status="missing")
+    if batch["status"] in TERMINAL_STATUSES:
+        return FinalizeOutput(batch_id=inp.batch_id, status=batch["status"])
+    target = decide_target(batch)
+    if target == "failed":
+        return _fail_unvalidated(services, batch)
+    if target != "cancelled" and batch["status"] != "finalizing":
+        try:
+            batch = lifecycle.transition(table, inp.batch_id, "finalizing", extra={"finalize_target": target})
+        except StorageConflictError:
+            return finalize_batch(inp, services)  # cancelled meanwhile: decide again
+    writers = _write_files(services, batch, UNRUN_CODE[target])
+    out_id, err_id, tally = writers
+    usage = tally.usage()
+    times = collect_shard_times(services.adapters.blobs, [layout.batch_prefix(inp.batch_id) + "results/"])
+    ext = dict(batch.get("ext") or {})
+    ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"])
+    fields: dict[str, Any] = {
+        "request_counts": {"total": tally.completed + tally.failed, "completed": tally.completed,
+                           "failed": tally.failed},
+        "usage": usage, "output_file_id": out_id, "error_file_id": err_id, "ext": ext,
+    }
+    if target == "expired":
+        fields["finalizing_at"] = batch.get("finalizing_at") or now()
+    try:
+        lifecycle.transition(table, inp.batch_id, target, extra=fields,
+                             from_=("cancelling",) if target == "cancelled" else ("finalizing",))
+    except StorageConflictError:
+        fresh = table.get(inp.batch_id)
+        return FinalizeOutput(batch_id=inp.batch_id, status=fresh["status"] if fresh else "missing")
+    log.info("finalized", extra={"batch_id": inp.batch_id, "status": target, "completed": tally.completed,
+                                 "failed": tally.failed, "cost": ext["cost"]})
+    return FinalizeOutput(batch_id=inp.batch_id, status=target)
+
+
+def _fail_unvalidated(services: Services, batch: dict[str, Any]) -> FinalizeOutput:
+    """Validate never finished (it crashed and its retries ran out): fail the batch rather than leave it."""
+    try:
+        lifecycle.transition(services.adapters.table, batch["pk"], "failed", extra={"errors": {
+            "object": "list", "data": [{"code": "validation_error", "line": None, "param": None,
+                                        "message": "The input could not be validated; please retry."}]}})
+    except StorageConflictError:
+        return finalize_batch(BatchTaskInput(batch_id=batch["pk"]), services)
+    return FinalizeOutput(batch_id=batch["pk"], status="failed")
+
+
+def _shards(blobs: BlobStore, batch_id: str) -> Iterator[dict[str, Any]]:
+    raw = blobs.get_bytes(layout.manifest_key(batch_id))
+    items = json.loads(raw) if raw else []
+    if items:
+        for item in items:
+            shard = blobs.get_bytes(layout.shard_key(batch_id, item["shard_id"]))
+            if shard is not None:
+                yield json.loads(shard)
+        return
+    # Never planned, or planned after a cancel/expiry (empty manifest): every validated segment is unrun.
+    index = blobs.get_bytes(layout.segment_index_key(batch_id))
+    if index:
+        segs = json.loads(index)
+        yield {"shard_id": None, "segments": [s["key"] for s in segs], "lines": sum(s["lines"] for s in segs)}
+
+
+def _write_files(services: Services, batch: dict[str, Any], unrun_code: str) -> tuple[
+        str | None, str | None, Tally]:
+    blobs = services.adapters.blobs
+    batch_id = batch["pk"]
+    tally = Tally()
+    out = blobs.writer(layout.output_key(batch_id))
+    err = blobs.writer(layout.error_key(batch_id))
+    try:
+        for shard in _shards(blobs, batch_id):
+            seen: set[int] = set()
+            if shard["shard_id"] is not None:
+                _merge_results(blobs, batch_id, shard["shard_id"], seen, out, err, tally)
+            if len(seen) < int(shard["lines"]):
+                for key in shard["segments"]:
+                    for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
+                        if not raw.data:
+                            continue
+                        custom_id = parse_segment_line(raw.data).custom_id
+                        if digest(custom_id) not in seen:
+                            seen.add(digest(custom_id))
+                            err.write(unrun_line(batch_id, custom_id, unrun_code))
+                            tally.failed += 1
+        out_bytes = out.close()
+        err_bytes = err.close()
+    except BaseException:
+        out.abort()
+        err.abort()
+        raise
+    tenant = batch["tenant"]
+    ttl = batch.get("output_expires_after_seconds")
+    created = now()
+
+    def register(key: str, size: int, kind: str) -> str | None:
+        if size == 0:
+            blobs.delete(key)
+            return None
+        file_id = derived_id("file-", batch_id, kind)
+        services.files.register(tenant, file_id=file_id, key=key, size=size,
+                                filename=f"{batch_id}_{kind}.jsonl", purpose="batch_output",
+                                expires_after_seconds=ttl, extra={"batch_id": batch_id}, created_at=created)
+        return file_id
+
+    return register(layout.output_key(batch_id), out_bytes, "output"), register(
+        layout.error_key(batch_id), err_bytes, "error"), tally
+
+
+def _merge_results(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], out: LineWriter,
+                   err: LineWriter, tally: Tally) -> None:
+    prefix = layout.results_prefix(batch_id, shard_id)
+    for key in sorted(k for k in blobs.list_keys(prefix) if k.endswith(".jsonl")):
+        for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
+            if not raw.data:
+                continue
+            summary = summarize_result_line(raw.data)
+            d = digest(summary.custom_id)
+            if d in seen:
+                continue  # a zombie attempt's duplicate: the first result wins
+            seen.add(d)
+            data = raw.data + b"\n"
+            if summary.ok:
+                out.write(data)
+                tally.add_success(summary.usage)
+            else:
+                err.write(data)
+                tally.failed += 1

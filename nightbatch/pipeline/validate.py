@@ -1,0 +1,157 @@
+"""Validate: stream the input once, check every line, and write the valid lines as segments for Plan."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from nightbatch import lifecycle
+from nightbatch.clock import now
+from nightbatch.errors import StorageConflictError
+from nightbatch.jsonl import split_lines
+from nightbatch.limits import check_queue_limits
+from nightbatch.pipeline import layout
+from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
+from nightbatch.pipeline.segments import segment_line
+from nightbatch.services import Services
+from nightbatch.storage import BlobStore
+from nightbatch.validation import LineInvalid, Validator, line_error
+from nightbatch.wire import BatchError
+
+log = logging.getLogger("nightbatch.validate")
+
+
+@dataclass
+class SegmentWriter:
+    """Buffers at most one segment of valid lines, then PUTs it; records (key, lines, est) for Plan."""
+
+    blobs: BlobStore
+    batch_id: str
+    max_lines: int
+    max_bytes: int
+    buf: io.BytesIO = field(default_factory=io.BytesIO)
+    lines: int = 0
+    est: int = 0
+    index: list[dict[str, Any]] = field(default_factory=list)
+    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="segments"))
+    pending: list[Future[None]] = field(default_factory=list)
+
+    def add(self, number: int, raw: bytes, est: int) -> None:
+        # The request's own bytes, not a re-serialisation: one JSON parse per line is the floor to stay near.
+        self.buf.write(segment_line(number, est, raw))
+        self.lines += 1
+        self.est += est
+        if self.lines >= self.max_lines or self.buf.tell() >= self.max_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.lines:
+            return
+        key = layout.segment_key(self.batch_id, len(self.index))
+        # At most two segment PUTs in flight while validation goes on (overlapped I/O, bounded memory).
+        while len(self.pending) >= 2:
+            self.pending.pop(0).result()
+        self.pending.append(self.pool.submit(self.blobs.put_bytes, key, self.buf.getvalue()))
+        self.index.append({"key": key, "lines": self.lines, "est": self.est})
+        self.buf = io.BytesIO()
+        self.lines = 0
+        self.est = 0
+
+    def abandon(self) -> None:
+        for f in self.pending:
+            f.result()
+        self.pool.shutdown()
+
+    def close(self) -> None:
+        self.flush()
+        for f in self.pending:
+            f.result()
+        self.pool.shutdown()
+        self.blobs.put_bytes(layout.segment_index_key(self.batch_id), json.dumps(self.index).encode())
+
+
+def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
+    settings, table, blobs = services.settings, services.adapters.table, services.adapters.blobs
+    batch = table.get(inp.batch_id)
+    if batch is None:
+        return ValidateOutput(batch_id=inp.batch_id, valid=False)
+    cancelled_early = batch["status"] == "cancelling" and "est_tokens" not in batch
+    if batch["status"] != "validating" and not cancelled_early:
+        # A re-run (retry, re-drive): the first run already decided.
+        return ValidateOutput(batch_id=inp.batch_id, valid=batch["status"] != "failed")
+    # Cancelled before validation: still read the input, so that Finalize can write one `batch_cancelled`
+    # line per request (exactly one result line per input line, in every case).
+    file_item = table.get(batch["input_file_id"])
+    if file_item is None or file_item.get("tenant") != batch["tenant"] or file_item.get("kind") != "file":
+        return _fail(services, batch, [BatchError(
+            code="invalid_request", param="file_id", line=None,
+            message=f"Cannot find file {batch['input_file_id']}, or it was deleted before the batch ran.")])
+    if file_item["bytes"] > settings.max_input_bytes:
+        return _fail(services, batch, [BatchError(
+            code="file_too_large", param=None, line=None,
+            message=f"The input file is {file_item['bytes']} bytes, over the limit of "
+                    f"{settings.max_input_bytes} bytes per batch.")])
+
+    validator = Validator(settings=settings, endpoint=batch["endpoint"])
+    writer = SegmentWriter(blobs, inp.batch_id, settings.segment_max_lines, settings.segment_max_bytes)
+    errors: list[BatchError] = []
+    count = 0
+    for raw in split_lines(services.files.chunks(file_item, read_ahead=True), max_bytes=settings.max_line_bytes):
+        if raw.data is not None and not raw.data.strip():
+            continue  # blank lines are skipped but keep their numbers
+        count += 1
+        if count > settings.max_requests_per_batch:
+            errors.append(BatchError(
+                code="too_many_requests", line=raw.number, param=None,
+                message=f"The batch has more than {settings.max_requests_per_batch} requests (line "
+                        f"{raw.number}); split the file or raise the limit."))
+            break
+        try:
+            req = validator.check(raw.number, raw.data, raw.size)
+        except LineInvalid as e:
+            errors.append(line_error(raw.number, e))
+            if len(errors) >= settings.max_reported_errors:
+                break
+            continue
+        if not errors:
+            writer.add(req.number, req.raw, req.est_tokens)
+    if not errors and count == 0:
+        errors.append(BatchError(code="empty_file", param=None, line=None,
+                                 message="The input file has no requests."))
+    if errors:
+        writer.abandon()
+        blobs.delete_prefix(layout.batch_prefix(inp.batch_id) + "segments/")
+        return _fail(services, batch, errors)
+    writer.close()
+    est_total = sum(int(s["est"]) for s in writer.index)
+    over = check_queue_limits(table, batch["tenant"], inp.batch_id, count, est_total, model=validator.model,
+                              settings=settings)
+    if over is not None:
+        blobs.delete_prefix(layout.batch_prefix(inp.batch_id) + "segments/")
+        return _fail(services, batch, [over])
+    extra = {"request_counts": {"total": count, "completed": 0, "failed": 0}, "model": validator.model,
+             "est_tokens": est_total}
+    try:
+        lifecycle.transition(table, inp.batch_id, "in_progress", extra=extra)
+    except StorageConflictError:
+        # Cancelled (or expired by the sweeper) while validating: keep the totals so Finalize writes a line
+        # per request.
+        table.update(inp.batch_id, set_=extra)
+    log.info("validated", extra={"batch_id": inp.batch_id, "requests": count, "est_tokens": est_total})
+    return ValidateOutput(batch_id=inp.batch_id, valid=True)
+
+
+def _fail(services: Services, batch: dict[str, Any], errors: list[BatchError]) -> ValidateOutput:
+    try:
+        lifecycle.transition(services.adapters.table, batch["pk"], "failed", extra={
+            "errors": {"object": "list", "data": [e.model_dump() for e in errors]},
+        }, at=now())
+    except StorageConflictError:
+        # Cancelled meanwhile: Finalize turns it into `cancelled` with no lines.
+        return ValidateOutput(batch_id=batch["pk"], valid=True)
+    log.info("validation failed", extra={"batch_id": batch["pk"], "errors": len(errors)})
+    return ValidateOutput(batch_id=batch["pk"], valid=False)
