@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
 from nightbatch.notifications import Notifier, build_notifier, notify_batch
 from nightbatch.notifications.models import NotifyInput
-from nightbatch.services import default_services
+from nightbatch.services import Services, default_services
+
+_built: tuple[Services, Notifier] | None = None
 
 
-@lru_cache(maxsize=1)
 def default_notifier() -> Notifier:
-    """The notifier of a Lambda process: SQS delivery queue, SNS topic and SES sender from the environment."""
-    return build_notifier(default_services().adapters)
+    """The process's notifier (SQS delivery queue, SNS topic, SES sender), built over `default_services()` and
+    rebuilt whenever that is (tests clear its cache between environments)."""
+    global _built
+    services = default_services()
+    if _built is None or _built[0] is not services:
+        _built = (services, build_notifier(services.adapters))
+    return _built[1]
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:

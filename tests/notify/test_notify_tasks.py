@@ -44,7 +44,6 @@ def aws_env(make_stack, monkeypatch):
 def _forget_cached_services():
     get_settings.cache_clear()
     default_services.cache_clear()
-    notify.default_notifier.cache_clear()
 
 
 def _receive(stack, queue_url, wait):
