@@ -8,6 +8,9 @@ import socket
 import openai
 import pytest
 
+from nightbatch.notifications import build_notifier
+from nightbatch.notifications.delivery import delivery_id
+from nightbatch.notifications.models import CreateWebhookEndpointRequest
 from nightbatch.notifications.targets import TargetRefusedError, refusal, resolve_target
 from tests.notify.support import deliveries, make_batch
 
@@ -90,18 +93,12 @@ def test_refused_at_delivery_when_dns_changed_after_creation(make_stack, connect
         return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (answers[host], port))]
 
     stack = make_stack(mode="aws", allow_private_targets=False)
-    from nightbatch.notifications import build_notifier
-
     notifier = build_notifier(stack.adapters, resolver=resolver)
-    from nightbatch.notifications.models import CreateWebhookEndpointRequest
-
     ep = notifier.endpoints.create("default", CreateWebhookEndpointRequest(
         name="x", url="https://hooks.example.com/hook", event_types=["batch.completed"]))
     answers["hooks.example.com"] = "169.254.169.254"
     result = notifier.notify_batch(make_batch(stack))
     assert result.deliveries_enqueued == 0, "no queue configured in this aws-mode test: deliver by hand"
-    from nightbatch.notifications.delivery import delivery_id
-
     attempt = notifier.deliveries.deliver_once(delivery_id(result.event_id, ep.id))
     assert attempt is not None and attempt.status_code is None
     assert "169.254.169.254" in attempt.error and "link-local" in attempt.error
@@ -128,9 +125,6 @@ def test_delivery_connects_to_the_checked_address_without_resolving_again(make_s
 
     monkeypatch.setattr(socket, "getaddrinfo", no_second_lookup)
     stack = make_stack()
-    from nightbatch.notifications import build_notifier
-    from nightbatch.notifications.models import CreateWebhookEndpointRequest
-
     notifier = build_notifier(stack.adapters, resolver=resolver)
     try:
         notifier.endpoints.create("default", CreateWebhookEndpointRequest(
