@@ -26,7 +26,7 @@ from nightbatch.notifications.targets import Resolver
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, Table
 from nightbatch.storage.delivery_queue import SqsDeliveryQueue
-from nightbatch.storage.ses import Mailer
+from nightbatch.storage.ses import EmailRejectedError, Mailer
 from nightbatch.storage.sns import Topic
 from nightbatch.wire import TERMINAL_STATUSES
 
@@ -120,9 +120,10 @@ class Notifier:
     def _email(self, batch: dict[str, Any], event: dict[str, Any], result: NotifyResult) -> None:
         to, refused = recipients(self.settings, batch.get("options"))
         if refused:
-            log.warning("notify %s: not emailing %s (domain not in NIGHTBATCH_NOTIFY_EMAIL_DOMAINS)",
+            log.warning("notify %s: not emailing %s (domain not in NIGHTBATCH_EMAIL_ALLOWED_DOMAINS)",
                         batch["pk"], ", ".join(refused))
-        pending = [a for a in to if a not in event.get("emailed_to", [])]
+        done = [*event.get("emailed_to", []), *event.get("email_rejected", [])]
+        pending = [a for a in to if a not in done]
         if not pending:
             return
         wire = batch_to_wire(batch)
@@ -133,11 +134,25 @@ class Notifier:
             log.warning("notify %s: email not sent, no sender identity (NIGHTBATCH_EMAIL_SENDER)", batch["pk"])
             return
         sent = list(event.get("emailed_to", []))
+        rejected = list(event.get("email_rejected", []))
+        transient: Exception | None = None
         for address in pending:
-            self.mailer.send_text(address, subject=subject, text=text)
+            try:
+                self.mailer.send_text(address, subject=subject, text=text)
+            except EmailRejectedError as e:
+                # Permanent (e.g. an unverified recipient in the SES sandbox): logged, never retried.
+                log.warning("notify %s: SES rejected the e-mail to %s: %s", batch["pk"], address, e)
+                rejected.append(address)
+                mark_event(self.table, event["pk"], "email_rejected", rejected)
+                continue
+            except Exception as e:  # throttling, service errors: the step's retry sends what is missing
+                transient = e
+                continue
             sent.append(address)
             mark_event(self.table, event["pk"], "emailed_to", sent)
             result.emails_sent += 1
+        if transient is not None:
+            raise transient
 
     def _links(self, file_ids: list[str]) -> tuple[dict[str, str | None], int | None]:
         """Signed download links (nightbatch.links), or none when they could not be followed."""

@@ -111,3 +111,19 @@ def test_notify_options_are_checkable_at_batch_create(stack):
         with pytest.raises(InvalidRequestError) as e:
             check_notify_options({"notify": {"email": bad}}, s)
         assert e.value.param == "nightbatch.notify.email"
+
+
+def test_a_rejected_email_is_logged_and_not_retried(make_stack, caplog, receiver_factory):
+    """SES refuses for good (here: an unverified sender; in the sandbox: an unverified recipient)."""
+    stack = make_stack(email_sender="nightbatch@unverified.test")
+    receiver = receiver_factory()
+    stack.client().webhooks.create(name="w", url=receiver.url, event_types=["batch.completed"])
+    batch_id = make_batch(stack, "completed", email="erin@example.com")
+    first = stack.notifier.notify_batch(batch_id)  # does not raise: the workflow must not fail over it
+    assert first.emails_sent == 0 and first.deliveries_enqueued == 1
+    assert "SES rejected the e-mail to erin@example.com" in caplog.text
+    caplog.clear()
+    assert stack.notifier.notify_batch(batch_id).emails_sent == 0
+    assert "SES rejected" not in caplog.text, "a rejected address is not tried again"
+    assert _email_to("erin@example.com", batch_id) == []
+    receiver.wait_for(1)
