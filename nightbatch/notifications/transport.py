@@ -39,9 +39,9 @@ class _PinnedHTTPConnection(http.client.HTTPConnection):
 class _PinnedHTTPSConnection(http.client.HTTPSConnection):
     """Connects to the checked IP and verifies the certificate against the URL's host name (SNI)."""
 
-    def __init__(self, target: Target, timeout: float) -> None:
-        self.tls = ssl.create_default_context()
-        super().__init__(target.host, target.port, timeout=timeout, context=self.tls)
+    def __init__(self, target: Target, timeout: float, tls: ssl.SSLContext) -> None:
+        self.tls = tls
+        super().__init__(target.host, target.port, timeout=timeout, context=tls)
         self.ip = target.ip
 
     def connect(self) -> None:
@@ -49,12 +49,16 @@ class _PinnedHTTPSConnection(http.client.HTTPSConnection):
         self.sock = self.tls.wrap_socket(sock, server_hostname=self.host)
 
 
-def post(target: Target, *, body: bytes, headers: Mapping[str, str], timeout: float) -> PostResult:
-    """Sends once. A redirect is a failure like any other non-2xx: following it would skip the address check."""
+def post(
+    target: Target, *, body: bytes, headers: Mapping[str, str], timeout: float, tls: ssl.SSLContext | None = None
+) -> PostResult:
+    """Sends once. A redirect is a failure like any other non-2xx: following it would skip the address check.
+
+    `tls` defaults to the system's trust store with hostname checking (tests hand in their own CA)."""
     started = time.monotonic()
     conn: http.client.HTTPConnection
     if target.scheme == "https":
-        conn = _PinnedHTTPSConnection(target, timeout)
+        conn = _PinnedHTTPSConnection(target, timeout, tls or ssl.create_default_context())
     else:
         conn = _PinnedHTTPConnection(target, timeout)
     status: int | None = None

@@ -192,3 +192,45 @@ def event_json(received: Received) -> dict[str, Any]:
     out: dict[str, Any] = json.loads(received.body)
     return out
 
+
+
+def self_signed_certificate(host: str, directory: Any) -> tuple[str, str]:
+    """(cert path, key path) for `host`, self-signed; a test trusts it explicitly."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .sign(key, hashes.SHA256()))
+    cert_path, key_path = f"{directory}/cert.pem", f"{directory}/key.pem"
+    with open(cert_path, "wb") as f:
+        f.write(cert.public_bytes(serialization.Encoding.PEM))
+    with open(key_path, "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                  serialization.NoEncryption()))
+    return cert_path, key_path
+
+
+class TlsReceiver(Receiver):
+    """A Receiver behind TLS on loopback, recording the server name (SNI) each client asked for."""
+
+    def __init__(self, cert_path: str, key_path: str) -> None:
+        import ssl
+
+        super().__init__()
+        self.server_names: list[str | None] = []
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(cert_path, key_path)
+        context.sni_callback = lambda sock, name, ctx: self.server_names.append(name)  # type: ignore[assignment]
+        self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.port = int(self.server.server_address[1])

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import socket
+import ssl
 
 import openai
 import pytest
 
-from nightbatch.notifications import build_notifier
+from nightbatch.notifications import build_notifier, transport
 from nightbatch.notifications.delivery import delivery_id
 from nightbatch.notifications.models import CreateWebhookEndpointRequest
 from nightbatch.notifications.targets import TargetRefusedError, refusal, resolve_target
-from tests.notify.support import deliveries, make_batch
+from tests.notify.support import TlsReceiver, deliveries, make_batch, self_signed_certificate
 
 REFUSED_IN_AWS = [
     "https://10.0.0.1/hook",
@@ -135,3 +137,35 @@ def test_delivery_connects_to_the_checked_address_without_resolving_again(make_s
         notifier.close()
     assert got.headers["host"] == f"receiver.test:{port}"
     assert calls == ["receiver.test", "receiver.test"]  # once at creation, once for the one attempt
+
+
+def test_https_delivery_to_the_pinned_address_verifies_the_certificate_for_the_host_name(
+        make_stack, tmp_path):
+    """The connection goes to the checked IP, while SNI, certificate checks and Host name the URL's host."""
+    cert, key = self_signed_certificate("receiver.test", tmp_path)
+    receiver = TlsReceiver(cert, key)
+    try:
+        def resolver(host, port, type=0):
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+
+        stack = make_stack(webhook_max_age_seconds=0.1)  # one attempt each, no retries
+        trusting = functools.partial(transport.post, tls=ssl.create_default_context(cafile=cert))
+        for post, expect_ok in ((trusting, True), (transport.post, False)):
+            notifier = build_notifier(stack.adapters, resolver=resolver, post=post)
+            try:
+                ep = notifier.endpoints.create("default", CreateWebhookEndpointRequest(
+                    name="tls", url=f"https://receiver.test:{receiver.port}/hook", event_types=["batch.completed"]))
+                result = notifier.notify_batch(make_batch(stack))
+                assert notifier.queue.wait_idle(20)
+                attempt = stack.adapters.table.get(delivery_id(result.event_id, ep.id))["attempts"][0]
+            finally:
+                notifier.close()
+            if expect_ok:
+                assert attempt["status_code"] == 200
+                got = receiver.wait_for(1)[0]
+                assert got.headers["host"] == f"receiver.test:{receiver.port}"
+            else:  # the system trust store does not know the test's certificate: verification is on
+                assert attempt["status_code"] is None and "CERTIFICATE_VERIFY_FAILED" in attempt["error"]
+        assert receiver.server_names and set(receiver.server_names) == {"receiver.test"}
+    finally:
+        receiver.close()
