@@ -78,6 +78,7 @@ def _sweep_jobs(services: Services, t: int) -> list[str]:
     if counts:
         for status, n in counts.items():
             emit(settings, {"QueueJobs": n}, dimensions={"JobStatus": status})
-        gauges: dict[str, float] = {"OldestRunnableJobAgeSeconds": oldest_runnable, "GpuInstancesRunning": counts.get("RUNNING", 0)}
+        gauges: dict[str, float] = {"OldestRunnableJobAgeSeconds": oldest_runnable,
+                                    "GpuInstancesRunning": counts.get("RUNNING", 0)}
         emit(settings, gauges, units={"OldestRunnableJobAgeSeconds": "Seconds"})
     return cancelled
