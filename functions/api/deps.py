@@ -15,6 +15,7 @@ from nightbatch.keys import DEFAULT_TENANT, KeyCache, KeyStore
 from nightbatch.limits import count_request
 from nightbatch.services import Services
 from nightbatch.storage import Table
+from nightbatch.storage.secrets import read_secret_string
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,23 @@ def key_cache(services: Services) -> KeyCache:
         return cache
 
 
+_bootstrap: dict[str, frozenset[str]] = {}
+
+
+def bootstrap_keys(services: Services) -> frozenset[str]:
+    """Keys of the "default" tenant: configured ones plus, in AWS, the stack's Secrets Manager secret (read once
+    per process, so a key added to the secret works from the next cold start)."""
+    settings = services.settings
+    secret_id = settings.api_keys_secret
+    if secret_id not in _bootstrap:
+        keys = set(settings.accepted_keys)
+        if secret_id:
+            raw = read_secret_string(services.adapters.client("secretsmanager"), secret_id)
+            keys |= {k.strip() for k in raw.split(",") if k.strip()}
+        _bootstrap[secret_id] = frozenset(keys)
+    return _bootstrap[secret_id] | settings.accepted_keys
+
+
 def authenticate(request: Request, services: ServicesDep) -> Principal:
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
@@ -55,7 +73,7 @@ def authenticate(request: Request, services: ServicesDep) -> Principal:
         )
     key = key.strip()
     principal = None
-    for accepted in services.settings.accepted_keys:
+    for accepted in bootstrap_keys(services):
         if hmac.compare_digest(accepted.encode(), key.encode()):
             principal = Principal(tenant=DEFAULT_TENANT, key_name="configured")
     if principal is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -82,6 +83,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engines: bool = True) ->
         workflow.stop()
         aws.stop()
         _forget()
+        _end_children()
         print("nightbatch local: stopped", file=sys.stderr, flush=True)
 
 
@@ -102,3 +104,18 @@ def _forget() -> None:
             path.unlink()
     except (OSError, ValueError):
         pass
+
+
+def _end_children(grace: float = 10.0) -> None:
+    """Ends engine processes that outlived their engine (vLLM's EngineCore can, if its parent was interrupted
+    mid-shutdown), so that stopping `nightbatch local` never leaves a model in memory."""
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=grace)
+    for child in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()
