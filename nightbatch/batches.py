@@ -127,7 +127,7 @@ class BatchService:
         self.files = files
         self.workflow = workflow
 
-    def create(self, tenant: str, req: CreateBatchRequest) -> Batch:
+    def create(self, tenant: str, req: CreateBatchRequest, *, batch_id: str | None = None) -> Batch:
         if req.endpoint not in ENDPOINTS:
             raise InvalidRequestError(
                 f"Invalid value: '{req.endpoint}'. Supported values are: "
@@ -144,7 +144,7 @@ class BatchService:
                 )
             check_expiry_seconds(req.output_expires_after.seconds, "output_expires_after.seconds")
         self._check_input_file(tenant, req.input_file_id)
-        batch_id = new_batch_id()
+        batch_id = batch_id or new_batch_id()
         created = now()
         item: dict[str, Any] = {
             "pk": batch_id, "kind": "batch", "tenant": tenant, "owner": f"{tenant}#batch",
@@ -169,7 +169,7 @@ class BatchService:
         # ARCHITECTURE decision 10: missing, another tenant's, or not purpose=batch -> one answer.
         try:
             f = self.files.get(tenant, file_id)
-            ok = f.purpose == "batch"
+            ok = f.purpose == "batch" and f.status != "error"  # "error": an upload that failed its md5 check
         except NotFoundError:
             ok = False
         if not ok:

@@ -25,6 +25,8 @@ def to_wire(item: dict[str, Any]) -> FileObject:
     return FileObject(
         id=item["pk"], bytes=item["bytes"], created_at=item["created_at"], filename=item["filename"],
         purpose=item["purpose"], expires_at=item.get("expires_at"),
+        # "uploaded" while an upload's md5 awaits its check, "error" when it failed (nightbatch.assembly).
+        status=item.get("status", "processed"), status_details=item.get("status_details"),
     )
 
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nightbatch.clock import now
+from nightbatch.limits import release_queue_usage
 from nightbatch.storage import Table
 from nightbatch.wire import TERMINAL_STATUSES
 
@@ -35,4 +36,8 @@ def transition(
         remove = ("open_status",)
     else:
         fields["open_status"] = to
-    return table.update(batch_id, set_=fields, remove=remove, expect_in={"status": allowed})
+    item = table.update(batch_id, set_=fields, remove=remove, expect_in={"status": allowed})
+    if to in TERMINAL_STATUSES:
+        # A finished batch gives back its queued requests/tokens and its in-flight slot (per-tenant limits).
+        release_queue_usage(table, str(item["tenant"]), batch_id)
+    return item

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from nightbatch import lifecycle
+from nightbatch.accounting import collect_shard_times, cost_summary
 from nightbatch.clock import now
 from nightbatch.errors import StorageConflictError
 from nightbatch.ids import derived_id
@@ -57,10 +58,14 @@ def finalize_batch(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
             return finalize_batch(inp, services)  # cancelled meanwhile: decide again
     writers = _write_files(services, batch, UNRUN_CODE[target])
     out_id, err_id, tally = writers
+    usage = tally.usage()
+    times = collect_shard_times(services.adapters.blobs, [layout.batch_prefix(inp.batch_id) + "results/"])
+    ext = dict(batch.get("ext") or {})
+    ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"])
     fields: dict[str, Any] = {
         "request_counts": {"total": tally.completed + tally.failed, "completed": tally.completed,
                            "failed": tally.failed},
-        "usage": tally.usage(), "output_file_id": out_id, "error_file_id": err_id,
+        "usage": usage, "output_file_id": out_id, "error_file_id": err_id, "ext": ext,
     }
     if target == "expired":
         fields["finalizing_at"] = batch.get("finalizing_at") or now()
@@ -71,7 +76,7 @@ def finalize_batch(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
         fresh = table.get(inp.batch_id)
         return FinalizeOutput(batch_id=inp.batch_id, status=fresh["status"] if fresh else "missing")
     log.info("finalized", extra={"batch_id": inp.batch_id, "status": target, "completed": tally.completed,
-                                 "failed": tally.failed})
+                                 "failed": tally.failed, "cost": ext["cost"]})
     return FinalizeOutput(batch_id=inp.batch_id, status=target)
 
 

@@ -13,6 +13,7 @@ from nightbatch import lifecycle
 from nightbatch.clock import now
 from nightbatch.errors import StorageConflictError
 from nightbatch.jsonl import split_lines
+from nightbatch.limits import check_queue_limits
 from nightbatch.pipeline import layout
 from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
 from nightbatch.pipeline.segments import segment_line
@@ -127,6 +128,11 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
         return _fail(services, batch, errors)
     writer.close()
     est_total = sum(int(s["est"]) for s in writer.index)
+    over = check_queue_limits(table, batch["tenant"], inp.batch_id, count, est_total, model=validator.model,
+                              settings=settings)
+    if over is not None:
+        blobs.delete_prefix(layout.batch_prefix(inp.batch_id) + "segments/")
+        return _fail(services, batch, [over])
     extra = {"request_counts": {"total": count, "completed": 0, "failed": 0}, "model": validator.model,
              "est_tokens": est_total}
     try:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
 from functions.api.deps import PrincipalDep, ServicesDep
+from functions.api.idempotency import IdempotencyDep
+from nightbatch.admission import create_admitted
 from nightbatch.batches import CreateBatchRequest
 from nightbatch.wire import Batch, ListPage
 
@@ -14,8 +16,9 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"])
 
 
 @router.post("", response_model=Batch)
-def create_batch(body: CreateBatchRequest, principal: PrincipalDep, services: ServicesDep) -> Batch:
-    return services.batches.create(principal.tenant, body)
+def create_batch(body: CreateBatchRequest, principal: PrincipalDep, services: ServicesDep,
+                 idem: IdempotencyDep) -> Any:
+    return idem.run(lambda: create_admitted(services, principal.tenant, body))
 
 
 @router.get("", response_model=ListPage[Batch])

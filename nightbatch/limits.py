@@ -1,0 +1,221 @@
+"""Per-tenant limits: queued requests and tokens (checked in Validate); batches in flight, request rate (429).
+
+State lives in the one table:
+- `usage#<tenant>`: running totals (`queued_requests`, `queued_tokens`, `batches_in_flight`) plus one
+  member per batch that added to them (`q#<batch_id>` from Validate, `f#<batch_id>` from create), so adding
+  and taking back are idempotent per batch (storage/quota.py).
+- `rate#<tenant>#<minute>`: a fixed one-minute window counter with a TTL.
+
+A batch that reaches a terminal status must give back what it holds: `release_queue_usage` does both members.
+If a release is ever missed, the next check that would trip reconciles the members against the batches'
+statuses first, so a lost release costs one extra read rather than a permanently full quota.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from functools import lru_cache
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from nightbatch.clock import now
+from nightbatch.errors import RateLimitError
+from nightbatch.settings import Settings, get_settings
+from nightbatch.storage import Table, quota
+from nightbatch.wire import TERMINAL_STATUSES, BatchError
+
+QUEUE_MEMBER = "q#"
+FLIGHT_MEMBER = "f#"
+# A create reserves its slot just before it writes the batch; younger reservations without a batch are kept.
+ORPHAN_GRACE_SECONDS = 120
+WINDOW_SECONDS = 60
+
+
+class TenantLimits(BaseModel):
+    """What one tenant may hold at once; 0 means unlimited."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    queued_requests: int
+    queued_tokens: int
+    batches_in_flight: int
+    requests_per_minute: int
+
+
+class TenantUsage(BaseModel):
+    queued_requests: int = 0
+    queued_tokens: int = 0
+    batches_in_flight: int = 0
+    requests_this_minute: int = 0
+
+
+@lru_cache(maxsize=8)
+def _overrides(raw: str) -> dict[str, dict[str, int]]:
+    if not raw.strip():
+        return {}
+    data = json.loads(raw)
+    if not isinstance(data, dict):
+        raise ValueError("NIGHTBATCH_TENANT_LIMITS_JSON must be a JSON object of tenant -> limits")
+    out: dict[str, dict[str, int]] = {}
+    for tenant, values in data.items():
+        # Validates names and types early: a typo in a limit name must not silently mean "no limit".
+        TenantLimits.model_validate({**dict.fromkeys(TenantLimits.model_fields, 0), **values})
+        out[str(tenant)] = {str(k): int(v) for k, v in values.items()}
+    return out
+
+
+def limits_for(settings: Settings, tenant: str) -> TenantLimits:
+    base = {
+        "queued_requests": settings.limit_queued_requests,
+        "queued_tokens": settings.limit_queued_tokens,
+        "batches_in_flight": settings.limit_batches_in_flight,
+        "requests_per_minute": settings.limit_requests_per_minute,
+    }
+    overrides = _overrides(settings.tenant_limits_json)
+    base.update(overrides.get(tenant, overrides.get("*", {})))
+    return TenantLimits.model_validate(base)
+
+
+def usage_pk(tenant: str) -> str:
+    return f"usage#{tenant}"
+
+
+def _usage_fields(tenant: str) -> dict[str, Any]:
+    return {"kind": "usage", "tenant": tenant}
+
+
+def check_queue_limits(
+    table: Table, tenant: str, batch_id: str, requests: int, est_tokens: int,
+    *, model: str | None = None, settings: Settings | None = None,
+) -> BatchError | None:
+    """Reserves this batch's requests and estimated tokens in the tenant's queue, or says why it cannot.
+
+    Called by Validate once the input is known to be good. Idempotent per batch: a re-run Validate does not
+    count the batch twice. The BatchError (code `token_limit_exceeded`, OpenAI's) carries the numbers.
+    """
+    settings = settings or get_settings()
+    lim = limits_for(settings, tenant)
+    amounts = {"queued_requests": requests, "queued_tokens": est_tokens}
+    caps = {"queued_requests": lim.queued_requests, "queued_tokens": lim.queued_tokens}
+    member = QUEUE_MEMBER + batch_id
+    entry = {"at": now()}
+    pk = usage_pk(tenant)
+    if quota.reserve(table, pk, member, amounts, caps, entry=entry, fields=_usage_fields(tenant)):
+        return None
+    reconcile_usage(table, tenant)
+    if quota.reserve(table, pk, member, amounts, caps, entry=entry, fields=_usage_fields(tenant)):
+        return None
+    used = read_usage(table, tenant)
+    what = model or "this deployment"
+    if lim.queued_tokens and used.queued_tokens + est_tokens > lim.queued_tokens:
+        message = (
+            f"Enqueued token limit reached for {what} in tenant '{tenant}'. Limit: {lim.queued_tokens:,} "
+            f"enqueued tokens. Already enqueued by unfinished batches: {used.queued_tokens:,}; this batch "
+            f"needs about {est_tokens:,}. Please try again once some in_progress batches have been completed."
+        )
+    else:
+        message = (
+            f"Enqueued request limit reached for {what} in tenant '{tenant}'. Limit: "
+            f"{lim.queued_requests:,} enqueued requests. Already enqueued by unfinished batches: "
+            f"{used.queued_requests:,}; this batch has {requests:,}. Please try again once some in_progress "
+            "batches have been completed."
+        )
+    return BatchError(code="token_limit_exceeded", message=message)
+
+
+def release_queue_usage(table: Table, tenant: str, batch_id: str) -> None:
+    """Gives back what a batch holds (queued requests/tokens and its in-flight slot). Safe to call twice.
+
+    Call it when a batch reaches any terminal status: completed, expired, cancelled, or failed.
+    """
+    pk = usage_pk(tenant)
+    quota.release(table, pk, QUEUE_MEMBER + batch_id)
+    quota.release(table, pk, FLIGHT_MEMBER + batch_id)
+
+
+def admit_batch(table: Table, tenant: str, batch_id: str, *, settings: Settings) -> None:
+    """Takes an in-flight slot for a batch about to be created; 429 when the tenant has none left."""
+    lim = limits_for(settings, tenant)
+    pk = usage_pk(tenant)
+    member = FLIGHT_MEMBER + batch_id
+    args = ({"batches_in_flight": 1}, {"batches_in_flight": lim.batches_in_flight})
+    entry = {"at": now()}
+    if quota.reserve(table, pk, member, *args, entry=entry, fields=_usage_fields(tenant)):
+        return
+    reconcile_usage(table, tenant)
+    if quota.reserve(table, pk, member, *args, entry=entry, fields=_usage_fields(tenant)):
+        return
+    used = read_usage(table, tenant).batches_in_flight
+    raise RateLimitError(
+        f"Too many batches in flight for tenant '{tenant}': {used} unfinished batches, limit "
+        f"{lim.batches_in_flight}. Wait for a batch to finish (or cancel one), then try again.",
+        headers={"retry-after": str(max(1, min(60, settings.limit_in_flight_retry_after)))},
+    )
+
+
+def release_batch_slot(table: Table, tenant: str, batch_id: str) -> None:
+    """Undoes `admit_batch` when the create did not happen after all."""
+    quota.release(table, usage_pk(tenant), FLIGHT_MEMBER + batch_id)
+
+
+def reconcile_usage(table: Table, tenant: str) -> int:
+    """Releases members whose batch is terminal, another tenant's, or long missing. Returns how many."""
+    item = table.get(usage_pk(tenant))
+    if item is None:
+        return 0
+    released = 0
+    t = now()
+    for prefix in (QUEUE_MEMBER, FLIGHT_MEMBER):
+        for member, entry in quota.members(item, prefix).items():
+            batch = table.get(member[len(prefix):])
+            if batch is None or batch.get("kind") != "batch" or batch.get("tenant") != tenant:
+                stale = t - int(entry.get("at", 0)) > ORPHAN_GRACE_SECONDS
+            else:
+                stale = batch.get("status") in TERMINAL_STATUSES
+            if stale and quota.release(table, usage_pk(tenant), member):
+                released += 1
+    return released
+
+
+def read_usage(table: Table, tenant: str) -> TenantUsage:
+    item = table.get(usage_pk(tenant)) or {}
+    window = _window(time.time())
+    rate = table.get(_rate_pk(tenant, window)) or {}
+    return TenantUsage(
+        queued_requests=max(0, int(item.get("queued_requests", 0))),
+        queued_tokens=max(0, int(item.get("queued_tokens", 0))),
+        batches_in_flight=max(0, int(item.get("batches_in_flight", 0))),
+        requests_this_minute=int(rate.get("requests", 0)),
+    )
+
+
+def _window(t: float) -> int:
+    return int(t // WINDOW_SECONDS) * WINDOW_SECONDS
+
+
+def _rate_pk(tenant: str, window: int) -> str:
+    return f"rate#{tenant}#{window}"
+
+
+def count_request(table: Table, tenant: str, *, settings: Settings) -> None:
+    """Counts one API request in the tenant's current minute; 429 with Retry-After once over the limit."""
+    limit = limits_for(settings, tenant).requests_per_minute
+    if limit <= 0:
+        return
+    t = time.time()
+    window = _window(t)
+    item = table.update(
+        _rate_pk(tenant, window), add={"requests": 1},
+        set_={"kind": "rate", "tenant": tenant, "ttl": window + 2 * WINDOW_SECONDS}, must_exist=False,
+    )
+    used = int(item.get("requests", 0))
+    if used > limit:
+        wait = max(1, math.ceil(window + WINDOW_SECONDS - t))
+        raise RateLimitError(
+            f"Rate limit reached for requests in tenant '{tenant}': Limit {limit} / min, Used {used}. "
+            f"Please try again in {wait}s.",
+            headers={"retry-after": str(wait)},
+        )

@@ -1,0 +1,106 @@
+"""Stored API keys: format, hash-only storage, listing, revocation through the cache, over real HTTP."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+import openai
+import pytest
+
+from nightbatch.errors import InvalidRequestError
+from nightbatch.keys import KeyCache, KeyStore, hash_key
+
+
+def test_key_format_and_only_the_hash_is_stored(make_stack: Any) -> None:
+    stack = make_stack()
+    store = KeyStore(stack.table)
+    key, rec = store.create(name="ci", tenant="team-a")
+    assert re.fullmatch(r"nb-[A-Za-z0-9_-]{43,}", key)  # 32 random bytes, URL-safe
+    assert rec.tenant == "team-a" and rec.name == "ci" and rec.active
+    assert rec.key_id.startswith("key_") and key.startswith(rec.prefix)
+    raw = stack.services.adapters.client("dynamodb").scan(TableName=stack.settings.table)["Items"]
+    dumped = json.dumps(raw)
+    assert key not in dumped and key[len(rec.prefix):] not in dumped
+    assert hash_key(key) in dumped
+    item = stack.table.get(f"key#{hash_key(key)}")
+    assert item["kind"] == "apikey" and item["tenant"] == "team-a" and item["revoked_at"] is None
+    assert item["created_at"] > 0
+
+
+def test_names_and_tenants_are_checked(make_stack: Any) -> None:
+    store = KeyStore(make_stack().table)
+    store.create(name="ci")
+    with pytest.raises(InvalidRequestError, match="already exists"):
+        store.create(name="ci")
+    for bad in ("Team", "a#b", "", "x" * 64, "-x"):
+        with pytest.raises(InvalidRequestError, match="Invalid tenant"):
+            store.create(name=f"n-{len(bad)}-{bad.isupper()}", tenant=bad)
+    store.revoke(store.find(name="ci")[0])
+    store.create(name="ci")  # the name is free again once its key is revoked
+
+
+def test_revocation_takes_effect_at_once_with_a_zero_ttl(make_stack: Any) -> None:
+    stack = make_stack()  # key_cache_seconds=0
+    key = stack.new_key("team-a", "soon-revoked")
+    client = stack.client(key)
+    f = client.files.create(file=("a.jsonl", b'{"x": 1}\n'), purpose="batch")
+    store = KeyStore(stack.table)
+    [rec] = store.find(name="soon-revoked")
+    store.revoke(rec)
+    with pytest.raises(openai.AuthenticationError) as info:
+        client.files.retrieve(f.id)
+    assert info.value.code == "invalid_api_key"
+    assert store.lookup(key) is None
+    assert [r.revoked_at is not None for r in store.list_keys()] == [True]
+
+
+def test_revocation_takes_effect_within_the_cache_ttl(make_stack: Any) -> None:
+    stack = make_stack(key_cache_seconds=1.0)
+    key = stack.new_key("team-a", "cached")
+    client = stack.client(key)
+    client.files.list()  # cached now
+    store = KeyStore(stack.table)
+    store.revoke(store.find(name="cached")[0])
+    revoked_at = time.monotonic()
+    while True:
+        try:
+            client.files.list()
+        except openai.AuthenticationError:
+            break
+        assert time.monotonic() - revoked_at < 1.0 + 0.5, "a revoked key outlived the cache TTL"
+        time.sleep(0.05)
+
+
+def test_a_new_key_works_at_once_even_with_a_cache(make_stack: Any) -> None:
+    stack = make_stack(key_cache_seconds=30.0)
+    with pytest.raises(openai.AuthenticationError):
+        stack.client("nb-" + "x" * 43).files.list()
+    assert stack.client(stack.new_key("team-a")).files.list().data == []
+
+
+def test_cache_hits_skip_the_table_and_are_bounded(make_stack: Any) -> None:
+    stack = make_stack()
+    store = KeyStore(stack.table)
+    keys = [store.create(name=f"k{i}", tenant="team-a")[0] for i in range(3)]
+    cache = KeyCache(store, ttl=60, max_entries=2)
+    for k in keys:
+        assert cache.lookup(k) is not None
+    store.revoke(store.find(name="k2")[0])
+    assert cache.lookup(keys[2]) is not None  # still cached: revocation waits for the TTL
+    assert cache.lookup(keys[0]) is not None  # evicted (bounded), read again: still active
+    assert len(cache._entries) == 2
+    assert cache.lookup("not-a-key") is None
+    assert cache.lookup("nb-" + "y" * 43) is None
+
+
+def test_find_by_id_prefix_name_and_whole_key(make_stack: Any) -> None:
+    store = KeyStore(make_stack().table)
+    key, rec = store.create(name="ops", tenant="team-b")
+    assert store.find(key_id=rec.key_id) == [rec]
+    assert store.find(prefix=rec.prefix) == [rec]
+    assert store.find(prefix=key) == [rec]
+    assert store.find(name="ops") == [rec]
+    assert store.find(name="nope") == []
