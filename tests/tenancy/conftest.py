@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import socket
 import threading
@@ -46,6 +47,7 @@ def moto_endpoint() -> Iterator[str]:
     os.environ["AWS_ACCESS_KEY_ID"] = "testing"
     os.environ["AWS_SECRET_ACCESS_KEY"] = "testing"
     os.environ.pop("AWS_ENDPOINT_URL", None)
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # moto's server logs every request at INFO
     port = free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
@@ -108,48 +110,58 @@ class Stack:
         return sum(1 for m, p in self.counter.hits if m == method and p == path)
 
 
+def start_stack(moto_endpoint: str, workflow: str = "recording", own_bucket: bool = False,
+                **overrides: Any) -> Stack:
+    """A fresh table (and the shared bucket), the app on uvicorn on a free loopback port."""
+    name = f"nb-{uuid.uuid4().hex[:12]}"
+    # Object keys are unique ids, so stacks may share a bucket (creating one costs moto ~0.5 s).
+    bucket = name if own_bucket else SHARED_BUCKET
+    values: dict[str, Any] = {"mode": "local", "table": name, "bucket": bucket, "region": "us-east-1",
+                              "api_key": BOOTSTRAP_KEY, "key_cache_seconds": 0}
+    values.update(overrides)
+    settings = Settings(**values)
+    adapters = make_adapters(settings, endpoint_url=moto_endpoint)
+    s3 = adapters.client("s3")
+    if own_bucket or SHARED_BUCKET not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
+        s3.create_bucket(Bucket=bucket)
+    create_table(adapters.client("dynamodb"), name)
+    wf: Any = LocalWorkflow(adapters, engines=False) if workflow == "local" else RecordingWorkflow()
+    services = build_services(adapters, wf)
+    if workflow == "local":
+        wf.bind(services)
+    counter = HitCounter(create_app(lambda: services))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(counter, host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    return Stack(settings=settings, services=services, base_url=f"http://127.0.0.1:{port}/v1",
+                 counter=counter, server=server, thread=thread, workflow=wf)
+
+
+def stop_stack(stack: Stack) -> None:
+    stack.server.should_exit = True
+    stack.thread.join(timeout=5)
+    if isinstance(stack.workflow, LocalWorkflow):
+        stack.workflow.stop()
+
+
 @pytest.fixture
 def make_stack(moto_endpoint: str) -> Iterator[Callable[..., Stack]]:
     stacks: list[Stack] = []
 
     def make(workflow: str = "recording", own_bucket: bool = False, **overrides: Any) -> Stack:
-        name = f"nb-{uuid.uuid4().hex[:12]}"
-        # Object keys are unique ids, so stacks may share a bucket (creating one costs moto ~0.5 s).
-        bucket = name if own_bucket else SHARED_BUCKET
-        values: dict[str, Any] = {"mode": "local", "table": name, "bucket": bucket, "region": "us-east-1",
-                                  "api_key": BOOTSTRAP_KEY, "key_cache_seconds": 0}
-        values.update(overrides)
-        settings = Settings(**values)
-        adapters = make_adapters(settings, endpoint_url=moto_endpoint)
-        s3 = adapters.client("s3")
-        if own_bucket or SHARED_BUCKET not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
-            s3.create_bucket(Bucket=bucket)
-        create_table(adapters.client("dynamodb"), name)
-        wf: Any = LocalWorkflow(adapters, engines=False) if workflow == "local" else RecordingWorkflow()
-        services = build_services(adapters, wf)
-        if workflow == "local":
-            wf.bind(services)
-        counter = HitCounter(create_app(lambda: services))
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(counter, host="127.0.0.1", port=port, log_level="warning",
-                                               lifespan="off"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.01)
-        stack = Stack(settings=settings, services=services, base_url=f"http://127.0.0.1:{port}/v1",
-                      counter=counter, server=server, thread=thread, workflow=wf)
+        stack = start_stack(moto_endpoint, workflow, own_bucket, **overrides)
         stacks.append(stack)
         return stack
 
     yield make
     for s in stacks:
-        s.server.should_exit = True
-        s.thread.join(timeout=5)
-        if isinstance(s.workflow, LocalWorkflow):
-            s.workflow.stop()
+        stop_stack(s)
 
 
 def chat_lines(n: int, *, prefix: str = "req", model: str = MODEL, words: int = 3) -> bytes:

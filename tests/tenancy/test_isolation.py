@@ -40,7 +40,7 @@ def two(make_stack: Any) -> tuple[Stack, openai.OpenAI, openai.OpenAI]:
 
 
 def test_cross_tenant_ids_answer_exactly_like_unknown_ids(two: Any) -> None:
-    stack, a, b = two
+    _stack, a, b = two
     fa = a.files.create(file=("in.jsonl", chat_lines(2)), purpose="batch")
     ba = a.batches.create(input_file_id=fa.id, endpoint="/v1/chat/completions", completion_window="24h")
 
