@@ -169,7 +169,7 @@ class BatchService:
         # ARCHITECTURE decision 10: missing, another tenant's, or not purpose=batch -> one answer.
         try:
             f = self.files.get(tenant, file_id)
-            ok = f.purpose == "batch"
+            ok = f.purpose == "batch" and f.status != "error"  # "error": an upload that failed its md5 check
         except NotFoundError:
             ok = False
         if not ok:

@@ -21,6 +21,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # The embedded AWS logs every request it serves and botocore every credential lookup: noise for a user.
+    for noisy in ("werkzeug", "botocore", "moto"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     if args.command == "local":
         from nightbatch.local.stack import serve
 

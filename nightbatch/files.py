@@ -25,6 +25,8 @@ def to_wire(item: dict[str, Any]) -> FileObject:
     return FileObject(
         id=item["pk"], bytes=item["bytes"], created_at=item["created_at"], filename=item["filename"],
         purpose=item["purpose"], expires_at=item.get("expires_at"),
+        # "uploaded" while an upload's md5 awaits its check, "error" when it failed (nightbatch.assembly).
+        status=item.get("status", "processed"), status_details=item.get("status_details"),
     )
 
 
@@ -143,14 +145,11 @@ class FileService:
         else:
             self.blobs.delete(key)
 
-    def chunks(self, item: dict[str, Any]) -> Iterator[bytes]:
+    def chunks(self, item: dict[str, Any], *, read_ahead: bool = False) -> Iterator[bytes]:
         """The file's bytes, streamed (composed uploads read through their ordered parts)."""
-        parts = item.get("parts")
-        if parts:
-            for key in parts:
-                yield from self.blobs.iter_chunks(key)
-        else:
-            yield from self.blobs.iter_chunks(item["s3_key"])
+        read = self.blobs.iter_chunks_ahead if read_ahead else self.blobs.iter_chunks
+        for key in item.get("parts") or [item["s3_key"]]:
+            yield from read(key)
 
 
 def page(data: list[Any], has_more: bool) -> ListPage[Any]:

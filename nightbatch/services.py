@@ -5,11 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from nightbatch.assembly import AssemblyService, UploadJobs
 from nightbatch.batches import BatchService, Workflow
 from nightbatch.files import FileService
 from nightbatch.settings import Settings, get_settings
 from nightbatch.storage import Adapters, make_adapters
 from nightbatch.storage.stepfunctions import StepFunctionsWorkflow
+from nightbatch.uploads import UploadService, build_upload_services
 
 
 @dataclass
@@ -18,9 +20,13 @@ class Services:
     adapters: Adapters
     files: FileService
     batches: BatchService
+    uploads: UploadService
+    assembly: AssemblyService
 
 
-def build_services(adapters: Adapters, workflow: Workflow | None = None) -> Services:
+def build_services(
+    adapters: Adapters, workflow: Workflow | None = None, upload_jobs: UploadJobs | None = None
+) -> Services:
     settings = adapters.settings
     if workflow is None:
         workflow = StepFunctionsWorkflow(
@@ -28,7 +34,9 @@ def build_services(adapters: Adapters, workflow: Workflow | None = None) -> Serv
         )
     files = FileService(settings=settings, blobs=adapters.blobs, table=adapters.table)
     batches = BatchService(settings=settings, table=adapters.table, files=files, workflow=workflow)
-    return Services(settings=settings, adapters=adapters, files=files, batches=batches)
+    uploads, assembly = build_upload_services(adapters, files, upload_jobs)
+    return Services(settings=settings, adapters=adapters, files=files, batches=batches, uploads=uploads,
+                    assembly=assembly)
 
 
 @lru_cache(maxsize=1)

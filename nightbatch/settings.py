@@ -87,6 +87,23 @@ class Settings(BaseSettings):
     checkpoint_every_seconds: float = 10.0
     max_in_flight: int = 256
 
+    # Accounting: what one GPU-second costs, for `batch.nightbatch.cost` (estimates; set to your prices).
+    instance_type: str = "g6e.xlarge"
+    capacity: Literal["spot", "on-demand"] = "spot"
+    instance_price_per_hour: float = 0.0  # 0 = use the built-in price table for instance_type and capacity
+    gpus_per_instance: int = 1
+
+    # --- GPU worker (gpu_worker/main.py): the shard one container runs, the engine, polling and draining. ---
+    # AWS Batch passes the shard as NIGHTBATCH_BATCH_ID / NIGHTBATCH_SHARD_ID.
+    batch_id: str = ""
+    shard_id: str = ""
+    # "module:Class" of an engine taking a ModelSpec; empty means the vLLM engine.
+    worker_engine: str = ""
+    # How often a running shard reads the batch item for cancel/expiry.
+    worker_poll_seconds: float = 5.0
+    # How long a stopping shard lets in-flight requests finish: under ECS's 30 s SIGTERM-to-SIGKILL window.
+    worker_drain_seconds: float = 20.0
+
     # --- Tenancy: stored API keys, idempotent creates, per-tenant limits (docs/TENANCY.md) ---
     # How long a process trusts a stored key lookup; a revoked key stops working within this many seconds.
     key_cache_seconds: float = 30.0
@@ -103,6 +120,33 @@ class Settings(BaseSettings):
     # Retry-After sent with a 429 for too many batches in flight (the SDK honours values up to 60 s).
     limit_in_flight_retry_after: int = 30
     tenant_limits_json: str = ""
+
+    # Resources the deployed stack wires in (infra/ sets them; empty in the local mode until it needs them).
+    job_queue: str = ""  # AWS Batch queue ARN: the sweeper cancels a cancelled/expired batch's unstarted jobs
+    webhook_queue_url: str = ""  # SQS queue Notify puts webhook deliveries on
+    email_sender: str = ""  # verified SES sender address; empty disables e-mail notifications
+    email_configuration_set: str = ""
+    email_allowed_domains: str = ""  # comma-separated recipient domains; empty allows any
+    api_keys_secret: str = ""  # Secrets Manager secret (ARN) holding comma-separated API keys
+
+    # Uploads API and large downloads (issue 7; ARCHITECTURE "Payload limits").
+    # One part's bytes: ~4 MiB fits API Gateway + Lambda once base64-encoded; locally OpenAI's 64 MiB.
+    max_upload_part_bytes: int = 4 * 1024 * 1024
+    # OpenAI: an Upload holds at most 8 GB.
+    max_upload_total_bytes: int = 8 * 1024 * 1024 * 1024
+    # Keeps a File item's ordered part-key list under DynamoDB's 400 KB item limit (4 MiB parts -> 16 GB).
+    max_upload_parts: int = 4000
+    # Larger downloads answer 307 to a pre-signed S3 URL (a Lambda response carries ~4 MiB raw); 0 = no limit.
+    max_inline_download_bytes: int = 4 * 1024 * 1024
+    presigned_url_seconds: int = 300
+    # /complete verifies an md5 by re-reading the parts up to this size when no running digest is at hand.
+    upload_sync_md5_max_bytes: int = 512 * 1024 * 1024
+    # SQS queue of the compose-upload task (AWS); empty composes on a thread of this process (the local mode).
+    upload_queue_url: str = ""
+    # Part objects outlive composition this long so readers already streaming through them can finish.
+    upload_parts_grace_seconds: int = 900
+    # Development only: wait this long before composing, so tests can observe a file still made of parts.
+    upload_compose_delay_seconds: float = 0.0
 
     @field_validator("hour_seconds")
     @classmethod

@@ -144,3 +144,27 @@ class BatchRequestOutput(BaseModel):
     custom_id: str
     response: ResponseEnvelope | None
     error: LineError | None
+
+
+UploadStatus = Literal["pending", "completed", "cancelled", "expired"]
+
+
+class Upload(BaseModel):
+    """Contract §2.3: `file` is set only once the Upload is completed."""
+
+    id: str
+    object: Literal["upload"] = "upload"
+    bytes: int
+    created_at: int
+    expires_at: int
+    filename: str
+    purpose: str
+    status: UploadStatus
+    file: FileObject | None = None
+
+
+class UploadPart(BaseModel):
+    id: str
+    object: Literal["upload.part"] = "upload.part"
+    created_at: int
+    upload_id: str

@@ -9,6 +9,7 @@ from typing import Any
 
 from nightbatch.ids import new_request_id
 from nightbatch.logs import bind, unbind
+from nightbatch.uploads import part_limit_message
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -63,12 +64,18 @@ class RequestIdMiddleware:
 class BodyLimitMiddleware:
     """413 for bodies over the limit, checked on Content-Length and again while the body streams in."""
 
-    def __init__(self, app: ASGIApp, *, upload_limit: Callable[[], int]) -> None:
+    def __init__(
+        self, app: ASGIApp, *, upload_limit: Callable[[], int], part_limit: Callable[[], int] | None = None
+    ) -> None:
         self.app = app
         self.upload_limit = upload_limit
+        self.part_limit = part_limit
 
     def _limit(self, scope: Scope) -> tuple[int, str]:
         path: str = scope.get("path", "")
+        if self.part_limit is not None and path.rstrip("/").endswith("/parts"):
+            limit = self.part_limit()
+            return limit + MULTIPART_SLACK, part_limit_message(limit)
         if path.rstrip("/").endswith("/files") or path.rstrip("/").endswith("/parts"):
             limit = self.upload_limit()
             return limit + MULTIPART_SLACK, _upload_message(limit)

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
 from moto.server import ThreadedMotoServer
+from werkzeug.serving import make_server
 
 from nightbatch.settings import Settings
 from nightbatch.storage import make_adapters
@@ -24,6 +28,37 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+class AtomicDynamoDB:
+    """WSGI wrapper around moto's server app that runs one DynamoDB request at a time.
+
+    Real DynamoDB applies each write (its condition and its update, or an ADD) atomically. moto's threaded
+    server runs requests concurrently without a lock, so two conditional transitions from one status could
+    both win and concurrent ADDs could lose counts. Serializing DynamoDB calls restores the guarantee the
+    lifecycle relies on; other services (S3 streams, Step Functions) stay concurrent.
+    """
+
+    def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
+        self.app = app
+        self.lock = threading.Lock()
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if str(environ.get("HTTP_X_AMZ_TARGET", "")).startswith("DynamoDB_"):
+            with self.lock:
+                return list(self.app(environ, start_response))
+        return self.app(environ, start_response)
+
+
+class AtomicMotoServer(ThreadedMotoServer):  # type: ignore[misc]
+    """ThreadedMotoServer whose DynamoDB requests are atomic, as in AWS (see AtomicDynamoDB)."""
+
+    def _server_entry(self) -> None:
+        # Mirrors ThreadedMotoServer._server_entry (moto 5.x), with the app wrapped.
+        app = AtomicDynamoDB(DomainDispatcherApplication(create_backend_app))
+        self._server = make_server(self._ip_address, self._port, app, True, request_handler=MotoRequestHandler)
+        self._server_ready_event.set()
+        self._server.serve_forever()
 
 
 @dataclass
@@ -43,7 +78,7 @@ def start_embedded_aws(settings: Settings, *, host: str = "127.0.0.1") -> Embedd
         os.environ.setdefault(k, v)
     os.environ["AWS_DEFAULT_REGION"] = settings.region
     os.environ["MOTO_PORT"] = str(port)
-    server = ThreadedMotoServer(ip_address=host, port=port, verbose=False)
+    server = AtomicMotoServer(ip_address=host, port=port, verbose=False)
     server.start()
     endpoint = f"http://{host}:{port}"
     os.environ["AWS_ENDPOINT_URL"] = endpoint

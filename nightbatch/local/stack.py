@@ -15,6 +15,7 @@ from nightbatch.settings import Settings
 log = logging.getLogger("nightbatch.local")
 
 LOCAL_UPLOAD_LIMIT = 512 * 1000 * 1000  # OpenAI's per-file limit; no API Gateway in front locally
+LOCAL_PART_LIMIT = 64 * 1024 * 1024  # OpenAI's part limit, the SDK's default part_size
 
 
 def state_file() -> Path:
@@ -23,8 +24,14 @@ def state_file() -> Path:
 
 
 def local_settings(**overrides: Any) -> Settings:
-    values: dict[str, Any] = {"mode": "local", "max_upload_bytes": LOCAL_UPLOAD_LIMIT}
+    # A laptop's CPU costs nothing extra: cost estimates read $0 unless an instance price is configured.
+    # No Lambda response limit locally: uploads and parts up to OpenAI's sizes, every download inline.
+    defaults: dict[str, Any] = {"max_upload_bytes": LOCAL_UPLOAD_LIMIT, "instance_type": "cpu-local",
+                                "max_upload_part_bytes": LOCAL_PART_LIMIT, "max_inline_download_bytes": 0}
+    # Local defaults yield to NIGHTBATCH_* variables; explicit overrides win over both.
+    values = {k: v for k, v in defaults.items() if f"NIGHTBATCH_{k.upper()}" not in os.environ}
     values.update(overrides)
+    values["mode"] = "local"
     return Settings(**values)
 
 
@@ -37,6 +44,10 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engines: bool = True) ->
     from nightbatch.services import build_services
     from nightbatch.storage import make_adapters
 
+    # Engine start-up chatter stays out of the way unless asked for; models never come from a hub.
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     env_key = os.environ.get("NIGHTBATCH_API_KEY", "")
     key = env_key or f"nb-dev-{secrets.token_urlsafe(24)}"
     settings = local_settings(api_key=key)

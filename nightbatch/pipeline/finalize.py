@@ -12,13 +12,15 @@ from collections.abc import Iterator
 from typing import Any
 
 from nightbatch import lifecycle
+from nightbatch.accounting import collect_shard_times, cost_summary
 from nightbatch.clock import now
 from nightbatch.errors import StorageConflictError
 from nightbatch.ids import derived_id
 from nightbatch.jsonl import split_lines
 from nightbatch.pipeline import layout
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
-from nightbatch.pipeline.results import Tally, digest, unrun_line
+from nightbatch.pipeline.results import Tally, digest, summarize_result_line, unrun_line
+from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore, LineWriter
 from nightbatch.wire import TERMINAL_STATUSES
@@ -56,10 +58,14 @@ def finalize_batch(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
             return finalize_batch(inp, services)  # cancelled meanwhile: decide again
     writers = _write_files(services, batch, UNRUN_CODE[target])
     out_id, err_id, tally = writers
+    usage = tally.usage()
+    times = collect_shard_times(services.adapters.blobs, [layout.batch_prefix(inp.batch_id) + "results/"])
+    ext = dict(batch.get("ext") or {})
+    ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"])
     fields: dict[str, Any] = {
         "request_counts": {"total": tally.completed + tally.failed, "completed": tally.completed,
                            "failed": tally.failed},
-        "usage": tally.usage(), "output_file_id": out_id, "error_file_id": err_id,
+        "usage": usage, "output_file_id": out_id, "error_file_id": err_id, "ext": ext,
     }
     if target == "expired":
         fields["finalizing_at"] = batch.get("finalizing_at") or now()
@@ -70,7 +76,7 @@ def finalize_batch(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
         fresh = table.get(inp.batch_id)
         return FinalizeOutput(batch_id=inp.batch_id, status=fresh["status"] if fresh else "missing")
     log.info("finalized", extra={"batch_id": inp.batch_id, "status": target, "completed": tally.completed,
-                                 "failed": tally.failed})
+                                 "failed": tally.failed, "cost": ext["cost"]})
     return FinalizeOutput(batch_id=inp.batch_id, status=target)
 
 
@@ -115,10 +121,10 @@ def _write_files(services: Services, batch: dict[str, Any], unrun_code: str) -> 
                 _merge_results(blobs, batch_id, shard["shard_id"], seen, out, err, tally)
             if len(seen) < int(shard["lines"]):
                 for key in shard["segments"]:
-                    for raw in split_lines(blobs.iter_chunks(key), max_bytes=MAX_RESULT_LINE):
+                    for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
                         if not raw.data:
                             continue
-                        custom_id = json.loads(raw.data)["custom_id"]
+                        custom_id = parse_segment_line(raw.data).custom_id
                         if digest(custom_id) not in seen:
                             seen.add(digest(custom_id))
                             err.write(unrun_line(batch_id, custom_id, unrun_code))
@@ -151,19 +157,18 @@ def _merge_results(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int
                    err: LineWriter, tally: Tally) -> None:
     prefix = layout.results_prefix(batch_id, shard_id)
     for key in sorted(k for k in blobs.list_keys(prefix) if k.endswith(".jsonl")):
-        for raw in split_lines(blobs.iter_chunks(key), max_bytes=MAX_RESULT_LINE):
+        for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
             if not raw.data:
                 continue
-            line = json.loads(raw.data)
-            d = digest(line["custom_id"])
+            summary = summarize_result_line(raw.data)
+            d = digest(summary.custom_id)
             if d in seen:
                 continue  # a zombie attempt's duplicate: the first result wins
             seen.add(d)
-            response = line.get("response")
             data = raw.data + b"\n"
-            if response is not None and 200 <= int(response.get("status_code", 0)) < 300:
+            if summary.ok:
                 out.write(data)
-                tally.add_success(response.get("body") or {})
+                tally.add_success(summary.usage)
             else:
                 err.write(data)
                 tally.failed += 1

@@ -5,16 +5,18 @@ from __future__ import annotations
 import io
 import json
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from nightbatch import lifecycle
 from nightbatch.clock import now
 from nightbatch.errors import StorageConflictError
-from nightbatch.jsonl import dumps_line, split_lines
+from nightbatch.jsonl import split_lines
 from nightbatch.limits import check_queue_limits
 from nightbatch.pipeline import layout
 from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
+from nightbatch.pipeline.segments import segment_line
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore
 from nightbatch.validation import LineInvalid, Validator, line_error
@@ -35,9 +37,12 @@ class SegmentWriter:
     lines: int = 0
     est: int = 0
     index: list[dict[str, Any]] = field(default_factory=list)
+    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="segments"))
+    pending: list[Future[None]] = field(default_factory=list)
 
-    def add(self, number: int, custom_id: str, body: dict[str, Any], est: int) -> None:
-        self.buf.write(dumps_line({"n": number, "custom_id": custom_id, "body": body, "est": est}))
+    def add(self, number: int, raw: bytes, est: int) -> None:
+        # The request's own bytes, not a re-serialisation: one JSON parse per line is the floor to stay near.
+        self.buf.write(segment_line(number, est, raw))
         self.lines += 1
         self.est += est
         if self.lines >= self.max_lines or self.buf.tell() >= self.max_bytes:
@@ -47,14 +52,25 @@ class SegmentWriter:
         if not self.lines:
             return
         key = layout.segment_key(self.batch_id, len(self.index))
-        self.blobs.put_bytes(key, self.buf.getvalue())
+        # At most two segment PUTs in flight while validation goes on (overlapped I/O, bounded memory).
+        while len(self.pending) >= 2:
+            self.pending.pop(0).result()
+        self.pending.append(self.pool.submit(self.blobs.put_bytes, key, self.buf.getvalue()))
         self.index.append({"key": key, "lines": self.lines, "est": self.est})
         self.buf = io.BytesIO()
         self.lines = 0
         self.est = 0
 
+    def abandon(self) -> None:
+        for f in self.pending:
+            f.result()
+        self.pool.shutdown()
+
     def close(self) -> None:
         self.flush()
+        for f in self.pending:
+            f.result()
+        self.pool.shutdown()
         self.blobs.put_bytes(layout.segment_index_key(self.batch_id), json.dumps(self.index).encode())
 
 
@@ -84,7 +100,7 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
     writer = SegmentWriter(blobs, inp.batch_id, settings.segment_max_lines, settings.segment_max_bytes)
     errors: list[BatchError] = []
     count = 0
-    for raw in split_lines(services.files.chunks(file_item), max_bytes=settings.max_line_bytes):
+    for raw in split_lines(services.files.chunks(file_item, read_ahead=True), max_bytes=settings.max_line_bytes):
         if raw.data is not None and not raw.data.strip():
             continue  # blank lines are skipped but keep their numbers
         count += 1
@@ -102,11 +118,12 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
                 break
             continue
         if not errors:
-            writer.add(req.number, req.custom_id, req.body, req.est_tokens)
+            writer.add(req.number, req.raw, req.est_tokens)
     if not errors and count == 0:
         errors.append(BatchError(code="empty_file", param=None, line=None,
                                  message="The input file has no requests."))
     if errors:
+        writer.abandon()
         blobs.delete_prefix(layout.batch_prefix(inp.batch_id) + "segments/")
         return _fail(services, batch, errors)
     writer.close()

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import io
+import queue
+import threading
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO
 
 from botocore.exceptions import ClientError
@@ -42,6 +45,39 @@ class BlobStore:
             yield from body.iter_chunks(chunk)
         finally:
             body.close()
+
+    def iter_chunks_ahead(self, key: str, *, chunk: int = 1024 * 1024, depth: int = 8) -> Iterator[bytes]:
+        """iter_chunks with a reader thread a few chunks ahead, so network waits overlap the caller's parsing."""
+        q: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=depth)
+        stop = threading.Event()
+
+        def read() -> None:
+            try:
+                for c in self.iter_chunks(key, chunk=chunk):
+                    while not stop.is_set():
+                        try:
+                            q.put(c, timeout=0.5)
+                            break
+                        except queue.Full:
+                            continue
+                    if stop.is_set():
+                        return
+                q.put(None)
+            except BaseException as e:  # handed to the consumer, which re-raises it
+                q.put(e)
+
+        t = threading.Thread(target=read, name="s3-read-ahead", daemon=True)
+        t.start()
+        try:
+            while True:
+                item = q.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
 
     def size(self, key: str) -> int | None:
         try:
@@ -94,6 +130,9 @@ class LineWriter:
         self.upload_id: str | None = None
         self.parts: list[dict[str, Any]] = []
         self.bytes_written = 0
+        # One part uploads in the background while the next fills: bounded memory, overlapped I/O.
+        self.pool: ThreadPoolExecutor | None = None
+        self.pending: Future[dict[str, Any]] | None = None
 
     def write(self, data: bytes) -> None:
         self.buf.write(data)
@@ -109,13 +148,24 @@ class LineWriter:
         c = self.store.client
         if self.upload_id is None:
             self.upload_id = c.create_multipart_upload(Bucket=self.store.bucket, Key=self.key)["UploadId"]
-        n = len(self.parts) + 1
-        resp = c.upload_part(
-            Bucket=self.store.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=n,
-            Body=self.buf.getvalue(),
-        )
-        self.parts.append({"ETag": resp["ETag"], "PartNumber": n})
+            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="s3-part")
+        self._wait_pending()
+        n = len(self.parts) + len([self.pending] if self.pending else []) + 1
+        body = self.buf.getvalue()
+        upload_id = self.upload_id
+
+        def upload() -> dict[str, Any]:
+            resp = c.upload_part(Bucket=self.store.bucket, Key=self.key, UploadId=upload_id, PartNumber=n, Body=body)
+            return {"ETag": resp["ETag"], "PartNumber": n}
+
+        assert self.pool is not None
+        self.pending = self.pool.submit(upload)
         self.buf = io.BytesIO()
+
+    def _wait_pending(self) -> None:
+        if self.pending is not None:
+            self.parts.append(self.pending.result())
+            self.pending = None
 
     def close(self) -> int:
         if self.upload_id is None:
@@ -123,6 +173,8 @@ class LineWriter:
         else:
             if self.buf.tell():
                 self._flush_part()
+            self._wait_pending()
+            self._shutdown()
             self.store.client.complete_multipart_upload(
                 Bucket=self.store.bucket, Key=self.key, UploadId=self.upload_id,
                 MultipartUpload={"Parts": self.parts},
@@ -130,7 +182,16 @@ class LineWriter:
         self.buf = io.BytesIO()
         return self.bytes_written
 
+    def _shutdown(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None
+
     def abort(self) -> None:
+        if self.pending is not None:
+            self.pending.cancel()
+            self.pending = None
+        self._shutdown()
         if self.upload_id is not None:
             self.store.client.abort_multipart_upload(
                 Bucket=self.store.bucket, Key=self.key, UploadId=self.upload_id

@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, File, Form, Query, Request, UploadFile
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from functions.api.deps import Principal, PrincipalDep, ServicesDep
 from functions.api.idempotency import IdempotencyDep
+from nightbatch.downloads import locate as locate_download
 from nightbatch.errors import InvalidRequestError, PayloadTooLargeError
 from nightbatch.services import Services
 from nightbatch.wire import DeletedFile, FileObject, ListPage
@@ -101,6 +102,10 @@ def file_content(file_id: str, principal: PrincipalDep, services: ServicesDep) -
 
 
 def content_response(services: Services, item: dict[str, Any]) -> Response:
+    # Past what a Lambda response can carry: 307 to a pre-signed S3 URL (nightbatch.downloads).
+    target = locate_download(services.settings, services.files.blobs, item)
+    if target is not None:
+        return RedirectResponse(target.url, status_code=307, headers={"cache-control": "no-store"})
     media = JSONL_MEDIA_TYPE if item["filename"].endswith(".jsonl") else "application/octet-stream"
     return StreamingResponse(
         services.files.chunks(item), media_type=media,

@@ -1,0 +1,214 @@
+"""Control-plane bench: validate + plan + finalize wall time and peak RSS, next to the floor.
+
+The floor reads the same input object from the same S3 endpoint and parses every line with the same JSON
+parser (the standard library's `json`). S3 is moto's server in another process. Each measurement runs in a
+fresh child process so that its peak RSS is its own.
+
+    .venv/bin/python -m bench.control_plane --sizes 10,10000,100000,1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from nightbatch.settings import Settings
+
+BUCKET = "bench-bucket"
+TABLE = "bench-table"
+
+
+def settings() -> Settings:
+    return Settings(mode="local", bucket=BUCKET, table=TABLE, max_requests_per_batch=2_000_000,
+                    max_input_bytes=4 * 1024**3, segment_max_lines=5000, shard_target_tokens=2_500_000,
+                    max_gpus=16)
+
+
+def input_line(i: int) -> bytes:
+    return json.dumps({"custom_id": f"r{i}", "method": "POST", "url": "/v1/chat/completions", "body": {
+        "model": "SmolLM2-135M-Instruct", "max_tokens": 32,
+        "messages": [{"role": "user", "content": f"Summarise document {i} in one sentence, please."}]}},
+        separators=(",", ":")).encode() + b"\n"
+
+
+def result_line(batch_id: str, custom_id: str, n: int) -> bytes:
+    from nightbatch.ids import batch_request_id
+
+    body = {"id": f"chatcmpl-{n}", "object": "chat.completion", "created": 1, "model": "SmolLM2-135M-Instruct",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": f"Document {n} is short."},
+                         "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 21, "completion_tokens": 7, "total_tokens": 28}}
+    return json.dumps({"id": batch_request_id(batch_id, custom_id), "custom_id": custom_id,
+                       "response": {"status_code": 200, "request_id": f"req_{n}", "body": body}, "error": None},
+                      separators=(",", ":")).encode() + b"\n"
+
+
+def start_s3() -> tuple[subprocess.Popen[bytes], str]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc, url
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError("moto server did not start")
+
+
+def prepare(n: int) -> dict[str, Any]:
+    """Uploads an n-line input, creates the batch (not timed)."""
+    from nightbatch.batches import CreateBatchRequest
+    from nightbatch.services import build_services
+    from nightbatch.storage import make_adapters
+
+    class NoWorkflow:
+        def start(self, batch_id: str) -> None:
+            pass
+
+    s = settings()
+    services = build_services(make_adapters(s), NoWorkflow())
+    with tempfile.TemporaryFile() as tmp:
+        for i in range(n):
+            tmp.write(input_line(i))
+        size = tmp.tell()
+        tmp.seek(0)
+        f = services.files.create("bench", filename="in.jsonl", purpose="batch", fileobj=tmp, size=size)
+    b = services.batches.create("bench", CreateBatchRequest(input_file_id=f.id, endpoint="/v1/chat/completions",
+                                                            completion_window="24h"))
+    return {"batch_id": b.id, "file_key": f"files/{f.id}", "bytes": size}
+
+
+def write_results(services: Any, batch_id: str) -> None:
+    """Stands in for the GPU workers: one result line per planned request (not timed)."""
+    from nightbatch.pipeline import layout
+    from nightbatch.pipeline.segments import parse_segment_line
+
+    blobs = services.adapters.blobs
+    for item in json.loads(blobs.get_bytes(layout.manifest_key(batch_id)) or b"[]"):
+        shard = json.loads(blobs.get_bytes(layout.shard_key(batch_id, item["shard_id"])) or b"{}")
+        w = blobs.writer(layout.results_prefix(batch_id, item["shard_id"]) + "000000-bench.jsonl")
+        for key in shard["segments"]:
+            for raw in io.BytesIO(blobs.get_bytes(key) or b""):
+                line = parse_segment_line(raw)
+                w.write(result_line(batch_id, line.custom_id, line.number))
+        w.close()
+        blobs.put_bytes(layout.done_key(batch_id, item["shard_id"]), b"{}")
+
+
+def child_ours(batch_id: str) -> dict[str, Any]:
+    from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
+    from nightbatch.services import build_services
+    from nightbatch.storage import make_adapters
+
+    class NoWorkflow:
+        def start(self, batch_id: str) -> None:
+            pass
+
+    services = build_services(make_adapters(settings()), NoWorkflow())
+    inp = BatchTaskInput(batch_id=batch_id)
+    t0 = time.perf_counter()
+    assert validate_batch(inp, services).valid
+    plan_batch(inp, services)
+    t_plan = time.perf_counter() - t0
+    write_results(services, batch_id)
+    t1 = time.perf_counter()
+    out = finalize_batch(inp, services)
+    t_final = time.perf_counter() - t1
+    batch = services.batches.get("bench", batch_id)
+    return {"seconds": t_plan + t_final, "status": out.status, "completed": batch.request_counts.completed,
+            "total": batch.request_counts.total}
+
+
+def child_floor(file_key: str) -> dict[str, Any]:
+    from nightbatch.jsonl import split_lines
+    from nightbatch.storage import make_adapters
+
+    blobs = make_adapters(settings()).blobs
+    t0 = time.perf_counter()
+    n = 0
+    for raw in split_lines(blobs.iter_chunks(file_key), max_bytes=1 << 20):
+        if raw.data:
+            json.loads(raw.data)
+            n += 1
+    return {"seconds": time.perf_counter() - t0, "lines": n}
+
+
+def peak_rss_mb() -> float:
+    """VmHWM of this process image (ru_maxrss would carry the parent's peak across exec on Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run_child(kind: str, arg: str, env: dict[str, str]) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "bench.control_plane", "--child", kind, arg], env=env,
+                         capture_output=True, text=True, check=True)
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
+
+
+def measure(sizes: list[int]) -> list[dict[str, Any]]:
+    proc, url = start_s3()
+    env = {**os.environ, "AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+           "AWS_DEFAULT_REGION": "us-east-1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
+    rows = []
+    try:
+        from nightbatch.storage import make_adapters
+        from nightbatch.storage.dynamo import create_table
+
+        a = make_adapters(settings())
+        a.client("s3").create_bucket(Bucket=BUCKET)
+        create_table(a.client("dynamodb"), TABLE)
+        for n in sizes:
+            prep = prepare(n)
+            floor = run_child("floor", prep["file_key"], env)
+            ours = run_child("ours", prep["batch_id"], env)
+            assert ours["total"] == n and ours["completed"] == n, ours
+            rows.append({"lines": n, "mb": prep["bytes"] / 1e6, "floor_s": floor["seconds"],
+                         "floor_rss_mb": floor["rss_mb"], "ours_s": ours["seconds"], "ours_rss_mb": ours["rss_mb"],
+                         "speed_vs_floor": floor["seconds"] / ours["seconds"] if ours["seconds"] else 0.0})
+    finally:
+        proc.terminate()
+        proc.wait()
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    print("parser: Python stdlib json.loads (both sides); S3: moto server in another process")
+    print(f"{'lines':>9} {'MB':>8} {'floor s':>9} {'ours s':>9} {'speed/floor':>12} {'floor RSS MB':>13} "
+          f"{'ours RSS MB':>12}")
+    for r in rows:
+        print(f"{r['lines']:>9} {r['mb']:>8.1f} {r['floor_s']:>9.2f} {r['ours_s']:>9.2f} "
+              f"{r['speed_vs_floor']:>11.0%} {r['floor_rss_mb']:>13.0f} {r['ours_rss_mb']:>12.0f}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="10,10000,100000,1000000")
+    p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        kind, arg = args.child
+        result = child_ours(arg) if kind == "ours" else child_floor(arg)
+        result["rss_mb"] = peak_rss_mb()
+        print(json.dumps(result))
+        return
+    print_table(measure([int(x) for x in args.sizes.split(",")]))
+
+
+if __name__ == "__main__":
+    main()

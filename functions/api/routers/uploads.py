@@ -1,0 +1,54 @@
+"""/v1/uploads: create, add parts, complete, cancel (contract §1.3)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, File, Header, UploadFile
+
+from functions.api.deps import PrincipalDep, ServicesDep
+from functions.api.routers.files import UPLOAD_PURPOSES
+from nightbatch.errors import InvalidRequestError
+from nightbatch.uploads import CompleteUploadRequest, CreateUploadRequest
+from nightbatch.wire import Upload, UploadPart
+
+router = APIRouter(prefix="/v1/uploads", tags=["uploads"])
+
+
+@router.post("", response_model=Upload)
+def create_upload(
+    body: CreateUploadRequest, principal: PrincipalDep, services: ServicesDep,
+    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
+) -> Upload:
+    # TODO(idempotency, branch tenancy): honour `idempotency_key` exactly as POST /v1/files and /v1/batches do
+    # (replay the first answer for the same tenant + key + body). Uploads need nothing special: create is the
+    # only step that makes a new object; /complete is already retry-safe for the same part_ids.
+    if body.purpose not in UPLOAD_PURPOSES:
+        raise InvalidRequestError(
+            f"Invalid value: '{body.purpose}'. Supported values are: "
+            + ", ".join(f"'{p}'" for p in UPLOAD_PURPOSES) + ".",
+            param="purpose", code="invalid_value",
+        )
+    return services.uploads.create(principal.tenant, body)
+
+
+@router.post("/{upload_id}/parts", response_model=UploadPart)
+def add_upload_part(
+    upload_id: str, principal: PrincipalDep, services: ServicesDep, data: Annotated[UploadFile, File()],
+) -> UploadPart:
+    data.file.seek(0, 2)
+    size = data.file.tell()
+    data.file.seek(0)
+    return services.uploads.add_part(principal.tenant, upload_id, data.file, size)
+
+
+@router.post("/{upload_id}/complete", response_model=Upload)
+def complete_upload(
+    upload_id: str, body: CompleteUploadRequest, principal: PrincipalDep, services: ServicesDep
+) -> Upload:
+    return services.uploads.complete(principal.tenant, upload_id, body)
+
+
+@router.post("/{upload_id}/cancel", response_model=Upload)
+def cancel_upload(upload_id: str, principal: PrincipalDep, services: ServicesDep) -> Upload:
+    return services.uploads.cancel(principal.tenant, upload_id)

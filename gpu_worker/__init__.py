@@ -1,0 +1,1 @@
+"""GPU worker: the shard runner and the vLLM engine it drives."""

@@ -1,0 +1,107 @@
+"""Checkpoints: finished result lines made durable in S3 every N lines or T seconds, then counted."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+from gpu_worker.results import ResultLine
+from gpu_worker.shard import checkpoint_key
+from nightbatch.errors import StorageConflictError
+from nightbatch.storage import BlobStore, Table
+
+log = logging.getLogger("gpu_worker.checkpoints")
+
+
+class Checkpointer:
+    """Buffers result lines and writes them as one new S3 object per flush, from a background task.
+
+    Each flush is one PUT (atomic: a reader sees all of its lines or none), so after a crash every line is
+    either durable or never written, and a restarted shard skips exactly the durable ones. Flushes run one at
+    a time in seq order while inference goes on.
+    """
+
+    def __init__(
+        self, *, blobs: BlobStore, table: Table, batch_id: str, prefix: str, attempt: str, next_seq: int,
+        every_lines: int, every_seconds: float,
+    ) -> None:
+        self.blobs = blobs
+        self.table = table
+        self.batch_id = batch_id
+        self.prefix = prefix
+        self.attempt = attempt
+        self.seq = next_seq
+        self.every_lines = max(1, every_lines)
+        self.every_seconds = max(0.01, every_seconds)
+        self.buffer: list[ResultLine] = []
+        self.written = 0  # lines made durable by this attempt
+        self.objects = 0
+        self.put_seconds = 0.0
+        self._wake = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> asyncio.Task[None]:
+        self._task = asyncio.create_task(self._run(), name="checkpointer")
+        return self._task
+
+    def add(self, line: ResultLine) -> None:
+        self.buffer.append(line)
+        if len(self.buffer) >= self.every_lines:
+            self._wake.set()
+
+    def flush_soon(self) -> None:
+        """Asks for a flush now rather than at the next cadence point (a stop was requested)."""
+        self._wake.set()
+
+    async def close(self) -> None:
+        """Writes whatever is buffered and stops; raises if any checkpoint could not be written."""
+        self._closing = True
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        else:
+            await self._flush()
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.every_seconds)
+            self._wake.clear()
+            closing = self._closing
+            await self._flush()
+            if closing:
+                return
+
+    async def _flush(self) -> None:
+        if not self.buffer:
+            return
+        lines, self.buffer = self.buffer, []
+        key = checkpoint_key(self.prefix, self.seq, self.attempt)
+        started = time.monotonic()
+        await asyncio.to_thread(
+            self.blobs.put_bytes, key, b"".join(line.data for line in lines), content_type="application/jsonl"
+        )
+        self.put_seconds += time.monotonic() - started
+        self.seq += 1
+        self.objects += 1
+        self.written += len(lines)
+        await asyncio.to_thread(self._count, lines)
+
+    def _count(self, lines: list[ResultLine]) -> None:
+        completed = sum(1 for line in lines if line.ok)
+        add = {
+            "live_completed": completed,
+            "live_failed": len(lines) - completed,
+            "live_input_tokens": sum(line.input_tokens for line in lines),
+            "live_output_tokens": sum(line.output_tokens for line in lines),
+        }
+        try:
+            self.table.update(self.batch_id, add=add)
+        except StorageConflictError:
+            log.warning("batch %s is gone; progress counters not updated", self.batch_id)
+        except Exception:
+            # Counters are progress only (Finalize recounts from the files); a checkpoint is what matters.
+            log.exception("progress counters not updated for batch %s", self.batch_id)

@@ -1,0 +1,295 @@
+"""The vLLM engine: OpenAI request bodies answered by vLLM's own serving layer, as `run_batch` does."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import gc
+import json
+import os
+import sys
+import time
+from argparse import Namespace
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+from http import HTTPStatus
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pydantic
+from starlette.datastructures import State
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from gpu_worker.engines.base import EngineReply
+from gpu_worker.model_prep import resolve_model_dir
+from nightbatch.settings import ModelSpec
+
+# vLLM reads these when its EngineCore process starts. Defaults for a small CPU box (local-engines.md §2):
+# vLLM otherwise reserves one of two cores and computes on a single thread.
+CPU_ENV_DEFAULTS = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
+
+CHAT_URL = "/v1/chat/completions"
+COMPLETIONS_URL = "/v1/completions"
+EMBEDDINGS_URL = "/v1/embeddings"
+
+
+class EngineFailedError(RuntimeError):
+    """The engine itself is unusable (its core process died): not an answer to any one request."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Route:
+    parse: Callable[[dict[str, Any]], Any]
+    serve: Callable[[Any], Awaitable[Any]] | None
+    missing: str  # what vLLM's router says when the model has no handler for this endpoint
+
+
+class VllmEngine:
+    """One model served by an in-process vLLM AsyncLLM; `handle` may be called concurrently without limit."""
+
+    def __init__(
+        self, spec: ModelSpec, *, model_dir: Path | None = None, cache_dir: Path | None = None
+    ) -> None:
+        self.spec = spec
+        self.model_name = spec.name
+        self._model_dir = model_dir
+        self._cache_dir = cache_dir
+        self._stack: AsyncExitStack | None = None
+        self._state: State | None = None
+        self._routes: dict[str, _Route] = {}
+        self.start_seconds: float | None = None
+
+    async def start(self) -> None:
+        if self._stack is not None:
+            return
+        started = time.monotonic()
+        on_cpu = _prepare_platform()
+        model_dir = self._model_dir
+        if model_dir is None:
+            model_dir = await asyncio.to_thread(resolve_model_dir, self.spec, self._cache_dir)
+
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state
+        from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client_from_engine_args
+        from vllm.usage.usage_lib import UsageContext
+
+        engine_args, frontend = _split_args(self.spec, model_dir, on_cpu=on_cpu)
+        stack = AsyncExitStack()
+        try:
+            client = await stack.enter_async_context(
+                build_async_engine_client_from_engine_args(
+                    engine_args, usage_context=UsageContext.OPENAI_BATCH_RUNNER
+                )
+            )
+            # init_app_state is what both the OpenAI server and run_batch use to build the serving objects;
+            # it wants the CLI namespace, which is the union of the frontend and engine dataclasses.
+            args = Namespace(**{**_fields(frontend), **_fields(engine_args)})
+            state = State()
+            await init_app_state(client, state, args, await client.get_supported_tasks())
+        except BaseException:
+            await stack.aclose()
+            raise
+        self._stack, self._state = stack, state
+        self._routes = _routes(state)
+        self.start_seconds = time.monotonic() - started
+        print(
+            f"[nightbatch.engine] {self.model_name} ready in {self.start_seconds:.1f} s ({model_dir})",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    async def stop(self) -> None:
+        stack, self._stack, self._state, self._routes = self._stack, None, None, {}
+        if stack is not None:
+            await stack.aclose()
+            # AsyncLLM is in reference cycles; collect it now rather than at interpreter exit, where its
+            # __del__ calls shutdown() again with module globals already torn down.
+            gc.collect()
+
+    async def handle(self, url: str, body: dict[str, Any], request_id: str) -> EngineReply:
+        from vllm.entrypoints.serve import create_error_response
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if self._state is None:
+            raise EngineFailedError(f"engine for {self.model_name} is not started")
+        route = self._routes.get(url)
+        if route is None:
+            return _error_reply(
+                create_error_response(
+                    f"Unsupported URL {url}", err_type="NotFoundError", status_code=HTTPStatus.NOT_FOUND
+                )
+            )
+        if route.serve is None:
+            return _error_reply(create_error_response(NotImplementedError(route.missing)))
+        if body.get("stream"):
+            # A batch has nowhere to stream to; run_batch refuses these the same way.
+            return _error_reply(
+                create_error_response("Request must not be sent in stream mode", param="stream")
+            )
+        try:
+            # Engine request ids must be unique among in-flight requests, so ours replaces any the user sent;
+            # vLLM turns it into the response id (chatcmpl-<id>, cmpl-<id>, embd-<id>).
+            request = route.parse({**body, "request_id": request_id})
+        except pydantic.ValidationError as exc:
+            return await self._validation_reply(exc)
+        try:
+            result = await route.serve(request)
+        except EngineDeadError as exc:
+            raise EngineFailedError(str(exc)) from exc
+        except Exception as exc:  # the server's exception handlers turn these into error envelopes
+            return _error_reply(create_error_response(exc))
+        return await _reply(result)
+
+    async def count_prompt_tokens(self, url: str, body: dict[str, Any]) -> int | None:
+        """Tokens in the rendered prompt (chat template applied), or None when it cannot be counted."""
+        from vllm.entrypoints.serve.tokenize.protocol import TokenizeChatRequest, TokenizeCompletionRequest
+
+        if self._state is None:
+            return None
+        try:
+            request: Any
+            if url == CHAT_URL:
+                request = TokenizeChatRequest.model_validate(
+                    {k: body[k] for k in ("model", "messages", "tools") if k in body}
+                )
+            else:
+                prompt = body.get("prompt", body.get("input"))
+                if not isinstance(prompt, str):
+                    return None
+                request = TokenizeCompletionRequest(model=body.get("model"), prompt=prompt)
+            result = await self._state.serving_tokenization.create_tokenize(request, None)
+        except Exception:
+            return None
+        count = getattr(result, "count", None)
+        return count if isinstance(count, int) else None
+
+    async def _validation_reply(self, exc: pydantic.ValidationError) -> EngineReply:
+        from fastapi.exceptions import RequestValidationError
+        from vllm.entrypoints.serve.exception_handling.handlers.validation import validation_exception_handler
+
+        # FastAPI reports body errors with a leading "body" in loc; vLLM's handler then renders the message
+        # and `param` exactly as the server does. It only reads app.state.args from the request.
+        errors = [{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)]
+        request = Request({"type": "http", "app": SimpleNamespace(state=self._state), "headers": []})
+        response = await validation_exception_handler(request, RequestValidationError(errors))
+        return _response_reply(response)
+
+
+def _prepare_platform() -> bool:
+    from vllm.platforms import current_platform
+
+    on_cpu = bool(current_platform.is_cpu())
+    if on_cpu:
+        for name, value in CPU_ENV_DEFAULTS.items():
+            os.environ.setdefault(name, value)
+    return on_cpu
+
+
+def _split_args(spec: ModelSpec, model_dir: Path, *, on_cpu: bool) -> tuple[Any, Any]:
+    """AsyncEngineArgs and the server's frontend args; `spec.engine_args` keys may belong to either."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import BaseFrontendArgs
+
+    engine_kwargs: dict[str, Any] = {
+        "model": str(model_dir),
+        "served_model_name": [spec.name],
+        "dtype": spec.dtype,
+        "max_model_len": spec.max_model_len,
+        "enable_log_requests": False,
+        "disable_log_stats": True,
+    }
+    if spec.task == "embed":
+        engine_kwargs["runner"] = "pooling"
+    if on_cpu:
+        # torch.compile costs 60-80 s per start on CPU for a 10-17 % gain (local-engines.md §2).
+        engine_kwargs["enforce_eager"] = True
+    engine_names = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    frontend_names = {f.name for f in dataclasses.fields(BaseFrontendArgs)}
+    frontend_kwargs: dict[str, Any] = {}
+    for key, value in spec.engine_args.items():
+        if key in engine_names:
+            engine_kwargs[key] = value
+        elif key in frontend_names:
+            frontend_kwargs[key] = value
+        else:
+            raise ValueError(f"model {spec.name!r}: unknown engine_args key {key!r}")
+    return AsyncEngineArgs(**engine_kwargs), BaseFrontendArgs(**frontend_kwargs)
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+
+
+def _routes(state: State) -> dict[str, _Route]:
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
+
+    chat = getattr(state, "openai_serving_chat", None)
+    completion = getattr(state, "openai_serving_completion", None)
+    embedding = getattr(state, "serving_embedding", None)
+    embedding_adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(EmbeddingRequest)
+    return {
+        CHAT_URL: _Route(
+            ChatCompletionRequest.model_validate,
+            chat.create_chat_completion if chat is not None else None,
+            "The model does not support Chat Completions API",
+        ),
+        COMPLETIONS_URL: _Route(
+            CompletionRequest.model_validate,
+            completion.create_completion if completion is not None else None,
+            "The model does not support Completions API",
+        ),
+        EMBEDDINGS_URL: _Route(
+            embedding_adapter.validate_python,
+            embedding,
+            "The model does not support Embeddings API",
+        ),
+    }
+
+
+async def _reply(result: Any) -> EngineReply:
+    from vllm.entrypoints.serve import create_error_response
+    from vllm.entrypoints.serve.engine.protocol import ErrorResponse
+
+    if isinstance(result, ErrorResponse):
+        return _error_reply(result)
+    if isinstance(result, StreamingResponse):
+        # Embeddings with a binary encoding_format come back as a raw byte stream, which has no place in a
+        # JSONL result line.
+        return _error_reply(
+            create_error_response(
+                "Binary encoding formats cannot be returned in a batch; use 'float' or 'base64'",
+                param="encoding_format",
+            )
+        )
+    if isinstance(result, Response):
+        return _response_reply(result)
+    if isinstance(result, pydantic.BaseModel):
+        # The routers answer with JSONResponse(content=model_dump()); rendering through it keeps the
+        # server's JSON exactly (for example non-finite logprobs).
+        return _response_reply(JSONResponse(content=result.model_dump()))
+    aclose = getattr(result, "aclose", None)
+    if aclose is not None:  # a streaming generator: close it so vLLM aborts the request
+        await aclose()
+    return _error_reply(create_error_response("Request must not be sent in stream mode", param="stream"))
+
+
+def _error_reply(error: Any) -> EngineReply:
+    return _response_reply(JSONResponse(content=error.model_dump(), status_code=error.error.code))
+
+
+def _response_reply(response: Response) -> EngineReply:
+    body = json.loads(bytes(response.body))
+    if not isinstance(body, dict):
+        body = {
+            "error": {
+                "message": "engine returned a non-object body",
+                "type": "InternalServerError",
+                "param": None,
+                "code": 500,
+            }
+        }
+        return EngineReply(status_code=500, body=body)
+    return EngineReply(status_code=response.status_code, body=body)

@@ -1,0 +1,120 @@
+"""The worker container's entry: run one shard on a fresh engine, and exit with a code AWS Batch can act on.
+
+Exit codes: 0 = the shard finished, or stopped because its batch is cancelling/expired/terminal (including
+"never started": such a job ends without loading a model); 143 = stopped by SIGTERM/SIGINT while its batch
+still wants results (the retry resumes from the checkpoints); 1 = an error worth a retry (engine died,
+S3 unwritable, ...); 2 = bad command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import logging
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpu_worker.engines.base import Engine
+from gpu_worker.runner import ShardJob, ShardReport, preflight, run_shard
+from gpu_worker.shard import load_shard
+from gpu_worker.watch import BATCH_REASONS, read_stop_reason
+from nightbatch.settings import ModelSpec, Settings, get_settings
+from nightbatch.storage import Adapters, make_adapters
+
+log = logging.getLogger("gpu_worker")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 128 + signal.SIGTERM  # the shell's convention for "terminated by SIGTERM"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m gpu_worker", description="Run one shard of a batch.")
+    parser.add_argument("--engine", default=None,
+                        help="module:Class of an engine taking a ModelSpec (default: the vLLM engine; "
+                             "env NIGHTBATCH_WORKER_ENGINE)")
+    parser.add_argument("--batch-id", default=None, help="default: env NIGHTBATCH_BATCH_ID")
+    parser.add_argument("--shard-id", default=None, help="default: env NIGHTBATCH_SHARD_ID")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    settings = get_settings()
+    batch_id = args.batch_id or settings.batch_id
+    shard_id = args.shard_id or settings.shard_id
+    if not batch_id or not shard_id:
+        parser.error("a batch id and a shard id are required (NIGHTBATCH_BATCH_ID / NIGHTBATCH_SHARD_ID)")
+    job = ShardJob(batch_id=batch_id, shard_id=shard_id)
+    adapters = make_adapters(settings)
+    engine_path = args.engine or settings.worker_engine
+    try:
+        return asyncio.run(serve_shard(job, settings, adapters, engine_path=engine_path))
+    except Exception:
+        log.exception("shard %s/%s failed", batch_id, shard_id)
+        return EXIT_ERROR
+
+
+async def serve_shard(job: ShardJob, settings: Settings, adapters: Adapters, *, engine_path: str) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    blobs, table = adapters.blobs, adapters.table
+    reason = await preflight(job, blobs=blobs, table=table)
+    if reason is not None:
+        # The cheap end of an unstarted job of a cancelled/expired batch, or a retry of a finished shard.
+        log.info("shard %s/%s: nothing to do (%s); engine not started", job.batch_id, job.shard_id, reason)
+        return EXIT_OK
+    shard = await asyncio.to_thread(load_shard, blobs, job.batch_id, job.shard_id)
+    spec = settings.model(shard.model)
+    if spec is None:
+        raise LookupError(f"model {shard.model!r} of shard {job.shard_id} is not in the model registry")
+    started = time.monotonic()
+    engine = await build_engine(spec, engine_path, adapters)
+    try:
+        await engine.start()
+        load_seconds = time.monotonic() - started
+        report = await run_shard(
+            job, engine=engine, blobs=blobs, table=table, settings=settings, stop=stop,
+            model_load_seconds=load_seconds,
+        )
+    finally:
+        await engine.stop()
+    print(report.model_dump_json(), flush=True)
+    return await exit_code(report, job, adapters)
+
+
+async def build_engine(spec: ModelSpec, engine_path: str, adapters: Adapters) -> Engine:
+    if engine_path:
+        factory: Callable[[ModelSpec], Any] = load_engine_class(engine_path)
+        engine: Engine = factory(spec)
+        return engine
+    # Imported here: vLLM is heavy and only the engine module may import it.
+    from gpu_worker.engines.vllm_engine import VllmEngine  # type: ignore[import-not-found,unused-ignore]
+    from gpu_worker.model_prep import resolve_model_dir  # type: ignore[import-not-found,unused-ignore]
+
+    model_dir = await asyncio.to_thread(resolve_model_dir, spec, s3_client=adapters.client("s3"))
+    vllm_engine: Engine = VllmEngine(spec, model_dir=model_dir)
+    return vllm_engine
+
+
+def load_engine_class(path: str) -> Callable[[ModelSpec], Any]:
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"engine must be given as module:Class, not {path!r}")
+    factory: Callable[[ModelSpec], Any] = getattr(importlib.import_module(module_name), attr)
+    return factory
+
+
+async def exit_code(report: ShardReport, job: ShardJob, adapters: Adapters) -> int:
+    if report.finished or report.stopped_reason in BATCH_REASONS:
+        return EXIT_OK
+    # Stopped by a signal: a clean end only if the batch no longer wants this shard (e.g. the job was
+    # terminated because the batch was cancelled); otherwise lines remain and a retry must resume them.
+    if await read_stop_reason(adapters.table, job.batch_id) is not None:
+        return EXIT_OK
+    return EXIT_INTERRUPTED

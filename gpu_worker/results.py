@@ -1,0 +1,62 @@
+"""Result lines in OpenAI's batch output format, built from engine replies, and the tokens they report."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from gpu_worker.engines.base import EngineReply
+from nightbatch.ids import batch_request_id
+
+# The engine module's own "the engine process is gone" error. Matched by name so that the runner needs no
+# import of the vLLM module: such an exception is not an answer to one request, so the shard must fail and be
+# retried rather than write a 500 line for every request left.
+FATAL_ENGINE_ERRORS = frozenset({"EngineFailedError"})
+
+
+@dataclass(frozen=True)
+class ResultLine:
+    custom_id: str
+    data: bytes  # one compact JSON line, "\n"-terminated
+    ok: bool
+    input_tokens: int
+    output_tokens: int
+
+
+def is_fatal(exc: BaseException) -> bool:
+    return any(cls.__name__ in FATAL_ENGINE_ERRORS for cls in type(exc).__mro__)
+
+
+def exception_reply(exc: BaseException) -> EngineReply:
+    """An unexpected exception for one request, as the 500 an OpenAI-compatible server would answer."""
+    message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    return EngineReply(
+        status_code=500,
+        body={"error": {"message": message, "type": "server_error", "param": None, "code": "internal_error"}},
+    )
+
+
+def result_line(batch_id: str, custom_id: str, request_id: str, reply: EngineReply) -> ResultLine:
+    ok = 200 <= reply.status_code < 300
+    input_tokens, output_tokens = usage_tokens(reply.body) if ok else (0, 0)
+    line = {
+        "id": batch_request_id(batch_id, custom_id),
+        "custom_id": custom_id,
+        "response": {"status_code": reply.status_code, "request_id": request_id, "body": reply.body},
+        "error": None,
+    }
+    data = (json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+    return ResultLine(custom_id, data, ok, input_tokens, output_tokens)
+
+
+def usage_tokens(body: dict[str, Any]) -> tuple[int, int]:
+    """(prompt, completion) tokens from an OpenAI body's `usage`; embeddings have no completion tokens."""
+    usage = body.get("usage")
+    if not isinstance(usage, dict):
+        return 0, 0
+    return _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
+
+
+def _int(v: Any) -> int:
+    return v if isinstance(v, int) and not isinstance(v, bool) else 0

@@ -1,0 +1,309 @@
+"""Run a shard: stream its lines through the engine, bounded in flight, checkpoint results, obey stops."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import secrets
+import time
+from collections import deque
+from collections.abc import Iterator
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from gpu_worker.checkpoints import Checkpointer
+from gpu_worker.engines.base import Engine
+from gpu_worker.results import exception_reply, is_fatal, result_line
+from gpu_worker.shard import (
+    PendingLines,
+    PendingRequest,
+    Progress,
+    ShardSpec,
+    done_key,
+    load_shard,
+    read_progress,
+    results_prefix,
+)
+from gpu_worker.watch import read_stop_reason, watch_batch
+from nightbatch.ids import new_request_id
+from nightbatch.settings import Settings
+from nightbatch.storage import BlobStore, Table
+
+log = logging.getLogger("gpu_worker.runner")
+
+GENERATE_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+# Lines read from S3 per thread hop; the read-ahead is bounded by this plus max_in_flight.
+READ_BLOCK = 256
+
+
+class ShardJob(BaseModel):
+    """What one worker container (or the local runner) is asked to run."""
+
+    version: Literal[1] = 1
+    batch_id: str
+    shard_id: str
+
+
+class ShardReport(BaseModel):
+    """One attempt at a shard. inference + idle = the attempt's wall time after the model was loaded;
+    inference is the time with at least one request in the engine."""
+
+    batch_id: str
+    shard_id: str
+    attempt: str = ""
+    lines: int = 0  # lines of the shard seen by this attempt: skipped + done
+    done: int = 0  # results this attempt made durable
+    skipped: int = 0  # finished by earlier attempts
+    completed: int = 0
+    failed: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    checkpoints: int = 0
+    model_load_seconds: float = 0.0
+    inference_seconds: float = 0.0
+    idle_seconds: float = 0.0
+    finished: bool = False  # every line of the shard has a result and `_done.json` is written
+    stopped_reason: str | None = None
+
+
+def with_default_max_tokens(endpoint: str, body: dict[str, Any], default: int) -> dict[str, Any]:
+    """Gives a generation request the configured output cap when it names none (vLLM's own default would be
+    "the rest of the context", which lets one request hold a GPU for minutes)."""
+    if endpoint not in GENERATE_ENDPOINTS or default <= 0:
+        return body
+    if body.get("max_tokens") is not None or body.get("max_completion_tokens") is not None:
+        return body
+    return {**body, "max_tokens": default}
+
+
+async def preflight(job: ShardJob, *, blobs: BlobStore, table: Table) -> str | None:
+    """Why this shard need not run (batch cancelled/expired/terminal, or shard already done), or None."""
+    reason = await read_stop_reason(table, job.batch_id)
+    if reason is not None:
+        return reason
+    if await asyncio.to_thread(blobs.exists, done_key(results_prefix(job.batch_id, job.shard_id))):
+        return "already_done"
+    return None
+
+
+async def run_shard(
+    job: ShardJob, *, engine: Engine, blobs: BlobStore, table: Table, settings: Settings,
+    stop: asyncio.Event | None = None, model_load_seconds: float = 0.0,
+) -> ShardReport:
+    """Runs what is left of a shard on a started engine. Returns when every line has a result (`finished`),
+    or after a stop (batch cancelling/expired/terminal, or `stop` set) once in-flight requests are drained
+    and flushed. Raises when the engine dies or a checkpoint cannot be written, after flushing what it can."""
+    report = ShardReport(batch_id=job.batch_id, shard_id=job.shard_id, model_load_seconds=model_load_seconds)
+    reason = await preflight(job, blobs=blobs, table=table)
+    if reason is not None:
+        report.finished = reason == "already_done"
+        report.stopped_reason = None if report.finished else reason
+        log.info("shard %s/%s not run: %s", job.batch_id, job.shard_id, reason)
+        return report
+    spec = await asyncio.to_thread(load_shard, blobs, job.batch_id, job.shard_id)
+    prefix = results_prefix(job.batch_id, job.shard_id)
+    progress = await asyncio.to_thread(read_progress, blobs, prefix)
+    run = _ShardRun(job, spec, engine, settings, progress, blobs=blobs, table=table, stop=stop)
+    return await run.execute(report)
+
+
+class _ShardRun:
+    """The state of one attempt: in-flight tasks, the stop flag, busy time, counts."""
+
+    def __init__(
+        self, job: ShardJob, spec: ShardSpec, engine: Engine, settings: Settings, progress: Progress, *,
+        blobs: BlobStore, table: Table, stop: asyncio.Event | None,
+    ) -> None:
+        self.job, self.spec, self.engine, self.settings, self.progress = job, spec, engine, settings, progress
+        self.blobs, self.table, self.stop = blobs, table, stop
+        self.attempt = secrets.token_hex(4)
+        self.prefix = results_prefix(job.batch_id, job.shard_id)
+        self.checkpointer = Checkpointer(
+            blobs=blobs, table=table, batch_id=job.batch_id, prefix=self.prefix, attempt=self.attempt,
+            next_seq=progress.next_seq, every_lines=settings.checkpoint_every_lines,
+            every_seconds=settings.checkpoint_every_seconds,
+        )
+        self.pending = PendingLines(blobs, spec, progress.done_ids)
+        self.max_in_flight = max(1, settings.max_in_flight)
+        self.halt = asyncio.Event()
+        self.reason: str | None = None
+        self.fatal: BaseException | None = None
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.cancelled_requests = 0
+        self.busy_since = 0.0
+        self.busy_seconds = 0.0
+        self.completed = self.failed = self.input_tokens = self.output_tokens = 0
+
+    async def execute(self, report: ShardReport) -> ShardReport:
+        started = time.monotonic()
+        log.info(
+            "shard %s/%s attempt %s: %d lines, %d already done in %d checkpoints",
+            self.job.batch_id, self.job.shard_id, self.attempt, self.spec.lines, len(self.progress.done_ids),
+            self.progress.checkpoints,
+        )
+        background = [asyncio.create_task(self._watch_batch()), asyncio.create_task(self._watch_stop())]
+        flusher = self.checkpointer.start()
+        flusher.add_done_callback(self._on_flusher_done)
+        halt_waiter = asyncio.create_task(self.halt.wait())
+        exhausted = False
+        try:
+            exhausted = await self._dispatch(halt_waiter)
+        except Exception as exc:
+            # A segment that cannot be read: finish what is in flight, flush, then fail the attempt.
+            self.fatal = self.fatal or exc
+            self._halt_for("error")
+        await self._drain(halt_waiter)
+        for task in [*background, halt_waiter]:
+            task.cancel()
+        await asyncio.gather(*background, halt_waiter, return_exceptions=True)
+        await self.checkpointer.close()
+        finished = exhausted and self.cancelled_requests == 0 and self.fatal is None
+        elapsed = time.monotonic() - started
+        self._fill(report, finished, elapsed)
+        # Every attempt's GPU time counts toward the batch's cost, finished or not (Spot loss, cancel).
+        await asyncio.to_thread(self._write_accounting, report)
+        if finished:
+            if report.lines != self.spec.lines:
+                log.warning("shard %s/%s: definition says %d lines, segments hold %d", self.job.batch_id,
+                            self.job.shard_id, self.spec.lines, report.lines)
+            await asyncio.to_thread(self._write_done, report)
+        log.info("shard %s/%s attempt %s: %s", self.job.batch_id, self.job.shard_id, self.attempt,
+                 report.model_dump_json())
+        if self.fatal is not None:
+            raise self.fatal
+        return report
+
+    async def _dispatch(self, halt_waiter: asyncio.Task[Any]) -> bool:
+        """Feeds lines to the engine until the shard is exhausted (True) or a stop arrives (False)."""
+        lines: Iterator[PendingRequest] = iter(self.pending)
+        block = max(1, min(READ_BLOCK, self.max_in_flight))
+        ready: deque[PendingRequest] = deque()
+        exhausted = False
+        while not self.halt.is_set():
+            if len(self.tasks) >= self.max_in_flight:
+                await asyncio.wait({*self.tasks, halt_waiter}, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            if not ready:
+                if exhausted:
+                    return True
+                got = await asyncio.to_thread(lambda: list(itertools.islice(lines, block)))
+                exhausted = len(got) < block
+                ready.extend(got)
+                continue
+            self._submit(ready.popleft())
+        return exhausted and not ready
+
+    async def _drain(self, halt_waiter: asyncio.Task[Any]) -> None:
+        while self.tasks and not self.halt.is_set():
+            await asyncio.wait({*self.tasks, halt_waiter}, return_when=asyncio.FIRST_COMPLETED)
+        if not self.tasks:
+            return
+        _, late = await asyncio.wait(set(self.tasks), timeout=self.settings.worker_drain_seconds)
+        for task in late:
+            task.cancel()
+        if late:
+            log.warning("%d requests still running after %.0f s of draining; they will be rerun or reported "
+                        "as not run", len(late), self.settings.worker_drain_seconds)
+            await asyncio.wait(late)
+
+    def _submit(self, request: PendingRequest) -> None:
+        if not self.tasks:
+            self.busy_since = time.monotonic()
+        task = asyncio.create_task(self._run_one(request))
+        self.tasks.add(task)
+        task.add_done_callback(self._on_request_done)
+
+    async def _run_one(self, request: PendingRequest) -> None:
+        request_id = new_request_id()
+        endpoint = self.spec.endpoint
+        body = with_default_max_tokens(endpoint, request.body, self.settings.default_max_tokens)
+        try:
+            reply = await self.engine.handle(endpoint, body, request_id)
+        except Exception as exc:
+            if is_fatal(exc):
+                raise
+            log.warning("request %s (line %d) raised %r; recorded as a 500", request.custom_id, request.n,
+                        exc)
+            reply = exception_reply(exc)
+        line = result_line(self.job.batch_id, request.custom_id, request_id, reply)
+        self.checkpointer.add(line)
+        if line.ok:
+            self.completed += 1
+        else:
+            self.failed += 1
+        self.input_tokens += line.input_tokens
+        self.output_tokens += line.output_tokens
+
+    def _on_request_done(self, task: asyncio.Task[None]) -> None:
+        self.tasks.discard(task)
+        if not self.tasks:
+            self.busy_seconds += time.monotonic() - self.busy_since
+        if task.cancelled():
+            self.cancelled_requests += 1
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("engine failed: %r", exc)
+            self.fatal = self.fatal or exc
+            self._halt_for("engine_failed")
+
+    def _on_flusher_done(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._halt_for("checkpoint_failed")
+
+    def _halt_for(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+            log.info("shard %s/%s stopping: %s", self.job.batch_id, self.job.shard_id, reason)
+        self.halt.set()
+        self.checkpointer.flush_soon()
+
+    async def _watch_batch(self) -> None:
+        reason = await watch_batch(
+            self.table, self.job.batch_id, every=self.settings.worker_poll_seconds, halt=self.halt
+        )
+        if reason:
+            self._halt_for(reason)
+
+    async def _watch_stop(self) -> None:
+        if self.stop is not None:
+            await self.stop.wait()
+            self._halt_for("sigterm")
+
+    def _fill(self, report: ShardReport, finished: bool, elapsed: float) -> None:
+        report.attempt = self.attempt
+        report.done = self.checkpointer.written
+        report.skipped = self.pending.skipped
+        report.lines = report.skipped + report.done
+        report.completed, report.failed = self.completed, self.failed
+        report.input_tokens, report.output_tokens = self.input_tokens, self.output_tokens
+        report.checkpoints = self.checkpointer.objects
+        report.inference_seconds = round(self.busy_seconds, 3)
+        report.idle_seconds = round(max(0.0, elapsed - self.busy_seconds), 3)
+        report.finished = finished
+        report.stopped_reason = None if finished else (self.reason or "error")
+
+    def _write_accounting(self, report: ShardReport) -> None:
+        record = {"attempt": self.attempt, "model_load_seconds": round(report.model_load_seconds, 3),
+                  "inference_seconds": report.inference_seconds, "idle_seconds": report.idle_seconds,
+                  "finished": report.finished}
+        self.blobs.put_bytes(f"{self.prefix}acct-{self.attempt}.json", json.dumps(record).encode(),
+                             content_type="application/json")
+
+    def _write_done(self, report: ShardReport) -> None:
+        marker = {
+            "lines": report.lines,
+            "model_load_seconds": round(report.model_load_seconds, 3),
+            "inference_seconds": report.inference_seconds,
+            "idle_seconds": report.idle_seconds,
+            # Whole-shard totals: this attempt's plus those of the lines earlier attempts finished.
+            "input_tokens": self.progress.input_tokens + report.input_tokens,
+            "output_tokens": self.progress.output_tokens + report.output_tokens,
+            "attempts": len(self.progress.attempts | {self.attempt}),
+        }
+        self.blobs.put_bytes(
+            done_key(self.prefix), json.dumps(marker).encode(), content_type="application/json"
+        )

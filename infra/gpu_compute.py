@@ -1,0 +1,216 @@
+"""GPU compute: a public-subnet VPC, AWS Batch Spot-then-on-demand GPU environments, the worker job definition."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import aws_cdk as cdk
+from aws_cdk import aws_batch as batch
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecr_assets as ecr_assets
+from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_secretsmanager as secretsmanager
+from constructs import Construct
+
+# The host directory the model cache lives in (the instance-store NVMe when the type has one), and where
+# the container sees it. The worker reads the container path from NIGHTBATCH_MODEL_CACHE.
+HOST_CACHE_DIR = "/mnt/nightbatch-cache"
+CONTAINER_CACHE_DIR = "/cache"
+MODEL_CACHE_ENV = "NIGHTBATCH_MODEL_CACHE"
+HF_TOKEN_ENV = "HF_TOKEN"
+
+# What the build context sends to Docker and copies into cdk.out: only what the worker image needs.
+WORKER_IMAGE_EXCLUDE = [
+    ".git", ".venv*", "venv*", "cdk.out", "node_modules", "tests", "bench", "docs", "infra", "app.py",
+    "cdk.json", "cdk.context.json", "**/__pycache__", "**/*.pyc", ".mypy_cache", ".ruff_cache",
+    ".pytest_cache", ".hypothesis", "dist", "build", "*.egg-info", "**/*.gguf", "**/*.safetensors",
+]
+
+
+@dataclass(frozen=True)
+class GpuShape:
+    vcpus: int
+    memory_gib: int
+    gpus: int
+
+
+# Single-GPU types the worker is sized for (one job = one GPU). Multi-GPU types would need tensor parallelism.
+GPU_SHAPES: Mapping[str, GpuShape] = {
+    "g4dn.xlarge": GpuShape(4, 16, 1),
+    "g4dn.2xlarge": GpuShape(8, 32, 1),
+    "g5.xlarge": GpuShape(4, 16, 1),
+    "g5.2xlarge": GpuShape(8, 32, 1),
+    "g5.4xlarge": GpuShape(16, 64, 1),
+    "g6.xlarge": GpuShape(4, 16, 1),
+    "g6.2xlarge": GpuShape(8, 32, 1),
+    "g6.4xlarge": GpuShape(16, 64, 1),
+    "g6e.xlarge": GpuShape(4, 32, 1),
+    "g6e.2xlarge": GpuShape(8, 64, 1),
+}
+# Memory the OS, the ECS agent and the NVIDIA runtime keep for themselves on the host.
+HOST_RESERVED_GIB = 2
+
+# Formats and mounts the first instance-store NVMe as the model cache; without one the cache is on the root EBS.
+_MOUNT_CACHE = f"""set -euo pipefail
+mkdir -p {HOST_CACHE_DIR}
+dev=$(lsblk -dpno NAME,MODEL | awk '/Instance Storage/ {{print $1; exit}}')
+if [ -n "$dev" ] && ! mountpoint -q {HOST_CACHE_DIR}; then
+  mkfs.xfs -f "$dev" && mount -o noatime "$dev" {HOST_CACHE_DIR}
+fi
+chmod 0777 {HOST_CACHE_DIR}"""
+
+
+def job_resources(instance_types: Sequence[str]) -> tuple[int, int]:
+    """vCPUs and memory (GiB) a job may ask for so that it fits every configured instance type."""
+    unknown = [t for t in instance_types if t not in GPU_SHAPES]
+    if unknown:
+        raise ValueError(f"gpuInstanceTypes {unknown} are not single-GPU types nightbatch knows: {sorted(GPU_SHAPES)}")
+    shapes = [GPU_SHAPES[t] for t in instance_types]
+    return min(s.vcpus for s in shapes), min(s.memory_gib for s in shapes) - HOST_RESERVED_GIB
+
+
+class GpuCompute(Construct):
+    """VPC (public subnets, no NAT), Batch compute environments and queue, the worker image and job definition."""
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        repo_root: Path,
+        instance_types: Sequence[str],
+        max_gpus: int,
+        spot: bool,
+        on_demand: bool,
+        root_volume_gib: int,
+        runnable_timeout: cdk.Duration,
+        job_timeout: cdk.Duration,
+        environment: Mapping[str, str],
+        hf_token_secret_name: str | None,
+        log_retention: logs.RetentionDays,
+    ) -> None:
+        super().__init__(scope, id)
+        job_vcpus, job_memory_gib = job_resources(instance_types)
+
+        # Public subnets only: GPU hosts pull images and weights directly, and an idle VPC costs nothing.
+        self.vpc = ec2.Vpc(
+            self, "Vpc", max_azs=3, nat_gateways=0,
+            subnet_configuration=[ec2.SubnetConfiguration(name="public", subnet_type=ec2.SubnetType.PUBLIC,
+                                                          cidr_mask=20)],
+        )
+        self.flow_logs = logs.LogGroup(self, "FlowLogs", retention=log_retention,
+                                       removal_policy=cdk.RemovalPolicy.DESTROY)
+        self.vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(self.flow_logs),
+                              traffic_type=ec2.FlowLogTrafficType.REJECT)
+
+        user_data = ec2.UserData.for_linux()
+        user_data.add_commands(_MOUNT_CACHE)
+        multipart = ec2.MultipartUserData()  # Batch accepts launch-template user data only in MIME form
+        multipart.add_part(ec2.MultipartBody.from_user_data(user_data))
+        self.launch_template = ec2.LaunchTemplate(
+            self, "HostTemplate",
+            user_data=multipart,
+            require_imdsv2=True,
+            block_devices=[ec2.BlockDevice(
+                device_name="/dev/xvda",
+                volume=ec2.BlockDeviceVolume.ebs(root_volume_gib, volume_type=ec2.EbsDeviceVolumeType.GP3,
+                                                 encrypted=True, delete_on_termination=True),
+            )],
+        )
+
+        max_vcpus = max_gpus * max(GPU_SHAPES[t].vcpus for t in instance_types)
+        common = dict(
+            vpc=self.vpc,
+            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),
+            instance_types=[ec2.InstanceType(t) for t in instance_types],
+            use_optimal_instance_classes=False,
+            images=[batch.EcsMachineImage(image_type=batch.EcsMachineImageType.ECS_AL2023_NVIDIA)],
+            minv_cpus=0,  # idle costs nothing
+            maxv_cpus=max_vcpus,
+            launch_template=self.launch_template,
+            update_to_latest_image_version=True,
+        )
+        self.compute_environments: list[batch.ManagedEc2EcsComputeEnvironment] = []
+        if spot:
+            self.compute_environments.append(batch.ManagedEc2EcsComputeEnvironment(
+                self, "Spot", spot=True, allocation_strategy=batch.AllocationStrategy.SPOT_PRICE_CAPACITY_OPTIMIZED,
+                **common,
+            ))
+        if on_demand:
+            self.compute_environments.append(batch.ManagedEc2EcsComputeEnvironment(
+                self, "OnDemand", spot=False, allocation_strategy=batch.AllocationStrategy.BEST_FIT_PROGRESSIVE,
+                **common,
+            ))
+
+        # Jobs that can never be placed (no capacity, or a misconfiguration) end instead of waiting forever;
+        # the state machine's retry and catch then turn the shard into `shard_failed` lines.
+        self.queue = batch.JobQueue(
+            self, "Queue",
+            compute_environments=[
+                batch.OrderedComputeEnvironment(compute_environment=ce, order=order)
+                for order, ce in enumerate(self.compute_environments, start=1)
+            ],
+            job_state_time_limit_actions=[
+                batch.JobStateTimeLimitAction(
+                    max_time=runnable_timeout,
+                    reason=batch.JobStateTimeLimitActionsReason.INSUFFICIENT_INSTANCE_CAPACITY,
+                ),
+                batch.JobStateTimeLimitAction(
+                    max_time=cdk.Duration.minutes(10),
+                    reason=batch.JobStateTimeLimitActionsReason.COMPUTE_ENVIRONMENT_MAX_RESOURCE),
+                batch.JobStateTimeLimitAction(
+                    max_time=cdk.Duration.minutes(10),
+                    reason=batch.JobStateTimeLimitActionsReason.JOB_RESOURCE_REQUIREMENT),
+            ],
+        )
+
+        self.image = ecr_assets.DockerImageAsset(
+            self, "WorkerImage",
+            directory=str(repo_root),
+            file="gpu_worker/Dockerfile",
+            platform=ecr_assets.Platform.LINUX_AMD64,
+            exclude=WORKER_IMAGE_EXCLUDE,
+        )
+        self.log_group = logs.LogGroup(self, "WorkerLogs", retention=log_retention,
+                                       removal_policy=cdk.RemovalPolicy.DESTROY)
+        self.job_role = iam.Role(self, "JobRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
+                                 description="nightbatch GPU worker: its batch's objects and items only")
+        secrets: dict[str, batch.Secret] = {}
+        self.hf_token_secret: secretsmanager.ISecret | None = None
+        if hf_token_secret_name:
+            self.hf_token_secret = secretsmanager.Secret.from_secret_name_v2(self, "HfToken", hf_token_secret_name)
+            # Injected by ECS from Secrets Manager; huggingface_hub reads HF_TOKEN itself.
+            secrets[HF_TOKEN_ENV] = batch.Secret.from_secrets_manager(self.hf_token_secret)
+
+        self.container = batch.EcsEc2ContainerDefinition(
+            self, "Worker",
+            image=ecs.ContainerImage.from_docker_image_asset(self.image),
+            cpu=job_vcpus,
+            memory=cdk.Size.gibibytes(job_memory_gib),
+            gpu=1,
+            job_role=self.job_role,
+            environment={**environment, MODEL_CACHE_ENV: f"{CONTAINER_CACHE_DIR}/models"},
+            secrets=secrets or None,
+            volumes=[batch.EcsVolume.host(name="model-cache", host_path=HOST_CACHE_DIR,
+                                          container_path=CONTAINER_CACHE_DIR)],
+            linux_parameters=batch.LinuxParameters(self, "Linux", shared_memory_size=cdk.Size.gibibytes(2),
+                                                   init_process_enabled=True),
+            logging=ecs.LogDriver.aws_logs(stream_prefix="worker", log_group=self.log_group),
+        )
+        self.job_definition = batch.EcsJobDefinition(
+            self, "Job",
+            container=self.container,
+            propagate_tags=True,
+            timeout=job_timeout,
+            retry_attempts=3,
+            # First retry layer (ARCHITECTURE decision 3): a reclaimed Spot host reruns the job, anything else
+            # ends it and lets the state machine decide.
+            retry_strategies=[
+                batch.RetryStrategy.of(batch.Action.RETRY, batch.Reason.SPOT_INSTANCE_RECLAIMED),
+                batch.RetryStrategy.of(batch.Action.EXIT, batch.Reason.custom(on_reason="*")),
+            ],
+        )

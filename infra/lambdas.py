@@ -1,0 +1,60 @@
+"""The one helper that builds every nightbatch Lambda: same bundle, runtime, arch, logging; a role of its own."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from infra.bundling import ARCHITECTURE, RUNTIME
+
+
+class LambdaFunction(Construct):
+    """A Lambda whose role holds no managed policy: it may write its own log group and nothing else until granted.
+
+    Avoiding AWSLambdaBasicExecutionRole keeps every permission in the template and scoped (cdk-nag IAM4).
+    """
+
+    def __init__(
+        self,
+        scope: Construct,
+        id: str,
+        *,
+        code: lambda_.Code,
+        handler: str,
+        description: str,
+        environment: Mapping[str, str],
+        timeout: cdk.Duration,
+        memory_mb: int = 1024,
+        log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
+    ) -> None:
+        super().__init__(scope, id)
+        self.log_group = logs.LogGroup(
+            self, "Logs", retention=log_retention, removal_policy=cdk.RemovalPolicy.DESTROY
+        )
+        self.role = iam.Role(
+            self, "Role", assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"), description=description
+        )
+        self.role.add_to_policy(iam.PolicyStatement(
+            actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+            resources=[self.log_group.log_group_arn],
+        ))
+        self.function = lambda_.Function(
+            self,
+            "Function",
+            code=code,
+            handler=handler,
+            runtime=RUNTIME,
+            architecture=ARCHITECTURE,
+            description=description,
+            environment=dict(environment),
+            timeout=timeout,
+            memory_size=memory_mb,
+            role=self.role,
+            log_group=self.log_group,
+            logging_format=lambda_.LoggingFormat.JSON,
+        )

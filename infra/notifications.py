@@ -1,0 +1,74 @@
+"""Notifications: the SNS topic (batch events and operator alarms), webhook delivery queues, SES sending setup."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_ses as ses
+from aws_cdk import aws_sns as sns
+from aws_cdk import aws_sns_subscriptions as subscriptions
+from aws_cdk import aws_sqs as sqs
+from constructs import Construct
+
+# A webhook delivery attempt gets this long before the message becomes visible again for a retry.
+WEBHOOK_VISIBILITY = cdk.Duration.minutes(6)
+WEBHOOK_MAX_RECEIVES = 8
+
+
+class Notifications(Construct):
+    """SNS topic encrypted with its own key, SQS webhook queue + DLQ, optional SES identity + configuration set."""
+
+    def __init__(self, scope: Construct, id: str, *, sender_email: str, alarm_email: str) -> None:
+        super().__init__(scope, id)
+        # A customer managed key, because CloudWatch alarms cannot publish to a topic under aws/sns.
+        self.key = kms.Key(
+            self, "TopicKey", enable_key_rotation=True, description="nightbatch notification topic",
+            removal_policy=cdk.RemovalPolicy.DESTROY,
+        )
+        self.key.grant(iam.ServicePrincipal("cloudwatch.amazonaws.com"), "kms:Decrypt", "kms:GenerateDataKey")
+        self.topic = sns.Topic(self, "Topic", master_key=self.key, enforce_ssl=True)
+        if alarm_email:
+            self.topic.add_subscription(subscriptions.EmailSubscription(alarm_email))
+
+        self.webhook_dlq = sqs.Queue(
+            self, "WebhookDlq", encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True,
+            retention_period=cdk.Duration.days(14),
+        )
+        self.webhook_queue = sqs.Queue(
+            self,
+            "WebhookQueue",
+            encryption=sqs.QueueEncryption.SQS_MANAGED,
+            enforce_ssl=True,
+            visibility_timeout=WEBHOOK_VISIBILITY,
+            retention_period=cdk.Duration.days(4),
+            dead_letter_queue=sqs.DeadLetterQueue(queue=self.webhook_dlq, max_receive_count=WEBHOOK_MAX_RECEIVES),
+        )
+
+        self.configuration_set: ses.ConfigurationSet | None = None
+        self.email_identity: ses.EmailIdentity | None = None
+        self.sender_email = sender_email
+        if sender_email:
+            self.configuration_set = ses.ConfigurationSet(
+                self, "EmailConfig", reputation_metrics=True,
+                suppression_reasons=ses.SuppressionReasons.BOUNCES_AND_COMPLAINTS,
+            )
+            # An address identity: SES mails a verification link to it after deploy (see docs/DEPLOY.md).
+            self.email_identity = ses.EmailIdentity(
+                self, "Sender", identity=ses.Identity.email(sender_email), configuration_set=self.configuration_set
+            )
+
+    def grant_send_email(self, grantee: iam.IGrantable) -> None:
+        if self.email_identity is None or self.configuration_set is None:
+            return
+        stack = cdk.Stack.of(self)
+        config_set_arn = stack.format_arn(
+            service="ses", resource="configuration-set",
+            resource_name=self.configuration_set.configuration_set_name,
+        )
+        identity_arn = stack.format_arn(
+            service="ses", resource="identity", resource_name=self.email_identity.email_identity_name,
+        )
+        grantee.grant_principal.add_to_principal_policy(iam.PolicyStatement(
+            actions=["ses:SendEmail", "ses:SendRawEmail"], resources=[identity_arn, config_set_arn],
+        ))

@@ -1,0 +1,210 @@
+"""The nightbatch stack: builds each concern's construct, then does the wiring and the scoped grants."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import aws_cdk as cdk
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_secretsmanager as secretsmanager
+from constructs import Construct
+
+from infra import nag
+from infra.api import Api
+from infra.bundling import lambda_code
+from infra.config import DeployConfig
+from infra.environment import settings_environment
+from infra.gpu_compute import GpuCompute
+from infra.notifications import Notifications
+from infra.observability import Observability
+from infra.orchestration import Orchestration
+from infra.storage import BATCHES_PREFIX, FILES_PREFIX, UPLOADS_PREFIX, Storage
+
+_READ = ("s3:GetObject",)
+_WRITE = ("s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts")
+_TABLE_RW = (
+    "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query", "dynamodb:ConditionCheckItem",
+    "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem",
+)
+# Batch's read APIs have no resource-level permissions: AWS requires "*" for them.
+_BATCH_READ = ("batch:ListJobs", "batch:DescribeJobs", "batch:DescribeJobQueues", "batch:DescribeComputeEnvironments")
+
+
+def _retention(days: int) -> logs.RetentionDays:
+    return next((r for r in logs.RetentionDays if r.value == days), logs.RetentionDays.ONE_MONTH)
+
+
+class NightbatchStack(cdk.Stack):
+    """API Gateway → API Lambda; S3 + DynamoDB; Step Functions per batch → AWS Batch GPU workers."""
+
+    def __init__(self, scope: Construct, id: str, *, config: DeployConfig, repo_root: Path, **kwargs: Any) -> None:
+        super().__init__(scope, id, description=f"nightbatch ({config.stage}): OpenAI-compatible Batch API",
+                         **kwargs)
+        self.config = config
+        retention = _retention(config.log_retention_days)
+        removal = cdk.RemovalPolicy.RETAIN if config.retain_data else cdk.RemovalPolicy.DESTROY
+
+        self.storage = Storage(self, "Storage", removal_policy=removal)
+        bucket, table = self.storage.bucket, self.storage.table
+        self.notifications = Notifications(
+            self, "Notifications", sender_email=config.notifications.sender_email,
+            alarm_email=config.notifications.alarm_email,
+        )
+        runtime = settings_environment({
+            "mode": "aws",
+            "region": self.region,
+            "bucket": bucket.bucket_name,
+            "table": table.table_name,
+            "models_json": config.models_json,
+            "max_gpus": config.max_gpus,
+            # Cost estimates (batch.nightbatch.cost): the preferred type and capacity; the job definition is
+            # shared by both compute environments, so a job cannot be told which one placed it.
+            "instance_type": config.gpu_instance_types[0],
+            "capacity": "spot" if config.capacity.spot else "on-demand",
+            "gpus_per_instance": 1,
+            **config.limits,
+        })
+
+        self.gpu = GpuCompute(
+            self, "Gpu",
+            repo_root=repo_root,
+            instance_types=config.gpu_instance_types,
+            max_gpus=config.max_gpus,
+            spot=config.capacity.spot,
+            on_demand=config.capacity.on_demand,
+            root_volume_gib=config.worker_volume_gib,
+            runnable_timeout=cdk.Duration.minutes(config.runnable_timeout_minutes),
+            job_timeout=cdk.Duration.hours(config.max_window_hours),
+            environment=runtime,
+            hf_token_secret_name=config.hf_token_secret,
+            log_retention=retention,
+        )
+
+        code = lambda_code(repo_root)
+        notify_env: dict[str, Any] = {
+            "topic_arn": self.notifications.topic.topic_arn,
+            "webhook_queue_url": self.notifications.webhook_queue.queue_url,
+            "email_allowed_domains": ",".join(config.notifications.allowed_domains),
+        }
+        if self.notifications.configuration_set is not None:
+            notify_env["email_sender"] = config.notifications.sender_email
+            notify_env["email_configuration_set"] = self.notifications.configuration_set.configuration_set_name
+        self.orchestration = Orchestration(
+            self, "Orchestration",
+            code=code,
+            environment=runtime,
+            task_environment={"notify": settings_environment(notify_env)},
+            sweeper_environment=settings_environment({"job_queue": self.gpu.queue.job_queue_arn}),
+            bucket=bucket,
+            job_queue=self.gpu.queue,
+            job_definition=self.gpu.job_definition,
+            max_concurrency=config.max_gpus,
+            shard_retry_attempts=config.shard_retry.max_attempts,
+            shard_retry_interval=cdk.Duration.seconds(config.shard_retry.interval_seconds),
+            shard_retry_backoff=config.shard_retry.backoff_rate,
+            execution_timeout=cdk.Duration.hours(config.max_window_hours + config.finalize_margin_hours),
+            log_retention=retention,
+        )
+        state_machine = self.orchestration.state_machine
+
+        self.api_keys = secretsmanager.Secret(
+            self, "ApiKeys",
+            description="nightbatch API keys (comma-separated); clients send one as the Bearer token",
+            generate_secret_string=secretsmanager.SecretStringGenerator(exclude_punctuation=True, password_length=48),
+            removal_policy=cdk.RemovalPolicy.DESTROY,
+        )
+        self.api = Api(
+            self, "Api",
+            code=code,
+            environment={**runtime, **settings_environment({
+                "state_machine_arn": state_machine.state_machine_arn,
+                "api_keys_secret": self.api_keys.secret_arn,
+            })},
+            memory_mb=config.api.memory_mb,
+            rate_limit=config.api.rate_limit,
+            burst_limit=config.api.burst_limit,
+            log_retention=retention,
+        )
+
+        # Grants: each principal gets its prefixes, the table, and the one thing it drives.
+        tasks = self.orchestration.tasks
+        sweeper = self.orchestration.sweeper
+        api_role = self.api.handler.role
+        self.grant_objects(api_role, (FILES_PREFIX, BATCHES_PREFIX, UPLOADS_PREFIX), write=True)
+        for name in ("validate", "plan", "finalize"):
+            self.grant_objects(tasks[name].role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
+        self.grant_objects(sweeper.role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
+        self.grant_objects(self.gpu.job_role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
+        for principal in (api_role, sweeper.role, self.gpu.job_role, *(t.role for t in tasks.values())):
+            self.grant_table(principal)
+        state_machine.grant_start_execution(api_role)
+        self.api_keys.grant_read(api_role)
+        self.notifications.topic.grant_publish(tasks["notify"].role)
+        self.notifications.webhook_queue.grant_send_messages(tasks["notify"].role)
+        self.notifications.grant_send_email(tasks["notify"].role)
+        sweeper.role.add_to_policy(iam.PolicyStatement(actions=list(_BATCH_READ), resources=["*"]))
+        sweeper.role.add_to_policy(iam.PolicyStatement(
+            actions=["batch:CancelJob", "batch:TerminateJob"],
+            resources=[self.format_arn(service="batch", resource="job", resource_name="*")],
+        ))
+        for model in config.models:
+            if model.spec.source.startswith("s3://"):
+                self.grant_model_weights(model.spec.source)
+
+        functions = {name: t.function for name, t in tasks.items()}
+        functions.update(sweep=sweeper.function, api=self.api.handler.function)
+        self.observability = Observability(
+            self, "Observability",
+            topic=self.notifications.topic,
+            http_api=self.api.http_api,
+            functions=functions,
+            state_machine=state_machine,
+            webhook_dlq=self.notifications.webhook_dlq,
+            stuck_batch_minutes=config.alarms.stuck_batch_minutes,
+            runnable_minutes=config.alarms.runnable_minutes,
+            shard_attempts=config.alarms.shard_attempts,
+        )
+
+        cdk.CfnOutput(self, "ApiUrl", value=f"{self.api.url}v1", description="OpenAI base_url")
+        cdk.CfnOutput(self, "ApiKeysSecret", value=self.api_keys.secret_arn,
+                      description="aws secretsmanager get-secret-value --secret-id <this> --query SecretString")
+        cdk.CfnOutput(self, "BucketName", value=bucket.bucket_name)
+        cdk.CfnOutput(self, "TableName", value=table.table_name)
+        cdk.CfnOutput(self, "StateMachineArn", value=state_machine.state_machine_arn)
+        cdk.CfnOutput(self, "JobQueueArn", value=self.gpu.queue.job_queue_arn)
+        cdk.CfnOutput(self, "TopicArn", value=self.notifications.topic.topic_arn)
+        cdk.CfnOutput(self, "DashboardName", value=self.observability.dashboard.dashboard_name)
+
+        nag.acknowledge(self)
+
+    def grant_objects(self, role: iam.IRole, prefixes: Sequence[str], *, write: bool) -> None:
+        bucket = self.storage.bucket
+        actions = [*_READ, *(_WRITE if write else ())]
+        role.add_to_principal_policy(iam.PolicyStatement(
+            actions=actions, resources=[bucket.arn_for_objects(f"{p}*") for p in prefixes],
+        ))
+        # ListBucket turns a missing key into 404 rather than 403 on GetObject/HeadObject.
+        role.add_to_principal_policy(iam.PolicyStatement(actions=["s3:ListBucket"], resources=[bucket.bucket_arn]))
+
+    def grant_table(self, role: iam.IRole) -> None:
+        table = self.storage.table
+        role.add_to_principal_policy(iam.PolicyStatement(
+            actions=list(_TABLE_RW),
+            resources=[table.table_arn, *(f"{table.table_arn}/index/{i}" for i in self.storage.index_names)],
+        ))
+
+    def grant_model_weights(self, source: str) -> None:
+        bucket_name, _, prefix = source.removeprefix("s3://").partition("/")
+        objects = f"arn:{self.partition}:s3:::{bucket_name}/{prefix}*"
+        role = self.gpu.job_role
+        role.add_to_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[objects]))
+        role.add_to_policy(iam.PolicyStatement(
+            actions=["s3:ListBucket"], resources=[f"arn:{self.partition}:s3:::{bucket_name}"],
+            conditions={"StringLike": {"s3:prefix": [f"{prefix}*"]}},
+        ))
+        nag.acknowledge_iam5(self, f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}*",
+                             "Model weights are read from the configured S3 prefix; the worker lists and reads "
+                             "every object under it.")

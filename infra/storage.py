@@ -1,0 +1,75 @@
+"""Storage: the one data bucket and the one DynamoDB table (ARCHITECTURE decisions 1 and 11)."""
+
+from __future__ import annotations
+
+import aws_cdk as cdk
+from aws_cdk import aws_dynamodb as dynamodb
+from aws_cdk import aws_s3 as s3
+from constructs import Construct
+
+# Key prefixes the core writes under; IAM grants are scoped to them.
+FILES_PREFIX = "files/"
+BATCHES_PREFIX = "batches/"
+UPLOADS_PREFIX = "uploads/"
+PREFIXES = (FILES_PREFIX, BATCHES_PREFIX, UPLOADS_PREFIX)
+
+# Files expire after 30 days by default (decision 11); the extra day lets the TTL delete metadata first.
+OBJECT_EXPIRY_DAYS = 31
+
+
+class Storage(Construct):
+    """Private, encrypted, TLS-only bucket with expiry lifecycle; on-demand table with PITR, TTL and two GSIs."""
+
+    def __init__(self, scope: Construct, id: str, *, removal_policy: cdk.RemovalPolicy) -> None:
+        super().__init__(scope, id)
+        self.bucket = s3.Bucket(
+            self,
+            "Data",
+            encryption=s3.BucketEncryption.S3_MANAGED,
+            block_public_access=s3.BlockPublicAccess.BLOCK_ALL,
+            enforce_ssl=True,
+            object_ownership=s3.ObjectOwnership.BUCKET_OWNER_ENFORCED,
+            versioned=False,
+            removal_policy=removal_policy,
+            auto_delete_objects=False,
+            lifecycle_rules=[
+                *(
+                    s3.LifecycleRule(
+                        id=f"expire-{prefix.rstrip('/')}",
+                        prefix=prefix,
+                        expiration=cdk.Duration.days(OBJECT_EXPIRY_DAYS),
+                    )
+                    for prefix in (FILES_PREFIX, BATCHES_PREFIX)
+                ),
+                s3.LifecycleRule(
+                    id="abort-incomplete-multipart",
+                    abort_incomplete_multipart_upload_after=cdk.Duration.days(1),
+                ),
+            ],
+        )
+        self.table = dynamodb.TableV2(
+            self,
+            "Table",
+            partition_key=dynamodb.Attribute(name="pk", type=dynamodb.AttributeType.STRING),
+            billing=dynamodb.Billing.on_demand(),
+            point_in_time_recovery_specification=dynamodb.PointInTimeRecoverySpecification(
+                point_in_time_recovery_enabled=True
+            ),
+            time_to_live_attribute="ttl",
+            removal_policy=removal_policy,
+            global_secondary_indexes=[
+                dynamodb.GlobalSecondaryIndexPropsV2(
+                    index_name="by_owner",
+                    partition_key=dynamodb.Attribute(name="owner", type=dynamodb.AttributeType.STRING),
+                    sort_key=dynamodb.Attribute(name="owner_sk", type=dynamodb.AttributeType.STRING),
+                ),
+                # Sparse: only open batches carry `open_status`, so the sweeper reads just those.
+                dynamodb.GlobalSecondaryIndexPropsV2(
+                    index_name="by_status",
+                    partition_key=dynamodb.Attribute(name="open_status", type=dynamodb.AttributeType.STRING),
+                    sort_key=dynamodb.Attribute(name="created_sk", type=dynamodb.AttributeType.STRING),
+                    projection_type=dynamodb.ProjectionType.KEYS_ONLY,
+                ),
+            ],
+        )
+        self.index_names = ("by_owner", "by_status")

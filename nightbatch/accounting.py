@@ -1,0 +1,70 @@
+"""What a batch cost: GPU-seconds from the shards' own records, priced by the configured instance."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from nightbatch.settings import Settings
+from nightbatch.storage import BlobStore
+
+# USD per instance-hour, us-east-1 (../shared/reference/perf-cost-anchors.md §3; prices drift — override with
+# NIGHTBATCH_INSTANCE_PRICE_PER_HOUR). Spot figures are typical, not guaranteed.
+PRICES: dict[str, dict[str, float]] = {
+    # instance: on-demand list $/h and a mid-range us-east-1 Spot snapshot $/h (§3a).
+    "g5.xlarge": {"on-demand": 1.006, "spot": 0.40},
+    "g6.xlarge": {"on-demand": 0.8048, "spot": 0.40},
+    "g6e.xlarge": {"on-demand": 1.861, "spot": 0.79},
+    "g6e.12xlarge": {"on-demand": 10.493, "spot": 4.72},  # 4x g6e.xlarge-class L40S; spot scaled (est)
+    "p5.48xlarge": {"on-demand": 55.04, "spot": 28.0},  # post-Jun-2025 ~55 (est); spot 20.99-30.33
+    "p5e.48xlarge": {"on-demand": 43.26, "spot": 15.5},  # Capacity Blocks price; spot us-east-2
+    "p5en.48xlarge": {"on-demand": 63.296, "spot": 27.2},
+    "cpu-local": {"on-demand": 0.0, "spot": 0.0},
+}
+
+
+@dataclass
+class ShardTime:
+    model_load_seconds: float = 0.0
+    inference_seconds: float = 0.0
+    idle_seconds: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.model_load_seconds + self.inference_seconds + self.idle_seconds
+
+
+def price_per_gpu_second(settings: Settings) -> float:
+    hourly = settings.instance_price_per_hour or PRICES.get(settings.instance_type, {}).get(settings.capacity, 0.0)
+    return hourly / 3600.0 / max(1, settings.gpus_per_instance)
+
+
+def collect_shard_times(blobs: BlobStore, results_prefixes: list[str]) -> ShardTime:
+    """Sums every attempt's record (`acct-<attempt>.json`), so time lost to Spot interruptions is counted too."""
+    t = ShardTime()
+    for prefix in results_prefixes:
+        for key in blobs.list_keys(prefix):
+            if not key.rsplit("/", 1)[-1].startswith("acct-"):
+                continue
+            rec = json.loads(blobs.get_bytes(key) or b"{}")
+            t.model_load_seconds += float(rec.get("model_load_seconds", 0.0))
+            t.inference_seconds += float(rec.get("inference_seconds", 0.0))
+            t.idle_seconds += float(rec.get("idle_seconds", 0.0))
+    return t
+
+
+def cost_summary(settings: Settings, times: ShardTime, total_tokens: int, output_tokens: int) -> dict[str, Any]:
+    gpu_seconds = times.total
+    cost = gpu_seconds * price_per_gpu_second(settings)
+    return {
+        "gpu_seconds": round(gpu_seconds, 3),
+        "model_load_seconds": round(times.model_load_seconds, 3),
+        "load_share": round(times.model_load_seconds / gpu_seconds, 4) if gpu_seconds else 0.0,
+        "instance_type": settings.instance_type,
+        "capacity": settings.capacity,
+        "estimated_cost_usd": round(cost, 6),
+        "usd_per_1m_tokens": round(cost / total_tokens * 1e6, 6) if total_tokens else None,
+        "usd_per_1m_output_tokens": round(cost / output_tokens * 1e6, 6) if output_tokens else None,
+        "estimate": True,
+    }

@@ -1,0 +1,48 @@
+"""Where a file's bytes are served from: inline through the API, or a 307 to a short-lived pre-signed S3 URL.
+
+A Lambda response carries ~4 MiB of raw bytes (`max_inline_download_bytes`); past that the client goes
+to S3.
+HTTP clients drop the Authorization header on a cross-origin redirect (httpx, which the OpenAI SDK uses, and
+`requests` both do), so the API key never reaches S3.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from nightbatch.errors import ConflictError, InvalidRequestError
+from nightbatch.settings import Settings
+from nightbatch.storage import BlobStore
+
+# The SDK honours Retry-After up to 120 s; composing a few hundred MB takes seconds.
+ASSEMBLING_RETRY_AFTER_SECONDS = 5
+
+
+@dataclass(frozen=True)
+class Redirect:
+    url: str
+
+
+def locate(settings: Settings, blobs: BlobStore, item: dict[str, Any]) -> Redirect | None:
+    """None: send the bytes inline (streamed, through the upload's parts if it has not been composed yet)."""
+    if item.get("status") == "error":
+        details = item.get("status_details") or "it failed its checks."
+        raise InvalidRequestError(
+            f"File {item['pk']} cannot be downloaded: {details}",
+            param="file_id", code="file_unusable",
+        )
+    limit = settings.max_inline_download_bytes
+    if limit <= 0 or item["bytes"] <= limit:
+        return None
+    if item.get("parts"):
+        if settings.mode == "local":
+            return None  # no response-size limit in front of the local stack: stream through the parts
+        raise ConflictError(
+            f"File {item['pk']} is being assembled from its upload parts; retry in a few seconds.",
+            retry=True, code="file_not_ready",
+            headers={"retry-after": str(ASSEMBLING_RETRY_AFTER_SECONDS)},
+        )
+    return Redirect(blobs.presign_get(
+        str(item["s3_key"]), expires=settings.presigned_url_seconds, filename=str(item["filename"]),
+    ))

@@ -1,0 +1,151 @@
+"""The OpenAI SDK drives real batches through `nightbatch local` on the real CPU engines."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from typing import Any
+
+import httpx
+import pytest
+from openai import OpenAI
+from openai.types import Batch
+
+from nightbatch.wire import BatchRequestOutput
+from tests.e2e.conftest import LocalStack
+
+pytestmark = pytest.mark.e2e
+CHAT = "SmolLM2-135M-Instruct"
+EMBED = "all-MiniLM-L6-v2"
+TERMINAL = {"completed", "failed", "expired", "cancelled"}
+
+
+def submit(client: OpenAI, lines: list[dict[str, Any]], endpoint: str, window: str = "24h") -> Batch:
+    data = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+    f = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
+    return client.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window=window)  # type: ignore[arg-type]
+
+
+def wait(client: OpenAI, batch_id: str, *, until: set[str] = TERMINAL, timeout: float = 600) -> Batch:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        b = client.batches.retrieve(batch_id)
+        if b.status in until:
+            return b
+        time.sleep(1)
+    raise AssertionError(f"batch {batch_id} still {b.status} after {timeout} s")
+
+
+def lines_of(client: OpenAI, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    rows = [json.loads(x) for x in client.files.content(file_id).text.splitlines()]
+    for row in rows:
+        BatchRequestOutput.model_validate(row)  # every line re-parsed with the output-line model
+    return rows
+
+
+def chat(i: int, content: str, **body: Any) -> dict[str, Any]:
+    return {"custom_id": f"chat-{i}", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": CHAT, "messages": [{"role": "user", "content": content}], "temperature": 0, **body}}
+
+
+def assert_one_line_per_input(batch: Batch, ok: list[dict[str, Any]], bad: list[dict[str, Any]], n: int) -> None:
+    ids = [r["custom_id"] for r in ok + bad]
+    assert len(ids) == len(set(ids)) == n
+    assert batch.request_counts is not None
+    assert (batch.request_counts.total, batch.request_counts.completed, batch.request_counts.failed) == (
+        n, len(ok), len(bad))
+
+
+def test_chat_batch_completes_with_real_model_output(local_stack: LocalStack) -> None:
+    client = local_stack.client()
+    lines = [chat(i, f"Name a colour. Number {i}.", max_tokens=12) for i in range(10)]
+    # Longer than the model's context: vLLM's serving layer rejects it; the line lands in the error file.
+    lines.append(chat(99, "word " * 3000, max_tokens=8))
+    batch = wait(client, submit(client, lines, "/v1/chat/completions").id)
+    assert batch.status == "completed", batch
+    ok, bad = lines_of(client, batch.output_file_id), lines_of(client, batch.error_file_id)
+    assert_one_line_per_input(batch, ok, bad, 11)
+    assert [r["custom_id"] for r in bad] == ["chat-99"]
+    assert bad[0]["response"]["status_code"] == 400 and bad[0]["response"]["body"]["error"]["message"]
+    for r in ok:
+        body = r["response"]["body"]
+        assert r["response"]["status_code"] == 200 and body["object"] == "chat.completion"
+        assert body["model"] == CHAT and body["choices"][0]["message"]["content"].strip()
+        assert 0 < body["usage"]["completion_tokens"] <= 12
+    assert batch.usage is not None
+    assert batch.usage.output_tokens == sum(r["response"]["body"]["usage"]["completion_tokens"] for r in ok)
+    assert batch.model == CHAT and batch.completed_at and batch.in_progress_at
+
+
+def test_completions_batch(local_stack: LocalStack) -> None:
+    client = local_stack.client()
+    lines = [{"custom_id": f"c{i}", "method": "POST", "url": "/v1/completions",
+              "body": {"model": CHAT, "prompt": f"The number {i} is", "max_tokens": 8}} for i in range(5)]
+    batch = wait(client, submit(client, lines, "/v1/completions").id)
+    ok = lines_of(client, batch.output_file_id)
+    assert batch.status == "completed" and batch.error_file_id is None
+    assert_one_line_per_input(batch, ok, [], 5)
+    assert all(r["response"]["body"]["object"] == "text_completion" for r in ok)
+
+
+def test_embeddings_batch(local_stack: LocalStack) -> None:
+    client = local_stack.client()
+    lines = [{"custom_id": f"e{i}", "method": "POST", "url": "/v1/embeddings",
+              "body": {"model": EMBED, "input": [f"sentence {i}", "another one"]}} for i in range(6)]
+    batch = wait(client, submit(client, lines, "/v1/embeddings").id)
+    ok = lines_of(client, batch.output_file_id)
+    assert batch.status == "completed"
+    assert_one_line_per_input(batch, ok, [], 6)
+    for r in ok:
+        data = r["response"]["body"]["data"]
+        assert len(data) == 2 and len(data[0]["embedding"]) == 384
+
+
+def test_cancel_mid_run_keeps_partial_results(local_stack: LocalStack) -> None:
+    client = local_stack.client()
+    n = 40
+    lines = [chat(i, f"Write a long story about the number {i}.", max_tokens=200) for i in range(n)]
+    batch = submit(client, lines, "/v1/chat/completions")
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        b = client.batches.retrieve(batch.id)
+        if b.request_counts and b.request_counts.completed >= 1:
+            break
+        time.sleep(0.5)
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
+    done = wait(client, batch.id)
+    assert done.status == "cancelled" and done.cancelled_at
+    ok, bad = lines_of(client, done.output_file_id), lines_of(client, done.error_file_id)
+    assert_one_line_per_input(done, ok, bad, n)
+    assert ok, "requests finished before the cancel are kept"
+    assert {r["error"]["code"] for r in bad if r["response"] is None} == {"batch_cancelled"}
+
+
+def test_expiry_with_a_short_hour(local_stack: LocalStack) -> None:
+    client = local_stack.client()
+    n = 40
+    lines = [chat(i, f"Write a long essay about topic {i}.", max_tokens=256) for i in range(n)]
+    batch = submit(client, lines, "/v1/chat/completions", window="1h")  # one "hour" is 20 s here
+    assert batch.expires_at == batch.created_at + 20
+    done = wait(client, batch.id)
+    assert done.status == "expired" and done.expired_at
+    ok, bad = lines_of(client, done.output_file_id), lines_of(client, done.error_file_id)
+    assert_one_line_per_input(done, ok, bad, n)
+    expired = [r for r in bad if r["response"] is None]
+    assert expired and {r["error"]["code"] for r in expired} == {"batch_expired"}
+
+
+def test_usage_and_cost_are_reported(local_stack: LocalStack) -> None:
+    client = local_stack.client()
+    batch = wait(client, submit(client, [chat(1, "Hi", max_tokens=4)], "/v1/chat/completions").id)
+    assert batch.status == "completed"
+    extra = batch.model_extra or {}
+    cost = (extra.get("nightbatch") or {}).get("cost")
+    assert cost and cost["gpu_seconds"] > 0 and cost["estimate"] is True
+    r = httpx.get(f"{local_stack.base_url}/nightbatch/usage",
+                  headers={"Authorization": f"Bearer {local_stack.api_key}"})
+    assert r.status_code == 200 and r.json()["batches"] >= 1 and r.json()["output_tokens"] > 0

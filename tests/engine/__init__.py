@@ -1,0 +1,1 @@
+"""Engine tests: the vLLM engine on real small models, model preparation, the worker image pins."""

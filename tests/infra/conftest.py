@@ -1,0 +1,28 @@
+"""One synthesized app per session: the template, cdk-nag's validation report and the stack object."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.infra.synth import Synth, synthesize
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.infra)
+
+
+@pytest.fixture(scope="session")
+def synth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synth]:
+    yield synthesize({}, tmp_path_factory.mktemp("cdk") / "cdk.out")
+
+
+@pytest.fixture(scope="session")
+def template(synth: Synth) -> dict[str, Any]:
+    return synth.template

@@ -1,0 +1,262 @@
+"""The synthesized state machine on moto's Step Functions interpreter, with the real handlers in-process.
+
+- moto 5.2.5 cannot run `batch:submitJob.sync` (getmoto/moto#10076): the ASL's PascalCase parameters reach
+  botocore unconverted. `patch_task_normalisation` restores LocalStack's conversion (the fix of moto PR #10094).
+- `LambdaSimpleBackend.invoke` is replaced by a dispatcher that calls the handler named in the template.
+- `BatchSimpleBackend._mark_job_as_finished` is replaced by a hook that runs the shard in-process with the job's
+  environment (job definition environment plus the state machine's overrides), or fails it on request.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import threading
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import boto3
+import botocore
+import botocore.session
+import pytest
+
+from tests.infra.cfn import of_type, one_of_type, resolve
+
+ACCOUNT = "123456789012"
+REGION = "us-east-1"
+MOTO_CONFIG: Any = {
+    "stepfunctions": {"execute_state_machine": True},
+    "lambda": {"use_docker": False},
+    "batch": {"use_docker": False},
+}
+
+
+def patch_task_normalisation(monkeypatch: pytest.MonkeyPatch) -> None:
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service.state_task_service import (
+        StateTaskService,
+    )
+
+    session = botocore.session.get_session()
+    models: dict[str, Any] = {}
+
+    def operation(service: str, action: str) -> Any:
+        model = models.setdefault(service, session.get_service_model(service))
+        return next((model.operation_model(n) for n in model.operation_names
+                     if botocore.xform_name(n) == action), None)
+
+    def normalise_parameters(self: Any, parameters: Any, boto_service_name: Any = None,
+                             service_action_name: Any = None) -> None:
+        op = operation(self._get_boto_service_name(boto_service_name),
+                       self._get_boto_service_action(service_action_name))
+        if op is not None and op.input_shape is not None:
+            self._to_boto_request(parameters, op.input_shape)
+
+    def normalise_response(self: Any, response: Any, boto_service_name: Any = None,
+                           service_action_name: Any = None) -> None:
+        op = operation(self._get_boto_service_name(boto_service_name),
+                       self._get_boto_service_action(service_action_name))
+        if op is not None and op.output_shape is not None:
+            self._from_boto_response(response, op.output_shape)
+
+    monkeypatch.setattr(StateTaskService, "_normalise_parameters", normalise_parameters)
+    monkeypatch.setattr(StateTaskService, "_normalise_response", normalise_response)
+
+
+@dataclass
+class JobRecord:
+    name: str
+    env: dict[str, str]
+    succeeded: bool = False
+    error: str | None = None
+
+
+@dataclass
+class Deployment:
+    """The template's resources created in moto, and what happened to them during a run."""
+
+    template: dict[str, Any]
+    refs: dict[str, str] = field(default_factory=dict)
+    attrs: dict[tuple[str, str], str] = field(default_factory=dict)
+    handlers: dict[str, str] = field(default_factory=dict)  # function name -> "module.attr"
+    lambda_env: dict[str, dict[str, str]] = field(default_factory=dict)  # handler -> env
+    state_machine_arn: str = ""
+    invocations: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    jobs: list[JobRecord] = field(default_factory=list)
+    failing_shards: set[str] = field(default_factory=set)  # shard ids whose jobs exit 1; "*" for all
+    stand_ins: set[str] = field(default_factory=set)  # handlers not on this branch yet, answered with {}
+    shard_runner: Callable[[dict[str, str]], None] | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def render(self, node: Any) -> Any:
+        return resolve(node, self.refs, lambda logical, attr: self.attrs[(logical, attr)])
+
+    def invoked(self, step: str) -> list[dict[str, Any]]:
+        return [payload for handler, payload in self.invocations if handler == f"functions.tasks.{step}.handler"]
+
+
+def create_resources(template: dict[str, Any]) -> Deployment:
+    """Create in moto what the tasks touch, named after the template's logical ids."""
+    d = Deployment(template=template)
+    s3 = boto3.client("s3", region_name=REGION)
+    bucket_id, _ = one_of_type(template, "AWS::S3::Bucket")
+    s3.create_bucket(Bucket="nb-data")
+    d.refs[bucket_id] = "nb-data"
+    d.attrs[(bucket_id, "Arn")] = "arn:aws:s3:::nb-data"
+
+    table_id, table = one_of_type(template, "AWS::DynamoDB::GlobalTable")
+    props = table["Properties"]
+    boto3.client("dynamodb", region_name=REGION).create_table(
+        TableName="nb-table", BillingMode="PAY_PER_REQUEST", KeySchema=props["KeySchema"],
+        AttributeDefinitions=props["AttributeDefinitions"],
+        GlobalSecondaryIndexes=[{k: g[k] for k in ("IndexName", "KeySchema", "Projection")}
+                                for g in props["GlobalSecondaryIndexes"]],
+    )
+    d.refs[table_id] = "nb-table"
+    d.attrs[(table_id, "Arn")] = f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/nb-table"
+
+    topic_id, _ = one_of_type(template, "AWS::SNS::Topic")
+    d.refs[topic_id] = boto3.client("sns", region_name=REGION).create_topic(Name="nb-topic")["TopicArn"]
+    sqs = boto3.client("sqs", region_name=REGION)
+    for queue_id in of_type(template, "AWS::SQS::Queue"):
+        url = sqs.create_queue(QueueName=queue_id[:70])["QueueUrl"]
+        d.refs[queue_id] = url
+        d.attrs[(queue_id, "Arn")] = f"arn:aws:sqs:{REGION}:{ACCOUNT}:{queue_id[:70]}"
+    secret_id, _ = one_of_type(template, "AWS::SecretsManager::Secret")
+    d.refs[secret_id] = boto3.client("secretsmanager", region_name=REGION).create_secret(
+        Name="nb-api-keys", SecretString="sk-test")["ARN"]
+
+    iam = boto3.client("iam", region_name=REGION)
+    role = iam.create_role(RoleName="nb-role", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    batch = boto3.client("batch", region_name=REGION)
+    ce = batch.create_compute_environment(computeEnvironmentName="nb-gpu", type="UNMANAGED", state="ENABLED",
+                                          serviceRole=role)["computeEnvironmentArn"]
+    queue_id, _ = one_of_type(template, "AWS::Batch::JobQueue")
+    d.attrs[(queue_id, "JobQueueArn")] = batch.create_job_queue(
+        jobQueueName="nb-queue", state="ENABLED", priority=1,
+        computeEnvironmentOrder=[{"order": 1, "computeEnvironment": ce}])["jobQueueArn"]
+    d.refs[queue_id] = d.attrs[(queue_id, "JobQueueArn")]
+
+    functions = of_type(template, "AWS::Lambda::Function")
+    for logical, fn in functions.items():
+        d.attrs[(logical, "Arn")] = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{logical}"
+        d.refs[logical] = logical
+        d.handlers[logical] = fn["Properties"]["Handler"]
+    machine_id, machine = one_of_type(template, "AWS::StepFunctions::StateMachine")
+    d.state_machine_arn = f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:nightbatch-test"
+    d.refs[machine_id] = d.state_machine_arn
+
+    job_id, job = one_of_type(template, "AWS::Batch::JobDefinition")
+    container = job["Properties"]["ContainerProperties"]
+    env = [{"name": e["Name"], "value": str(d.render(e["Value"]))} for e in container["Environment"]]
+    d.refs[job_id] = batch.register_job_definition(
+        jobDefinitionName="nb-worker", type="container",
+        containerProperties={"image": "worker", "vcpus": 4, "memory": 14336, "environment": env},
+    )["jobDefinitionArn"]
+
+    for fn in functions.values():
+        d.lambda_env[fn["Properties"]["Handler"]] = {
+            k: str(v) for k, v in d.render(fn["Properties"]["Environment"]["Variables"]).items()}
+    boto3.client("stepfunctions", region_name=REGION).create_state_machine(
+        name="nightbatch-test", roleArn=role, type="STANDARD",
+        definition=d.render(machine["Properties"]["DefinitionString"]),
+    )
+    return d
+
+
+class _Context:
+    def __init__(self, name: str) -> None:
+        self.function_name = name
+        self.aws_request_id = "moto-request"
+        self.invoked_function_arn = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}"
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 900_000
+
+
+def patch_lambda(monkeypatch: pytest.MonkeyPatch, d: Deployment) -> None:
+    from moto.awslambda_simple.models import LambdaSimpleBackend
+
+    def invoke(self: Any, function_name: str, qualifier: Any, body: Any, headers: Any,
+               response_headers: dict[str, str]) -> bytes:
+        name = function_name.rsplit(":function:", 1)[-1].split(":")[0]
+        handler_path = d.handlers[name]
+        event = json.loads(body or b"{}")
+        d.invocations.append((handler_path, event))
+        module, _, attr = handler_path.rpartition(".")
+        if importlib.util.find_spec(module) is None:
+            d.stand_ins.add(handler_path)
+            return b"{}"
+        try:
+            result = getattr(importlib.import_module(module), attr)(event, _Context(name))
+        except Exception as exc:  # reported to Step Functions as an unhandled function error, like Lambda does
+            response_headers["x-amz-function-error"] = "Unhandled"
+            return json.dumps({"errorType": type(exc).__name__, "errorMessage": str(exc),
+                               "stackTrace": traceback.format_exc().splitlines()}).encode()
+        return json.dumps(result).encode()
+
+    monkeypatch.setattr(LambdaSimpleBackend, "invoke", invoke)
+
+
+def patch_batch(monkeypatch: pytest.MonkeyPatch, d: Deployment) -> None:
+    from moto.batch_simple.models import BatchSimpleBackend
+
+    def finish(self: Any, include_start_attempt: bool, job: Any) -> None:
+        import datetime
+
+        self.backend._jobs[job.job_id] = job
+        job.job_started_at = datetime.datetime.now()
+        job.log_stream_name = job._stream_name
+        if include_start_attempt:
+            job._start_attempt()
+        env = {e["name"]: e["value"] for e in job._get_container_property("environment", [])}
+        record = JobRecord(name=job.job_name, env=env)
+        with d.lock:
+            d.jobs.append(record)
+        try:
+            if {"*", env.get("NIGHTBATCH_SHARD_ID")} & d.failing_shards:
+                raise RuntimeError("simulated: the container exited 1")
+            if d.shard_runner is not None:
+                d.shard_runner(env)
+            record.succeeded = True
+        except Exception as exc:
+            record.error = f"{type(exc).__name__}: {exc}"
+        job._mark_stopped(success=record.succeeded)
+
+    monkeypatch.setattr(BatchSimpleBackend, "_mark_job_as_finished", finish)
+
+
+def wait_for_execution(arn: str, timeout: float = 90.0) -> dict[str, Any]:
+    import time
+
+    client = boto3.client("stepfunctions", region_name=REGION)
+    deadline = time.monotonic() + timeout
+    while True:
+        execution = client.describe_execution(executionArn=arn)
+        if execution["status"] != "RUNNING":
+            return dict(execution)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"execution still RUNNING after {timeout}s: {arn}")
+        time.sleep(0.2)
+
+
+def history(arn: str) -> list[dict[str, Any]]:
+    client = boto3.client("stepfunctions", region_name=REGION)
+    return list(client.get_execution_history(executionArn=arn, maxResults=1000)["events"])
+
+
+def entered_states(arn: str) -> list[str]:
+    return [e["stateEnteredEventDetails"]["name"] for e in history(arn) if "stateEnteredEventDetails" in e]
+
+
+def fixture_environment(monkeypatch: pytest.MonkeyPatch, d: Deployment) -> Iterator[None]:
+    """Every Lambda's template environment (they agree on shared names), as the process environment."""
+    merged: dict[str, str] = {}
+    for env in d.lambda_env.values():
+        for name, value in env.items():
+            assert merged.setdefault(name, value) == value, f"{name} differs between Lambdas"
+    for name, value in merged.items():
+        monkeypatch.setenv(name, value)
+    yield

@@ -1,0 +1,89 @@
+"""The workflow's shape as ASL: states, retries, catches and timeouts (executed for real in test_workflow_moto)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.infra.cfn import one_of_type, resolve
+from tests.infra.synth import TEST_CONTEXT
+
+CONTEXT_RETRY = TEST_CONTEXT["shardRetry"]
+
+
+class _Placeholder(dict[str, str]):
+    def __missing__(self, key: str) -> str:
+        return f"<{key}>"
+
+
+def render_definition(template: dict[str, Any]) -> dict[str, Any]:
+    _, machine = one_of_type(template, "AWS::StepFunctions::StateMachine")
+    text = resolve(machine["Properties"]["DefinitionString"], _Placeholder(), lambda lid, attr: f"<{lid}.{attr}>")
+    return dict(json.loads(text))
+
+
+@pytest.fixture(scope="module")
+def asl(template: dict[str, Any]) -> dict[str, Any]:
+    return render_definition(template)
+
+
+def test_flow_order(asl: dict[str, Any]) -> None:
+    states = asl["States"]
+    assert asl["StartAt"] == "Validate"
+    assert states["Validate"]["Next"] == "IsValid"
+    choice = states["IsValid"]
+    assert choice["Choices"] == [{"Variable": "$.validation.valid", "BooleanEquals": True, "Next": "Plan"}]
+    assert choice["Default"] == "Notify"  # invalid input: straight to Notify, Validate already failed the batch
+    assert states["Plan"]["Next"] == "Shards"
+    assert states["Shards"]["Next"] == "Finalize"
+    assert states["Finalize"]["Next"] == "Notify"
+    assert states["Notify"]["End"] is True
+
+
+def test_versioned_payloads(asl: dict[str, Any]) -> None:
+    for name in ("Validate", "Plan", "Finalize", "Notify"):
+        state = asl["States"][name]
+        assert state["Resource"] == "arn:aws:states:::lambda:invoke"
+        assert state["Parameters"]["Payload"] == {"version": 1, "batch_id.$": "$.batch_id"}
+        lambda_retry = state["Retry"][0]
+        assert "Lambda.ServiceException" in lambda_retry["ErrorEquals"]
+
+
+def test_every_step_before_finalize_is_caught_into_it(asl: dict[str, Any]) -> None:
+    for name in ("Validate", "Plan", "Shards"):
+        (catch,) = asl["States"][name]["Catch"]
+        assert catch == {"ErrorEquals": ["States.ALL"], "ResultPath": "$.error", "Next": "Finalize"}
+
+
+def test_distributed_map_over_json_manifest(asl: dict[str, Any]) -> None:
+    shards = asl["States"]["Shards"]
+    assert shards["Type"] == "Map"
+    assert shards["ItemProcessor"]["ProcessorConfig"] == {"Mode": "DISTRIBUTED", "ExecutionType": "STANDARD"}
+    reader = shards["ItemReader"]
+    assert reader["Resource"] == "arn:aws:states:::s3:getObject"
+    assert reader["ReaderConfig"] == {"InputType": "JSON"}
+    assert reader["Parameters"]["Key.$"] == "$.plan.manifest_key"
+    assert shards["MaxConcurrency"] == 4
+    assert "ItemBatcher" not in shards
+
+
+def test_shard_job_sync_with_overrides_retry_and_catch(asl: dict[str, Any]) -> None:
+    processor = asl["States"]["Shards"]["ItemProcessor"]
+    run = processor["States"][processor["StartAt"]]
+    assert run["Resource"] == "arn:aws:states:::batch:submitJob.sync"
+    assert run["Parameters"]["JobName.$"] == "States.Format('{}-{}', $.batch_id, $.shard_id)"
+    assert run["Parameters"]["ContainerOverrides"]["Environment"] == [
+        {"Name": "NIGHTBATCH_BATCH_ID", "Value.$": "$.batch_id"},
+        {"Name": "NIGHTBATCH_SHARD_ID", "Value.$": "$.shard_id"},
+    ]
+    assert run["Retry"] == [{"ErrorEquals": ["States.TaskFailed"], "IntervalSeconds": CONTEXT_RETRY["intervalSeconds"],
+                             "MaxAttempts": CONTEXT_RETRY["maxAttempts"], "BackoffRate": CONTEXT_RETRY["backoffRate"]}]
+    (catch,) = run["Catch"]
+    assert catch["ErrorEquals"] == ["States.ALL"]
+    assert processor["States"][catch["Next"]]["Type"] == "Pass"
+
+
+def test_execution_timeout_is_window_plus_margin(asl: dict[str, Any]) -> None:
+    assert asl["TimeoutSeconds"] == (168 + 3) * 3600

@@ -1,0 +1,159 @@
+"""The synthesized state machine, executed by moto's Step Functions interpreter with the real task handlers.
+
+A batch is created through the core's services exactly as the API does (StartExecution named after the
+batch id), and the definition from the template runs Validate → Plan → Distributed Map of Batch
+submitJob.sync → Finalize → Notify in-process.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from moto import mock_aws
+
+from nightbatch.batches import CreateBatchRequest
+from nightbatch.services import Services, default_services
+from nightbatch.settings import get_settings
+from tests.infra.moto_workflow import (
+    MOTO_CONFIG,
+    Deployment,
+    create_resources,
+    entered_states,
+    fixture_environment,
+    patch_batch,
+    patch_lambda,
+    patch_task_normalisation,
+    wait_for_execution,
+)
+from tests.infra.synth import TEST_CONTEXT
+
+MODEL = "Qwen2.5-7B-Instruct"  # the first served model in cdk.json
+SHARD_ATTEMPTS = 1 + TEST_CONTEXT["shardRetry"]["maxAttempts"]
+# Handlers main has not provided yet; the dispatcher answers them with {} (remove as they land).
+ALLOWED_STAND_INS = {"functions.tasks.notify.handler"}
+
+
+def _clear_caches() -> None:
+    get_settings.cache_clear()
+    default_services.cache_clear()
+
+
+@pytest.fixture
+def deployment(template: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Iterator[Deployment]:
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.setenv(name, "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    with mock_aws(config=MOTO_CONFIG):
+        patch_task_normalisation(monkeypatch)
+        d = create_resources(template)
+        patch_lambda(monkeypatch, d)
+        patch_batch(monkeypatch, d)
+        yield from _with_environment(monkeypatch, d)
+
+
+def _with_environment(monkeypatch: pytest.MonkeyPatch, d: Deployment) -> Iterator[Deployment]:
+    for _ in fixture_environment(monkeypatch, d):
+        _clear_caches()
+        try:
+            yield d
+        finally:
+            _clear_caches()
+    assert d.stand_ins <= ALLOWED_STAND_INS
+
+
+def chat_line(i: int) -> dict[str, Any]:
+    return {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": MODEL, "messages": [{"role": "user", "content": f"question {i}"}], "max_tokens": 8}}
+
+
+def create_batch(payload: bytes) -> tuple[Services, str]:
+    services = default_services()
+    file = services.files.create("default", filename="in.jsonl", purpose="batch", fileobj=io.BytesIO(payload),
+                                 size=len(payload))
+    batch = services.batches.create("default", CreateBatchRequest(
+        input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"))
+    return services, batch.id
+
+
+def execution_arn(d: Deployment, batch_id: str) -> str:
+    return d.state_machine_arn.replace(":stateMachine:", ":execution:") + f":{batch_id}"
+
+
+def read_file(services: Services, file_id: str | None) -> list[dict[str, Any]]:
+    if file_id is None:
+        return []
+    data = b"".join(services.files.chunks(services.files.item("default", file_id)))
+    return [json.loads(line) for line in data.splitlines()]
+
+
+def jsonl(lines: list[Any]) -> bytes:
+    return b"".join((x if isinstance(x, bytes) else json.dumps(x).encode()) + b"\n" for x in lines)
+
+
+def test_invalid_input_fails_without_running_shards(deployment: Deployment) -> None:
+    services, batch_id = create_batch(jsonl([chat_line(1), b"{not json", chat_line(3)]))
+    execution = wait_for_execution(execution_arn(deployment, batch_id))
+    assert execution["status"] == "SUCCEEDED", execution
+    assert entered_states(execution["executionArn"]) == ["Validate", "IsValid", "Notify"]
+    assert deployment.jobs == []
+    batch = services.batches.get("default", batch_id)
+    assert batch.status == "failed"
+    assert batch.errors is not None
+    assert [(e.code, e.line) for e in batch.errors.data] == [("invalid_json_line", 2)]
+    assert batch.output_file_id is None and batch.error_file_id is None
+    assert deployment.invoked("notify") == [{"version": 1, "batch_id": batch_id}]
+
+
+def test_failing_shard_is_retried_then_caught_and_its_lines_end_shard_failed(deployment: Deployment) -> None:
+    deployment.failing_shards.add("*")
+    services, batch_id = create_batch(jsonl([chat_line(i) for i in range(1, 6)]))
+    execution = wait_for_execution(execution_arn(deployment, batch_id))
+    assert execution["status"] == "SUCCEEDED", execution
+    states = entered_states(execution["executionArn"])
+    assert states[:4] == ["Validate", "IsValid", "Plan", "Shards"] and states[-2:] == ["Finalize", "Notify"]
+
+    shard_ids = {job.env["NIGHTBATCH_SHARD_ID"] for job in deployment.jobs}
+    assert shard_ids
+    for shard_id in shard_ids:
+        runs = [j for j in deployment.jobs if j.env["NIGHTBATCH_SHARD_ID"] == shard_id]
+        assert len(runs) == SHARD_ATTEMPTS and not any(j.succeeded for j in runs)
+        assert {j.name for j in runs} == {f"{batch_id}-{shard_id}"}
+        assert runs[0].env["NIGHTBATCH_BATCH_ID"] == batch_id
+        assert runs[0].env["NIGHTBATCH_BUCKET"] == "nb-data"  # the job definition's environment, merged
+
+    batch = services.batches.get("default", batch_id)
+    assert batch.status == "completed"
+    assert batch.request_counts.model_dump() == {"total": 5, "completed": 0, "failed": 5}
+    errors = read_file(services, batch.error_file_id)
+    assert sorted(line["custom_id"] for line in errors) == [f"req-{i}" for i in range(1, 6)]
+    assert {line["error"]["code"] for line in errors} == {"shard_failed"}
+    assert read_file(services, batch.output_file_id) == []
+
+
+def _shard_runner_or_skip() -> Any:
+    missing = [m for m in ("gpu_worker.runner", "tests.support.deterministic_engine")
+               if importlib.util.find_spec(m.rsplit(".", 1)[0]) is None or importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"needs the shard runner and the deterministic test engine from main: {missing} not present")
+    return importlib.import_module("gpu_worker.runner")
+
+
+def test_valid_batch_completes_with_one_output_line_per_input(deployment: Deployment) -> None:
+    runner = _shard_runner_or_skip()
+    deployment.shard_runner = lambda env: runner.run_job_from_env(env)  # adapt to the runner's entry point
+    services, batch_id = create_batch(jsonl([chat_line(i) for i in range(1, 13)]))
+    execution = wait_for_execution(execution_arn(deployment, batch_id))
+    assert execution["status"] == "SUCCEEDED", execution
+    assert deployment.jobs and all(j.succeeded for j in deployment.jobs)
+    batch = services.batches.get("default", batch_id)
+    assert batch.status == "completed"
+    output = read_file(services, batch.output_file_id)
+    assert sorted(line["custom_id"] for line in output) == sorted(f"req-{i}" for i in range(1, 13))
+    assert read_file(services, batch.error_file_id) == []
+    assert batch.request_counts.model_dump() == {"total": 12, "completed": 12, "failed": 0}

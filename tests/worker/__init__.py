@@ -1,0 +1,1 @@
+"""Tests of the GPU worker: the shard runner, its entry point, crash safety."""

@@ -1,0 +1,186 @@
+"""Worker fixtures: AWS in moto (in-process, or a loopback server for worker subprocesses), and shards seeded
+in the storage format Validate and Plan write."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from moto import mock_aws
+from moto.server import ThreadedMotoServer
+
+from gpu_worker.shard import CHECKPOINT_RE, done_key, results_prefix, shard_key
+from nightbatch.ids import new_batch_id
+from nightbatch.local.aws import FAKE_CREDENTIALS, free_port
+from nightbatch.pipeline.segments import segment_line
+from nightbatch.settings import Settings
+from nightbatch.storage import Adapters, make_adapters
+from nightbatch.storage.dynamo import create_table
+
+CHAT_MODEL = "SmolLM2-135M-Instruct"
+EMBED_MODEL = "all-MiniLM-L6-v2"
+SHARD_ID = "00000"
+
+
+def chat_requests(n: int, *, prefix: str = "req", max_tokens: int | None = 8) -> list[dict[str, Any]]:
+    requests = []
+    for i in range(n):
+        message = {"role": "user", "content": f"question {i}"}
+        body: dict[str, Any] = {"model": CHAT_MODEL, "messages": [message]}
+        if max_tokens is not None:
+            body["max_tokens"] = max_tokens
+        requests.append({"custom_id": f"{prefix}-{i:05d}", "body": body})
+    return requests
+
+
+@dataclass
+class ShardWorld:
+    """One batch with one shard in S3 and DynamoDB, and ways to read back what the worker wrote."""
+
+    settings: Settings
+    adapters: Adapters
+    batch_id: str
+    shard_id: str = SHARD_ID
+
+    @property
+    def prefix(self) -> str:
+        return results_prefix(self.batch_id, self.shard_id)
+
+    def put_batch(self, *, status: str = "in_progress", expires_in: float = 3600.0) -> None:
+        self.adapters.table.put({
+            "pk": self.batch_id, "kind": "batch", "status": status,
+            "expires_at": int(time.time() + expires_in),
+        })
+
+    def set_status(self, status: str) -> None:
+        self.adapters.table.update(self.batch_id, set_={"status": status})
+
+    def batch_item(self) -> dict[str, Any]:
+        item = self.adapters.table.get(self.batch_id)
+        assert item is not None
+        return item
+
+    def seed(
+        self, requests: list[dict[str, Any]], *, endpoint: str = "/v1/chat/completions",
+        model: str = CHAT_MODEL, per_segment: int = 50,
+    ) -> list[str]:
+        """Writes segments and the shard definition; returns the custom_ids in input order."""
+        blobs = self.adapters.blobs
+        segments: list[str] = []
+        for start in range(0, len(requests), per_segment):
+            key = f"batches/{self.batch_id}/segments/{len(segments):06d}.jsonl"
+            lines = [
+                segment_line(start + i + 1, 20, json.dumps(
+                    {"custom_id": r["custom_id"], "method": "POST", "url": endpoint, "body": r["body"]}).encode())
+                for i, r in enumerate(requests[start:start + per_segment])
+            ]
+            blobs.put_bytes(key, b"".join(lines))
+            segments.append(key)
+        shard = {
+            "version": 1, "batch_id": self.batch_id, "shard_id": self.shard_id, "endpoint": endpoint,
+            "model": model, "segments": segments, "lines": len(requests), "est_tokens": 20 * len(requests),
+        }
+        blobs.put_bytes(shard_key(self.batch_id, self.shard_id), json.dumps(shard).encode())
+        return [r["custom_id"] for r in requests]
+
+    def checkpoint_keys(self) -> list[str]:
+        keys = self.adapters.blobs.list_keys(self.prefix)
+        return sorted(k for k in keys if CHECKPOINT_RE.match(k[len(self.prefix):]))
+
+    def checkpoint_lines(self, key: str) -> list[dict[str, Any]]:
+        raw = self.adapters.blobs.get_bytes(key)
+        assert raw is not None and raw.endswith(b"\n")
+        return [json.loads(line) for line in raw.decode().splitlines()]
+
+    def results(self) -> tuple[dict[str, dict[str, Any]], int]:
+        """Every result line across checkpoints, deduplicated as Finalize does (first in key order wins),
+        and how many duplicates that dropped."""
+        first: dict[str, dict[str, Any]] = {}
+        duplicates = 0
+        for key in self.checkpoint_keys():
+            for line in self.checkpoint_lines(key):
+                if line["custom_id"] in first:
+                    duplicates += 1
+                else:
+                    first[line["custom_id"]] = line
+        return first, duplicates
+
+    def done_marker(self) -> dict[str, Any] | None:
+        raw = self.adapters.blobs.get_bytes(done_key(self.prefix))
+        return None if raw is None else dict(json.loads(raw))
+
+
+def _create_resources(adapters: Adapters) -> None:
+    adapters.client("s3").create_bucket(Bucket=adapters.settings.bucket)
+    create_table(adapters.client("dynamodb"), adapters.settings.table)
+
+
+def worker_settings(**overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "bucket": "nb-worker-test", "table": "nb-worker-test", "region": "us-east-1",
+        "checkpoint_every_lines": 10, "checkpoint_every_seconds": 0.25, "max_in_flight": 8,
+        "worker_poll_seconds": 0.1, "worker_drain_seconds": 5.0,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture(scope="module")
+def in_process_aws() -> Iterator[Adapters]:
+    """AWS in this process (moto.mock_aws), shared by a module's tests; each test gets its own batch."""
+    mp = pytest.MonkeyPatch()
+    mp.delenv("AWS_ENDPOINT_URL", raising=False)
+    for k, v in FAKE_CREDENTIALS.items():
+        mp.setenv(k, v)
+    try:
+        with mock_aws():
+            adapters = make_adapters(worker_settings())
+            _create_resources(adapters)
+            yield adapters
+    finally:
+        mp.undo()
+
+
+@pytest.fixture
+def world(in_process_aws: Adapters) -> ShardWorld:
+    # The runner's boto3 calls from worker threads are served by the same mock.
+    w = ShardWorld(settings=in_process_aws.settings, adapters=in_process_aws, batch_id=new_batch_id())
+    w.put_batch()
+    return w
+
+
+@dataclass
+class MotoServer:
+    endpoint_url: str
+    settings: Settings
+    adapters: Adapters
+
+    def new_world(self) -> ShardWorld:
+        w = ShardWorld(settings=self.settings, adapters=self.adapters, batch_id=new_batch_id())
+        w.put_batch()
+        return w
+
+
+@pytest.fixture(scope="module")
+def moto_server() -> Iterator[MotoServer]:
+    """moto as a real HTTP server on loopback, for worker subprocesses (module-scoped: mock_aws elsewhere
+    resets moto's shared state, so the two must not overlap)."""
+    mp = pytest.MonkeyPatch()
+    for k, v in FAKE_CREDENTIALS.items():
+        mp.setenv(k, v)
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        settings = worker_settings()
+        adapters = make_adapters(settings, endpoint_url=endpoint)
+        _create_resources(adapters)
+        yield MotoServer(endpoint_url=endpoint, settings=settings, adapters=adapters)
+    finally:
+        server.stop()
+        mp.undo()
