@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from tests.tenancy.conftest import Stack, chat_lines, start_stack, stop_stack
+from tests.tenancy.conftest import Stack, chat_lines, fresh_adapters, start_stack, stop_stack
 
 INTERNALS = re.compile(r"Traceback|File \"|\.py\b|botocore|boto3|ResourceNotFound|nightbatch\.|"
                        r"functions\.api|moto\b", re.IGNORECASE)
@@ -40,7 +40,7 @@ class Fuzz:
 @pytest.fixture(scope="module")
 def fuzz(moto_endpoint: str) -> Iterator[Fuzz]:
     # No rate limit here: the fuzzer sends hundreds of requests a minute on purpose.
-    stack = start_stack(moto_endpoint, limit_requests_per_minute=0)
+    stack = start_stack(fresh_adapters(moto_endpoint, limit_requests_per_minute=0))
     key_a = stack.new_key("team-a", "fuzzer")
     key_b = stack.new_key("team-b", "victim")
     a, b = stack.client(key_a), stack.client(key_b)
@@ -53,6 +53,7 @@ def fuzz(moto_endpoint: str) -> Iterator[Fuzz]:
     schema = schemathesis.openapi.from_dict(spec)
     yield Fuzz(stack, key_a, key_b, [fb.id, bb.id], {"file_id": fa.id, "batch_id": ba.id}, schema)
     stop_stack(stack)
+    stack.services.adapters.client("dynamodb").delete_table(TableName=stack.settings.table)
 
 
 def check(fz: Fuzz, case: Any) -> httpx.Response | Any:

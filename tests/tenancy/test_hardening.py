@@ -126,7 +126,7 @@ def test_the_formatter_drops_and_masks_secrets() -> None:
 
 
 def test_s3_keys_are_built_from_ids_not_user_strings(make_stack: Any) -> None:
-    stack: Stack = make_stack(workflow="local", own_bucket=True)
+    stack: Stack = make_stack(workflow="local")
     client = stack.client(stack.new_key("team-a"))
     evil = ["../../etc/passwd", "a/b/c.jsonl", "..", "%2e%2e%2fx", "EVILNAME\u0444.jsonl", "x\\y.jsonl"]
     ids = []

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from fastapi import APIRouter, File, Header, UploadFile
+from fastapi import APIRouter, File, UploadFile
 
-from functions.api.deps import PrincipalDep, ServicesDep
+from functions.api.deps import Principal, PrincipalDep, ServicesDep
+from functions.api.idempotency import IdempotencyDep
 from functions.api.routers.files import UPLOAD_PURPOSES
 from nightbatch.errors import InvalidRequestError
+from nightbatch.services import Services
 from nightbatch.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.wire import Upload, UploadPart
 
@@ -17,12 +19,13 @@ router = APIRouter(prefix="/v1/uploads", tags=["uploads"])
 
 @router.post("", response_model=Upload)
 def create_upload(
-    body: CreateUploadRequest, principal: PrincipalDep, services: ServicesDep,
-    idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
-) -> Upload:
-    # TODO(idempotency, branch tenancy): honour `idempotency_key` exactly as POST /v1/files and /v1/batches do
-    # (replay the first answer for the same tenant + key + body). Uploads need nothing special: create is the
-    # only step that makes a new object; /complete is already retry-safe for the same part_ids.
+    body: CreateUploadRequest, principal: PrincipalDep, services: ServicesDep, idem: IdempotencyDep,
+) -> Any:
+    # Create is the only step that makes a new object; /complete is already retry-safe for the same part_ids.
+    return idem.run(lambda: _create_upload(body, principal, services))
+
+
+def _create_upload(body: CreateUploadRequest, principal: Principal, services: Services) -> Upload:
     if body.purpose not in UPLOAD_PURPOSES:
         raise InvalidRequestError(
             f"Invalid value: '{body.purpose}'. Supported values are: "
