@@ -134,6 +134,10 @@ def test_s3_keys_are_built_from_ids_not_user_strings(make_stack: Any) -> None:
         f = client.files.create(file=(name, chat_lines(2, prefix="EVILCUSTOM/../id")), purpose="batch")
         assert f.filename == name  # kept as metadata, as given
         ids.append(f.id)
+    data = chat_lines(3, prefix="EVILCUSTOM/../up")
+    upload = client.uploads.upload_file_chunked(file=data, filename="../../EVILUPLOAD.jsonl", bytes=len(data),
+                                                mime_type="application/jsonl", purpose="batch", part_size=100)
+    ids += [upload.id, upload.file.id]
     batch = client.batches.create(input_file_id=ids[0], endpoint="/v1/chat/completions",
                                   completion_window="24h", metadata={"path": "../../EVILMETA"})
     wait_for(lambda: client.batches.retrieve(batch.id).status in ("completed", "failed"))
