@@ -150,12 +150,18 @@ class _ShardRun:
         halt_waiter = asyncio.create_task(self.halt.wait())
         exhausted = False
         try:
-            exhausted = await self._dispatch(halt_waiter)
-        except Exception as exc:
-            # A segment that cannot be read: finish what is in flight, flush, then fail the attempt.
-            self.fatal = self.fatal or exc
-            self._halt_for("error")
-        await self._drain(halt_waiter)
+            try:
+                exhausted = await self._dispatch(halt_waiter)
+            except Exception as exc:
+                # A segment that cannot be read: finish what is in flight, flush, then fail the attempt.
+                self.fatal = self.fatal or exc
+                self._halt_for("error")
+            await self._drain(halt_waiter)
+        except asyncio.CancelledError:
+            # The caller gave up on this attempt (e.g. the local stack shutting down): leave no task behind.
+            for task in [*self.tasks, *background, halt_waiter, flusher]:
+                task.cancel()
+            raise
         for task in [*background, halt_waiter]:
             task.cancel()
         await asyncio.gather(*background, halt_waiter, return_exceptions=True)

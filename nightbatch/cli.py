@@ -7,6 +7,7 @@ import logging
 import sys
 
 from nightbatch import cli_keys
+from nightbatch.commands import register as register_batch_commands
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,7 +19,10 @@ def main(argv: list[str] | None = None) -> int:
     local.add_argument("--no-engines", action="store_true",
                        help="do not start model engines (batches stay in_progress); for API-only work")
     cli_keys.register(sub)
+    register_batch_commands(sub)  # submit, status, list, cancel, results
     args = parser.parse_args(argv)
+    if getattr(args, "handler", None):  # commands that set a handler print for people, not log lines
+        return int(args.handler(args))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     # The embedded AWS logs every request it serves and botocore every credential lookup: noise for a user.

@@ -148,6 +148,14 @@ class Settings(BaseSettings):
     # Development only: wait this long before composing, so tests can observe a file still made of parts.
     upload_compose_delay_seconds: float = 0.0
 
+    # --- Download links and the CLI (issue 9: dashboard, CLI) ---
+    # HMAC key for signed download links (/v1/nightbatch/files/{id}/download). Unset: a random key per
+    # process, fine for `nightbatch local`; in AWS set it, since every Lambda (API, notify) must share it.
+    link_secret: str = ""
+    link_ttl_seconds: int = 300
+    # The server the CLI talks to (`--base-url`); unset: the running `nightbatch local`, if there is one.
+    base_url: str = ""
+
     @field_validator("hour_seconds")
     @classmethod
     def _positive(cls, v: float) -> float:

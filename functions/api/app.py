@@ -8,7 +8,7 @@ from fastapi import FastAPI
 
 from functions.api import errors
 from functions.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
-from functions.api.routers import batches, files, limits, models, uploads, usage
+from functions.api.routers import batches, dashboard, files, limits, links, models, uploads, usage
 from nightbatch.services import Services, default_services
 
 
@@ -16,7 +16,8 @@ def create_app(services: Callable[[], Services] = default_services) -> FastAPI:
     app = FastAPI(title="nightbatch", version="0.1.0", description="OpenAI-compatible Batch API")
     app.state.services = services
     errors.install(app)
-    for r in (files.router, batches.router, models.router, usage.router, limits.router, uploads.router):
+    for r in (files.router, batches.router, models.router, usage.router, limits.router, uploads.router,
+              links.router, dashboard.router):
         app.include_router(r)
     app.add_middleware(BodyLimitMiddleware, upload_limit=lambda: services().settings.max_upload_bytes,
                        part_limit=lambda: services().settings.max_upload_part_bytes)

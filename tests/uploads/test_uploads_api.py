@@ -12,6 +12,7 @@ import openai
 import pytest
 import requests
 
+from nightbatch.keys import KeyStore
 from tests.uploads.stack import API_KEY, MiB, Stack
 
 
@@ -280,3 +281,31 @@ def test_unknown_upload_is_404(client: openai.OpenAI) -> None:
         client.uploads.parts.create(upload_id="upload_000000000000000000000000", data=b"x")
     with pytest.raises(openai.NotFoundError):
         client.uploads.complete(upload_id="upload_nope", part_ids=[])
+
+
+def test_create_honours_idempotency_key(client: openai.OpenAI) -> None:
+    kw = dict(bytes=10, filename="a.jsonl", mime_type="text/plain", purpose="batch")
+    headers = {"Idempotency-Key": f"up-{os.urandom(8).hex()}"}
+    first = client.uploads.with_raw_response.create(**kw, extra_headers=headers)  # type: ignore[arg-type]
+    again = client.uploads.with_raw_response.create(**kw, extra_headers=headers)  # type: ignore[arg-type]
+    assert again.parse().id == first.parse().id
+    assert again.headers.get("idempotent-replayed") == "true"
+    with pytest.raises(openai.ConflictError):  # same key, another request
+        client.uploads.create(**{**kw, "bytes": 11}, extra_headers=headers)  # type: ignore[arg-type]
+
+
+def test_another_tenants_upload_is_404(stack: Stack, client: openai.OpenAI) -> None:
+    key, _ = KeyStore(stack.services.adapters.table).create(name="uploads-other", tenant="other-tenant")
+    other = openai.OpenAI(base_url=stack.base_url, api_key=key, max_retries=0)
+    upload = client.uploads.create(bytes=1, filename="a", mime_type="text/plain", purpose="batch")
+    part = client.uploads.parts.create(upload_id=upload.id, data=b"x")
+    with pytest.raises(openai.NotFoundError):
+        other.uploads.parts.create(upload_id=upload.id, data=b"y")
+    with pytest.raises(openai.NotFoundError):
+        other.uploads.complete(upload_id=upload.id, part_ids=[part.id])
+    with pytest.raises(openai.NotFoundError):
+        other.uploads.cancel(upload_id=upload.id)
+    done = client.uploads.complete(upload_id=upload.id, part_ids=[part.id])
+    assert done.file is not None
+    with pytest.raises(openai.NotFoundError):
+        other.files.content(done.file.id)

@@ -21,7 +21,7 @@ router = APIRouter(prefix="/v1/uploads", tags=["uploads"])
 def create_upload(
     body: CreateUploadRequest, principal: PrincipalDep, services: ServicesDep, idem: IdempotencyDep,
 ) -> Any:
-    # Create is the only step that makes a new object; /complete is already retry-safe for the same part_ids.
+    # Only create makes a new object; /complete is retry-safe on its own (same part_ids → same answer).
     return idem.run(lambda: _create_upload(body, principal, services))
 
 
