@@ -163,7 +163,7 @@ def chat_lines(n: int, *, prefix: str = "req", model: str = MODEL, words: int = 
     return out.getvalue()
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
+def wait_for(predicate: Callable[[], Any], timeout: float = 90.0, interval: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

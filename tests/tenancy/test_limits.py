@@ -60,15 +60,16 @@ def test_an_over_limit_batch_fails_in_validate_with_the_numbers(make_stack: Any)
     client = stack.client(stack.new_key("team-a"))
     small = new_batch(client, 3)
     done = wait_for(lambda: (b := client.batches.retrieve(small.id)).status in ("completed", "failed") and b)
-    assert done.status == "completed"  # finished: its requests are no longer queued
-    assert read_usage(stack.table, "team-a").queued_requests == 0
+    assert done.status == "completed"
+    # Finished: its requests are no longer queued (given back just after the terminal write).
+    wait_for(lambda: read_usage(stack.table, "team-a").queued_requests == 0)
     big = new_batch(client, 6)
     failed = wait_for(lambda: (b := client.batches.retrieve(big.id)).status in ("completed", "failed") and b)
     assert failed.status == "failed"
     [error] = failed.errors.data
     assert error.code == "token_limit_exceeded"
     assert "Limit: 5 enqueued requests" in error.message and "this batch has 6" in error.message
-    assert read_usage(stack.table, "team-a").batches_in_flight == 0
+    wait_for(lambda: read_usage(stack.table, "team-a").batches_in_flight == 0)
 
 
 def test_batches_in_flight_429_with_retry_after(make_stack: Any) -> None:
