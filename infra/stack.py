@@ -148,6 +148,8 @@ class NightbatchStack(cdk.Stack):
         self.grant_objects(api_role, (FILES_PREFIX, BATCHES_PREFIX, UPLOADS_PREFIX), write=True)
         for name in ("validate", "plan", "finalize"):
             self.grant_objects(tasks[name].role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
+        # An uploaded input is read through its parts until composition finishes.
+        self.grant_objects(tasks["validate"].role, (UPLOADS_PREFIX,), write=False)
         self.grant_objects(sweeper.role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
         composer = self.uploads.composer.role
         self.grant_objects(composer, (FILES_PREFIX, UPLOADS_PREFIX), write=True)
