@@ -6,13 +6,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_worker.engines.base import EngineReply
+from gpu_worker.engines.base import EngineFailedError, EngineReply
 from nightbatch.ids import batch_request_id
-
-# The engine module's own "the engine process is gone" error. Matched by name so that the runner needs no
-# import of the vLLM module: such an exception is not an answer to one request, so the shard must fail and be
-# retried rather than write a 500 line for every request left.
-FATAL_ENGINE_ERRORS = frozenset({"EngineFailedError"})
 
 
 @dataclass(frozen=True)
@@ -25,7 +20,9 @@ class ResultLine:
 
 
 def is_fatal(exc: BaseException) -> bool:
-    return any(cls.__name__ in FATAL_ENGINE_ERRORS for cls in type(exc).__mro__)
+    """The engine is gone (not an answer to one request): the attempt must fail and the shard be retried,
+    rather than write a 500 line for every request left."""
+    return isinstance(exc, EngineFailedError)
 
 
 def exception_reply(exc: BaseException) -> EngineReply:

@@ -153,12 +153,18 @@ class _ShardRun:
         halt_waiter = asyncio.create_task(self.halt.wait())
         exhausted = False
         try:
-            exhausted = await self._dispatch(halt_waiter)
-        except Exception as exc:
-            # A segment that cannot be read: finish what is in flight, flush, then fail the attempt.
-            self.fatal = self.fatal or exc
-            self._halt_for("error")
-        await self._drain(halt_waiter)
+            try:
+                exhausted = await self._dispatch(halt_waiter)
+            except Exception as exc:
+                # A segment that cannot be read: finish what is in flight, flush, then fail the attempt.
+                self.fatal = self.fatal or exc
+                self._halt_for("error")
+            await self._drain(halt_waiter)
+        except asyncio.CancelledError:
+            # The caller gave up on this attempt (e.g. the local stack shutting down): leave no task behind.
+            for task in [*self.tasks, *background, halt_waiter, flusher]:
+                task.cancel()
+            raise
         for task in [*background, halt_waiter]:
             task.cancel()
         await asyncio.gather(*background, halt_waiter, return_exceptions=True)
@@ -232,6 +238,12 @@ class _ShardRun:
             log.warning("request %s (line %d) raised %r; recorded as a 500", request.custom_id, request.n,
                         exc)
             reply = exception_reply(exc)
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            # Aborted by a stop (cancel, expiry, SIGTERM): vLLM may answer an aborted request with an error
+            # body, which is not this request's result. It stays unrun: rerun on resume, or reported by
+            # Finalize as `batch_cancelled` / `batch_expired`.
+            raise asyncio.CancelledError
         line = result_line(self.job.batch_id, request.custom_id, request_id, reply)
         self.checkpointer.add(line)
         self.last_result = time.monotonic()

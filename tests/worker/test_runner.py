@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gpu_worker.engines.base import EngineReply
+from gpu_worker.engines.base import EngineFailedError, EngineReply
 from gpu_worker.results import result_line
 from gpu_worker.runner import ShardJob, ShardReport, run_shard
 from gpu_worker.shard import checkpoint_key, done_key
@@ -278,10 +278,6 @@ def test_resume_skips_finished_custom_ids(world: ShardWorld) -> None:
     assert marker["output_tokens"] == 20 * 4 + report.output_tokens
 
 
-class EngineFailedError(RuntimeError):
-    """Same name as the vLLM engine's "engine process died" error, which the runner treats as fatal."""
-
-
 class DyingEngine(DeterministicEngine):
     def __init__(self, spec: ModelSpec, *, survive: int) -> None:
         super().__init__(spec, delay=0.005)
@@ -312,3 +308,49 @@ def test_result_lines_round_trip_as_json_lines(world: ShardWorld) -> None:
         assert raw is not None
         for line in raw.splitlines():
             assert json.loads(line)["error"] is None
+
+
+def test_cancelling_run_shard_leaves_no_task_behind(world: ShardWorld) -> None:
+    world.seed(chat_requests(200))
+    engine = DeterministicEngine(CHAT_SPEC, delay=0.02)
+
+    async def go() -> list[asyncio.Task[Any]]:
+        job = ShardJob(batch_id=world.batch_id, shard_id=world.shard_id)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(
+                run_shard(job, engine=engine, blobs=world.adapters.blobs, table=world.adapters.table,
+                          settings=world.settings),
+                timeout=0.5,
+            )
+        await asyncio.sleep(0.1)
+        return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+
+    assert asyncio.run(go()) == []
+    assert 0 < len(engine.received) < 200
+
+
+class AbortAnsweringEngine(DeterministicEngine):
+    """Like vLLM's serving layer: a request aborted mid-generation comes back as an error reply, not an
+    exception."""
+
+    async def handle(self, url: str, body: dict[str, Any], request_id: str) -> EngineReply:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            return EngineReply(500, {"error": {"message": "aborted", "type": "server_error", "param": None,
+                                               "code": None}})
+        return await super().handle(url, body, request_id)
+
+
+def test_requests_aborted_by_a_stop_leave_no_result_line(world: ShardWorld) -> None:
+    world.seed(chat_requests(6))
+    settings = world.settings.model_copy(update={"worker_drain_seconds": 0.2})
+
+    async def cancel_soon() -> None:
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(world.set_status, "cancelling")
+
+    report = run(world, AbortAnsweringEngine(CHAT_SPEC), settings=settings, during=cancel_soon)
+    assert report.stopped_reason == "cancelling" and not report.finished
+    # Unrun, so Finalize writes `batch_cancelled` for each rather than a bogus 500 line.
+    assert world.results() == ({}, 0)
