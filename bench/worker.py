@@ -64,6 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engine-arg", action="append", type=parse_engine_arg, default=[], metavar="KEY=VALUE",
                    help="vLLM engine/frontend argument for both sides (repeatable), e.g. max_num_seqs=256")
     p.add_argument("--inputs", default="mixed,uniform", help="comma-separated: mixed, uniform")
+    p.add_argument("--system-prompts", type=int, default=4, help="distinct shared system prompts (mixed input)")
+    p.add_argument("--system-words", type=int, default=320, help="words per shared system prompt (~1.2 tokens each)")
+    p.add_argument("--shared-fraction", type=float, default=0.6, help="requests sharing one (mixed input)")
     p.add_argument("--ablation", action=argparse.BooleanOptionalAction, default=True,
                    help="run the ablation on the mixed input (default on)")
     p.add_argument("--alternative", action="store_true", help="also run longest-first without grouping")
@@ -86,7 +89,8 @@ def model_spec(args: argparse.Namespace) -> tuple[Any, Path]:
 
 
 def write_inputs(args: argparse.Namespace, workdir: Path) -> dict[str, Path]:
-    shape = InputShape(requests=args.requests)
+    shape = InputShape(requests=args.requests, system_prompts=args.system_prompts,
+                       shared_fraction=args.shared_fraction, system_words=args.system_words)
     makers = {"mixed": mixed_input, "uniform": uniform_input}
     paths = {}
     for name in [n.strip() for n in args.inputs.split(",") if n.strip()]:

@@ -192,7 +192,11 @@ class OurSide:
         process = time.monotonic() - started
         if proc.returncode != 0:
             raise RuntimeError(f"worker exited {proc.returncode}; see {log}:\n{log.read_text()[-3000:]}")
-        report = json.loads(proc.stdout.strip().splitlines()[-1])
+        # The worker prints its ShardReport as one JSON line (metrics lines may follow it).
+        reports = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"batch_id"')]
+        if not reports:
+            raise RuntimeError(f"no shard report on the worker's stdout; see {log}")
+        report = reports[-1]
         if not report.get("finished"):
             raise RuntimeError(f"worker did not finish the shard: {report}")
         return RunResult(label, float(report["running_seconds"]), process, self.results(batch_id),
