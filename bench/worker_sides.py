@@ -100,6 +100,7 @@ def run_vllm_batch(spec: ModelSpec, model_dir: Path, input_path: Path, workdir: 
            "--model", str(model_dir), "--served-model-name", spec.name, "--dtype", spec.dtype,
            "--max-model-len", str(spec.max_model_len), "--disable-log-stats",
            *(["--enforce-eager"] if on_cpu_build() else []), *cli_flags(spec.engine_args)]
+    load = os.getloadavg()[0]
     started = time.monotonic()
     with log.open("w") as f:
         code = subprocess.run(cmd, env=engine_env(), stdout=f, stderr=subprocess.STDOUT, check=False).returncode
@@ -116,7 +117,7 @@ def run_vllm_batch(spec: ModelSpec, model_dir: Path, input_path: Path, workdir: 
     for raw in out.read_text().splitlines():
         line = json.loads(raw)
         usage[line["custom_id"]] = usage_of(line)
-    return RunResult(label, running, process, usage, {"log": str(log)})
+    return RunResult(label, running, process, usage, {"log": str(log), "load": load})
 
 
 class OurSide:
@@ -185,6 +186,7 @@ class OurSide:
                "NIGHTBATCH_MODELS_JSON": self.settings.models_json, "NIGHTBATCH_BATCH_ID": batch_id,
                "NIGHTBATCH_SHARD_ID": "00000", **overrides}
         log = self.workdir / f"{label}.log"
+        load = os.getloadavg()[0]
         started = time.monotonic()
         with log.open("w") as err:
             proc = subprocess.run([sys.executable, "-m", "gpu_worker"], env=env, stdout=subprocess.PIPE,
@@ -200,7 +202,7 @@ class OurSide:
         if not report.get("finished"):
             raise RuntimeError(f"worker did not finish the shard: {report}")
         return RunResult(label, float(report["running_seconds"]), process, self.results(batch_id),
-                         {"report": report, "log": str(log)})
+                         {"report": report, "log": str(log), "load": load})
 
     def results(self, batch_id: str) -> dict[str, Usage]:
         from gpu_worker.shard import CHECKPOINT_RE, iter_object_lines, results_prefix
