@@ -71,6 +71,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engines: bool = True) ->
     print(f"nightbatch local: {base_url}", flush=True)
     print(f"  API key: {key}" + ("" if env_key else "   (generated; set NIGHTBATCH_API_KEY to choose one)"),
           flush=True)
+    print(f"  Dashboard: http://{host}:{port}/", flush=True)
     print("  State is in memory and is lost when this process stops.", flush=True)
     print(f"  Try: OpenAI(base_url='{base_url}', api_key='{key}')", flush=True)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
