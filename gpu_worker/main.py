@@ -22,6 +22,8 @@ from gpu_worker.engines.base import Engine
 from gpu_worker.runner import ShardJob, ShardReport, preflight, run_shard
 from gpu_worker.shard import load_shard
 from gpu_worker.watch import BATCH_REASONS, read_stop_reason
+from nightbatch.metrics import emit
+from nightbatch.pipeline.layout import results_prefix
 from nightbatch.settings import ModelSpec, Settings, get_settings
 from nightbatch.storage import Adapters, make_adapters
 
@@ -85,6 +87,13 @@ async def serve_shard(job: ShardJob, settings: Settings, adapters: Adapters, *, 
     finally:
         await engine.stop()
     print(report.model_dump_json(), flush=True)
+    attempts = sum(1 for k in await asyncio.to_thread(lambda: list(blobs.list_keys(results_prefix(
+        job.batch_id, job.shard_id)))) if k.rsplit("/", 1)[-1].startswith("acct-"))
+    emit(settings, {
+        "RequestsCompleted": report.completed, "RequestsFailed": report.failed,
+        "PromptTokens": report.input_tokens, "CompletionTokens": report.output_tokens,
+        "ShardDurationSeconds": round(time.monotonic() - started, 3), "ShardAttempt": max(1, attempts),
+    }, units={"ShardDurationSeconds": "Seconds"})
     return await exit_code(report, job, adapters)
 
 

@@ -23,12 +23,20 @@ CONTAINER_CACHE_DIR = "/cache"
 MODEL_CACHE_ENV = "NIGHTBATCH_MODEL_CACHE"
 HF_TOKEN_ENV = "HF_TOKEN"
 
-# What the build context sends to Docker and copies into cdk.out: only what the worker image needs.
+# The worker image's own ignore file (BuildKit reads it at build time; CDK does not, so it is merged here).
+WORKER_DOCKERIGNORE = "gpu_worker/Dockerfile.dockerignore"
+# Kept out of the build context cdk.out copies, beyond the ignore file: the CDK app and model weights.
 WORKER_IMAGE_EXCLUDE = [
     ".git", ".venv*", "venv*", "cdk.out", "node_modules", "tests", "bench", "docs", "infra", "app.py",
-    "cdk.json", "cdk.context.json", "**/__pycache__", "**/*.pyc", ".mypy_cache", ".ruff_cache",
-    ".pytest_cache", ".hypothesis", "dist", "build", "*.egg-info", "**/*.gguf", "**/*.safetensors",
+    "cdk.json", "cdk.context.json", "**/__pycache__", "**/*.pyc", "**/*.gguf", "**/*.safetensors",
 ]
+
+
+def worker_image_excludes(repo_root: Path) -> list[str]:
+    ignore = repo_root / WORKER_DOCKERIGNORE
+    lines = ignore.read_text().splitlines() if ignore.exists() else []
+    patterns = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    return list(dict.fromkeys([*patterns, *WORKER_IMAGE_EXCLUDE]))
 
 
 @dataclass(frozen=True)
@@ -173,7 +181,7 @@ class GpuCompute(Construct):
             directory=str(repo_root),
             file="gpu_worker/Dockerfile",
             platform=ecr_assets.Platform.LINUX_AMD64,
-            exclude=WORKER_IMAGE_EXCLUDE,
+            exclude=worker_image_excludes(repo_root),
         )
         self.log_group = logs.LogGroup(self, "WorkerLogs", retention=log_retention,
                                        removal_policy=cdk.RemovalPolicy.DESTROY)

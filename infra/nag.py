@@ -19,8 +19,9 @@ RULES: dict[str, str] = {
     "AwsSolutions-S1": "The data bucket is reached only through the API and the workers, whose requests are "
     "logged (API access logs, Lambda and worker logs); a second bucket for S3 server access logs would add "
     "cost and another retention policy for no new information. Enable CloudTrail S3 data events for audit.",
-    "AwsSolutions-SMG4": "The API keys secret holds client credentials that users paste into their clients; "
-    "automatic rotation would break every client. Operators rotate by editing the comma-separated list.",
+    "AwsSolutions-SMG4": "The API keys secret holds client credentials that users paste into their clients, "
+    "and the link secret signs download links already handed out; automatic rotation would break both. "
+    "Operators rotate keys by editing the comma-separated list, the link key by putting a new value.",
     "AwsSolutions-APIG4": "Authorization is OpenAI-style Bearer API keys checked by the API itself (every "
     "route, one code path in the local and AWS modes); an API Gateway authorizer would add a Lambda hop "
     "and a second copy of the key check.",

@@ -59,7 +59,7 @@ class Observability(Construct):
         http_api: apigwv2.HttpApi,
         functions: Mapping[str, lambda_.IFunction],
         state_machine: sfn.IStateMachine,
-        webhook_dlq: sqs.IQueue,
+        dead_letter_queues: Mapping[str, sqs.IQueue],
         stuck_batch_minutes: int,
         runnable_minutes: int,
         shard_attempts: int,
@@ -89,8 +89,9 @@ class Observability(Construct):
               f"A GPU job has waited RUNNABLE for more than {runnable_minutes} min (no capacity or GPU quota?).")
         alarm("ShardRetried", emf_metric("ShardAttempt", statistic="Maximum"), shard_attempts,
               f"A shard started its attempt number > {shard_attempts}.")
-        alarm("WebhookDlqNotEmpty", webhook_dlq.metric_approximate_number_of_messages_visible(
-            period=PERIOD, statistic="Maximum"), 0, "Webhook deliveries gave up; messages wait in the DLQ.")
+        for name, dlq in dead_letter_queues.items():
+            alarm(f"{name}DlqNotEmpty", dlq.metric_approximate_number_of_messages_visible(
+                period=PERIOD, statistic="Maximum"), 0, f"{name} messages gave up retrying; they wait in the DLQ.")
         failed_executions = cloudwatch.MathExpression(
             expression="failed + timedout + aborted", period=PERIOD, label="failed executions",
             using_metrics={
@@ -101,7 +102,7 @@ class Observability(Construct):
         )
         alarm("WorkflowFailed", failed_executions, 0, "A batch workflow execution failed, timed out or aborted.")
         for name, function in functions.items():
-            alarm(f"{name.capitalize()}Errors", function.metric_errors(period=PERIOD, statistic="Sum"), 0,
+            alarm(f"{name.title().replace('_', '')}Errors", function.metric_errors(period=PERIOD, statistic="Sum"), 0,
                   f"The {name} Lambda raised errors.")
 
         self.dashboard = cloudwatch.Dashboard(self, "Dashboard", default_interval=cdk.Duration.hours(24))
@@ -152,8 +153,8 @@ class Observability(Construct):
             cloudwatch.GraphWidget(title="API requests and 5xx", width=8, left=[
                 http_api.metric_count(period=PERIOD, statistic="Sum", label="requests"),
                 http_api.metric_server_error(period=PERIOD, statistic="Sum", label="5xx"),
-            ], right=[webhook_dlq.metric_approximate_number_of_messages_visible(
-                period=PERIOD, statistic="Maximum", label="webhook DLQ")]),
+            ], right=[dlq.metric_approximate_number_of_messages_visible(
+                period=PERIOD, statistic="Maximum", label=f"{name} DLQ") for name, dlq in dead_letter_queues.items()]),
         )
         self.dashboard.add_widgets(cloudwatch.AlarmStatusWidget(
             title="Alarms", width=24, alarms=list(self.alarms.values()),

@@ -22,6 +22,7 @@ from infra.notifications import Notifications
 from infra.observability import Observability
 from infra.orchestration import Orchestration
 from infra.storage import BATCHES_PREFIX, FILES_PREFIX, UPLOADS_PREFIX, Storage
+from infra.uploads import UploadComposer
 
 _READ = ("s3:GetObject",)
 _WRITE = ("s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts")
@@ -84,6 +85,17 @@ class NightbatchStack(cdk.Stack):
         )
 
         code = lambda_code(repo_root)
+        # Signs download links; the API signs and verifies, Notify signs links it mails. Resolved by
+        # CloudFormation into the functions' configuration, never written into the template.
+        self.link_secret = secretsmanager.Secret(
+            self, "LinkSecret",
+            description="nightbatch: HMAC key of signed download links (shared by the API and Notify)",
+            generate_secret_string=secretsmanager.SecretStringGenerator(exclude_punctuation=True, password_length=64),
+            removal_policy=cdk.RemovalPolicy.DESTROY,
+        )
+        link_env = settings_environment({"link_secret": self.link_secret.secret_value.unsafe_unwrap()})
+        self.uploads = UploadComposer(self, "Uploads", code=code, environment=runtime, log_retention=retention)
+        upload_env = settings_environment({"upload_queue_url": self.uploads.queue.queue_url})
         notify_env: dict[str, Any] = {
             "topic_arn": self.notifications.topic.topic_arn,
             "webhook_queue_url": self.notifications.webhook_queue.queue_url,
@@ -96,7 +108,7 @@ class NightbatchStack(cdk.Stack):
             self, "Orchestration",
             code=code,
             environment=runtime,
-            task_environment={"notify": settings_environment(notify_env)},
+            task_environment={"notify": {**settings_environment(notify_env), **link_env}},
             sweeper_environment=settings_environment({"job_queue": self.gpu.queue.job_queue_arn}),
             bucket=bucket,
             job_queue=self.gpu.queue,
@@ -119,7 +131,7 @@ class NightbatchStack(cdk.Stack):
         self.api = Api(
             self, "Api",
             code=code,
-            environment={**runtime, **settings_environment({
+            environment={**runtime, **link_env, **upload_env, **settings_environment({
                 "state_machine_arn": state_machine.state_machine_arn,
                 "api_keys_secret": self.api_keys.secret_arn,
             })},
@@ -136,9 +148,15 @@ class NightbatchStack(cdk.Stack):
         self.grant_objects(api_role, (FILES_PREFIX, BATCHES_PREFIX, UPLOADS_PREFIX), write=True)
         for name in ("validate", "plan", "finalize"):
             self.grant_objects(tasks[name].role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
+        # An uploaded input is read through its parts until composition finishes.
+        self.grant_objects(tasks["validate"].role, (UPLOADS_PREFIX,), write=False)
         self.grant_objects(sweeper.role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
+        composer = self.uploads.composer.role
+        self.grant_objects(composer, (FILES_PREFIX, UPLOADS_PREFIX), write=True)
+        for sender in (api_role, composer):
+            self.uploads.queue.grant_send_messages(sender)
         self.grant_objects(self.gpu.job_role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
-        for principal in (api_role, sweeper.role, self.gpu.job_role, *(t.role for t in tasks.values())):
+        for principal in (api_role, sweeper.role, composer, self.gpu.job_role, *(t.role for t in tasks.values())):
             self.grant_table(principal)
         state_machine.grant_start_execution(api_role)
         self.api_keys.grant_read(api_role)
@@ -155,14 +173,15 @@ class NightbatchStack(cdk.Stack):
                 self.grant_model_weights(model.spec.source)
 
         functions = {name: t.function for name, t in tasks.items()}
-        functions.update(sweep=sweeper.function, api=self.api.handler.function)
+        functions.update(sweep=sweeper.function, api=self.api.handler.function,
+                         compose_upload=self.uploads.composer.function)
         self.observability = Observability(
             self, "Observability",
             topic=self.notifications.topic,
             http_api=self.api.http_api,
             functions=functions,
             state_machine=state_machine,
-            webhook_dlq=self.notifications.webhook_dlq,
+            dead_letter_queues={"Webhook": self.notifications.webhook_dlq, "Upload": self.uploads.dlq},
             stuck_batch_minutes=config.alarms.stuck_batch_minutes,
             runnable_minutes=config.alarms.runnable_minutes,
             shard_attempts=config.alarms.shard_attempts,

@@ -14,6 +14,7 @@ UPLOADS_PREFIX = "uploads/"
 PREFIXES = (FILES_PREFIX, BATCHES_PREFIX, UPLOADS_PREFIX)
 
 # Files expire after 30 days by default (decision 11); the extra day lets the TTL delete metadata first.
+# uploads/ too: a file still made of its Upload's parts (composition pending or failed) is served from them.
 OBJECT_EXPIRY_DAYS = 31
 
 
@@ -39,7 +40,7 @@ class Storage(Construct):
                         prefix=prefix,
                         expiration=cdk.Duration.days(OBJECT_EXPIRY_DAYS),
                     )
-                    for prefix in (FILES_PREFIX, BATCHES_PREFIX)
+                    for prefix in PREFIXES
                 ),
                 s3.LifecycleRule(
                     id="abort-incomplete-multipart",

@@ -156,6 +156,24 @@ class Settings(BaseSettings):
     # The server the CLI talks to (`--base-url`); unset: the running `nightbatch local`, if there is one.
     base_url: str = ""
 
+    # --- Notifications: webhooks, SNS, e-mail (issue 5; nightbatch/notifications, docs/NOTIFICATIONS.md) ---
+    # (webhook_queue_url, email_sender, email_configuration_set, email_allowed_domains and link_secret are above.)
+    # Failed webhook deliveries are retried with exponential backoff from the base delay, each gap capped, until
+    # the event is older than the max age (OpenAI retries for 72 h). Tests shrink them to seconds.
+    webhook_retry_base_seconds: float = 5.0
+    webhook_retry_max_delay_seconds: float = 6 * 3600.0
+    webhook_max_age_seconds: float = 72 * 3600.0
+    webhook_timeout_seconds: float = 10.0
+    # Private and loopback webhook targets (the local stack allows them; never in AWS). Link-local (instance
+    # metadata), multicast, reserved and unspecified addresses are refused regardless.
+    allow_private_targets: bool = False
+    # Comma-separated addresses e-mailed about every terminal batch (the operator's own; not domain-checked).
+    email_recipients: str = ""
+    # Download links in e-mails: how long they stay valid, and the API's public base URL (with or without
+    # /v1; empty: e-mails name the file ids without links).
+    email_link_ttl_seconds: int = 7 * 86400
+    public_base_url: str = ""
+
     @field_validator("hour_seconds")
     @classmethod
     def _positive(cls, v: float) -> float:

@@ -7,6 +7,7 @@ import socket
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from email.utils import parseaddr
 from typing import Any
 
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
@@ -17,6 +18,7 @@ from nightbatch.settings import Settings
 from nightbatch.storage import make_adapters
 from nightbatch.storage.dynamo import create_table
 
+LOCAL_TOPIC = "nightbatch-events"
 FAKE_CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -66,6 +68,7 @@ class EmbeddedAws:
     server: Any
     endpoint_url: str
     port: int
+    topic_arn: str = ""
 
     def stop(self) -> None:
         self.server.stop()
@@ -85,4 +88,9 @@ def start_embedded_aws(settings: Settings, *, host: str = "127.0.0.1") -> Embedd
     adapters = make_adapters(settings, endpoint_url=endpoint)
     adapters.client("s3").create_bucket(Bucket=settings.bucket)
     create_table(adapters.client("dynamodb"), settings.table)
-    return EmbeddedAws(server=server, endpoint_url=endpoint, port=port)
+    # Notifications: the topic infra/ creates, and the sender's domain verified in SES (moto enforces it).
+    topic_arn = str(adapters.sns.create_topic(Name=LOCAL_TOPIC)["TopicArn"])
+    sender = parseaddr(settings.email_sender)[1]
+    if "@" in sender:
+        adapters.client("ses").verify_domain_identity(Domain=sender.rsplit("@", 1)[1])
+    return EmbeddedAws(server=server, endpoint_url=endpoint, port=port, topic_arn=topic_arn)

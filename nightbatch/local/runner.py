@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from nightbatch.local.engines import EngineHost
+from nightbatch.notifications import Notifier, build_notifier, notify_batch
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.services import Services
 from nightbatch.storage import Adapters
@@ -27,9 +28,12 @@ class LocalWorkflow:
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="batch")
         self.stopping = threading.Event()
         self.services: Services | None = None
+        self.notifier: Notifier | None = None
 
     def bind(self, services: Services) -> None:
         self.services = services
+        # The Notify step's notifier; its in-process delivery queue lives as long as this workflow (see stop()).
+        self.notifier = build_notifier(services.adapters)
 
     def start(self, batch_id: str) -> None:
         self.pool.submit(self._run_logged, batch_id)
@@ -82,7 +86,8 @@ class LocalWorkflow:
                 log.exception("shard %s of %s failed (attempt %d)", job.shard_id, job.batch_id, attempt)
 
     def _notify(self, services: Services, batch_id: str) -> None:
-        pass
+        if self.notifier is not None:
+            notify_batch(batch_id, notifier=self.notifier)
 
     def warm_up_in_background(self) -> None:
         if self.host is not None:
@@ -91,6 +96,8 @@ class LocalWorkflow:
     def stop(self) -> None:
         self.stopping.set()
         self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.notifier is not None:
+            self.notifier.close()
         if self.host is not None:
             self.host.stop()
 

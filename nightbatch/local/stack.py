@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -16,6 +17,7 @@ log = logging.getLogger("nightbatch.local")
 
 LOCAL_UPLOAD_LIMIT = 512 * 1000 * 1000  # OpenAI's per-file limit; no API Gateway in front locally
 LOCAL_PART_LIMIT = 64 * 1024 * 1024  # OpenAI's part limit, the SDK's default part_size
+LOCAL_SENDER = "nightbatch@nightbatch.local"  # verified in the embedded SES; mail never leaves the process
 
 
 def state_file() -> Path:
@@ -27,7 +29,9 @@ def local_settings(**overrides: Any) -> Settings:
     # A laptop's CPU costs nothing extra: cost estimates read $0 unless an instance price is configured.
     # No Lambda response limit locally: uploads and parts up to OpenAI's sizes, every download inline.
     defaults: dict[str, Any] = {"max_upload_bytes": LOCAL_UPLOAD_LIMIT, "instance_type": "cpu-local",
-                                "max_upload_part_bytes": LOCAL_PART_LIMIT, "max_inline_download_bytes": 0}
+                                "max_upload_part_bytes": LOCAL_PART_LIMIT, "max_inline_download_bytes": 0,
+                                # Webhook receivers on this machine are fine; e-mail only reaches the embedded SES.
+                                "allow_private_targets": True, "email_sender": LOCAL_SENDER}
     # Local defaults yield to NIGHTBATCH_* variables; explicit overrides win over both.
     values = {k: v for k, v in defaults.items() if f"NIGHTBATCH_{k.upper()}" not in os.environ}
     values.update(overrides)
@@ -52,6 +56,10 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engines: bool = True) ->
     key = env_key or f"nb-dev-{secrets.token_urlsafe(24)}"
     settings = local_settings(api_key=key)
     aws = start_embedded_aws(settings, host="127.0.0.1")
+    settings = settings.model_copy(update={
+        "topic_arn": settings.topic_arn or aws.topic_arn,
+        "public_base_url": settings.public_base_url or f"http://{host}:{port}",
+    })
     adapters = make_adapters(settings, endpoint_url=aws.endpoint_url)
     workflow = LocalWorkflow(adapters, engines=engines)
     services = build_services(adapters, workflow)
@@ -75,6 +83,7 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engines: bool = True) ->
         workflow.stop()
         aws.stop()
         _forget()
+        _end_children()
         print("nightbatch local: stopped", file=sys.stderr, flush=True)
 
 
@@ -95,3 +104,18 @@ def _forget() -> None:
             path.unlink()
     except (OSError, ValueError):
         pass
+
+
+def _end_children(grace: float = 10.0) -> None:
+    """Ends engine processes that outlived their engine (vLLM's EngineCore can, if its parent was interrupted
+    mid-shutdown), so that stopping `nightbatch local` never leaves a model in memory."""
+    import psutil
+
+    children = psutil.Process().children(recursive=True)
+    for child in children:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=grace)
+    for child in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            child.kill()

@@ -17,6 +17,7 @@ from nightbatch.clock import now
 from nightbatch.errors import StorageConflictError
 from nightbatch.ids import derived_id
 from nightbatch.jsonl import split_lines
+from nightbatch.metrics import emit
 from nightbatch.pipeline import layout
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
 from nightbatch.pipeline.results import Tally, digest, summarize_result_line, unrun_line
@@ -75,6 +76,7 @@ def finalize_batch(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     except StorageConflictError:
         fresh = table.get(inp.batch_id)
         return FinalizeOutput(batch_id=inp.batch_id, status=fresh["status"] if fresh else "missing")
+    emit(services.settings, {"BatchesFinished": 1}, dimensions={"Status": target})
     log.info("finalized", extra={"batch_id": inp.batch_id, "status": target, "completed": tally.completed,
                                  "failed": tally.failed, "cost": ext["cost"]})
     return FinalizeOutput(batch_id=inp.batch_id, status=target)
@@ -88,6 +90,7 @@ def _fail_unvalidated(services: Services, batch: dict[str, Any]) -> FinalizeOutp
                                         "message": "The input could not be validated; please retry."}]}})
     except StorageConflictError:
         return finalize_batch(BatchTaskInput(batch_id=batch["pk"]), services)
+    emit(services.settings, {"BatchesFinished": 1}, dimensions={"Status": "failed"})
     return FinalizeOutput(batch_id=batch["pk"], status="failed")
 
 

@@ -1,24 +1,84 @@
-"""The sweeper: a batch whose workflow never started (StartExecution failed) is started again."""
+"""The sweeper (every few minutes in AWS): re-drives batches whose workflow never started, finalizes batches
+whose workflow died past their window, cancels queued jobs of cancelled or expired batches, and reports the
+gauges the alarms watch."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from nightbatch.clock import now
+from nightbatch.metrics import emit
+from nightbatch.pipeline.finalize import finalize_batch
+from nightbatch.pipeline.models import BatchTaskInput
 from nightbatch.services import Services
+from nightbatch.storage.batch_jobs import ACTIVE, UNSTARTED, BatchJobs
+from nightbatch.wire import TERMINAL_STATUSES
 
+log = logging.getLogger("nightbatch.sweep")
 STALE_SECONDS = 300
+OPEN_STATUSES = ("validating", "in_progress", "cancelling", "finalizing")
+# The execution's own timeout is the window plus a finalize margin; past this the workflow is gone.
+EXPIRY_GRACE_SECONDS = 1800
 
 
-def sweep(services: Services, *, stale_seconds: int = STALE_SECONDS) -> dict[str, Any]:
-    table = services.adapters.table
+def sweep(services: Services, *, stale_seconds: int = STALE_SECONDS,
+          expiry_grace_seconds: int = EXPIRY_GRACE_SECONDS) -> dict[str, Any]:
+    table, settings = services.adapters.table, services.settings
+    t = now()
     redriven: list[str] = []
-    cutoff = now() - stale_seconds
-    for key in table.query_open("validating"):
-        batch = table.get(key["pk"])
-        if batch is None or batch["status"] != "validating" or batch["created_at"] > cutoff:
-            continue
-        # Executions are named after the batch: starting one that exists is a no-op.
-        services.batches.workflow.start(batch["pk"])
-        redriven.append(batch["pk"])
-    return {"redriven": redriven}
+    finalized: list[str] = []
+    open_counts: dict[str, int] = {}
+    oldest: dict[str, int] = {}
+    for status in OPEN_STATUSES:
+        for key in table.query_open(status):
+            batch = table.get(key["pk"])
+            if batch is None or batch["status"] != status:
+                continue
+            open_counts[status] = open_counts.get(status, 0) + 1
+            age = t - int(batch.get(f"{status}_at") or batch["created_at"])
+            oldest[status] = max(oldest.get(status, 0), age)
+            if t > int(batch["expires_at"]) + expiry_grace_seconds:
+                # Finalize is idempotent: safe even if the workflow is in fact still finishing.
+                finalized.append(finalize_batch(BatchTaskInput(batch_id=batch["pk"]), services).batch_id)
+            elif status == "validating" and batch["created_at"] <= t - stale_seconds:
+                # Executions are named after the batch: starting one that exists is a no-op.
+                services.batches.workflow.start(batch["pk"])
+                redriven.append(batch["pk"])
+    cancelled_jobs = _sweep_jobs(services, t) if settings.job_queue else []
+    if open_counts:
+        for status, n in open_counts.items():
+            emit(settings, {"BatchesOpen": n}, dimensions={"Status": status})
+        for status in ("validating", "finalizing"):
+            if status in oldest:
+                emit(settings, {"OldestBatchAgeSeconds": oldest[status]}, units={"OldestBatchAgeSeconds": "Seconds"},
+                     dimensions={"Status": status})
+    return {"redriven": redriven, "finalized": finalized, "cancelled_jobs": cancelled_jobs}
+
+
+def _sweep_jobs(services: Services, t: int) -> list[str]:
+    settings, table = services.settings, services.adapters.table
+    jobs = BatchJobs(client=services.adapters.client("batch"), queue=settings.job_queue)
+    cancelled: list[str] = []
+    counts: dict[str, int] = {}
+    oldest_runnable = 0
+    for status in ACTIVE:
+        for job in jobs.jobs(status):
+            counts[status] = counts.get(status, 0) + 1
+            if status == "RUNNABLE":
+                oldest_runnable = max(oldest_runnable, t - int(job.get("createdAt", t * 1000)) // 1000)
+            if status not in UNSTARTED:
+                continue
+            # Job names are "<batch_id>-<shard_id>" (infra/orchestration.py).
+            batch = table.get(str(job.get("jobName", "")).rsplit("-", 1)[0])
+            if batch is not None and (batch["status"] in TERMINAL_STATUSES or batch["status"] == "cancelling"
+                                      or t >= int(batch["expires_at"])):
+                jobs.cancel(job["jobId"], "nightbatch: batch cancelled or expired")
+                cancelled.append(job["jobId"])
+    if counts:
+        for status, n in counts.items():
+            emit(settings, {"QueueJobs": n}, dimensions={"JobStatus": status})
+        gauges: dict[str, float] = {"OldestRunnableJobAgeSeconds": oldest_runnable,
+                                    "GpuInstancesRunning": counts.get("RUNNING", 0)}
+        emit(settings, gauges, units={"OldestRunnableJobAgeSeconds": "Seconds"})
+    return cancelled

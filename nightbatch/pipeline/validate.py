@@ -14,6 +14,7 @@ from nightbatch.clock import now
 from nightbatch.errors import StorageConflictError
 from nightbatch.jsonl import split_lines
 from nightbatch.limits import check_queue_limits
+from nightbatch.metrics import emit
 from nightbatch.pipeline import layout
 from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
 from nightbatch.pipeline.segments import segment_line
@@ -153,5 +154,6 @@ def _fail(services: Services, batch: dict[str, Any], errors: list[BatchError]) -
     except StorageConflictError:
         # Cancelled meanwhile: Finalize turns it into `cancelled` with no lines.
         return ValidateOutput(batch_id=batch["pk"], valid=True)
+    emit(services.settings, {"BatchesFinished": 1}, dimensions={"Status": "failed"})
     log.info("validation failed", extra={"batch_id": batch["pk"], "errors": len(errors)})
     return ValidateOutput(batch_id=batch["pk"], valid=False)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -59,15 +61,17 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack
     env.pop("AWS_ENDPOINT_URL", None)
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "nightbatch", "local", "--port", str(port)], env=env,
-                                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+                                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     base_url = f"http://127.0.0.1:{port}/v1"
     try:
         _wait_ready(proc, base_url, log, timeout=120)
         yield LocalStack(base_url=base_url, api_key=API_KEY, log=log)
     finally:
-        proc.terminate()
+        proc.terminate()  # SIGTERM, as a user's Ctrl-C or a service manager would
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # nothing of the stack may outlive the session

@@ -124,9 +124,9 @@ def create_resources(template: dict[str, Any]) -> Deployment:
         url = sqs.create_queue(QueueName=queue_id[:70])["QueueUrl"]
         d.refs[queue_id] = url
         d.attrs[(queue_id, "Arn")] = f"arn:aws:sqs:{REGION}:{ACCOUNT}:{queue_id[:70]}"
-    secret_id, _ = one_of_type(template, "AWS::SecretsManager::Secret")
-    d.refs[secret_id] = boto3.client("secretsmanager", region_name=REGION).create_secret(
-        Name="nb-api-keys", SecretString="sk-test")["ARN"]
+    for secret_id in of_type(template, "AWS::SecretsManager::Secret"):
+        d.refs[secret_id] = boto3.client("secretsmanager", region_name=REGION).create_secret(
+            Name=secret_id, SecretString="test-secret")["ARN"]
 
     iam = boto3.client("iam", region_name=REGION)
     role = iam.create_role(RoleName="nb-role", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
@@ -226,6 +226,34 @@ def patch_batch(monkeypatch: pytest.MonkeyPatch, d: Deployment) -> None:
         job._mark_stopped(success=record.succeeded)
 
     monkeypatch.setattr(BatchSimpleBackend, "_mark_job_as_finished", finish)
+
+
+# Per-job variables: the state machine's overrides, Batch's own, and the worker's container-only path.
+JOB_ONLY_ENV = {"NIGHTBATCH_BATCH_ID", "NIGHTBATCH_SHARD_ID", "NIGHTBATCH_MODEL_CACHE", "AWS_BATCH_JOB_ID",
+                "MANAGED_BY_AWS"}
+
+
+def worker_in_process(monkeypatch: pytest.MonkeyPatch, *, engine: str) -> Callable[[dict[str, str]], None]:
+    """Run a submitted job as the container would (`python -m gpu_worker`), on moto's thread, with `engine`."""
+    import asyncio.unix_events
+    import os
+
+    from gpu_worker import main as worker_main
+
+    # The container's SIGTERM handling cannot be installed off the main thread, and has no place in a test.
+    monkeypatch.setattr(asyncio.unix_events._UnixSelectorEventLoop, "add_signal_handler",
+                        lambda self, sig, callback, *args: None)
+
+    def run(env: dict[str, str]) -> None:
+        shared = {k: v for k, v in env.items() if k not in JOB_ONLY_ENV}
+        drift = {k for k, v in shared.items() if os.environ.get(k) != v}
+        assert not drift, f"the job definition's environment differs from the Lambdas' in {drift}"
+        code = worker_main.main(["--engine", engine, "--batch-id", env["NIGHTBATCH_BATCH_ID"],
+                                 "--shard-id", env["NIGHTBATCH_SHARD_ID"]])
+        if code != 0:
+            raise RuntimeError(f"the worker exited {code}")
+
+    return run
 
 
 def wait_for_execution(arn: str, timeout: float = 90.0) -> dict[str, Any]:

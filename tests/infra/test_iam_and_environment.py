@@ -61,19 +61,37 @@ def test_data_access_is_scoped_to_the_bucket_and_table(template: dict[str, Any])
                 assert _mentions(resource, table), (logical, resource)
 
 
+def _role_of(template: dict[str, Any], handler: str) -> str:
+    fn = next(f for f in of_type(template, "AWS::Lambda::Function").values() if f["Properties"]["Handler"] == handler)
+    return str(fn["Properties"]["Role"]["Fn::GetAtt"][0])
+
+
 def test_drivers_are_scoped_to_their_one_resource(template: dict[str, Any]) -> None:
     machine, _ = one_of_type(template, "AWS::StepFunctions::StateMachine")
     topic, _ = one_of_type(template, "AWS::SNS::Topic")
-    queue = next(k for k, q in of_type(template, "AWS::SQS::Queue").items() if "RedrivePolicy" in q["Properties"])
-    expected = {"states:StartExecution": {"Ref": machine}, "sns:Publish": {"Ref": topic},
-                "sqs:SendMessage": {"Fn::GetAtt": [queue, "Arn"]}}
+    queues = {k.split("Queue")[0]: k for k, q in of_type(template, "AWS::SQS::Queue").items()
+              if "RedrivePolicy" in q["Properties"]}
+    expected: dict[str, dict[str, Any]] = {
+        "states:StartExecution": {"Ref": machine},
+        "sns:Publish": {"Ref": topic},
+    }
+    senders = {
+        _role_of(template, "functions.tasks.notify.handler"): queues["NotificationsWebhook"],
+        _role_of(template, "functions.api.handler.handler"): queues["Uploads"],
+        _role_of(template, "functions.tasks.compose_upload.handler"): queues["Uploads"],
+    }
+    policies = of_type(template, "AWS::IAM::Policy")
     seen = set()
     for logical, statement in _statements(template):
+        roles = [r["Ref"] for r in policies[logical]["Properties"]["Roles"]]
         for action, resource in expected.items():
             if action in _list(statement["Action"]):
                 assert _list(statement["Resource"]) == [resource], (logical, action)
                 seen.add(action)
-    assert seen == set(expected)
+        if "sqs:SendMessage" in _list(statement["Action"]):
+            (role,) = roles
+            assert _list(statement["Resource"]) == [{"Fn::GetAtt": [senders.pop(role), "Arn"]}], logical
+    assert seen == set(expected) and senders == {}
 
 
 def test_only_batch_hosts_use_a_managed_policy(template: dict[str, Any]) -> None:
@@ -116,7 +134,15 @@ def test_each_lambda_gets_what_it_drives(template: dict[str, Any]) -> None:
     assert "NIGHTBATCH_STATE_MACHINE_ARN" in envs["functions.tasks.sweep.handler"]
     assert "NIGHTBATCH_JOB_QUEUE" in envs["functions.tasks.sweep.handler"]
     notify = envs["functions.tasks.notify.handler"]
-    assert {"NIGHTBATCH_TOPIC_ARN", "NIGHTBATCH_WEBHOOK_QUEUE_URL"} <= set(notify)
+    assert {"NIGHTBATCH_TOPIC_ARN", "NIGHTBATCH_WEBHOOK_QUEUE_URL", "NIGHTBATCH_LINK_SECRET"} <= set(notify)
+    assert {"NIGHTBATCH_UPLOAD_QUEUE_URL", "NIGHTBATCH_LINK_SECRET"} <= set(envs["functions.api.handler.handler"])
+    assert "NIGHTBATCH_UPLOAD_QUEUE_URL" in envs["functions.tasks.compose_upload.handler"]
+
+
+def test_link_secret_is_a_deploy_time_reference_not_a_value(template: dict[str, Any]) -> None:
+    for handler in ("functions.api.handler.handler", "functions.tasks.notify.handler"):
+        value = json.dumps(_lambda_envs(template)[handler]["NIGHTBATCH_LINK_SECRET"])
+        assert "{{resolve:secretsmanager:" in value, handler
 
 
 def test_job_definition_variables_are_settings_fields_or_worker_constants(template: dict[str, Any]) -> None:

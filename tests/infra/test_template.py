@@ -29,7 +29,7 @@ def test_bucket_is_private_encrypted_tls_only_and_expires_files(template: dict[s
     assert bucket["PublicAccessBlockConfiguration"] == {
         "BlockPublicAcls": True, "BlockPublicPolicy": True, "IgnorePublicAcls": True, "RestrictPublicBuckets": True}
     rules = {r["Id"]: r for r in bucket["LifecycleConfiguration"]["Rules"]}
-    for prefix in ("files", "batches"):
+    for prefix in ("files", "batches", "uploads"):
         assert rules[f"expire-{prefix}"]["Prefix"] == f"{prefix}/"
         assert rules[f"expire-{prefix}"]["ExpirationInDays"] == 31
     assert rules["abort-incomplete-multipart"]["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 1}
@@ -91,6 +91,7 @@ def test_lambdas_share_runtime_and_have_the_expected_handlers(template: dict[str
     assert sorted(f["Handler"] for f in functions) == sorted([
         "functions.api.handler.handler", "functions.tasks.validate.handler", "functions.tasks.plan.handler",
         "functions.tasks.finalize.handler", "functions.tasks.notify.handler", "functions.tasks.sweep.handler",
+        "functions.tasks.compose_upload.handler",
     ])
     for f in functions:
         assert f["Runtime"] == "python3.14"
@@ -182,16 +183,31 @@ def test_worker_image_is_built_from_the_repo_root_with_a_lean_context(synth: Syn
     context = synth.outdir / image["source"]["directory"]
     staged = {p.name for p in context.iterdir()}
     assert {"gpu_worker", "nightbatch", "pyproject.toml"} <= staged
-    assert not staged & {".git", "tests", "infra", "cdk.out", ".venv", "node_modules", "docs"}
+    assert not staged & {".git", "tests", "infra", "cdk.out", ".venv", "node_modules", "docs", "bench"}
+    from infra.gpu_compute import worker_image_excludes
+
+    assert {".pytest_cache", "*.egg-info"} <= set(worker_image_excludes(ROOT))  # from the Dockerfile's ignore file
 
 
-def test_notifications_topic_encrypted_queue_has_dlq(template: dict[str, Any]) -> None:
+def test_notifications_topic_encrypted_queues_have_dlqs(template: dict[str, Any]) -> None:
     topic = _props(one_of_type(template, "AWS::SNS::Topic"))
     assert "KmsMasterKeyId" in topic
     queues = of_type(template, "AWS::SQS::Queue")
-    with_dlq = [q for q in queues.values() if "RedrivePolicy" in q["Properties"]]
-    assert len(queues) == 2 and len(with_dlq) == 1
+    with_dlq = {k: q for k, q in queues.items() if "RedrivePolicy" in q["Properties"]}
+    assert {k.split("Queue")[0] for k in with_dlq} == {"NotificationsWebhook", "Uploads"}
+    dlqs = {q["Properties"]["RedrivePolicy"]["deadLetterTargetArn"]["Fn::GetAtt"][0] for q in with_dlq.values()}
+    assert dlqs | set(with_dlq) == set(queues)
     assert all(q["Properties"]["SqsManagedSseEnabled"] for q in queues.values())
+
+
+def test_compose_upload_lambda_consumes_its_queue_one_message_at_a_time(template: dict[str, Any]) -> None:
+    (mapping,) = of_type(template, "AWS::Lambda::EventSourceMapping").values()
+    assert mapping["Properties"]["BatchSize"] == 1
+    queue = mapping["Properties"]["EventSourceArn"]["Fn::GetAtt"][0]
+    function = mapping["Properties"]["FunctionName"]["Ref"]
+    assert template["Resources"][function]["Properties"]["Handler"] == "functions.tasks.compose_upload.handler"
+    visibility = template["Resources"][queue]["Properties"]["VisibilityTimeout"]
+    assert visibility >= 6 * template["Resources"][function]["Properties"]["Timeout"]
 
 
 def test_alarms_reach_the_topic(template: dict[str, Any]) -> None:
@@ -204,6 +220,10 @@ def test_alarms_reach_the_topic(template: dict[str, Any]) -> None:
     names = {a["Properties"].get("MetricName") for a in alarms.values()}
     assert {"OldestBatchAgeSeconds", "OldestRunnableJobAgeSeconds", "ShardAttempt",
             "ApproximateNumberOfMessagesVisible", "Errors"} <= names
+    errors = [a for a in alarms.values() if a["Properties"].get("MetricName") == "Errors"]
+    assert len(errors) == len(of_type(template, "AWS::Lambda::Function"))
+    visible = [a for a in alarms.values() if a["Properties"].get("MetricName") == "ApproximateNumberOfMessagesVisible"]
+    assert len(visible) == 2  # one per dead-letter queue
     dims = [a["Properties"].get("Dimensions") for a in alarms.values()
             if a["Properties"].get("MetricName") == "OldestBatchAgeSeconds"]
     assert sorted(d[0]["Value"] for d in dims) == ["finalizing", "validating"]

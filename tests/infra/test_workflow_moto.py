@@ -7,7 +7,6 @@ submitJob.sync → Finalize → Notify in-process.
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 from collections.abc import Iterator
@@ -17,6 +16,8 @@ import pytest
 from moto import mock_aws
 
 from nightbatch.batches import CreateBatchRequest
+from nightbatch.pipeline import layout
+from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services, default_services
 from nightbatch.settings import get_settings
 from tests.infra.moto_workflow import (
@@ -29,11 +30,13 @@ from tests.infra.moto_workflow import (
     patch_lambda,
     patch_task_normalisation,
     wait_for_execution,
+    worker_in_process,
 )
 from tests.infra.synth import TEST_CONTEXT
 
 MODEL = "Qwen2.5-7B-Instruct"  # the first served model in cdk.json
 SHARD_ATTEMPTS = 1 + TEST_CONTEXT["shardRetry"]["maxAttempts"]
+ENGINE = "tests.support.deterministic_engine:DeterministicEngine"  # the runner's test double
 # Handlers main has not provided yet; the dispatcher answers them with {} (remove as they land).
 ALLOWED_STAND_INS = {"functions.tasks.notify.handler"}
 
@@ -110,47 +113,62 @@ def test_invalid_input_fails_without_running_shards(deployment: Deployment) -> N
     assert deployment.invoked("notify") == [{"version": 1, "batch_id": batch_id}]
 
 
-def test_failing_shard_is_retried_then_caught_and_its_lines_end_shard_failed(deployment: Deployment) -> None:
-    deployment.failing_shards.add("*")
-    services, batch_id = create_batch(jsonl([chat_line(i) for i in range(1, 6)]))
+def _small_shards(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plan reads its shard size from the environment: make a dozen lines several shards."""
+    monkeypatch.setenv("NIGHTBATCH_SHARD_TARGET_TOKENS", "60")
+    monkeypatch.setenv("NIGHTBATCH_SEGMENT_MAX_LINES", "3")
+    _clear_caches()
+
+
+def _shard_lines(services: Services, batch_id: str, shard_id: str) -> set[str]:
+    blobs = services.adapters.blobs
+    shard = json.loads(blobs.get_bytes(layout.shard_key(batch_id, shard_id)) or b"{}")
+    return {parse_segment_line(raw).custom_id for key in shard["segments"]
+            for raw in (blobs.get_bytes(key) or b"").splitlines()}
+
+
+def test_failing_shard_is_retried_then_caught_and_its_lines_end_shard_failed(
+        deployment: Deployment, monkeypatch: pytest.MonkeyPatch) -> None:
+    _small_shards(monkeypatch)
+    deployment.shard_runner = worker_in_process(monkeypatch, engine=ENGINE)
+    deployment.failing_shards.add("00001")
+    services, batch_id = create_batch(jsonl([chat_line(i) for i in range(1, 13)]))
     execution = wait_for_execution(execution_arn(deployment, batch_id))
     assert execution["status"] == "SUCCEEDED", execution
     states = entered_states(execution["executionArn"])
     assert states[:4] == ["Validate", "IsValid", "Plan", "Shards"] and states[-2:] == ["Finalize", "Notify"]
 
     shard_ids = {job.env["NIGHTBATCH_SHARD_ID"] for job in deployment.jobs}
-    assert shard_ids
+    assert len(shard_ids) > 2 and "00001" in shard_ids
     for shard_id in shard_ids:
         runs = [j for j in deployment.jobs if j.env["NIGHTBATCH_SHARD_ID"] == shard_id]
-        assert len(runs) == SHARD_ATTEMPTS and not any(j.succeeded for j in runs)
         assert {j.name for j in runs} == {f"{batch_id}-{shard_id}"}
         assert runs[0].env["NIGHTBATCH_BATCH_ID"] == batch_id
         assert runs[0].env["NIGHTBATCH_BUCKET"] == "nb-data"  # the job definition's environment, merged
+        if shard_id == "00001":  # first run plus the state machine's retries, then caught
+            assert len(runs) == SHARD_ATTEMPTS and not any(j.succeeded for j in runs)
+        else:
+            assert [j.succeeded for j in runs] == [True], runs
 
     batch = services.batches.get("default", batch_id)
     assert batch.status == "completed"
-    assert batch.request_counts.model_dump() == {"total": 5, "completed": 0, "failed": 5}
-    errors = read_file(services, batch.error_file_id)
-    assert sorted(line["custom_id"] for line in errors) == [f"req-{i}" for i in range(1, 6)]
+    failed_lines = _shard_lines(services, batch_id, "00001")
+    errors, output = read_file(services, batch.error_file_id), read_file(services, batch.output_file_id)
+    assert {line["custom_id"] for line in errors} == failed_lines
     assert {line["error"]["code"] for line in errors} == {"shard_failed"}
-    assert read_file(services, batch.output_file_id) == []
+    assert sorted(line["custom_id"] for line in errors + output) == sorted(f"req-{i}" for i in range(1, 13))
+    assert batch.request_counts.model_dump() == {"total": 12, "completed": 12 - len(failed_lines),
+                                                 "failed": len(failed_lines)}
 
 
-def _shard_runner_or_skip() -> Any:
-    missing = [m for m in ("gpu_worker.runner", "tests.support.deterministic_engine")
-               if importlib.util.find_spec(m.rsplit(".", 1)[0]) is None or importlib.util.find_spec(m) is None]
-    if missing:
-        pytest.skip(f"needs the shard runner and the deterministic test engine from main: {missing} not present")
-    return importlib.import_module("gpu_worker.runner")
-
-
-def test_valid_batch_completes_with_one_output_line_per_input(deployment: Deployment) -> None:
-    runner = _shard_runner_or_skip()
-    deployment.shard_runner = lambda env: runner.run_job_from_env(env)  # adapt to the runner's entry point
+def test_valid_batch_completes_with_one_output_line_per_input(deployment: Deployment,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    _small_shards(monkeypatch)
+    deployment.shard_runner = worker_in_process(monkeypatch, engine=ENGINE)
     services, batch_id = create_batch(jsonl([chat_line(i) for i in range(1, 13)]))
     execution = wait_for_execution(execution_arn(deployment, batch_id))
     assert execution["status"] == "SUCCEEDED", execution
-    assert deployment.jobs and all(j.succeeded for j in deployment.jobs)
+    assert len(deployment.jobs) > 1 and all(j.succeeded for j in deployment.jobs)
     batch = services.batches.get("default", batch_id)
     assert batch.status == "completed"
     output = read_file(services, batch.output_file_id)

@@ -1,0 +1,110 @@
+"""/v1/webhook_endpoints (OpenAI SDK 3.x `client.webhooks`), /v1/webhook_event_types, and delivery records."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Query
+
+from functions.api.deps import PrincipalDep, ServicesDep
+from nightbatch.errors import InvalidRequestError
+from nightbatch.notifications import Notifier
+from nightbatch.notifications.models import (
+    BATCH_EVENT_TYPES,
+    CreateWebhookEndpointRequest,
+    DeletedWebhookEndpoint,
+    RotateSecretRequest,
+    TestWebhookRequest,
+    UpdateWebhookEndpointRequest,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEndpointTestResult,
+    WebhookEndpointWithSecret,
+    WebhookEventTypeList,
+)
+from nightbatch.wire import ListPage
+
+router = APIRouter(prefix="/v1", tags=["webhooks"])
+
+
+def get_notifier(services: ServicesDep) -> Notifier:
+    # The API never enqueues (the Notify step does), so it needs no queue, topic or mailer.
+    return Notifier(settings=services.settings, table=services.adapters.table, topic=None, mailer=None, queue=None)
+
+
+NotifierDep = Annotated[Notifier, Depends(get_notifier)]
+
+
+@router.post("/webhook_endpoints", response_model=WebhookEndpointWithSecret)
+def create_endpoint(
+    body: CreateWebhookEndpointRequest, principal: PrincipalDep, notifier: NotifierDep
+) -> WebhookEndpointWithSecret:
+    return notifier.endpoints.create(principal.tenant, body)
+
+
+@router.get("/webhook_endpoints", response_model=ListPage[WebhookEndpoint])
+def list_endpoints(
+    principal: PrincipalDep, notifier: NotifierDep, limit: Annotated[int, Query()] = 20, after: str | None = None
+) -> ListPage[WebhookEndpoint]:
+    return notifier.endpoints.list(principal.tenant, limit=limit, after=after)
+
+
+@router.get("/webhook_endpoints/{endpoint_id}", response_model=WebhookEndpoint)
+def retrieve_endpoint(endpoint_id: str, principal: PrincipalDep, notifier: NotifierDep) -> WebhookEndpoint:
+    return notifier.endpoints.get(principal.tenant, endpoint_id)
+
+
+@router.post("/webhook_endpoints/{endpoint_id}", response_model=WebhookEndpoint)
+def update_endpoint(
+    endpoint_id: str, body: UpdateWebhookEndpointRequest, principal: PrincipalDep, notifier: NotifierDep
+) -> WebhookEndpoint:
+    return notifier.endpoints.update(principal.tenant, endpoint_id, body)
+
+
+@router.delete("/webhook_endpoints/{endpoint_id}", response_model=DeletedWebhookEndpoint)
+def delete_endpoint(endpoint_id: str, principal: PrincipalDep, notifier: NotifierDep) -> DeletedWebhookEndpoint:
+    return notifier.endpoints.delete(principal.tenant, endpoint_id)
+
+
+@router.post("/webhook_endpoints/{endpoint_id}/rotate_secret", response_model=WebhookEndpointWithSecret)
+def rotate_secret(
+    endpoint_id: str, principal: PrincipalDep, notifier: NotifierDep, body: RotateSecretRequest | None = None
+) -> WebhookEndpointWithSecret:
+    keep = body.keep_old_secret_active_for_24_hours if body else False
+    return notifier.endpoints.rotate_secret(principal.tenant, endpoint_id, keep_old=keep)
+
+
+@router.post("/webhook_endpoints/{endpoint_id}/test", response_model=WebhookEndpointTestResult)
+def test_endpoint(
+    endpoint_id: str, body: TestWebhookRequest, principal: PrincipalDep, notifier: NotifierDep
+) -> WebhookEndpointTestResult:
+    if body.event_type not in BATCH_EVENT_TYPES:
+        raise InvalidRequestError(
+            f"Invalid value: '{body.event_type}'. Supported values are: "
+            + ", ".join(f"'{t}'" for t in BATCH_EVENT_TYPES) + ".",
+            param="event_type", code="invalid_value",
+        )
+    endpoint = notifier.endpoints.item(principal.tenant, endpoint_id)
+    result = notifier.deliveries.send_test(endpoint, body.event_type)
+    if result.status_code is None:
+        raise InvalidRequestError(
+            f"The test event could not be delivered to {endpoint['url']}: {result.error}.",
+            param="webhook_endpoint_id", code="webhook_unreachable",
+        )
+    return WebhookEndpointTestResult(event_type=body.event_type, status_code=result.status_code,
+                                     webhook_endpoint_id=endpoint_id)
+
+
+@router.get("/webhook_event_types", response_model=WebhookEventTypeList)
+def list_event_types(principal: PrincipalDep) -> WebhookEventTypeList:
+    return WebhookEventTypeList(data=list(BATCH_EVENT_TYPES))
+
+
+@router.get("/nightbatch/webhook_endpoints/{endpoint_id}/deliveries", response_model=ListPage[WebhookDelivery])
+def list_deliveries(
+    endpoint_id: str, principal: PrincipalDep, notifier: NotifierDep,
+    limit: Annotated[int, Query()] = 20, after: str | None = None,
+) -> ListPage[WebhookDelivery]:
+    """Every delivery of the endpoint, newest first, each with all of its attempts (our extension)."""
+    notifier.endpoints.item(principal.tenant, endpoint_id)
+    return notifier.deliveries.list(principal.tenant, endpoint_id, limit=limit, after=after)

@@ -1,0 +1,215 @@
+"""Webhook deliveries: one per (event, endpoint), attempted at least once until a 2xx or the max age.
+
+Every attempt signs the stored body bytes afresh (new timestamp, same `webhook-id` = the delivery id), is recorded
+on the delivery item, and on failure schedules the next attempt through the queue with exponential backoff.
+A duplicate queue message (SQS is at-least-once) cannot fork the schedule: the attempt number it carries must be
+the next one, and the record of an attempt is a conditional write on the attempt count.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any
+
+from nightbatch.clock import now
+from nightbatch.errors import InvalidRequestError, StorageConflictError
+from nightbatch.ids import derived_id
+from nightbatch.notifications import transport
+from nightbatch.notifications.endpoints import signing_secrets
+from nightbatch.notifications.events import event_body, precise_sort_key
+from nightbatch.notifications.models import DeliveryAttempt, DeliveryMessage, WebhookDelivery
+from nightbatch.notifications.queues import DeliveryQueue
+from nightbatch.notifications.signatures import signed_headers
+from nightbatch.notifications.targets import Resolver, TargetRefusedError, resolve_target
+from nightbatch.settings import Settings
+from nightbatch.storage import Table
+from nightbatch.wire import ListPage
+
+log = logging.getLogger("nightbatch.notifications")
+
+MAX_LIST_LIMIT = 100
+RETAIN_SECONDS = 30 * 86400  # delivery records stay listable this long after the retries end
+# A message that arrives this early is put back rather than attempted (SQS's 15-minute delay cap, clock skew).
+EARLY_TOLERANCE_SECONDS = 1.0
+Poster = Callable[..., transport.PostResult]
+
+
+def owner(tenant: str, endpoint_id: str) -> str:
+    return f"{tenant}#webhook_delivery#{endpoint_id}"
+
+
+def delivery_id(event_id: str, endpoint_id: str) -> str:
+    """Derived, so that a re-run of Notify finds the delivery it made before."""
+    return derived_id("wh_", event_id, endpoint_id, length=32)
+
+
+def to_wire(item: dict[str, Any]) -> WebhookDelivery:
+    return WebhookDelivery(
+        id=item["pk"], webhook_endpoint_id=item["endpoint_id"], event_id=item["event_id"],
+        event_type=item["event_type"], batch_id=item.get("batch_id"), status=item["status"],
+        test=bool(item.get("test")), created_at=item["created_at"], next_attempt_at=item.get("next_attempt_at"),
+        attempts=[DeliveryAttempt.model_validate(a) for a in item.get("attempts", [])],
+    )
+
+
+class Deliveries:
+    def __init__(
+        self, *, settings: Settings, table: Table, queue: DeliveryQueue | None,
+        post: Poster = transport.post, resolver: Resolver | None = None,
+    ) -> None:
+        self.settings = settings
+        self.table = table
+        self.queue = queue
+        self.post = post
+        self.resolver = resolver
+
+    def backoff(self, attempts_done: int) -> float:
+        s = self.settings
+        return float(min(s.webhook_retry_base_seconds * 2 ** (attempts_done - 1), s.webhook_retry_max_delay_seconds))
+
+    def create(self, event: dict[str, Any], endpoint: dict[str, Any]) -> dict[str, Any]:
+        """The delivery of `event` to `endpoint` (the existing one when a previous run made it)."""
+        pk = delivery_id(event["event_id"], endpoint["pk"])
+        created = now()
+        item: dict[str, Any] = {
+            "pk": pk, "kind": "webhook_delivery", "tenant": event["tenant"],
+            "owner": owner(event["tenant"], endpoint["pk"]), "owner_sk": precise_sort_key(pk),
+            "endpoint_id": endpoint["pk"], "event_id": event["event_id"], "event_type": event["type"],
+            "batch_id": event.get("batch_id"), "body": event["body"], "status": "pending", "created_at": created,
+            "attempt_count": 0, "attempts": [], "next_attempt_at": created, "created_ts": time.time(),
+            "ttl": created + int(self.settings.webhook_max_age_seconds) + RETAIN_SECONDS,
+        }
+        try:
+            self.table.put_new(item)
+        except StorageConflictError:
+            return self.table.get(pk) or item
+        return item
+
+    def enqueue_first(self, item: dict[str, Any]) -> bool:
+        if item.get("enqueued") or item.get("attempt_count", 0) > 0:
+            return False
+        if self.queue is None:
+            log.error("no webhook queue configured (NIGHTBATCH_WEBHOOK_QUEUE_URL); %s not sent", item["pk"])
+            return False
+        self.queue.send(DeliveryMessage(delivery_id=item["pk"], attempt=1, not_before=time.time()).model_dump(), 0)
+        # Marked after the send: a crash in between re-sends on the next run (at least once, never zero).
+        self.table.update(item["pk"], set_={"enqueued": True})
+        return True
+
+    def handle_message(self, message: dict[str, Any]) -> DeliveryAttempt | None:
+        """The queue consumer: puts back a message that is early (past SQS's delay cap), else attempts it."""
+        msg = DeliveryMessage.model_validate(message)
+        early = msg.not_before - time.time()
+        if early > EARLY_TOLERANCE_SECONDS and self.queue is not None:
+            self.queue.send(message, early)
+            return None
+        return self.deliver_once(msg.delivery_id, attempt=msg.attempt)
+
+    def deliver_once(self, delivery_id: str, *, attempt: int | None = None) -> DeliveryAttempt | None:
+        """One attempt; None when there is nothing to do (done already, or a stale duplicate message)."""
+        item = self.table.get(delivery_id)
+        if item is None or item.get("kind") != "webhook_delivery" or item["status"] != "pending":
+            return None
+        n = int(item["attempt_count"]) + 1
+        if attempt is not None and attempt != n:
+            return None
+        endpoint = self.table.get(item["endpoint_id"])
+        at = now()
+        final = False
+        if endpoint is None or endpoint.get("kind") != "webhook_endpoint":
+            result, final = transport.PostResult(None, "the webhook endpoint was deleted", 0), True
+        else:
+            result = self._post(delivery_id, item["body"].encode(), endpoint, at)
+        status, next_at = "succeeded", None
+        if not result.ok:
+            delay = self.backoff(n)
+            give_up_at = float(item.get("created_ts", item["created_at"])) + self.settings.webhook_max_age_seconds
+            if final or time.time() + delay > give_up_at:
+                status = "failed"
+            else:
+                status, next_at = "pending", time.time() + delay
+        record = DeliveryAttempt(
+            attempt=n, attempted_at=at, status_code=result.status_code, error=_error_text(result),
+            duration_ms=result.duration_ms, next_attempt_at=math.ceil(next_at) if next_at else None,
+        )
+        try:
+            self.table.update(delivery_id, set_={
+                "attempt_count": n, "attempts": [*item.get("attempts", []), record.model_dump()],
+                "status": status, "next_attempt_at": record.next_attempt_at,
+            }, expect_in={"attempt_count": (n - 1,)})
+        except StorageConflictError:
+            return None  # a duplicate message attempted it too; that one recorded and scheduled
+        if next_at is not None and self.queue is not None:
+            msg = DeliveryMessage(delivery_id=delivery_id, attempt=n + 1, not_before=next_at)
+            self.queue.send(msg.model_dump(), next_at - time.time())
+        log.info("webhook %s attempt %d to %s: %s", delivery_id, n, item["endpoint_id"],
+                 record.status_code or record.error, extra={"delivery_id": delivery_id, "status": status})
+        return record
+
+    def _post(self, delivery_id: str, body: bytes, endpoint: dict[str, Any], at: int) -> transport.PostResult:
+        try:
+            target = resolve_target(endpoint["url"], allow_private=self.settings.allow_private_targets,
+                                    resolver=self.resolver)
+        except TargetRefusedError as e:
+            return transport.PostResult(None, e.message, 0)
+        headers = signed_headers(delivery_id, body, signing_secrets(endpoint, at=at), at=at)
+        return self.post(target, body=body, headers=headers, timeout=self.settings.webhook_timeout_seconds)
+
+    def send_test(self, endpoint: dict[str, Any], event_type: str) -> transport.PostResult:
+        """`webhooks.test`: one signed sample event, sent now, recorded like any delivery, never retried."""
+        at = now()
+        event_id = f"evt_test_{secrets.token_hex(12)}"
+        batch_id = f"batch_test_{secrets.token_hex(12)}"
+        body = event_body(event_id, event_type, at, batch_id)
+        delivery_id = f"wh_{secrets.token_hex(16)}"
+        target = resolve_target(endpoint["url"], allow_private=self.settings.allow_private_targets,
+                                resolver=self.resolver)
+        headers = signed_headers(delivery_id, body.encode(), signing_secrets(endpoint, at=at), at=at)
+        result = self.post(target, body=body.encode(), headers=headers,
+                           timeout=self.settings.webhook_timeout_seconds)
+        record = DeliveryAttempt(attempt=1, attempted_at=at, status_code=result.status_code,
+                                 error=_error_text(result), duration_ms=result.duration_ms)
+        self.table.put({
+            "pk": delivery_id, "kind": "webhook_delivery", "tenant": endpoint["tenant"],
+            "owner": owner(endpoint["tenant"], endpoint["pk"]), "owner_sk": precise_sort_key(delivery_id),
+            "endpoint_id": endpoint["pk"], "event_id": event_id, "event_type": event_type, "batch_id": batch_id,
+            "body": body, "status": "succeeded" if result.ok else "failed", "test": True, "created_at": at,
+            "attempt_count": 1, "attempts": [record.model_dump()], "next_attempt_at": None,
+            "ttl": at + RETAIN_SECONDS,
+        })
+        return result
+
+    def list(self, tenant: str, endpoint_id: str, *, limit: int, after: str | None) -> ListPage[WebhookDelivery]:
+        if not 1 <= limit <= MAX_LIST_LIMIT:
+            raise InvalidRequestError(f"Invalid 'limit': {limit}. Expected a value between 1 and {MAX_LIST_LIMIT}.",
+                                      param="limit", code="invalid_value")
+        after_sk = None
+        if after:
+            cursor = self.table.get(after) if after.startswith("wh_") else None
+            if cursor is None or cursor.get("owner") != owner(tenant, endpoint_id):
+                raise InvalidRequestError(f"Invalid 'after': no delivery with id '{after}'.", param="after")
+            after_sk = str(cursor["owner_sk"])
+        data: list[WebhookDelivery] = []
+        has_more = False
+        for item in self.table.query_owner(owner(tenant, endpoint_id), ascending=False, after_sk=after_sk,
+                                           page_size=limit + 1):
+            if len(data) == limit:
+                has_more = True
+                break
+            data.append(to_wire(item))
+        return ListPage(data=data, has_more=has_more, first_id=data[0].id if data else None,
+                        last_id=data[-1].id if data else None)
+
+
+def _error_text(result: transport.PostResult) -> str | None:
+    if result.error:
+        return result.error
+    if result.status_code is not None and 300 <= result.status_code < 400:
+        return "redirects are not followed"
+    if result.status_code is not None and not result.ok:
+        return f"HTTP {result.status_code}"
+    return None

@@ -1,0 +1,193 @@
+"""The Notify step: one event per terminal transition, then webhooks, SNS and email, each at most once per run.
+
+`notify_batch` is idempotent. The event item is created by a conditional put keyed by batch and status; each
+channel leaves a mark on it (deliveries are items of their own), so a second run (Finalize or Notify retried)
+sends nothing twice, and a run that failed half-way completes what is missing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from nightbatch.batches import to_wire as batch_to_wire
+from nightbatch.errors import NightbatchError
+from nightbatch.links import sign_link
+from nightbatch.notifications import transport
+from nightbatch.notifications.delivery import Deliveries, Poster
+from nightbatch.notifications.email import compose, recipients
+from nightbatch.notifications.endpoints import WebhookEndpointService
+from nightbatch.notifications.events import mark_event, record_event
+from nightbatch.notifications.models import DeliveryAttempt
+from nightbatch.notifications.queues import DeliveryQueue, InProcessQueue
+from nightbatch.notifications.targets import Resolver
+from nightbatch.settings import Settings
+from nightbatch.storage import Adapters, Table
+from nightbatch.storage.delivery_queue import SqsDeliveryQueue
+from nightbatch.storage.ses import EmailRejectedError, Mailer
+from nightbatch.storage.sns import Topic
+from nightbatch.wire import TERMINAL_STATUSES
+
+log = logging.getLogger("nightbatch.notifications")
+
+SNS_MAX_BYTES = 256 * 1024
+
+
+class NotifyError(NightbatchError):
+    """A channel failed after the others ran; the step is retried and the retry sends only what is missing."""
+
+
+class NotifyResult(BaseModel):
+    version: Literal[1] = 1
+    batch_id: str
+    status: Literal["notified", "not_terminal", "missing"]
+    event_id: str | None = None
+    event_type: str | None = None
+    event_created: bool = False
+    deliveries_enqueued: int = 0
+    sns_message_id: str | None = None
+    emails_sent: int = 0
+
+
+class Notifier:
+    def __init__(
+        self, *, settings: Settings, table: Table, topic: Topic | None, mailer: Mailer | None,
+        queue: DeliveryQueue | None, post: Poster = transport.post, resolver: Resolver | None = None,
+    ) -> None:
+        self.settings = settings
+        self.table = table
+        self.topic = topic
+        self.mailer = mailer
+        self.endpoints = WebhookEndpointService(settings=settings, table=table, resolver=resolver)
+        self.deliveries = Deliveries(settings=settings, table=table, queue=queue, post=post, resolver=resolver)
+
+    @property
+    def queue(self) -> DeliveryQueue | None:
+        return self.deliveries.queue
+
+    def handle_message(self, message: dict[str, Any]) -> DeliveryAttempt | None:
+        return self.deliveries.handle_message(message)
+
+    def close(self) -> None:
+        if self.queue is not None:
+            self.queue.close()
+
+    def notify_batch(self, batch_id: str) -> NotifyResult:
+        batch = self.table.get(batch_id)
+        if batch is None or batch.get("kind") != "batch":
+            return NotifyResult(batch_id=batch_id, status="missing")
+        if batch["status"] not in TERMINAL_STATUSES:
+            return NotifyResult(batch_id=batch_id, status="not_terminal")
+        event, created = record_event(self.table, batch)
+        result = NotifyResult(batch_id=batch_id, status="notified", event_id=event["event_id"],
+                              event_type=event["type"], event_created=created,
+                              sns_message_id=event.get("sns_message_id"))
+        failed: list[str] = []
+        for channel, send in (("webhooks", self._webhooks), ("sns", self._sns), ("email", self._email)):
+            try:
+                send(batch, event, result)
+            except Exception:
+                log.exception("notify %s: %s failed", batch_id, channel)
+                failed.append(channel)
+        if failed:
+            raise NotifyError(f"Notifying {batch_id} failed for: {', '.join(failed)}.")
+        return result
+
+    def _webhooks(self, batch: dict[str, Any], event: dict[str, Any], result: NotifyResult) -> None:
+        for endpoint in self.endpoints.all_items(batch["tenant"]):
+            if event["type"] in endpoint.get("event_types", []):
+                delivery = self.deliveries.create(event, endpoint)
+                result.deliveries_enqueued += int(self.deliveries.enqueue_first(delivery))
+
+    def _sns(self, batch: dict[str, Any], event: dict[str, Any], result: NotifyResult) -> None:
+        if self.topic is None or event.get("sns_message_id"):
+            return
+        wire = batch_to_wire(batch)
+        message = wire.model_dump_json()
+        if len(message.encode()) > SNS_MAX_BYTES and wire.errors is not None:
+            # SNS caps a message at 256 KiB; errors.data may hold a thousand lines. Subscribers can retrieve().
+            wire.errors.data = wire.errors.data[:20]
+            message = wire.model_dump_json()
+        result.sns_message_id = self.topic.publish(
+            message, subject=f"nightbatch {event['type']} {batch['pk']}",
+            attributes={"tenant": batch["tenant"], "event_type": event["type"], "event_id": event["event_id"],
+                        "batch_id": batch["pk"]},
+        )
+        mark_event(self.table, event["pk"], "sns_message_id", result.sns_message_id)
+
+    def _email(self, batch: dict[str, Any], event: dict[str, Any], result: NotifyResult) -> None:
+        to, refused = recipients(self.settings, batch.get("options"))
+        if refused:
+            log.warning("notify %s: not emailing %s (domain not in NIGHTBATCH_EMAIL_ALLOWED_DOMAINS)",
+                        batch["pk"], ", ".join(refused))
+        done = [*event.get("emailed_to", []), *event.get("email_rejected", [])]
+        pending = [a for a in to if a not in done]
+        if not pending:
+            return
+        wire = batch_to_wire(batch)
+        links, expires_at = self._links([fid for fid in (wire.output_file_id, wire.error_file_id) if fid])
+        subject, text = compose(wire, links, links_expire_at=expires_at)
+        log.info("email for %s to %s\nSubject: %s\n\n%s", batch["pk"], ", ".join(pending), subject, text)
+        if self.mailer is None:
+            log.warning("notify %s: email not sent, no sender identity (NIGHTBATCH_EMAIL_SENDER)", batch["pk"])
+            return
+        sent = list(event.get("emailed_to", []))
+        rejected = list(event.get("email_rejected", []))
+        transient: Exception | None = None
+        for address in pending:
+            try:
+                self.mailer.send_text(address, subject=subject, text=text)
+            except EmailRejectedError as e:
+                # Permanent (e.g. an unverified recipient in the SES sandbox): logged, never retried.
+                log.warning("notify %s: SES rejected the e-mail to %s: %s", batch["pk"], address, e)
+                rejected.append(address)
+                mark_event(self.table, event["pk"], "email_rejected", rejected)
+                continue
+            except Exception as e:  # throttling, service errors: the step's retry sends what is missing
+                transient = e
+                continue
+            sent.append(address)
+            mark_event(self.table, event["pk"], "emailed_to", sent)
+            result.emails_sent += 1
+        if transient is not None:
+            raise transient
+
+    def _links(self, file_ids: list[str]) -> tuple[dict[str, str | None], int | None]:
+        """Signed download links (nightbatch.links), or none when they could not be followed."""
+        s = self.settings
+        base = s.public_base_url.rstrip("/").removesuffix("/v1")
+        # Without a shared key each process signs with its own, and only the local mode (one process) could
+        # verify what the Notify Lambda signs.
+        if not file_ids or not base or (s.mode != "local" and not s.link_secret):
+            return {}, None
+        signed = [sign_link(s, fid, ttl_seconds=s.email_link_ttl_seconds) for fid in file_ids]
+        return {link.file_id: base + link.path for link in signed}, signed[0].expires_at
+
+
+def notify_batch(batch_id: str, *, notifier: Notifier) -> NotifyResult:
+    """The workflow's Notify step, after any terminal transition (idempotent; see the module docstring)."""
+    return notifier.notify_batch(batch_id)
+
+
+def build_notifier(
+    adapters: Adapters, *, queue: DeliveryQueue | None = None, post: Poster = transport.post,
+    resolver: Resolver | None = None,
+) -> Notifier:
+    """SQS when a queue URL is configured; in the local mode, an in-process delayed queue feeding the same code."""
+    settings = adapters.settings
+    topic = Topic(client=adapters.sns, topic_arn=settings.topic_arn) if settings.topic_arn else None
+    mailer = None
+    if settings.email_sender:
+        mailer = Mailer(client=adapters.client("ses"), sender=settings.email_sender,
+                        configuration_set=settings.email_configuration_set)
+    notifier = Notifier(settings=settings, table=adapters.table, topic=topic, mailer=mailer, queue=queue,
+                        post=post, resolver=resolver)
+    if queue is None:
+        if settings.webhook_queue_url:
+            notifier.deliveries.queue = SqsDeliveryQueue(client=adapters.client("sqs"),
+                                                         queue_url=settings.webhook_queue_url)
+        elif settings.mode == "local":
+            notifier.deliveries.queue = InProcessQueue(notifier.handle_message)
+    return notifier
