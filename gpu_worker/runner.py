@@ -234,6 +234,12 @@ class _ShardRun:
             log.warning("request %s (line %d) raised %r; recorded as a 500", request.custom_id, request.n,
                         exc)
             reply = exception_reply(exc)
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            # Aborted by a stop (cancel, expiry, SIGTERM): vLLM may answer an aborted request with an error
+            # body, which is not this request's result. It stays unrun: rerun on resume, or reported by
+            # Finalize as `batch_cancelled` / `batch_expired`.
+            raise asyncio.CancelledError
         line = result_line(self.job.batch_id, request.custom_id, request_id, reply)
         self.checkpointer.add(line)
         if line.ok:

@@ -97,6 +97,7 @@ def to_wire(item: dict[str, Any]) -> Batch:
     errors = item.get("errors")
     usage = item.get("usage")
     counts = item.get("request_counts") or {}
+    ext = dict(item.get("ext") or {})
     if item["status"] in ("in_progress", "cancelling", "finalizing"):
         # Live progress: atomic adds from the workers (final numbers come from the files at finalize).
         counts = {
@@ -104,6 +105,11 @@ def to_wire(item: dict[str, Any]) -> Batch:
             "completed": min(item.get("live_completed", 0), counts.get("total", 0)),
             "failed": min(item.get("live_failed", 0), counts.get("total", 0)),
         }
+        if "live_input_tokens" in item or "live_output_tokens" in item:
+            # Tokens so far, for tokens/s in the CLI and the dashboard; `usage` stays final-only.
+            live_in, live_out = item.get("live_input_tokens", 0), item.get("live_output_tokens", 0)
+            ext["live_usage"] = {"input_tokens": live_in, "output_tokens": live_out,
+                                 "total_tokens": live_in + live_out}
     return Batch(
         id=item["pk"], endpoint=item["endpoint"], model=item.get("model"),
         errors=BatchErrors.model_validate(errors) if errors else None,
@@ -116,7 +122,7 @@ def to_wire(item: dict[str, Any]) -> Batch:
         cancelling_at=item.get("cancelling_at"), cancelled_at=item.get("cancelled_at"),
         request_counts=RequestCounts.model_validate(counts),
         usage=Usage.model_validate(usage) if usage else None,
-        metadata=item.get("metadata"), nightbatch=item.get("ext") or None,
+        metadata=item.get("metadata"), nightbatch=ext or None,
     )
 
 

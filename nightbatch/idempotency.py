@@ -115,9 +115,11 @@ class IdempotencyStore:
                 f"A request with the Idempotency-Key '{key}' is still being processed. "
                 "Retry after it completes to get its result.",
                 retry=True, param="Idempotency-Key", code="idempotency_request_in_progress",
+                headers={"retry-after": "1"},
             )
         raise ConflictError(f"The Idempotency-Key '{key}' is in use by concurrent requests; retry.",
-                            retry=True, param="Idempotency-Key", code="idempotency_request_in_progress")
+                            retry=True, param="Idempotency-Key", code="idempotency_request_in_progress",
+                            headers={"retry-after": "1"})
 
     def _take_over(self, old: dict[str, Any], item: dict[str, Any]) -> bool:
         fields = {k: v for k, v in item.items() if k != "pk"}

@@ -9,17 +9,21 @@ of the hash) that the CLI shows and `keys revoke` accepts.
 from __future__ import annotations
 
 import hashlib
+import logging
 import re
 import secrets
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from nightbatch.clock import now, sort_key
 from nightbatch.errors import InvalidRequestError
 from nightbatch.storage import Table
+
+log = logging.getLogger("nightbatch.keys")
 
 KEY_PREFIX = "nb-"
 KEY_RANDOM_BYTES = 32
@@ -171,3 +175,35 @@ class KeyCache:
                 while len(self._entries) > self.max_entries:
                     self._entries.popitem(last=False)
         return rec
+
+
+class BootstrapKeys:
+    """The configured keys (tenant "default"): NIGHTBATCH_API_KEY(S), plus the deployment's Secrets Manager
+    secret (comma-separated keys), re-read at most every `ttl` seconds so that a rotation is picked up.
+
+    A secret that cannot be read is logged and counts as empty: stored keys keep working meanwhile.
+    """
+
+    def __init__(self, configured: set[str], read_secret: Callable[[], str] | None, *, ttl: float) -> None:
+        self.configured = configured
+        self.read_secret = read_secret
+        self.ttl = ttl
+        self._cached: tuple[float, set[str]] = (0.0, set())
+        self._lock = threading.Lock()
+
+    def current(self) -> set[str]:
+        if self.read_secret is None:
+            return self.configured
+        t = time.monotonic()
+        with self._lock:
+            expires, cached = self._cached
+            if expires > t:
+                return self.configured | cached
+        try:
+            fresh = {k.strip() for k in self.read_secret().split(",") if k.strip()}
+        except Exception:
+            log.exception("cannot read the API keys secret; only stored and environment keys are accepted")
+            fresh = set()
+        with self._lock:
+            self._cached = (t + self.ttl, fresh)
+        return self.configured | fresh

@@ -11,11 +11,11 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from nightbatch.errors import AuthenticationError
-from nightbatch.keys import DEFAULT_TENANT, KeyCache, KeyStore
+from nightbatch.keys import DEFAULT_TENANT, BootstrapKeys, KeyCache, KeyStore
 from nightbatch.limits import count_request
 from nightbatch.services import Services
 from nightbatch.storage import Table
-from nightbatch.storage.secrets import read_secret_string
+from nightbatch.storage.secrets import SecretReader
 
 
 @dataclass(frozen=True)
@@ -31,36 +31,38 @@ def get_services(request: Request) -> Services:
 
 ServicesDep = Annotated[Services, Depends(get_services)]
 
-# One cache per table object (per process), so tests that build fresh tables never see another's keys.
-_caches: weakref.WeakKeyDictionary[Table, KeyCache] = weakref.WeakKeyDictionary()
+
+@dataclass
+class AuthCaches:
+    stored: KeyCache
+    bootstrap: BootstrapKeys
+
+
+# Per table object (so per process, and per test's fresh table): stored-key lookups and the bootstrap keys.
+_caches: weakref.WeakKeyDictionary[Table, AuthCaches] = weakref.WeakKeyDictionary()
 _caches_lock = threading.Lock()
 
 
-def key_cache(services: Services) -> KeyCache:
+def auth_caches(services: Services) -> AuthCaches:
     table = services.adapters.table
-    with _caches_lock:
-        cache = _caches.get(table)
-        if cache is None or cache.ttl != services.settings.key_cache_seconds:
-            cache = KeyCache(KeyStore(table), ttl=services.settings.key_cache_seconds)
-            _caches[table] = cache
-        return cache
-
-
-_bootstrap: dict[str, frozenset[str]] = {}
-
-
-def bootstrap_keys(services: Services) -> frozenset[str]:
-    """Keys of the "default" tenant: configured ones plus, in AWS, the stack's Secrets Manager secret (read once
-    per process, so a key added to the secret works from the next cold start)."""
     settings = services.settings
-    secret_id = settings.api_keys_secret
-    if secret_id not in _bootstrap:
-        keys = set(settings.accepted_keys)
-        if secret_id:
-            raw = read_secret_string(services.adapters.client("secretsmanager"), secret_id)
-            keys |= {k.strip() for k in raw.split(",") if k.strip()}
-        _bootstrap[secret_id] = frozenset(keys)
-    return _bootstrap[secret_id] | settings.accepted_keys
+    with _caches_lock:
+        caches = _caches.get(table)
+        if caches is None or caches.stored.ttl != settings.key_cache_seconds:
+            read_secret = None
+            if settings.api_keys_secret:
+                reader = SecretReader(client=services.adapters.client("secretsmanager"))
+                secret_id = settings.api_keys_secret
+
+                def read_secret() -> str:
+                    return reader.read(secret_id)
+
+            caches = AuthCaches(
+                stored=KeyCache(KeyStore(table), ttl=settings.key_cache_seconds),
+                bootstrap=BootstrapKeys(settings.accepted_keys, read_secret, ttl=settings.key_cache_seconds),
+            )
+            _caches[table] = caches
+        return caches
 
 
 def authenticate(request: Request, services: ServicesDep) -> Principal:
@@ -72,12 +74,13 @@ def authenticate(request: Request, services: ServicesDep) -> Principal:
             "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
         )
     key = key.strip()
+    caches = auth_caches(services)
     principal = None
-    for accepted in bootstrap_keys(services):
+    for accepted in caches.bootstrap.current():
         if hmac.compare_digest(accepted.encode(), key.encode()):
             principal = Principal(tenant=DEFAULT_TENANT, key_name="configured")
     if principal is None:
-        rec = key_cache(services).lookup(key)
+        rec = caches.stored.lookup(key)
         if rec is not None:
             principal = Principal(tenant=rec.tenant, key_name=rec.name)
     if principal is None:

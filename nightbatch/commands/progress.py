@@ -75,12 +75,13 @@ class Progress:
         self.samples.append((t, done, tokens))
         while len(self.samples) > 2 and t - self.samples[1][0] >= RATE_WINDOW_SECONDS:
             self.samples.popleft()
-        t0, done0, tokens0 = self.samples[0]
-        elapsed = t - t0
-        req_rate = (done - done0) / elapsed if elapsed > 0 else None
+        t0, done0, _ = self.samples[0]
+        req_rate = (done - done0) / (t - t0) if t > t0 else None
+        # Token counters appear with the first checkpoint: measure from the oldest sample that had them.
         tok_rate = None
-        if elapsed > 0 and tokens is not None and tokens0 is not None:
-            tok_rate = (tokens - tokens0) / elapsed
+        if tokens is not None:
+            t1, _, tokens1 = next(s for s in self.samples if s[2] is not None)
+            tok_rate = (tokens - (tokens1 or 0)) / (t - t1) if t > t1 else None
         eta = (total - done) / req_rate if req_rate and total > done else None
         return Snapshot(batch.status, completed, failed, total, req_rate, tok_rate, eta)
 

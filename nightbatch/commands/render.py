@@ -67,25 +67,38 @@ def ago(ts: int) -> str:
 
 
 def live_tokens(batch: Batch) -> int | None:
-    """Tokens so far: `usage` once finalized; during a run, `nightbatch.usage` when the server reports it."""
+    """Tokens so far: `usage` once finalized; during a run, `nightbatch.live_usage` (the workers' counters)."""
     if batch.usage is not None:
         return batch.usage.total_tokens
-    ext = _ext(batch)
-    usage = ext.get("usage")
+    usage = _ext(batch).get("live_usage")
     if isinstance(usage, dict) and isinstance(usage.get("total_tokens"), int):
         return int(usage["total_tokens"])
     return None
 
 
 def cost(batch: Batch) -> str | None:
-    """`batch.nightbatch.cost`, a number of dollars or an object holding one, as "$0.0042"."""
+    """`batch.nightbatch.cost.estimated_cost_usd` (from the GPU-seconds the shards recorded) as "$0.0042"."""
     value = _ext(batch).get("cost")
     if isinstance(value, dict):
-        keys = ("estimated_usd", "usd", "total_usd", "amount", "total")
-        value = next((value[k] for k in keys if k in value), None)
+        value = value.get("estimated_cost_usd")
     if isinstance(value, int | float):
-        return f"${value:.2f}" if value >= 1 else f"${value:.2g}"
-    return value if isinstance(value, str) else None
+        return f"${value:.2f}" if value >= 1 or value == 0 else f"${value:.2g}"
+    return None
+
+
+def cost_detail(batch: Batch) -> str | None:
+    """The status block's cost line: the estimate and what it was made from."""
+    amount = cost(batch)
+    details = _ext(batch).get("cost")
+    if amount is None or not isinstance(details, dict):
+        return amount
+    parts = [amount + (" (estimate)" if details.get("estimate") else "")]
+    if isinstance(details.get("gpu_seconds"), int | float):
+        parts.append(f"{details['gpu_seconds']:,.1f} GPU-seconds")
+    per_million = details.get("usd_per_1m_tokens")
+    if isinstance(per_million, int | float):
+        parts.append(f"${per_million:.2f} per 1M tokens")
+    return " · ".join(parts)
 
 
 def _ext(batch: Batch) -> dict[str, Any]:
@@ -136,7 +149,7 @@ def describe(batch: Batch) -> str:
         ("endpoint", batch.endpoint + (f"  (model {batch.model})" if batch.model else "")),
         ("requests", counts(batch)),
         ("tokens", tokens(batch)),
-        ("cost", cost(batch)),
+        ("cost", cost_detail(batch)),
         ("created", timestamp(batch.created_at)),
         ("started", timestamp(batch.in_progress_at) if batch.in_progress_at else None),
     ]

@@ -105,29 +105,24 @@ class Table:
         cond = Key("owner").eq(owner)
         if after_sk is not None:
             cond = cond & (Key("owner_sk").gt(after_sk) if ascending else Key("owner_sk").lt(after_sk))
-        kwargs: dict[str, Any] = {
+        return self._query({
             "IndexName": OWNER_INDEX,
             "KeyConditionExpression": cond,
             "ScanIndexForward": ascending,
             "Limit": page_size,
-        }
-        while True:
-            resp = self.table.query(**kwargs)
-            for item in resp.get("Items", []):
-                yield _from_ddb(item)
-            start = resp.get("LastEvaluatedKey")
-            if not start:
-                return
-            kwargs["ExclusiveStartKey"] = start
+        })
 
     def query_open(self, status: str, *, page_size: int = 100) -> Iterator[dict[str, Any]]:
         from boto3.dynamodb.conditions import Key
 
-        kwargs: dict[str, Any] = {
+        return self._query({
             "IndexName": STATUS_INDEX,
             "KeyConditionExpression": Key("open_status").eq(status),
             "Limit": page_size,
-        }
+        })
+
+    def _query(self, kwargs: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        """Every item the query matches, page after page."""
         while True:
             resp = self.table.query(**kwargs)
             for item in resp.get("Items", []):

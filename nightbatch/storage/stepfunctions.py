@@ -6,7 +6,7 @@ import json
 import logging
 from typing import Any
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
 log = logging.getLogger(__name__)
 
@@ -29,3 +29,7 @@ class StepFunctionsWorkflow:
                 return
             # Left in `validating`; the sweeper re-drives it.
             log.error("start_execution failed", extra={"batch_id": batch_id, "code": code})
+        except BotoCoreError:
+            # Connection and parameter errors too: a 500 here would make the SDK retry the create and
+            # make a second batch, while this one already exists and the sweeper will re-drive it.
+            log.exception("start_execution failed", extra={"batch_id": batch_id})

@@ -9,11 +9,15 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nightbatch.batches import CreateBatchRequest
 from nightbatch.local.aws import free_port
 from nightbatch.services import Services
+from tests.support.lifecycle import drive
+
+if TYPE_CHECKING:
+    from tests.conftest import ApiServer
 
 MODEL = "SmolLM2-135M-Instruct"
 USAGE = {"input_tokens": 30, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": 12,
@@ -39,9 +43,8 @@ def create_batch(services: Services, n: int = 3, **metadata: str) -> str:
     return services.batches.create("default", req).id
 
 
-def finish(live_api: Any, batch_id: str, output: bytes, errors: bytes) -> None:
+def finish(services: Services, batch_id: str, output: bytes, errors: bytes) -> None:
     """What Finalize leaves behind: output and error files registered, counts and usage from them."""
-    services: Services = live_api.services
     ids = {}
     for kind, data in (("output", output), ("error", errors)):
         file_id = f"file-{kind}{batch_id[6:26]}"
@@ -49,9 +52,9 @@ def finish(live_api: Any, batch_id: str, output: bytes, errors: bytes) -> None:
         services.files.register("default", file_id=file_id, key=f"files/{file_id}", size=len(data),
                                 filename=f"{batch_id}_{kind}.jsonl", purpose="batch_output")
         ids[f"{kind}_file_id"] = file_id
-    live_api.drive(batch_id, "in_progress", request_counts={"total": 3, "completed": 0, "failed": 0})
-    live_api.drive(batch_id, "finalizing", "completed",
-                   request_counts={"total": 3, "completed": 2, "failed": 1}, usage=USAGE, **ids)
+    drive(services, batch_id, "in_progress", request_counts={"total": 3, "completed": 0, "failed": 0})
+    drive(services, batch_id, "finalizing", "completed",
+          request_counts={"total": 3, "completed": 2, "failed": 1}, usage=USAGE, **ids)
 
 
 def input_bytes(services: Services, batch_id: str) -> bytes:
@@ -65,17 +68,17 @@ def created_id(text: str) -> str:
     return m[1]
 
 
-def test_submit_uploads_the_file_and_creates_the_batch(cli: Any, live_api: Any, tmp_path: Path) -> None:
+def test_submit_uploads_the_file_and_creates_the_batch(cli: Any, api_server: ApiServer, tmp_path: Path) -> None:
     path = requests_file(tmp_path / "requests.jsonl", 3)
     r = cli("submit", str(path), "--metadata", "job=nightly", "team=search")
     assert (r.code, r.err) == (0, "")
     batch_id = created_id(r.out)
     assert re.search(r"^Uploaded requests\.jsonl \(\d+ B\) as file-\w+ in \d+\.\ds$", r.out, re.M)
     assert f"nightbatch status {batch_id} --wait" in r.out
-    batch = live_api.services.batches.get("default", batch_id)
+    batch = api_server.services.batches.get("default", batch_id)
     assert batch.endpoint == "/v1/chat/completions"  # taken from the first request in the file
     assert batch.metadata == {"job": "nightly", "team": "search"}
-    assert input_bytes(live_api.services, batch_id) == path.read_bytes()
+    assert input_bytes(api_server.services, batch_id) == path.read_bytes()
 
 
 def test_submit_json_prints_only_the_batch_on_stdout(cli: Any, tmp_path: Path) -> None:
@@ -87,33 +90,34 @@ def test_submit_json_prints_only_the_batch_on_stdout(cli: Any, tmp_path: Path) -
     assert f"Created batch {batch['id']}" in r.err
 
 
-def test_a_file_over_the_part_size_goes_up_in_parts(cli: Any, live_api: Any, tmp_path: Path) -> None:
+def test_a_file_over_the_part_size_goes_up_in_parts(cli: Any, api_server: ApiServer, tmp_path: Path) -> None:
     path = requests_file(tmp_path / "big.jsonl", 40)
     r = cli("submit", str(path), "--part-size", "2KiB")
     assert r.code == 0, r.err
     assert re.search(r"in \d+ parts of 2\.0 KiB", r.out)
     # Until the server has the Uploads API, the CLI says so and sends the file in one request.
-    assert input_bytes(live_api.services, created_id(r.out)) == path.read_bytes()
+    assert input_bytes(api_server.services, created_id(r.out)) == path.read_bytes()
 
 
-def test_status_list_and_cancel(cli: Any, live_api: Any) -> None:
-    running = create_batch(live_api.services, 20, job="backfill")
-    live_api.drive(running, "in_progress", request_counts={"total": 20, "completed": 0, "failed": 0},
-                   model=MODEL, live_completed=7, live_failed=1)
-    fresh = create_batch(live_api.services)
+def test_status_list_and_cancel(cli: Any, api_server: ApiServer) -> None:
+    running = create_batch(api_server.services, 20, job="backfill")
+    drive(api_server.services, running, "in_progress", request_counts={"total": 20, "completed": 0, "failed": 0},
+          model=MODEL, live_completed=7, live_failed=1, live_input_tokens=400, live_output_tokens=120)
+    fresh = create_batch(api_server.services)
 
     r = cli("status", running)
     assert r.code == 0, r.err
     assert r.out.splitlines()[0] == f"{running}  in_progress"
     assert "  endpoint    /v1/chat/completions  (model SmolLM2-135M-Instruct)" in r.out
     assert "  requests    7 completed, 1 failed, 20 total" in r.out
+    assert "  tokens      520 so far" in r.out  # the workers' live counters
     assert "  metadata    job=backfill" in r.out
 
     r = cli("list")
     assert r.code == 0, r.err
     lines = r.out.splitlines()
     assert lines[0].split() == ["ID", "STATUS", "PROGRESS", "CREATED", "ENDPOINT"]
-    newest_first = [b.id for b in live_api.services.batches.list("default", limit=100, after=None).data]
+    newest_first = [b.id for b in api_server.services.batches.list("default", limit=100, after=None).data]
     assert [line.split()[0] for line in lines[1:]] == newest_first
     assert any(line.split()[:3] == [running, "in_progress", "8/20"] for line in lines)
     assert len(cli("list", "--limit", "1").out.splitlines()) == 2
@@ -121,15 +125,15 @@ def test_status_list_and_cancel(cli: Any, live_api: Any) -> None:
     r = cli("cancel", running)
     assert (r.code, r.out) == (0, f"{running}  cancelling\n")
     assert cli("cancel", running).out == f"{running}  cancelling\n"  # cancelling again is a no-op
-    assert live_api.services.batches.get("default", running).status == "cancelling"
-    assert live_api.services.batches.get("default", fresh).status == "validating"
+    assert api_server.services.batches.get("default", running).status == "cancelling"
+    assert api_server.services.batches.get("default", fresh).status == "validating"
 
 
-def test_results_stream_to_a_file_or_stdout(cli: Any, live_api: Any, tmp_path: Path) -> None:
-    batch_id = create_batch(live_api.services)
+def test_results_stream_to_a_file_or_stdout(cli: Any, api_server: ApiServer, tmp_path: Path) -> None:
+    batch_id = create_batch(api_server.services)
     output = b'{"custom_id": "req-0"}\n{"custom_id": "req-1"}\n'
     errors = b'{"custom_id": "req-2", "response": {"status_code": 400}}\n'
-    finish(live_api, batch_id, output, errors)
+    finish(api_server.services, batch_id, output, errors)
 
     out = tmp_path / "results.jsonl"
     r = cli("results", batch_id, "-o", str(out))
@@ -141,15 +145,15 @@ def test_results_stream_to_a_file_or_stdout(cli: Any, live_api: Any, tmp_path: P
     assert cli("results", batch_id, "--errors").out.encode() == errors
 
 
-def test_results_before_the_end_say_why_not(cli: Any, live_api: Any) -> None:
-    batch_id = create_batch(live_api.services)
+def test_results_before_the_end_say_why_not(cli: Any, api_server: ApiServer) -> None:
+    batch_id = create_batch(api_server.services)
     r = cli("results", batch_id)
     assert r.code == 1
     assert r.err == (f"nightbatch results: error: {batch_id} is validating and has no output file. "
                      f"Wait for it with `nightbatch status {batch_id} --wait`.\n")
 
 
-def test_submit_wait_follows_the_batch_until_it_completes(cli: Any, live_api: Any, tmp_path: Path) -> None:
+def test_submit_wait_follows_the_batch_until_it_completes(cli: Any, api_server: ApiServer, tmp_path: Path) -> None:
     path = requests_file(tmp_path / "requests.jsonl", 3)
     proc = cli.start("submit", str(path), "--wait", "--poll-interval", "0.2")
     assert proc.stdout is not None
@@ -159,14 +163,17 @@ def test_submit_wait_follows_the_batch_until_it_completes(cli: Any, live_api: An
         assert line, proc.communicate()[1]
         seen += line
     batch_id = created_id(seen)
-    time.sleep(0.5)
-    live_api.drive(batch_id, "in_progress", request_counts={"total": 3, "completed": 0, "failed": 0})
-    time.sleep(0.5)
-    live_api.services.adapters.table.update(batch_id, set_={"live_completed": 2})
-    time.sleep(0.5)
-    finish(live_api, batch_id, b'{"custom_id": "req-0"}\n', b'{"custom_id": "req-2"}\n')
-    rest, err = proc.communicate(timeout=30)
-    assert (proc.returncode, err) == (0, "")
+    # Each state lasts several polls, even on a busy machine.
+    time.sleep(1)
+    drive(api_server.services, batch_id, "in_progress", request_counts={"total": 3, "completed": 0, "failed": 0})
+    time.sleep(1)
+    api_server.services.adapters.table.update(batch_id, set_={"live_completed": 2})
+    time.sleep(1)
+    finish(api_server.services, batch_id, b'{"custom_id": "req-0"}\n', b'{"custom_id": "req-2"}\n')
+    # Read on through the same buffered pipe (communicate() would drop what readline() read ahead).
+    assert proc.stderr is not None
+    rest, err = proc.stdout.read(), proc.stderr.read()
+    assert (proc.wait(timeout=30), err) == (0, "")
 
     # Not a terminal: plain timestamped lines, one per change of status.
     progress = [line.split(maxsplit=1)[1] for line in rest.splitlines() if re.match(r"\d\d:\d\d:\d\d ", line)]
@@ -181,9 +188,9 @@ def test_submit_wait_follows_the_batch_until_it_completes(cli: Any, live_api: An
     assert summary[2] == f"  errors:  nightbatch results {batch_id} --errors -o errors.jsonl"
 
 
-def test_waiting_on_a_failed_batch_exits_1_and_shows_its_errors(cli: Any, live_api: Any) -> None:
-    batch_id = create_batch(live_api.services)
-    live_api.drive(batch_id, "failed", errors={"object": "list", "data": [
+def test_waiting_on_a_failed_batch_exits_1_and_shows_its_errors(cli: Any, api_server: ApiServer) -> None:
+    batch_id = create_batch(api_server.services)
+    drive(api_server.services, batch_id, "failed", errors={"object": "list", "data": [
         {"code": "invalid_json_line", "message": "Line 2 is not valid JSON.", "param": None, "line": 2}]})
     r = cli("status", batch_id, "--wait")
     assert r.code == 1
@@ -191,7 +198,7 @@ def test_waiting_on_a_failed_batch_exits_1_and_shows_its_errors(cli: Any, live_a
     assert "  line 2: invalid_json_line: Line 2 is not valid JSON." in r.out
 
 
-def test_where_the_server_and_key_come_from(cli: Any, live_api: Any, tmp_path: Path) -> None:
+def test_where_the_server_and_key_come_from(cli: Any, api_server: ApiServer, tmp_path: Path) -> None:
     no_server = {"NIGHTBATCH_BASE_URL": ""}
     r = cli("list", env=no_server)
     assert (r.code, r.err) == (1, "nightbatch list: error: no server given: pass --base-url or set "
@@ -199,22 +206,22 @@ def test_where_the_server_and_key_come_from(cli: Any, live_api: Any, tmp_path: P
     # A running `nightbatch local` records its URL; the key still comes from the flag or the environment.
     state = tmp_path / "state" / "nightbatch" / "local.json"
     state.parent.mkdir(parents=True)
-    state.write_text(json.dumps({"base_url": f"{live_api.url}/v1", "pid": subprocess.os.getpid()}))
+    state.write_text(json.dumps({"base_url": f"{api_server.base_url}/v1", "pid": subprocess.os.getpid()}))
     assert cli("list", env=no_server).code == 0
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True, check=True)
-    state.write_text(json.dumps({"base_url": f"{live_api.url}/v1", "pid": int(gone.stdout)}))
+    state.write_text(json.dumps({"base_url": f"{api_server.base_url}/v1", "pid": int(gone.stdout)}))
     assert "no server given" in cli("list", env=no_server).err  # left behind by a stack that died
 
-    assert cli("list", "--base-url", live_api.url, env=no_server).code == 0  # /v1 is added when missing
+    assert cli("list", "--base-url", api_server.base_url, env=no_server).code == 0  # /v1 is added when missing
     r = cli("list", env={"NIGHTBATCH_API_KEY": ""})
     assert (r.code, r.err) == (1, "nightbatch list: error: no API key given: pass --api-key or set "
                                   "NIGHTBATCH_API_KEY (`nightbatch local` prints its key when it starts)\n")
 
 
-def test_failures_are_one_line_and_exit_1(cli: Any, live_api: Any, tmp_path: Path) -> None:
-    batch_id = create_batch(live_api.services)
-    finish(live_api, batch_id, b"{}\n", b"{}\n")
+def test_failures_are_one_line_and_exit_1(cli: Any, api_server: ApiServer, tmp_path: Path) -> None:
+    batch_id = create_batch(api_server.services)
+    finish(api_server.services, batch_id, b"{}\n", b"{}\n")
     port = free_port()
     cases = {
         ("cancel", batch_id): "Cannot cancel a batch with status 'completed'. (HTTP 409)",

@@ -12,7 +12,7 @@ from openai.types import Batch
 from nightbatch.commands import key_value, size
 from nightbatch.commands.connection import CommandError, api_root
 from nightbatch.commands.progress import BarView, LineView, Progress, Snapshot
-from nightbatch.commands.render import clock, cost, duration, human_bytes, live_tokens
+from nightbatch.commands.render import clock, cost, cost_detail, duration, human_bytes, live_tokens
 
 
 def batch(
@@ -36,10 +36,10 @@ class Clock:
 def test_rates_and_eta_follow_the_last_minute() -> None:
     clock_ = Clock()
     progress = Progress(now=clock_)
-    first = progress.update(batch(done=0, nightbatch={"usage": {"total_tokens": 0}}))
+    first = progress.update(batch(done=0, nightbatch={"live_usage": {"total_tokens": 0}}))
     assert (first.requests_per_s, first.tokens_per_s, first.eta_seconds) == (None, None, None)
     clock_.t += 10
-    snap = progress.update(batch(done=20, nightbatch={"usage": {"total_tokens": 5000}}))
+    snap = progress.update(batch(done=20, nightbatch={"live_usage": {"total_tokens": 5000}}))
     assert (snap.requests_per_s, snap.tokens_per_s, snap.eta_seconds) == (2.0, 500.0, 40.0)
     assert (snap.speed(), snap.eta()) == ("500 tok/s", "ETA 0:40")
     for _ in range(7):  # the run speeds up; after a minute only the fast part counts
@@ -48,6 +48,17 @@ def test_rates_and_eta_follow_the_last_minute() -> None:
     assert snap.requests_per_s == pytest.approx(4.0)
     assert snap.tokens_per_s is None  # no live tokens in the latest sample: requests per second instead
     assert snap.speed() == "4.0 req/s"
+
+
+def test_tokens_per_second_start_with_the_first_counters() -> None:
+    clock_ = Clock()
+    progress = Progress(now=clock_)
+    progress.update(batch(done=0))  # nothing checkpointed yet: no token counters on the batch
+    clock_.t += 10
+    progress.update(batch(done=10, nightbatch={"live_usage": {"total_tokens": 1000}}))
+    clock_.t += 5
+    snap = progress.update(batch(done=20, nightbatch={"live_usage": {"total_tokens": 3000}}))
+    assert (snap.tokens_per_s, snap.requests_per_s) == (400.0, pytest.approx(20 / 15))
 
 
 def test_a_new_status_starts_the_rate_afresh() -> None:
@@ -120,8 +131,11 @@ def test_formatting() -> None:
     assert [duration(s) for s in (4, 75, 3 * 3600 + 120, 2 * 86400 + 7200)] == [
         "4s", "1m 15s", "3h 02m", "2d 2h"]
     assert [clock(s) for s in (42, 725, 3723)] == ["0:42", "12:05", "1:02:03"]
-    assert cost(batch(nightbatch={"cost": {"estimated_usd": 0.0042, "gpu_seconds": 9}})) == "$0.0042"
-    assert cost(batch(nightbatch={"cost": 12.5})) == "$12.50"
+    estimate = {"gpu_seconds": 9.25, "estimated_cost_usd": 0.0042, "usd_per_1m_tokens": 0.41, "estimate": True}
+    assert cost(batch(nightbatch={"cost": estimate})) == "$0.0042"
+    assert cost_detail(batch(nightbatch={"cost": estimate})) == (
+        "$0.0042 (estimate) · 9.2 GPU-seconds · $0.41 per 1M tokens")
+    assert cost(batch(nightbatch={"cost": {"estimated_cost_usd": 12.5}})) == "$12.50"
     assert cost(batch()) is None
     assert live_tokens(batch(usage={"input_tokens": 1, "output_tokens": 2, "total_tokens": 3,
                                     "input_tokens_details": {"cached_tokens": 0},

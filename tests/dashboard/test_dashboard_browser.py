@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from nightbatch.batches import CreateBatchRequest
 from nightbatch.clock import now, sort_key
 from nightbatch.services import Services
+from tests.support.lifecycle import drive
+
+if TYPE_CHECKING:
+    from tests.conftest import ApiServer
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -68,10 +73,10 @@ def backdate(services: Services, batch_id: str, created_ago: int, **stamps_ago: 
     services.adapters.table.update(batch_id, set_=fields)
 
 
-@pytest.fixture(scope="module")
-def seeded(live_api: Any) -> dict[str, Any]:
+@pytest.fixture
+def seeded(api_server: ApiServer) -> dict[str, Any]:
     """Four batches a person would recognise: done with files, failed validation, running, just created."""
-    services: Services = live_api.services
+    services: Services = api_server.services
     done = create_batch(services, 4, job="nightly-eval")
     output = b"".join(output_line(done, i) for i in range(3))
     errors = json.dumps({"id": "batch_req_3", "custom_id": "req-3", "response": {
@@ -81,27 +86,30 @@ def seeded(live_api: Any) -> dict[str, Any]:
         "error": None}).encode() + b"\n"
     put_file(services, "file-dashboardOutput000000", output, f"{done}_output.jsonl")
     put_file(services, "file-dashboardErrors000000", errors, f"{done}_error.jsonl")
-    live_api.drive(done, "in_progress", request_counts={"total": 4, "completed": 0, "failed": 0}, model=MODEL)
-    live_api.drive(done, "finalizing", "completed", output_file_id="file-dashboardOutput000000",
-                   error_file_id="file-dashboardErrors000000",
-                   request_counts={"total": 4, "completed": 3, "failed": 1},
-                   usage={"input_tokens": 36, "input_tokens_details": {"cached_tokens": 0},
-                          "output_tokens": 15, "output_tokens_details": {"reasoning_tokens": 0},
-                          "total_tokens": 51},
-                   ext={"cost": {"estimated_usd": 0.0042, "gpu_seconds": 12.5}})
+    drive(services, done, "in_progress", request_counts={"total": 4, "completed": 0, "failed": 0}, model=MODEL)
+    drive(services, done, "finalizing", "completed", output_file_id="file-dashboardOutput000000",
+          error_file_id="file-dashboardErrors000000",
+          request_counts={"total": 4, "completed": 3, "failed": 1},
+          usage={"input_tokens": 36, "input_tokens_details": {"cached_tokens": 0},
+                 "output_tokens": 15, "output_tokens_details": {"reasoning_tokens": 0},
+                 "total_tokens": 51},
+          ext={"cost": {"gpu_seconds": 12.5, "model_load_seconds": 4.1, "load_share": 0.328,
+                        "instance_type": "g6e.xlarge", "capacity": "spot",
+                        "estimated_cost_usd": 0.0042, "usd_per_1m_tokens": 82.35,
+                        "usd_per_1m_output_tokens": 280.0, "estimate": True}})
     backdate(services, done, 3 * 3600, in_progress_at=3 * 3600 - 40, finalizing_at=2 * 3600 + 1500,
              completed_at=2 * 3600 + 1490)
 
     bad = create_batch(services, 6, job="import")
-    live_api.drive(bad, "failed", errors={"object": "list", "data": [
+    drive(services, bad, "failed", errors={"object": "list", "data": [
         {"code": "invalid_json_line", "message": "Line 2 is not valid JSON.", "param": None, "line": 2},
         {"code": "duplicate_custom_id", "message": "The custom_id 'req-1' is used more than once.",
          "param": "custom_id", "line": 5}]})
     backdate(services, bad, 95 * 60, failed_at=95 * 60 - 3)
 
     running = create_batch(services, 50, job="backfill")
-    live_api.drive(running, "in_progress", request_counts={"total": 50, "completed": 0, "failed": 0},
-                   model=MODEL, live_completed=21, live_failed=1)
+    drive(services, running, "in_progress", request_counts={"total": 50, "completed": 0, "failed": 0},
+          model=MODEL, live_completed=21, live_failed=1, live_input_tokens=4_410, live_output_tokens=1_650)
     backdate(services, running, 14 * 60, in_progress_at=14 * 60 - 20)
 
     fresh = create_batch(services, 3)
@@ -110,7 +118,9 @@ def seeded(live_api: Any) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
+
+    expect.set_options(timeout=15_000)  # what a person sees, given a busy 2-core machine time to render it
 
     with sync_playwright() as p:
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
@@ -147,18 +157,18 @@ def sign_in(page: Any, url: str, key: str) -> None:
     page.get_by_role("button", name="Show batches").click()
 
 
-def test_wrong_key_is_refused_on_the_page(page: Any, live_api: Any) -> None:
+def test_wrong_key_is_refused_on_the_page(page: Any, api_server: ApiServer) -> None:
     from playwright.sync_api import expect
 
-    sign_in(page, live_api.url, "nb-not-a-key")
+    sign_in(page, api_server.base_url, "nb-not-a-key")
     expect(page.get_by_role("alert")).to_have_text("That API key was not accepted.")
     expect(page.locator("#board")).to_be_hidden()
 
 
-def test_a_person_sees_cancels_and_downloads(page: Any, live_api: Any, seeded: dict[str, Any]) -> None:
+def test_a_person_sees_cancels_and_downloads(page: Any, api_server: ApiServer, seeded: dict[str, Any]) -> None:
     from playwright.sync_api import expect
 
-    sign_in(page, live_api.url, live_api.api_key)
+    sign_in(page, api_server.base_url, api_server.api_key)
     rows = page.locator("tr.batch")
     expect(rows).to_have_count(4)
 
@@ -169,6 +179,7 @@ def test_a_person_sees_cancels_and_downloads(page: Any, live_api: Any, seeded: d
     expect(done).to_contain_text("51")  # total tokens
     expect(done).to_contain_text("in 36 · out 15")
     expect(done).to_contain_text("$0.0042")
+    expect(done).to_contain_text("12.5 GPU-s · estimate")
     expect(done).to_contain_text("job=nightly-eval")
     expect(done.get_by_role("button", name="Cancel")).to_have_count(0)
 
@@ -182,15 +193,21 @@ def test_a_person_sees_cancels_and_downloads(page: Any, live_api: Any, seeded: d
     running = row(page, seeded["running"])
     expect(running.locator(".status")).to_have_text("in progress")
     expect(running.locator(".progress-text")).to_have_text("22 / 50 done (44%)")
+    expect(running).to_contain_text("6,060")  # live tokens while it runs
+    expect(running).to_contain_text("in 4,410 · out 1,650")
     expect(row(page, seeded["fresh"]).locator(".progress-text")).to_have_text("validating input…")
 
     # Live refresh: the workers move on, the page follows without a reload.
-    live_api.services.adapters.table.update(seeded["running"], set_={"live_completed": 30})
+    api_server.services.adapters.table.update(seeded["running"], set_={"live_completed": 30})
     expect(running.locator(".progress-text")).to_have_text("31 / 50 done (62%)", timeout=10_000)
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
-    shutil.copyfile(ARTIFACTS / "dashboard.png", ROOT / "docs" / "dashboard.png")
+    height = page.evaluate("Math.ceil(document.querySelector('main').getBoundingClientRect().bottom)")
+    page.screenshot(path=str(ARTIFACTS / "dashboard.png"), clip={"x": 0, "y": 0, "width": 1360, "height": height})
+    # The README's copy changes on every run (times, ids): refresh it on request, so that `make test` leaves
+    # the work tree clean and branches do not collide on a binary file.
+    if os.environ.get("NIGHTBATCH_UPDATE_SCREENSHOT") == "1" or not (ROOT / "docs" / "dashboard.png").exists():
+        shutil.copyfile(ARTIFACTS / "dashboard.png", ROOT / "docs" / "dashboard.png")
 
     with page.expect_download() as download:
         done.get_by_role("button", name="Output").click()
@@ -204,15 +221,15 @@ def test_a_person_sees_cancels_and_downloads(page: Any, live_api: Any, seeded: d
     expect(running.locator(".status")).to_have_text("cancelling")
     expect(running.get_by_role("button", name="Cancel")).to_have_count(0)
     expect(page.locator("#notice")).to_contain_text(f"Cancelling {seeded['running']}")
-    assert live_api.services.batches.get("default", seeded["running"]).status == "cancelling"
+    assert api_server.services.batches.get("default", seeded["running"]).status == "cancelling"
 
 
 def test_the_key_stays_in_the_tab_and_can_be_forgotten(
-    page: Any, live_api: Any, seeded: dict[str, Any]
+    page: Any, api_server: ApiServer, seeded: dict[str, Any]
 ) -> None:
     from playwright.sync_api import expect
 
-    sign_in(page, live_api.url, live_api.api_key)
+    sign_in(page, api_server.base_url, api_server.api_key)
     expect(page.locator("tr.batch")).to_have_count(4)
     page.reload()  # sessionStorage survives a reload of the same tab
     expect(page.locator("tr.batch")).to_have_count(4)

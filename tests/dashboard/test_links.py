@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pytest
 import requests
 
 from nightbatch.links import InvalidLinkError, sign_link, verify_link
 from nightbatch.settings import Settings
+
+if TYPE_CHECKING:
+    from tests.conftest import ApiServer
 
 SETTINGS = Settings(link_secret="s3cret", link_ttl_seconds=300)
 
@@ -45,28 +48,28 @@ def test_links_are_bound_to_the_secret() -> None:
     verify_link(unset, "file-abc", "1300", sign_link(unset, "file-abc", at=1_000).sig, at=1_001)
 
 
-@pytest.fixture(scope="module")
-def output_file(live_api: Any) -> tuple[str, bytes]:
+@pytest.fixture
+def output_file(api_server: ApiServer) -> tuple[str, bytes]:
     data = b'{"custom_id": "a"}\n{"custom_id": "b"}\n'
-    live_api.services.adapters.blobs.put_bytes("files/file-linkTestOutput0000000000", data)
-    live_api.services.files.register("default", file_id="file-linkTestOutput0000000000",
+    api_server.services.adapters.blobs.put_bytes("files/file-linkTestOutput0000000000", data)
+    api_server.services.files.register("default", file_id="file-linkTestOutput0000000000",
                                      key="files/file-linkTestOutput0000000000", size=len(data),
                                      filename="batch_x_output.jsonl", purpose="batch_output")
     return "file-linkTestOutput0000000000", data
 
 
-def bearer(live_api: Any) -> dict[str, str]:
-    return {"Authorization": f"Bearer {live_api.api_key}"}
+def bearer(api_server: ApiServer) -> dict[str, str]:
+    return {"Authorization": f"Bearer {api_server.api_key}"}
 
 
-def test_link_then_download_redirects_to_the_bytes(live_api: Any, output_file: tuple[str, bytes]) -> None:
+def test_link_then_download_redirects_to_the_bytes(api_server: ApiServer, output_file: tuple[str, bytes]) -> None:
     file_id, data = output_file
-    url = f"{live_api.url}/v1/nightbatch/files/{file_id}/link"
-    r = requests.post(url, headers=bearer(live_api), timeout=10)
+    url = f"{api_server.base_url}/v1/nightbatch/files/{file_id}/link"
+    r = requests.post(url, headers=bearer(api_server), timeout=10)
     assert r.status_code == 200, r.text
     link = r.json()
     assert set(link) == {"url", "expires_at"}
-    assert link["url"].startswith(f"{live_api.url}/v1/nightbatch/files/{file_id}/download?expires=")
+    assert link["url"].startswith(f"{api_server.base_url}/v1/nightbatch/files/{file_id}/download?expires=")
 
     first = requests.get(link["url"], allow_redirects=False, timeout=10)
     assert first.status_code == 307
@@ -78,50 +81,50 @@ def test_link_then_download_redirects_to_the_bytes(live_api: Any, output_file: t
     assert 'filename="batch_x_output.jsonl"' in followed.headers["content-disposition"]
 
 
-def test_a_tampered_link_is_403_in_openai_shape(live_api: Any, output_file: tuple[str, bytes]) -> None:
+def test_a_tampered_link_is_403_in_openai_shape(api_server: ApiServer, output_file: tuple[str, bytes]) -> None:
     file_id, _ = output_file
-    link = sign_link(live_api.services.settings, file_id)
-    r = requests.get(f"{live_api.url}/v1/nightbatch/files/{file_id}/download",
+    link = sign_link(api_server.services.settings, file_id)
+    r = requests.get(f"{api_server.base_url}/v1/nightbatch/files/{file_id}/download",
                      params={"expires": link.expires_at + 60, "sig": link.sig}, timeout=10)
     assert r.status_code == 403
     assert r.json() == {"error": {"message": "This download link is not valid.",
                                   "type": "invalid_request_error", "param": None, "code": "invalid_link"}}
-    unsigned = f"{live_api.url}/v1/nightbatch/files/{file_id}/download"
+    unsigned = f"{api_server.base_url}/v1/nightbatch/files/{file_id}/download"
     assert requests.get(unsigned, timeout=10).status_code == 403
 
 
-def test_a_link_needs_the_key_and_a_file_of_the_tenant(live_api: Any, output_file: tuple[str, bytes]) -> None:
+def test_a_link_needs_the_key_and_a_file_of_the_tenant(api_server: ApiServer, output_file: tuple[str, bytes]) -> None:
     file_id, data = output_file
-    url = f"{live_api.url}/v1/nightbatch/files/{file_id}/link"
+    url = f"{api_server.base_url}/v1/nightbatch/files/{file_id}/link"
     assert requests.post(url, timeout=10).status_code == 401
-    live_api.services.adapters.blobs.put_bytes("files/file-someoneElses00000000000", data)
-    live_api.services.files.register("other", file_id="file-someoneElses00000000000",
+    api_server.services.adapters.blobs.put_bytes("files/file-someoneElses00000000000", data)
+    api_server.services.files.register("other", file_id="file-someoneElses00000000000",
                                      key="files/file-someoneElses00000000000", size=len(data),
                                      filename="theirs.jsonl", purpose="batch_output")
     for missing in ("file-someoneElses00000000000", "file-doesNotExist00000000000"):
-        r = requests.post(f"{live_api.url}/v1/nightbatch/files/{missing}/link", headers=bearer(live_api),
+        r = requests.post(f"{api_server.base_url}/v1/nightbatch/files/{missing}/link", headers=bearer(api_server),
                           timeout=10)
         assert r.status_code == 404
         assert r.json()["error"]["message"] == f"No such File object: {missing}"
 
 
-def test_a_file_made_of_upload_parts_streams_through(live_api: Any) -> None:
-    blobs = live_api.services.adapters.blobs
+def test_a_file_made_of_upload_parts_streams_through(api_server: ApiServer) -> None:
+    blobs = api_server.services.adapters.blobs
     blobs.put_bytes("uploads/u1/part-1", b'{"custom_id": "1"}\n')
     blobs.put_bytes("uploads/u1/part-2", b'{"custom_id": "2"}\n')
-    live_api.services.files.register("default", file_id="file-composedUpload000000000", key="uploads/u1/",
+    api_server.services.files.register("default", file_id="file-composedUpload000000000", key="uploads/u1/",
                                      size=38, filename="big.jsonl", purpose="batch",
                                      extra={"parts": ["uploads/u1/part-1", "uploads/u1/part-2"]})
-    link = sign_link(live_api.services.settings, "file-composedUpload000000000")
-    r = requests.get(live_api.url + link.path, allow_redirects=False, timeout=10)
+    link = sign_link(api_server.services.settings, "file-composedUpload000000000")
+    r = requests.get(api_server.base_url + link.path, allow_redirects=False, timeout=10)
     assert r.status_code == 200
     assert r.content == b'{"custom_id": "1"}\n{"custom_id": "2"}\n'
     assert r.headers["content-disposition"] == 'attachment; filename="big.jsonl"'
 
 
-def test_the_page_is_served_without_a_key_under_a_strict_policy(live_api: Any) -> None:
+def test_the_page_is_served_without_a_key_under_a_strict_policy(api_server: ApiServer) -> None:
     for path in ("/", "/dashboard"):
-        r = requests.get(live_api.url + path, timeout=10)
+        r = requests.get(api_server.base_url + path, timeout=10)
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/html")
         assert "<title>nightbatch · batches</title>" in r.text

@@ -1,13 +1,13 @@
-"""Fixtures for the tenancy tests: moto's server on loopback, and the real app served by uvicorn per test.
+"""Fixtures for the tenancy tests: the real app served by uvicorn per test, over tests/conftest.py's moto.
 
-Each stack gets its own table and bucket on one shared moto server, so tests stay independent and fast.
+Each stack has its own bucket and table, several tenants' keys in it, and either the recording workflow
+(batches stay `validating`) or the local workflow with engines off (the real pipeline; every line fails).
 """
 
 from __future__ import annotations
 
 import io
 import json
-import os
 import socket
 import threading
 import time
@@ -18,7 +18,6 @@ from typing import Any
 
 import pytest
 import uvicorn
-from moto.server import ThreadedMotoServer
 from openai import OpenAI
 
 from functions.api.app import create_app
@@ -26,12 +25,11 @@ from nightbatch.keys import KeyStore
 from nightbatch.local.runner import LocalWorkflow
 from nightbatch.services import Services, build_services
 from nightbatch.settings import Settings
-from nightbatch.storage import make_adapters
+from nightbatch.storage import Adapters, make_adapters
 from nightbatch.storage.dynamo import create_table
 
 BOOTSTRAP_KEY = "nb-bootstrap-test-key-0000000000000000"
 MODEL = "SmolLM2-135M-Instruct"
-SHARED_BUCKET = "nightbatch-tenancy-tests"
 
 
 def free_port() -> int:
@@ -41,21 +39,9 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def moto_endpoint() -> Iterator[str]:
-    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_ENDPOINT_URL")}
-    os.environ["AWS_ACCESS_KEY_ID"] = "testing"
-    os.environ["AWS_SECRET_ACCESS_KEY"] = "testing"
-    os.environ.pop("AWS_ENDPOINT_URL", None)
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    yield f"http://127.0.0.1:{port}"
-    server.stop()
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
+def moto_endpoint(moto_server: Any) -> str:
+    """The session's moto server from tests/conftest.py (DynamoDB requests atomic, as in AWS)."""
+    return str(moto_server.endpoint_url)
 
 
 class RecordingWorkflow:
@@ -108,48 +94,63 @@ class Stack:
         return sum(1 for m, p in self.counter.hits if m == method and p == path)
 
 
+def tenancy_settings(**overrides: Any) -> dict[str, Any]:
+    values: dict[str, Any] = {"mode": "local", "api_key": BOOTSTRAP_KEY, "key_cache_seconds": 0}
+    values.update(overrides)
+    return values
+
+
+def fresh_adapters(moto_endpoint: str, **overrides: Any) -> Adapters:
+    """A new bucket and table (for fixtures wider than one test, where tests/conftest.py's fresh_aws can't go)."""
+    name = f"nb-{uuid.uuid4().hex[:12]}"
+    settings = Settings(**{"region": "us-east-1", "table": name, "bucket": name, **tenancy_settings(**overrides)})
+    adapters = make_adapters(settings, endpoint_url=moto_endpoint)
+    adapters.client("s3").create_bucket(Bucket=name)
+    create_table(adapters.client("dynamodb"), name)
+    return adapters
+
+
+def start_stack(adapters: Adapters, workflow: str = "recording") -> Stack:
+    """The app on uvicorn on a free loopback port, over these adapters, with a recording or the local workflow."""
+    _ = adapters.table  # built here, not lazily in a server thread: boto3 sessions aren't thread-safe
+    wf: Any = LocalWorkflow(adapters, engines=False) if workflow == "local" else RecordingWorkflow()
+    services = build_services(adapters, wf)
+    if workflow == "local":
+        wf.bind(services)
+    counter = HitCounter(create_app(lambda: services))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(counter, host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.01)
+    return Stack(settings=adapters.settings, services=services, base_url=f"http://127.0.0.1:{port}/v1",
+                 counter=counter, server=server, thread=thread, workflow=wf)
+
+
+def stop_stack(stack: Stack) -> None:
+    stack.server.should_exit = True
+    stack.thread.join(timeout=5)
+    if isinstance(stack.workflow, LocalWorkflow):
+        stack.workflow.stop()
+
+
 @pytest.fixture
-def make_stack(moto_endpoint: str) -> Iterator[Callable[..., Stack]]:
+def make_stack(fresh_aws: Callable[..., Adapters]) -> Iterator[Callable[..., Stack]]:
+    """Factory: a fresh bucket and table (tests/conftest.py's fresh_aws) and the API over real HTTP on them."""
     stacks: list[Stack] = []
 
-    def make(workflow: str = "recording", own_bucket: bool = False, **overrides: Any) -> Stack:
-        name = f"nb-{uuid.uuid4().hex[:12]}"
-        # Object keys are unique ids, so stacks may share a bucket (creating one costs moto ~0.5 s).
-        bucket = name if own_bucket else SHARED_BUCKET
-        values: dict[str, Any] = {"mode": "local", "table": name, "bucket": bucket, "region": "us-east-1",
-                                  "api_key": BOOTSTRAP_KEY, "key_cache_seconds": 0}
-        values.update(overrides)
-        settings = Settings(**values)
-        adapters = make_adapters(settings, endpoint_url=moto_endpoint)
-        s3 = adapters.client("s3")
-        if own_bucket or SHARED_BUCKET not in {b["Name"] for b in s3.list_buckets().get("Buckets", [])}:
-            s3.create_bucket(Bucket=bucket)
-        create_table(adapters.client("dynamodb"), name)
-        wf: Any = LocalWorkflow(adapters, engines=False) if workflow == "local" else RecordingWorkflow()
-        services = build_services(adapters, wf)
-        if workflow == "local":
-            wf.bind(services)
-        counter = HitCounter(create_app(lambda: services))
-        port = free_port()
-        server = uvicorn.Server(uvicorn.Config(counter, host="127.0.0.1", port=port, log_level="warning",
-                                               lifespan="off"))
-        thread = threading.Thread(target=server.run, daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 10
-        while not server.started:
-            assert time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.01)
-        stack = Stack(settings=settings, services=services, base_url=f"http://127.0.0.1:{port}/v1",
-                      counter=counter, server=server, thread=thread, workflow=wf)
+    def make(workflow: str = "recording", **overrides: Any) -> Stack:
+        stack = start_stack(fresh_aws(**tenancy_settings(**overrides)), workflow)
         stacks.append(stack)
         return stack
 
     yield make
     for s in stacks:
-        s.server.should_exit = True
-        s.thread.join(timeout=5)
-        if isinstance(s.workflow, LocalWorkflow):
-            s.workflow.stop()
+        stop_stack(s)
 
 
 def chat_lines(n: int, *, prefix: str = "req", model: str = MODEL, words: int = 3) -> bytes:
@@ -162,7 +163,7 @@ def chat_lines(n: int, *, prefix: str = "req", model: str = MODEL, words: int = 
     return out.getvalue()
 
 
-def wait_for(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
+def wait_for(predicate: Callable[[], Any], timeout: float = 90.0, interval: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

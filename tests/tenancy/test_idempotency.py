@@ -106,7 +106,7 @@ def test_duplicate_while_the_first_is_processing_409s_retryable(stack: Stack) ->
                "Content-Type": "application/json"}
     r = httpx.post(f"{stack.base_url}/batches", content=body, headers=headers)
     assert r.status_code == 409
-    assert r.headers["x-should-retry"] == "true"
+    assert r.headers["x-should-retry"] == "true" and r.headers["retry-after"] == "1"
     assert "still being processed" in r.json()["error"]["message"]
     # Once the first finishes, the retry gets its answer.
     store.complete(claim, 200, {"id": "batch_from_the_first_request", "object": "batch"})

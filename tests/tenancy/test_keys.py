@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import uuid
 from typing import Any
 
 import openai
@@ -104,3 +105,22 @@ def test_find_by_id_prefix_name_and_whole_key(make_stack: Any) -> None:
     assert store.find(prefix=key) == [rec]
     assert store.find(name="ops") == [rec]
     assert store.find(name="nope") == []
+
+
+def test_bootstrap_keys_from_the_deployment_secret(make_stack: Any) -> None:
+    probe = make_stack()
+    sm = probe.services.adapters.client("secretsmanager")
+    arn = sm.create_secret(Name=f"nb-keys-{uuid.uuid4().hex[:8]}", SecretString="firstsecretkey0123456789")["ARN"]
+    stack = make_stack(api_keys_secret=arn)
+    assert stack.client("firstsecretkey0123456789").files.list().data == []  # tenant "default"
+    # Rotation (two keys during the overlap) is picked up after the cache TTL (0 in tests).
+    sm.put_secret_value(SecretId=arn, SecretString="firstsecretkey0123456789, secondsecretkey987654321")
+    assert stack.client("secondsecretkey987654321").files.list().data == []
+    sm.put_secret_value(SecretId=arn, SecretString="secondsecretkey987654321")
+    with pytest.raises(openai.AuthenticationError):
+        stack.client("firstsecretkey0123456789").files.list()
+    # A secret that cannot be read leaves the other keys working (and is logged), not a 500 on every call.
+    broken = make_stack(api_keys_secret=arn + "-missing")
+    assert broken.client(broken.new_key("team-a")).files.list().data == []
+    with pytest.raises(openai.AuthenticationError):
+        broken.client("secondsecretkey987654321").files.list()

@@ -327,3 +327,30 @@ def test_cancelling_run_shard_leaves_no_task_behind(world: ShardWorld) -> None:
 
     assert asyncio.run(go()) == []
     assert 0 < len(engine.received) < 200
+
+
+class AbortAnsweringEngine(DeterministicEngine):
+    """Like vLLM's serving layer: a request aborted mid-generation comes back as an error reply, not an
+    exception."""
+
+    async def handle(self, url: str, body: dict[str, Any], request_id: str) -> EngineReply:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            return EngineReply(500, {"error": {"message": "aborted", "type": "server_error", "param": None,
+                                               "code": None}})
+        return await super().handle(url, body, request_id)
+
+
+def test_requests_aborted_by_a_stop_leave_no_result_line(world: ShardWorld) -> None:
+    world.seed(chat_requests(6))
+    settings = world.settings.model_copy(update={"worker_drain_seconds": 0.2})
+
+    async def cancel_soon() -> None:
+        await asyncio.sleep(0.5)
+        await asyncio.to_thread(world.set_status, "cancelling")
+
+    report = run(world, AbortAnsweringEngine(CHAT_SPEC), settings=settings, during=cancel_soon)
+    assert report.stopped_reason == "cancelling" and not report.finished
+    # Unrun, so Finalize writes `batch_cancelled` for each rather than a bogus 500 line.
+    assert world.results() == ({}, 0)
