@@ -30,10 +30,16 @@ def requested(options: dict[str, Any] | None) -> list[str]:
 
 
 def domain_allowed(settings: Settings, address: str) -> bool:
-    """NIGHTBATCH_EMAIL_ALLOWED_DOMAINS: empty (or "*") allows any domain, as infra/config.py documents."""
+    """NIGHTBATCH_EMAIL_ALLOWED_DOMAINS: "*" allows any domain; empty allows none in AWS, where anyone holding
+    an API key could otherwise make the deployment's SES identity mail anywhere, and any in the local mode,
+    whose SES is the embedded emulation that sends nothing."""
     domains = {d.lower() for d in _split(settings.email_allowed_domains)}
     m = ADDRESS_RE.match(address)
-    return m is not None and (not domains or "*" in domains or m.group(1).lower() in domains)
+    if m is None:
+        return False
+    if not domains:
+        return settings.mode == "local"
+    return "*" in domains or m.group(1).lower() in domains
 
 
 def check_notify_options(options: dict[str, Any] | None, settings: Settings) -> None:
