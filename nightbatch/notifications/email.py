@@ -100,6 +100,13 @@ def compose(batch: Batch, links: dict[str, str | None], *, links_expire_at: int 
     if batch.usage is not None:
         u = batch.usage
         lines.append(f"Tokens:    {u.input_tokens} input, {u.output_tokens} output, {u.total_tokens} total")
+    cost = (batch.nightbatch or {}).get("cost") or {}
+    if cost:
+        per_m = cost.get("usd_per_1m_output_tokens")
+        lines.append(f"GPU time:  {cost.get('gpu_seconds', 0):.0f} GPU-seconds on {cost.get('instance_type')} "
+                     f"({cost.get('capacity')}), {100 * float(cost.get('load_share') or 0):.0f}% loading the model")
+        lines.append(f"Cost:      ~${float(cost.get('estimated_cost_usd') or 0):.4f} (estimate)"
+                     + (f", ${per_m:.4f} per 1M output tokens" if per_m else ""))
     lines.append(f"Duration:  {_duration(ended - batch.created_at)} "
                  f"(created {_when(batch.created_at)}, {batch.status} {_when(ended)})")
     if batch.metadata:

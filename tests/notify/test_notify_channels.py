@@ -45,7 +45,9 @@ def test_email_goes_to_opted_in_and_configured_recipients_with_links_that_resolv
     batch_id = make_batch(stack, "completed", email=["alice@example.com"])
     # Create refuses a disallowed domain (below); one can still be stored if the allowed list shrank since.
     stack.adapters.table.update(batch_id, set_={"options": {"notify": {"email": [
-        "alice@example.com", "mallory@elsewhere.test"]}}})
+        "alice@example.com", "mallory@elsewhere.test"]}}, "ext": {"cost": {
+            "gpu_seconds": 120.0, "load_share": 0.1, "instance_type": "g6e.xlarge", "capacity": "spot",
+            "estimated_cost_usd": 0.0263, "usd_per_1m_output_tokens": 2.19}}})
     result = stack.notifier.notify_batch(batch_id)
     assert result.emails_sent == 2
     [to_alice] = _email_to("alice@example.com", batch_id)
@@ -56,7 +58,9 @@ def test_email_goes_to_opted_in_and_configured_recipients_with_links_that_resolv
     assert "links valid until" in to_alice.body
     body = to_alice.body
     for expected in ("Status:    completed", "3 total, 2 completed, 1 failed", "30 input, 12 output, 42 total",
-                     "Duration:", "run=nightly", f'client.batches.retrieve("{batch_id}")'):
+                     "Duration:", "run=nightly", "120 GPU-seconds on g6e.xlarge (spot), 10% loading",
+                     "Cost:      ~$0.0263 (estimate), $2.1900 per 1M output tokens",
+                     f'client.batches.retrieve("{batch_id}")'):
         assert expected in body
     assert body in caplog.text, "the email text is also written to the log"
 
