@@ -17,6 +17,7 @@ from pydantic import BaseModel
 from gpu_worker.checkpoints import Checkpointer
 from gpu_worker.engines.base import Engine
 from gpu_worker.results import exception_reply, is_fatal, result_line
+from gpu_worker.scheduling import OrderPolicy, in_flight_limit, ordered
 from gpu_worker.shard import (
     PendingLines,
     PendingRequest,
@@ -65,6 +66,7 @@ class ShardReport(BaseModel):
     model_load_seconds: float = 0.0
     inference_seconds: float = 0.0
     idle_seconds: float = 0.0
+    running_seconds: float = 0.0  # first request submitted -> last result in (bench/worker.py's running phase)
     finished: bool = False  # every line of the shard has a result and `_done.json` is written
     stopped_reason: str | None = None
 
@@ -127,7 +129,7 @@ class _ShardRun:
             every_seconds=settings.checkpoint_every_seconds,
         )
         self.pending = PendingLines(blobs, spec, progress.done_ids)
-        self.max_in_flight = max(1, settings.max_in_flight)
+        self.max_in_flight = in_flight_limit(settings, engine)
         self.halt = asyncio.Event()
         self.reason: str | None = None
         self.fatal: BaseException | None = None
@@ -135,6 +137,7 @@ class _ShardRun:
         self.cancelled_requests = 0
         self.busy_since = 0.0
         self.busy_seconds = 0.0
+        self.first_submit = self.last_result = 0.0
         self.completed = self.failed = self.input_tokens = self.output_tokens = 0
 
     async def execute(self, report: ShardReport) -> ShardReport:
@@ -184,7 +187,7 @@ class _ShardRun:
 
     async def _dispatch(self, halt_waiter: asyncio.Task[Any]) -> bool:
         """Feeds lines to the engine until the shard is exhausted (True) or a stop arrives (False)."""
-        lines: Iterator[PendingRequest] = iter(self.pending)
+        lines: Iterator[PendingRequest] = ordered(self.pending, OrderPolicy.from_settings(self.settings))
         block = max(1, min(READ_BLOCK, self.max_in_flight))
         ready: deque[PendingRequest] = deque()
         exhausted = False
@@ -218,6 +221,7 @@ class _ShardRun:
     def _submit(self, request: PendingRequest) -> None:
         if not self.tasks:
             self.busy_since = time.monotonic()
+            self.first_submit = self.first_submit or self.busy_since
         task = asyncio.create_task(self._run_one(request))
         self.tasks.add(task)
         task.add_done_callback(self._on_request_done)
@@ -242,6 +246,7 @@ class _ShardRun:
             raise asyncio.CancelledError
         line = result_line(self.job.batch_id, request.custom_id, request_id, reply)
         self.checkpointer.add(line)
+        self.last_result = time.monotonic()
         if line.ok:
             self.completed += 1
         else:
@@ -295,6 +300,7 @@ class _ShardRun:
         report.checkpoints = self.checkpointer.objects
         report.inference_seconds = round(self.busy_seconds, 3)
         report.idle_seconds = round(max(0.0, elapsed - self.busy_seconds), 3)
+        report.running_seconds = round(max(0.0, self.last_result - self.first_submit), 3)
         report.finished = finished
         report.stopped_reason = None if finished else (self.reason or "error")
 

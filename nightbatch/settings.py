@@ -176,6 +176,21 @@ class Settings(BaseSettings):
     email_link_ttl_seconds: int = 7 * 86400
     public_base_url: str = ""
 
+    # --- Worker throughput (issue 8; docs/PERF.md, gpu_worker/scheduling.py) ---
+    # Pending lines are read this far ahead and reordered within that window (0 = input order, no window);
+    # the char bound (prompt text) keeps a window of very long lines in bounded memory.
+    worker_order_window_lines: int = 4096
+    worker_order_window_chars: int = 64 * 1024 * 1024
+    # Requests whose prompts begin with the same `worker_prefix_chars` characters (~64 tokens) go to the engine
+    # together, so vLLM's prefix cache computes their shared blocks once.
+    worker_group_prefixes: bool = True
+    worker_prefix_chars: int = 256
+    # "longest" prompt first (groups by their longest member, then within each group), "shortest", or "none".
+    worker_length_order: Literal["longest", "shortest", "none"] = "longest"
+    # Keep at least this many requests in flight per engine sequence slot (vLLM's max_num_seqs), whatever
+    # max_in_flight says, so the engine's scheduler always has work waiting; 0 = max_in_flight alone.
+    worker_in_flight_per_slot: float = 2.0
+
     @field_validator("hour_seconds")
     @classmethod
     def _positive(cls, v: float) -> float:

@@ -57,6 +57,8 @@ class VllmEngine:
         self._state: State | None = None
         self._routes: dict[str, _Route] = {}
         self.start_seconds: float | None = None
+        # The engine's sequence slots, read by the runner to keep enough requests in flight (scheduling.py).
+        self.max_num_seqs: int | None = None
 
     async def start(self) -> None:
         if self._stack is not None:
@@ -89,6 +91,7 @@ class VllmEngine:
             raise
         self._stack, self._state = stack, state
         self._routes = _routes(state)
+        self.max_num_seqs = int(client.vllm_config.scheduler_config.max_num_seqs)
         # vLLM's first imports run under this frame and a module keeps one of their tracebacks, which
         # pins this frame; without the del its locals would keep the AsyncLLM alive after stop().
         del client, state, stack, args

