@@ -45,6 +45,7 @@ typecheck: venv
 	$(BIN)/mypy
 
 test: venv
+	sh scripts/ensure-chromium.sh  # Debian's chromium for the dashboard's browser test (apt, once)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

@@ -30,7 +30,7 @@ TABLE = "bench-table"
 def settings() -> Settings:
     return Settings(mode="local", bucket=BUCKET, table=TABLE, max_requests_per_batch=2_000_000,
                     max_input_bytes=4 * 1024**3, segment_max_lines=5000, shard_target_tokens=2_500_000,
-                    max_gpus=16)
+                    max_gpus=16, limit_queued_requests=0, limit_queued_tokens=0)  # 0 = unlimited
 
 
 def input_line(i: int) -> bytes:
@@ -156,7 +156,9 @@ def peak_rss_mb() -> float:
 
 def run_child(kind: str, arg: str, env: dict[str, str]) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-m", "bench.control_plane", "--child", kind, arg], env=env,
-                         capture_output=True, text=True, check=True)
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"{kind} child failed:\n{out.stderr[-3000:]}")
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 

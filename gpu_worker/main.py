@@ -22,6 +22,7 @@ from gpu_worker.engines.base import Engine
 from gpu_worker.runner import ShardJob, ShardReport, preflight, run_shard
 from gpu_worker.shard import load_shard
 from gpu_worker.watch import BATCH_REASONS, read_stop_reason
+from nightbatch.logs import configure_logging, log_context
 from nightbatch.metrics import emit
 from nightbatch.pipeline.layout import results_prefix
 from nightbatch.settings import ModelSpec, Settings, get_settings
@@ -42,10 +43,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-id", default=None, help="default: env NIGHTBATCH_BATCH_ID")
     parser.add_argument("--shard-id", default=None, help="default: env NIGHTBATCH_SHARD_ID")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     settings = get_settings()
+    if settings.mode == "aws":
+        configure_logging()  # JSON lines for CloudWatch Logs, each with the batch and shard ids
+    else:
+        logging.basicConfig(
+            level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
     batch_id = args.batch_id or settings.batch_id
     shard_id = args.shard_id or settings.shard_id
     if not batch_id or not shard_id:
@@ -54,7 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     adapters = make_adapters(settings)
     engine_path = args.engine or settings.worker_engine
     try:
-        return asyncio.run(serve_shard(job, settings, adapters, engine_path=engine_path))
+        with log_context(batch_id=batch_id, shard_id=shard_id):
+            return asyncio.run(serve_shard(job, settings, adapters, engine_path=engine_path))
     except Exception:
         log.exception("shard %s/%s failed", batch_id, shard_id)
         return EXIT_ERROR

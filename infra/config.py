@@ -84,7 +84,7 @@ class ShardRetry(_Strict):
 class Notifications(_Strict):
     # Verified SES identity that batch e-mails come from; empty disables e-mail.
     sender_email: str = Field("", alias="senderEmail")
-    # Recipient domains a batch may ask to notify; empty means any domain.
+    # Recipient domains a batch may ask to notify; ["*"] means any domain, empty means none.
     allowed_domains: tuple[str, ...] = Field((), alias="allowedDomains")
     # Operator address subscribed to the alarm topic; empty means no subscription.
     alarm_email: str = Field("", alias="alarmEmail")

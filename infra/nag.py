@@ -54,8 +54,8 @@ def iam_findings(stack: NightbatchStack) -> dict[str, str]:
         "AmazonEC2ContainerServiceforEC2Role]": "The ECS agent on Batch-managed GPU hosts needs this AWS-managed "
         "instance policy (cluster registration, image pull); AWS maintains it with the agent.",
         "AwsSolutions-IAM5[Resource::*]": "Only actions without resource-level permissions: X-Ray segments and "
-        "log delivery for the workflow, ecr:GetAuthorizationToken for the image pull, and Batch "
-        "List/Describe calls for the sweeper.",
+        "log delivery for the workflow, ecr:GetAuthorizationToken for the image pull, and batch:ListJobs "
+        "for the sweeper.",
         "AwsSolutions-IAM5[Action::kms:GenerateDataKey*]": "CDK's grant to publish to the KMS-encrypted topic; "
         "scoped to the topic's own key.",
         f"AwsSolutions-IAM5[Resource::arn:<AWS::Partition>:s3:::<{bucket}>/*]": "The Distributed Map reads "

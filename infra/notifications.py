@@ -2,22 +2,37 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
+from aws_cdk import aws_lambda_event_sources as event_sources
+from aws_cdk import aws_logs as logs
 from aws_cdk import aws_ses as ses
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-# A webhook delivery attempt gets this long before the message becomes visible again for a retry.
-WEBHOOK_VISIBILITY = cdk.Duration.minutes(6)
+from infra.lambdas import LambdaFunction
+
+DELIVER_HANDLER = "functions.tasks.deliver.handler"
+# Messages per invocation; each is one POST bounded by NIGHTBATCH_WEBHOOK_TIMEOUT_SECONDS (10 s by default),
+# attempted one after the other, so the batch must fit the function's timeout.
+DELIVER_BATCH_SIZE = 10
+DELIVER_TIMEOUT = cdk.Duration.minutes(2)
+# Scheduled retries are new messages (sent with a delay by the consumer), so the visibility timeout only governs
+# a message whose invocation crashed or timed out; AWS's advice for a Lambda event source: at least six times
+# the function's timeout.
+WEBHOOK_VISIBILITY = cdk.Duration.minutes(DELIVER_TIMEOUT.to_minutes() * 6)
 WEBHOOK_MAX_RECEIVES = 8
 
 
 class Notifications(Construct):
-    """SNS topic encrypted with its own key, SQS webhook queue + DLQ, optional SES identity + configuration set."""
+    """SNS topic encrypted with its own key, SQS webhook queue + DLQ (+ its consumer, `add_deliverer`), optional
+    SES identity + configuration set."""
 
     def __init__(self, scope: Construct, id: str, *, sender_email: str, alarm_email: str) -> None:
         super().__init__(scope, id)
@@ -57,6 +72,23 @@ class Notifications(Construct):
             self.email_identity = ses.EmailIdentity(
                 self, "Sender", identity=ses.Identity.email(sender_email), configuration_set=self.configuration_set
             )
+
+    def add_deliverer(self, *, code: lambda_.Code, environment: Mapping[str, str],
+                      log_retention: logs.RetentionDays) -> LambdaFunction:
+        """The webhook queue's consumer: one attempt per message; it re-queues retries on the same queue.
+
+        It reports batch item failures, so only the messages whose attempt crashed are redelivered (and counted
+        towards the DLQ), never the others of their batch."""
+        deliverer = LambdaFunction(
+            self, "Deliver", code=code, handler=DELIVER_HANDLER,
+            description="nightbatch notifications: delivers queued webhook events, re-queues retries",
+            environment=environment, timeout=DELIVER_TIMEOUT, log_retention=log_retention,
+        )
+        deliverer.function.add_event_source(event_sources.SqsEventSource(
+            self.webhook_queue, batch_size=DELIVER_BATCH_SIZE, report_batch_item_failures=True,
+        ))
+        self.webhook_queue.grant_send_messages(deliverer.role)
+        return deliverer
 
     def grant_send_email(self, grantee: iam.IGrantable) -> None:
         if self.email_identity is None or self.configuration_set is None:

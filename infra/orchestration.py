@@ -148,10 +148,12 @@ class Orchestration(Construct):
 
         self.sweeper = LambdaFunction(
             self, "Sweeper", code=code, handler=SWEEP_HANDLER,
-            description="nightbatch sweeper: re-drives stuck batches, drives expiry, emits gauges",
+            description="nightbatch sweeper: re-drives stuck batches, finalizes abandoned ones, cancels their "
+                        "queued jobs, emits gauges",
             environment={**environment, **sweeper_environment,
                          **settings_environment({"state_machine_arn": self.state_machine.state_machine_arn})},
-            timeout=cdk.Duration.minutes(2), log_retention=log_retention,
+            # It finalizes abandoned batches inline (finalize_batch), so it gets Finalize's time.
+            timeout=TASK_TIMEOUTS["finalize"], log_retention=log_retention,
         )
         self.schedule = events.Rule(
             self, "SweepSchedule", schedule=events.Schedule.rate(SWEEP_EVERY),

@@ -16,7 +16,7 @@ from infra import nag
 from infra.api import Api
 from infra.bundling import lambda_code
 from infra.config import DeployConfig
-from infra.environment import settings_environment
+from infra.environment import env_name, settings_environment
 from infra.gpu_compute import GpuCompute
 from infra.notifications import Notifications
 from infra.observability import Observability
@@ -30,8 +30,6 @@ _TABLE_RW = (
     "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query", "dynamodb:ConditionCheckItem",
     "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem",
 )
-# Batch's read APIs have no resource-level permissions: AWS requires "*" for them.
-_BATCH_READ = ("batch:ListJobs", "batch:DescribeJobs", "batch:DescribeJobQueues", "batch:DescribeComputeEnvironments")
 
 
 def _retention(days: int) -> logs.RetentionDays:
@@ -96,19 +94,26 @@ class NightbatchStack(cdk.Stack):
         link_env = settings_environment({"link_secret": self.link_secret.secret_value.unsafe_unwrap()})
         self.uploads = UploadComposer(self, "Uploads", code=code, environment=runtime, log_retention=retention)
         upload_env = settings_environment({"upload_queue_url": self.uploads.queue.queue_url})
+        # The API refuses a batch naming an address outside these domains; Notify skips one that slipped through.
+        email_policy = settings_environment({"email_allowed_domains": ",".join(config.notifications.allowed_domains)})
         notify_env: dict[str, Any] = {
             "topic_arn": self.notifications.topic.topic_arn,
             "webhook_queue_url": self.notifications.webhook_queue.queue_url,
-            "email_allowed_domains": ",".join(config.notifications.allowed_domains),
         }
         if self.notifications.configuration_set is not None:
             notify_env["email_sender"] = config.notifications.sender_email
             notify_env["email_configuration_set"] = self.notifications.configuration_set.configuration_set_name
+        # The webhook queue's consumer builds the same notifier as Notify; it signs no download links, so it
+        # gets neither the link secret nor the API's URL.
+        self.deliverer = self.notifications.add_deliverer(
+            code=code, environment={**runtime, **email_policy, **settings_environment(notify_env)},
+            log_retention=retention,
+        )
         self.orchestration = Orchestration(
             self, "Orchestration",
             code=code,
             environment=runtime,
-            task_environment={"notify": {**settings_environment(notify_env), **link_env}},
+            task_environment={"notify": {**email_policy, **settings_environment(notify_env), **link_env}},
             sweeper_environment=settings_environment({"job_queue": self.gpu.queue.job_queue_arn}),
             bucket=bucket,
             job_queue=self.gpu.queue,
@@ -131,7 +136,7 @@ class NightbatchStack(cdk.Stack):
         self.api = Api(
             self, "Api",
             code=code,
-            environment={**runtime, **link_env, **upload_env, **settings_environment({
+            environment={**runtime, **link_env, **upload_env, **email_policy, **settings_environment({
                 "state_machine_arn": state_machine.state_machine_arn,
                 "api_keys_secret": self.api_keys.secret_arn,
             })},
@@ -140,6 +145,11 @@ class NightbatchStack(cdk.Stack):
             burst_limit=config.api.burst_limit,
             log_retention=retention,
         )
+
+        # Notify signs download links into its e-mails; they point at this API, unless `limits` names another
+        # public URL (a custom domain). No cycle: the HTTP API does not depend on the workflow, its Lambda does.
+        if "public_base_url" not in config.limits:
+            self.orchestration.tasks["notify"].function.add_environment(env_name("public_base_url"), self.api.url)
 
         # Grants: each principal gets its prefixes, the table, and the one thing it drives.
         tasks = self.orchestration.tasks
@@ -156,16 +166,19 @@ class NightbatchStack(cdk.Stack):
         for sender in (api_role, composer):
             self.uploads.queue.grant_send_messages(sender)
         self.grant_objects(self.gpu.job_role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
-        for principal in (api_role, sweeper.role, composer, self.gpu.job_role, *(t.role for t in tasks.values())):
+        for principal in (api_role, sweeper.role, composer, self.deliverer.role, self.gpu.job_role,
+                          *(t.role for t in tasks.values())):
             self.grant_table(principal)
         state_machine.grant_start_execution(api_role)
         self.api_keys.grant_read(api_role)
         self.notifications.topic.grant_publish(tasks["notify"].role)
         self.notifications.webhook_queue.grant_send_messages(tasks["notify"].role)
         self.notifications.grant_send_email(tasks["notify"].role)
-        sweeper.role.add_to_policy(iam.PolicyStatement(actions=list(_BATCH_READ), resources=["*"]))
+        # The sweeper lists the queue's jobs (ListJobs has no resource-level permissions: "*") and cancels the
+        # unstarted ones of stopped batches (nightbatch/storage/batch_jobs.py); nothing else of Batch.
+        sweeper.role.add_to_policy(iam.PolicyStatement(actions=["batch:ListJobs"], resources=["*"]))
         sweeper.role.add_to_policy(iam.PolicyStatement(
-            actions=["batch:CancelJob", "batch:TerminateJob"],
+            actions=["batch:CancelJob"],
             resources=[self.format_arn(service="batch", resource="job", resource_name="*")],
         ))
         for model in config.models:
@@ -174,7 +187,7 @@ class NightbatchStack(cdk.Stack):
 
         functions = {name: t.function for name, t in tasks.items()}
         functions.update(sweep=sweeper.function, api=self.api.handler.function,
-                         compose_upload=self.uploads.composer.function)
+                         compose_upload=self.uploads.composer.function, deliver=self.deliverer.function)
         self.observability = Observability(
             self, "Observability",
             topic=self.notifications.topic,

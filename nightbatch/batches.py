@@ -142,6 +142,11 @@ class BatchService:
             )
         hours = window_hours(req.completion_window, self.settings.max_completion_window_hours)
         check_metadata(req.metadata)
+        # A bad or disallowed e-mail address is a 400 now, rather than an e-mail silently dropped at Notify.
+        # Imported here: the notifications package imports this module (batch_to_wire) at its import time.
+        from nightbatch.notifications.email import check_notify_options
+
+        check_notify_options(req.nightbatch, self.settings)
         if req.output_expires_after is not None:
             if req.output_expires_after.anchor != "created_at":
                 raise InvalidRequestError(

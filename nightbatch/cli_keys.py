@@ -20,6 +20,7 @@ from nightbatch.keys import DEFAULT_TENANT, KeyRecord, KeyStore
 from nightbatch.settings import Settings
 
 # moto accepts any credentials; a shell that talks to `nightbatch local` may have none configured.
+MIN_PREFIX_CHARS = 7
 LOCAL_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
 
 
@@ -156,6 +157,11 @@ def _list(store: KeyStore, args: argparse.Namespace) -> int:
 
 
 def _revoke(store: KeyStore, args: argparse.Namespace) -> int:
+    if args.prefix is not None and len(args.prefix) < MIN_PREFIX_CHARS:
+        # "nb-" alone would match every key.
+        print(f"nightbatch keys: --prefix needs at least {MIN_PREFIX_CHARS} characters (e.g. nb-AbCd1234)",
+              file=sys.stderr)
+        return 2
     matches = store.find(key_id=args.key_id, name=args.name, prefix=args.prefix)
     if not matches:
         print("nightbatch keys: no active key matches; see `nightbatch keys list`", file=sys.stderr)

@@ -126,7 +126,9 @@ class Settings(BaseSettings):
     webhook_queue_url: str = ""  # SQS queue Notify puts webhook deliveries on
     email_sender: str = ""  # verified SES sender address; empty disables e-mail notifications
     email_configuration_set: str = ""
-    email_allowed_domains: str = ""  # comma-separated recipient domains; empty allows any
+    # Comma-separated recipient domains a batch may ask to e-mail; "*" allows any. Empty allows none in AWS and
+    # any in the local mode (nightbatch/notifications/email.py).
+    email_allowed_domains: str = ""
     api_keys_secret: str = ""  # Secrets Manager secret (ARN) holding comma-separated API keys
 
     # Uploads API and large downloads (issue 7; ARCHITECTURE "Payload limits").

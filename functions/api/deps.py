@@ -88,7 +88,6 @@ def authenticate(request: Request, services: ServicesDep) -> Principal:
             "Incorrect API key provided. You can find your API key in your deployment's configuration or "
             "create one with `nightbatch keys create`."
         )
-    request.state.tenant = principal.tenant
     # Counted after authentication, per tenant: one tenant's flood answers 429 to that tenant alone.
     count_request(services.adapters.table, principal.tenant, settings=services.settings)
     return principal

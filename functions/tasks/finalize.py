@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from nightbatch.pipeline import BatchTaskInput, finalize_batch
-from nightbatch.services import default_services
+from functions.tasks import run_batch_task
+from nightbatch.pipeline import finalize_batch
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return finalize_batch(BatchTaskInput.model_validate(event), default_services()).model_dump()
+    return run_batch_task(finalize_batch, event, context)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nightbatch.logs import log_context
 from nightbatch.notifications import Notifier, build_notifier, notify_batch
 from nightbatch.notifications.models import NotifyInput
 from nightbatch.services import Services, default_services
@@ -23,4 +24,5 @@ def default_notifier() -> Notifier:
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     inp = NotifyInput.model_validate(event)
-    return notify_batch(inp.batch_id, notifier=default_notifier()).model_dump()
+    with log_context(batch_id=inp.batch_id, request_id=getattr(context, "aws_request_id", None)):
+        return notify_batch(inp.batch_id, notifier=default_notifier()).model_dump()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from nightbatch.pipeline import BatchTaskInput, validate_batch
-from nightbatch.services import default_services
+from functions.tasks import run_batch_task
+from nightbatch.pipeline import validate_batch
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return validate_batch(BatchTaskInput.model_validate(event), default_services()).model_dump()
+    return run_batch_task(validate_batch, event, context)

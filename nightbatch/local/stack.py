@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import secrets
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -71,20 +72,34 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engines: bool = True) ->
     print(f"nightbatch local: {base_url}", flush=True)
     print(f"  API key: {key}" + ("" if env_key else "   (generated; set NIGHTBATCH_API_KEY to choose one)"),
           flush=True)
+    print(f"  Dashboard: http://{host}:{port}/", flush=True)
     print("  State is in memory and is lost when this process stops.", flush=True)
     print(f"  Try: OpenAI(base_url='{base_url}', api_key='{key}')", flush=True)
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="off")
     server = uvicorn.Server(config)
+    # uvicorn shuts down on SIGINT/SIGTERM, then re-raises the signal to the handler it found: make that a
+    # clean exit, so the cleanup below always runs (the default SIGTERM action would kill us first).
+    signal.signal(signal.SIGTERM, _stop_requested)
     try:
         if engines:
             workflow.warm_up_in_background()
         server.run()
+    except (KeyboardInterrupt, StopRequestedError):
+        pass
     finally:
         workflow.stop()
         aws.stop()
         _forget()
         _end_children()
         print("nightbatch local: stopped", file=sys.stderr, flush=True)
+
+
+class StopRequestedError(Exception):
+    """SIGTERM arrived: stop like on Ctrl-C."""
+
+
+def _stop_requested(signum: int, frame: object) -> None:
+    raise StopRequestedError
 
 
 def _record(base_url: str, aws_endpoint: str, settings: Settings) -> None:

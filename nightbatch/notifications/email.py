@@ -30,10 +30,16 @@ def requested(options: dict[str, Any] | None) -> list[str]:
 
 
 def domain_allowed(settings: Settings, address: str) -> bool:
-    """NIGHTBATCH_EMAIL_ALLOWED_DOMAINS: empty (or "*") allows any domain, as infra/config.py documents."""
+    """NIGHTBATCH_EMAIL_ALLOWED_DOMAINS: "*" allows any domain; empty allows none in AWS, where anyone holding
+    an API key could otherwise make the deployment's SES identity mail anywhere, and any in the local mode,
+    whose SES is the embedded emulation that sends nothing."""
     domains = {d.lower() for d in _split(settings.email_allowed_domains)}
     m = ADDRESS_RE.match(address)
-    return m is not None and (not domains or "*" in domains or m.group(1).lower() in domains)
+    if m is None:
+        return False
+    if not domains:
+        return settings.mode == "local"
+    return "*" in domains or m.group(1).lower() in domains
 
 
 def check_notify_options(options: dict[str, Any] | None, settings: Settings) -> None:
@@ -94,6 +100,13 @@ def compose(batch: Batch, links: dict[str, str | None], *, links_expire_at: int 
     if batch.usage is not None:
         u = batch.usage
         lines.append(f"Tokens:    {u.input_tokens} input, {u.output_tokens} output, {u.total_tokens} total")
+    cost = (batch.nightbatch or {}).get("cost") or {}
+    if cost:
+        per_m = cost.get("usd_per_1m_output_tokens")
+        lines.append(f"GPU time:  {cost.get('gpu_seconds', 0):.0f} GPU-seconds on {cost.get('instance_type')} "
+                     f"({cost.get('capacity')}), {100 * float(cost.get('load_share') or 0):.0f}% loading the model")
+        lines.append(f"Cost:      ~${float(cost.get('estimated_cost_usd') or 0):.4f} (estimate)"
+                     + (f", ${per_m:.4f} per 1M output tokens" if per_m else ""))
     lines.append(f"Duration:  {_duration(ended - batch.created_at)} "
                  f"(created {_when(batch.created_at)}, {batch.status} {_when(ended)})")
     if batch.metadata:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
+import re
 import threading
 import traceback
 from collections.abc import Callable, Iterator
@@ -126,7 +127,9 @@ def create_resources(template: dict[str, Any]) -> Deployment:
         d.attrs[(queue_id, "Arn")] = f"arn:aws:sqs:{REGION}:{ACCOUNT}:{queue_id[:70]}"
     for secret_id in of_type(template, "AWS::SecretsManager::Secret"):
         d.refs[secret_id] = boto3.client("secretsmanager", region_name=REGION).create_secret(
-            Name=secret_id, SecretString="test-secret")["ARN"]
+            Name=secret_id, SecretString=f"test-secret-{secret_id}")["ARN"]
+    for api_id in of_type(template, "AWS::ApiGatewayV2::Api"):
+        d.refs[api_id] = "nbapi"
 
     iam = boto3.client("iam", region_name=REGION)
     role = iam.create_role(RoleName="nb-role", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
@@ -158,12 +161,22 @@ def create_resources(template: dict[str, Any]) -> Deployment:
 
     for fn in functions.values():
         d.lambda_env[fn["Properties"]["Handler"]] = {
-            k: str(v) for k, v in d.render(fn["Properties"]["Environment"]["Variables"]).items()}
+            k: resolve_secret_references(str(v))
+            for k, v in d.render(fn["Properties"]["Environment"]["Variables"]).items()}
     boto3.client("stepfunctions", region_name=REGION).create_state_machine(
         name="nightbatch-test", roleArn=role, type="STANDARD",
         definition=d.render(machine["Properties"]["DefinitionString"]),
     )
     return d
+
+
+_SECRET_REFERENCE = re.compile(r"\{\{resolve:secretsmanager:(?P<id>[^}]+?):SecretString:::\}\}")
+
+
+def resolve_secret_references(value: str) -> str:
+    """CloudFormation's `{{resolve:secretsmanager:…}}` dynamic references, as it resolves them at deploy."""
+    client = boto3.client("secretsmanager", region_name=REGION)
+    return _SECRET_REFERENCE.sub(lambda m: str(client.get_secret_value(SecretId=m["id"])["SecretString"]), value)
 
 
 class _Context:

@@ -18,7 +18,7 @@ STAR_ALLOWED = {
     "logs:CreateLogDelivery", "logs:GetLogDelivery", "logs:UpdateLogDelivery", "logs:DeleteLogDelivery",
     "logs:ListLogDeliveries", "logs:PutResourcePolicy", "logs:DescribeResourcePolicies", "logs:DescribeLogGroups",
     "ecr:GetAuthorizationToken",
-    "batch:ListJobs", "batch:DescribeJobs", "batch:DescribeJobQueues", "batch:DescribeComputeEnvironments",
+    "batch:ListJobs",
 }
 # The worker reads these two outside Settings (gpu_worker/model_prep.py): the model cache dir and HF's token.
 WORKER_ONLY_ENV = {"NIGHTBATCH_MODEL_CACHE"}
@@ -77,6 +77,8 @@ def test_drivers_are_scoped_to_their_one_resource(template: dict[str, Any]) -> N
     }
     senders = {
         _role_of(template, "functions.tasks.notify.handler"): queues["NotificationsWebhook"],
+        # Deliver re-queues a failed delivery's next attempt (and an early message) on the queue it consumes.
+        _role_of(template, "functions.tasks.deliver.handler"): queues["NotificationsWebhook"],
         _role_of(template, "functions.api.handler.handler"): queues["Uploads"],
         _role_of(template, "functions.tasks.compose_upload.handler"): queues["Uploads"],
     }
@@ -92,6 +94,46 @@ def test_drivers_are_scoped_to_their_one_resource(template: dict[str, Any]) -> N
             (role,) = roles
             assert _list(statement["Resource"]) == [{"Fn::GetAtt": [senders.pop(role), "Arn"]}], logical
     assert seen == set(expected) and senders == {}
+
+
+def _role_statements(template: dict[str, Any], handler: str) -> list[dict[str, Any]]:
+    role = _role_of(template, handler)
+    return [statement for logical, statement in _statements(template)
+            if {"Ref": role} in template["Resources"][logical]["Properties"]["Roles"]]
+
+
+def test_sweeper_may_list_the_queue_s_jobs_and_cancel_jobs_and_nothing_else_of_batch(
+        template: dict[str, Any]) -> None:
+    grants = {(a, resolve(r, {}, lambda lid, attr: f"{lid}.{attr}"))
+              for st in _role_statements(template, "functions.tasks.sweep.handler")
+              for a in _list(st["Action"]) if a.startswith("batch:") for r in _list(st["Resource"])}
+    assert grants == {("batch:ListJobs", "*"), ("batch:CancelJob", "arn:aws:batch:us-east-1:123456789012:job/*")}
+    # No other principal touches the queue's jobs outside the workflow's own SubmitJob.sync.
+    for logical, statement in _statements(template):
+        if {"batch:ListJobs", "batch:CancelJob"} & set(_list(statement["Action"])):
+            assert statement in _role_statements(template, "functions.tasks.sweep.handler"), logical
+
+
+def _s3_grants(template: dict[str, Any], handler: str) -> dict[str, set[str]]:
+    """Key prefix -> S3 object actions the handler's role holds on it."""
+    grants: dict[str, set[str]] = {}
+    for statement in _role_statements(template, handler):
+        for resource in _list(statement["Resource"]):
+            parts = resource.get("Fn::Join", ["", []])[1] if isinstance(resource, dict) else []
+            if parts and isinstance(parts[-1], str) and parts[-1].endswith("/*"):
+                grants.setdefault(parts[-1].strip("/*"), set()).update(_list(statement["Action"]))
+    return grants
+
+
+def test_sweeper_reads_and_writes_what_finalize_does(template: dict[str, Any]) -> None:
+    sweeper = _s3_grants(template, "functions.tasks.sweep.handler")
+    assert sweeper == _s3_grants(template, "functions.tasks.finalize.handler")
+    assert set(sweeper) == {"files", "batches"}
+    assert all({"s3:GetObject", "s3:PutObject", "s3:DeleteObject"} <= actions for actions in sweeper.values())
+
+
+def test_validate_may_read_upload_parts(template: dict[str, Any]) -> None:
+    assert _s3_grants(template, "functions.tasks.validate.handler")["uploads"] == {"s3:GetObject"}
 
 
 def test_only_batch_hosts_use_a_managed_policy(template: dict[str, Any]) -> None:
@@ -137,6 +179,30 @@ def test_each_lambda_gets_what_it_drives(template: dict[str, Any]) -> None:
     assert {"NIGHTBATCH_TOPIC_ARN", "NIGHTBATCH_WEBHOOK_QUEUE_URL", "NIGHTBATCH_LINK_SECRET"} <= set(notify)
     assert {"NIGHTBATCH_UPLOAD_QUEUE_URL", "NIGHTBATCH_LINK_SECRET"} <= set(envs["functions.api.handler.handler"])
     assert "NIGHTBATCH_UPLOAD_QUEUE_URL" in envs["functions.tasks.compose_upload.handler"]
+    # The API refuses at create what Notify would skip: both apply the same allowed domains.
+    api_domains = envs["functions.api.handler.handler"]["NIGHTBATCH_EMAIL_ALLOWED_DOMAINS"]
+    assert notify["NIGHTBATCH_EMAIL_ALLOWED_DOMAINS"] == api_domains
+
+
+def test_deliver_gets_notify_s_environment_but_the_link_signing_pair(template: dict[str, Any]) -> None:
+    """Deliver builds the same notifier (queue, topic, sender) as Notify; it signs no download links."""
+    envs = _lambda_envs(template)
+    notify, deliver = envs["functions.tasks.notify.handler"], envs["functions.tasks.deliver.handler"]
+    link_pair = {"NIGHTBATCH_LINK_SECRET", "NIGHTBATCH_PUBLIC_BASE_URL"}
+    assert link_pair <= set(notify)
+    assert deliver == {k: v for k, v in notify.items() if k not in link_pair}
+    assert "NIGHTBATCH_WEBHOOK_QUEUE_URL" in deliver
+
+
+def test_notify_links_point_at_the_http_api_and_share_the_api_s_key(template: dict[str, Any]) -> None:
+    envs = _lambda_envs(template)
+    api, notify = envs["functions.api.handler.handler"], envs["functions.tasks.notify.handler"]
+    http_api, _ = one_of_type(template, "AWS::ApiGatewayV2::Api")
+    url = resolve(notify["NIGHTBATCH_PUBLIC_BASE_URL"], {http_api: "abc123"}, lambda lid, attr: f"{lid}.{attr}")
+    assert url == "https://abc123.execute-api.us-east-1.amazonaws.com/"
+    assert notify["NIGHTBATCH_LINK_SECRET"] == api["NIGHTBATCH_LINK_SECRET"]
+    (secret,) = {ref for ref in json.dumps(api["NIGHTBATCH_LINK_SECRET"]).split('"') if ref.startswith("LinkSecret")}
+    assert secret in of_type(template, "AWS::SecretsManager::Secret")
 
 
 def test_link_secret_is_a_deploy_time_reference_not_a_value(template: dict[str, Any]) -> None:

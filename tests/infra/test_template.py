@@ -91,7 +91,7 @@ def test_lambdas_share_runtime_and_have_the_expected_handlers(template: dict[str
     assert sorted(f["Handler"] for f in functions) == sorted([
         "functions.api.handler.handler", "functions.tasks.validate.handler", "functions.tasks.plan.handler",
         "functions.tasks.finalize.handler", "functions.tasks.notify.handler", "functions.tasks.sweep.handler",
-        "functions.tasks.compose_upload.handler",
+        "functions.tasks.compose_upload.handler", "functions.tasks.deliver.handler",
     ])
     for f in functions:
         assert f["Runtime"] == "python3.14"
@@ -119,6 +119,19 @@ def test_sweeper_runs_every_five_minutes(template: dict[str, Any]) -> None:
     sweeper = next(k for k, f in of_type(template, "AWS::Lambda::Function").items()
                    if f["Properties"]["Handler"] == "functions.tasks.sweep.handler")
     assert target["Arn"] == {"Fn::GetAtt": [sweeper, "Arn"]}
+
+
+def _function(template: dict[str, Any], handler: str) -> dict[str, Any]:
+    return next(f["Properties"] for f in of_type(template, "AWS::Lambda::Function").values()
+                if f["Properties"]["Handler"] == handler)
+
+
+def test_sweeper_has_time_to_finalize_an_abandoned_batch(template: dict[str, Any]) -> None:
+    """The sweeper runs finalize_batch inline (nightbatch/pipeline/sweep.py): it gets Finalize's timeout."""
+    sweeper = _function(template, "functions.tasks.sweep.handler")
+    finalize = _function(template, "functions.tasks.finalize.handler")
+    assert sweeper["Timeout"] == finalize["Timeout"] == 15 * 60
+    assert sweeper["MemorySize"] >= finalize["MemorySize"]
 
 
 def test_gpu_compute_environments_spot_first_min_zero(template: dict[str, Any]) -> None:
@@ -200,14 +213,38 @@ def test_notifications_topic_encrypted_queues_have_dlqs(template: dict[str, Any]
     assert all(q["Properties"]["SqsManagedSseEnabled"] for q in queues.values())
 
 
+def _consumers(template: dict[str, Any]) -> dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]]:
+    """Handler -> (event source mapping, queue, function) properties, for each SQS-triggered Lambda."""
+    found = {}
+    for mapping in of_type(template, "AWS::Lambda::EventSourceMapping").values():
+        queue = template["Resources"][mapping["Properties"]["EventSourceArn"]["Fn::GetAtt"][0]]["Properties"]
+        function = template["Resources"][mapping["Properties"]["FunctionName"]["Ref"]]["Properties"]
+        found[function["Handler"]] = (mapping["Properties"], queue, function)
+    return found
+
+
 def test_compose_upload_lambda_consumes_its_queue_one_message_at_a_time(template: dict[str, Any]) -> None:
-    (mapping,) = of_type(template, "AWS::Lambda::EventSourceMapping").values()
-    assert mapping["Properties"]["BatchSize"] == 1
-    queue = mapping["Properties"]["EventSourceArn"]["Fn::GetAtt"][0]
-    function = mapping["Properties"]["FunctionName"]["Ref"]
-    assert template["Resources"][function]["Properties"]["Handler"] == "functions.tasks.compose_upload.handler"
-    visibility = template["Resources"][queue]["Properties"]["VisibilityTimeout"]
-    assert visibility >= 6 * template["Resources"][function]["Properties"]["Timeout"]
+    consumers = _consumers(template)
+    assert set(consumers) == {"functions.tasks.compose_upload.handler", "functions.tasks.deliver.handler"}
+    mapping, queue, function = consumers["functions.tasks.compose_upload.handler"]
+    assert mapping["BatchSize"] == 1
+    assert queue["VisibilityTimeout"] >= 6 * function["Timeout"]
+
+
+def test_deliver_lambda_consumes_the_webhook_queue_reporting_item_failures(template: dict[str, Any]) -> None:
+    from nightbatch.settings import Settings
+
+    mapping, queue, function = _consumers(template)["functions.tasks.deliver.handler"]
+    webhook_queue, _ = one_of_type(template, "AWS::SQS::Queue", "NotificationsWebhookQueue")
+    assert mapping["EventSourceArn"] == {"Fn::GetAtt": [webhook_queue, "Arn"]}
+    assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
+    assert 1 <= mapping["BatchSize"] <= 10
+    # Each message is one POST bounded by the receiver timeout, one after the other: the batch fits, with room.
+    receiver_timeout = Settings.model_fields["webhook_timeout_seconds"].default
+    assert function["Timeout"] >= mapping["BatchSize"] * receiver_timeout + 15
+    # A crashed or timed-out invocation's messages must not reappear while it may still be running.
+    assert queue["VisibilityTimeout"] >= 6 * function["Timeout"]
+    assert queue["RedrivePolicy"]["maxReceiveCount"] >= 3  # then the DLQ, which an alarm watches
 
 
 def test_alarms_reach_the_topic(template: dict[str, Any]) -> None:

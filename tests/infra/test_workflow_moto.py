@@ -7,21 +7,30 @@ submitJob.sync → Finalize → Notify in-process.
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 from collections.abc import Iterator
 from typing import Any
 
+import boto3
+import openai
 import pytest
 from moto import mock_aws
+from openai.types.webhooks import BatchFailedWebhookEvent
 
+from functions.tasks.notify import default_notifier
 from nightbatch.batches import CreateBatchRequest
+from nightbatch.notifications.models import CreateWebhookEndpointRequest
 from nightbatch.pipeline import layout
 from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services, default_services
 from nightbatch.settings import get_settings
+from tests.infra.cfn import of_type, one_of_type
 from tests.infra.moto_workflow import (
+    ACCOUNT,
     MOTO_CONFIG,
+    REGION,
     Deployment,
     create_resources,
     entered_states,
@@ -33,12 +42,13 @@ from tests.infra.moto_workflow import (
     worker_in_process,
 )
 from tests.infra.synth import TEST_CONTEXT
+from tests.notify.support import Receiver
 
 MODEL = "Qwen2.5-7B-Instruct"  # the first served model in cdk.json
 SHARD_ATTEMPTS = 1 + TEST_CONTEXT["shardRetry"]["maxAttempts"]
 ENGINE = "tests.support.deterministic_engine:DeterministicEngine"  # the runner's test double
 # Handlers main has not provided yet; the dispatcher answers them with {} (remove as they land).
-ALLOWED_STAND_INS = {"functions.tasks.notify.handler"}
+ALLOWED_STAND_INS: set[str] = set()
 
 
 def _clear_caches() -> None:
@@ -111,6 +121,51 @@ def test_invalid_input_fails_without_running_shards(deployment: Deployment) -> N
     assert [(e.code, e.line) for e in batch.errors.data] == [("invalid_json_line", 2)]
     assert batch.output_file_id is None and batch.error_file_id is None
     assert deployment.invoked("notify") == [{"version": 1, "batch_id": batch_id}]
+    [(message, attributes)] = sns_messages(deployment, batch_id)
+    assert json.loads(message)["status"] == "failed"
+    assert attributes["event_type"]["Value"] == "batch.failed" and attributes["tenant"]["Value"] == "default"
+
+
+def sns_messages(d: Deployment, batch_id: str) -> list[tuple[str, dict[str, Any]]]:
+    """What the real Notify handler published to the template's topic about `batch_id` (moto's record)."""
+    from moto.sns.models import sns_backends
+
+    topic_id, _ = one_of_type(d.template, "AWS::SNS::Topic")
+    sent = sns_backends[ACCOUNT][REGION].topics[d.refs[topic_id]].sent_notifications
+    return [(message, attributes) for _, message, _, attributes, _ in sent if json.loads(message)["id"] == batch_id]
+
+
+def test_notify_queues_the_webhook_event_and_the_template_s_queue_consumer_delivers_it(
+        deployment: Deployment, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NIGHTBATCH_ALLOW_PRIVATE_TARGETS", "true")  # the receiver is on loopback
+    _clear_caches()
+    receiver = Receiver()
+    try:
+        endpoint = default_notifier().endpoints.create("default", CreateWebhookEndpointRequest(
+            name="ci", url=receiver.url, event_types=["batch.failed"]))
+        _, batch_id = create_batch(jsonl([b"{not json"]))
+        assert wait_for_execution(execution_arn(deployment, batch_id))["status"] == "SUCCEEDED"
+
+        # The queue Notify wrote to is the one the template's event source mapping feeds to its function.
+        sqs = boto3.client("sqs", region_name=REGION)
+        [(queue_id, handler)] = [(m["Properties"]["EventSourceArn"]["Fn::GetAtt"][0],
+                                  deployment.handlers[m["Properties"]["FunctionName"]["Ref"]])
+                                 for m in of_type(deployment.template, "AWS::Lambda::EventSourceMapping").values()
+                                 if "Webhook" in m["Properties"]["EventSourceArn"]["Fn::GetAtt"][0]]
+        messages = sqs.receive_message(QueueUrl=deployment.refs[queue_id], MaxNumberOfMessages=10)["Messages"]
+        assert len(messages) == 1
+        module, _, attr = handler.rpartition(".")
+        records = [{"messageId": m["MessageId"], "body": m["Body"]} for m in messages]
+        result = getattr(importlib.import_module(module), attr)({"Records": records}, None)
+        assert result == {"batchItemFailures": []}
+
+        [received] = receiver.wait_for(1)
+        client = openai.OpenAI(api_key="unused", base_url="http://127.0.0.1:9/v1",
+                               webhook_secret=endpoint.signing_secret)
+        event = client.webhooks.unwrap(received.body, received.headers)
+        assert isinstance(event, BatchFailedWebhookEvent) and event.data.id == batch_id
+    finally:
+        receiver.close()
 
 
 def _small_shards(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -175,3 +230,5 @@ def test_valid_batch_completes_with_one_output_line_per_input(deployment: Deploy
     assert sorted(line["custom_id"] for line in output) == sorted(f"req-{i}" for i in range(1, 13))
     assert read_file(services, batch.error_file_id) == []
     assert batch.request_counts.model_dump() == {"total": 12, "completed": 12, "failed": 0}
+    [(message, _)] = sns_messages(deployment, batch_id)
+    assert json.loads(message)["output_file_id"] == batch.output_file_id

@@ -6,12 +6,14 @@ import json
 import logging
 import re
 
+import openai
 import pytest
 import requests
 
 from nightbatch.errors import InvalidRequestError
 from nightbatch.links import sign_link
-from nightbatch.notifications.email import check_notify_options
+from nightbatch.notifications.email import check_notify_options, recipients
+from nightbatch.settings import Settings
 from tests.notify.support import make_batch, ses_messages, sns_notifications
 
 
@@ -40,7 +42,12 @@ def _email_to(address, batch_id):
 
 def test_email_goes_to_opted_in_and_configured_recipients_with_links_that_resolve(stack, caplog):
     caplog.set_level(logging.INFO, logger="nightbatch.notifications")
-    batch_id = make_batch(stack, "completed", email=["alice@example.com", "mallory@elsewhere.test"])
+    batch_id = make_batch(stack, "completed", email=["alice@example.com"])
+    # Create refuses a disallowed domain (below); one can still be stored if the allowed list shrank since.
+    stack.adapters.table.update(batch_id, set_={"options": {"notify": {"email": [
+        "alice@example.com", "mallory@elsewhere.test"]}}, "ext": {"cost": {
+            "gpu_seconds": 120.0, "load_share": 0.1, "instance_type": "g6e.xlarge", "capacity": "spot",
+            "estimated_cost_usd": 0.0263, "usd_per_1m_output_tokens": 2.19}}})
     result = stack.notifier.notify_batch(batch_id)
     assert result.emails_sent == 2
     [to_alice] = _email_to("alice@example.com", batch_id)
@@ -51,7 +58,9 @@ def test_email_goes_to_opted_in_and_configured_recipients_with_links_that_resolv
     assert "links valid until" in to_alice.body
     body = to_alice.body
     for expected in ("Status:    completed", "3 total, 2 completed, 1 failed", "30 input, 12 output, 42 total",
-                     "Duration:", "run=nightly", f'client.batches.retrieve("{batch_id}")'):
+                     "Duration:", "run=nightly", "120 GPU-seconds on g6e.xlarge (spot), 10% loading",
+                     "Cost:      ~$0.0263 (estimate), $2.1900 per 1M output tokens",
+                     f'client.batches.retrieve("{batch_id}")'):
         assert expected in body
     assert body in caplog.text, "the email text is also written to the log"
 
@@ -111,6 +120,41 @@ def test_notify_options_are_checkable_at_batch_create(stack):
         with pytest.raises(InvalidRequestError) as e:
             check_notify_options({"notify": {"email": bad}}, s)
         assert e.value.param == "nightbatch.notify.email"
+
+
+@pytest.mark.parametrize(("mode", "domains", "allowed"), [
+    ("aws", "", False),  # a deployment that lists no domain e-mails no batch-named address
+    ("aws", "*", True),
+    ("aws", "example.com", True),
+    ("aws", "other.test", False),
+    ("local", "", True),  # the embedded SES sends nothing
+    ("local", "other.test", False),
+])
+def test_empty_allowed_domains_allow_none_in_aws_and_any_locally(mode, domains, allowed):
+    s = Settings(mode=mode, email_allowed_domains=domains, email_recipients="ops@example.org")
+    options = {"notify": {"email": "alice@example.com"}}
+    assert recipients(s, options) == ((["ops@example.org", "alice@example.com"], []) if allowed else
+                                      (["ops@example.org"], ["alice@example.com"])), "operators' are never checked"
+    if allowed:
+        check_notify_options(options, s)
+    else:
+        with pytest.raises(InvalidRequestError, match="NIGHTBATCH_EMAIL_ALLOWED_DOMAINS"):
+            check_notify_options(options, s)
+
+
+def test_batch_create_refuses_bad_or_disallowed_addresses_with_a_400(stack):
+    client = stack.client()
+    line = b'{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[]}}\n'
+    file = client.files.create(file=("in.jsonl", line), purpose="batch")
+    for bad in ("mallory@elsewhere.test", "not-an-address", ["ok@example.com"] * 11):
+        with pytest.raises(openai.BadRequestError) as e:
+            client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h",
+                                  extra_body={"nightbatch": {"notify": {"email": bad}}})
+        assert e.value.status_code == 400 and e.value.param == "nightbatch.notify.email", bad
+    assert client.batches.list().data == [], "a refused create stores no batch"
+    ok = client.batches.create(input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h",
+                               extra_body={"nightbatch": {"notify": {"email": "alice@EXAMPLE.com"}}})
+    assert ok.status == "validating"
 
 
 def test_a_rejected_email_is_logged_and_not_retried(make_stack, caplog, receiver_factory):

@@ -63,6 +63,7 @@ def test_create_list_revoke_against_a_deployed_table(make_stack: Any, moto_endpo
         stack.client(key).files.list()  # the stack's cache TTL is 0 in tests
     by_id = cli("revoke", ops["id"], *flags, env=env)
     assert by_id.returncode == 0, by_id.stderr
+    assert cli("revoke", "--prefix", "nb-", *flags, env=env).returncode == 2  # would match every key
     again = cli("revoke", "--prefix", key[:11], *flags, env=env)
     assert again.returncode == 1 and "no active key matches" in again.stderr
 
