@@ -108,7 +108,8 @@ def test_cancel_mid_run_keeps_partial_results(local_stack: LocalStack) -> None:
     client = local_stack.client()
     n = 40
     # A few short requests finish at once; the long ones are still running when the cancel arrives.
-    lines = [chat(i, f"Write a long story about the number {i}.", max_tokens=4 if i < 4 else 400)
+    lines = [chat(i, f"Write a long story about the number {i}.", max_tokens=4) if i < 4 else
+             chat(i, f"Write a long story about the number {i}.", max_tokens=400, ignore_eos=True)
              for i in range(n)]
     batch = submit(client, lines, "/v1/chat/completions")
     deadline = time.monotonic() + 300
@@ -130,7 +131,8 @@ def test_cancel_mid_run_keeps_partial_results(local_stack: LocalStack) -> None:
 def test_expiry_with_a_short_hour(local_stack: LocalStack) -> None:
     client = local_stack.client()
     n = 40
-    lines = [chat(i, f"Write a long essay about topic {i}.", max_tokens=256) for i in range(n)]
+    # ~16k tokens with ignore_eos: longer than the 20 s window (plus drain) on any CPU this runs on.
+    lines = [chat(i, f"Write a long essay about topic {i}.", max_tokens=400, ignore_eos=True) for i in range(n)]
     batch = submit(client, lines, "/v1/chat/completions", window="1h")  # one "hour" is 20 s here
     assert batch.expires_at == batch.created_at + 20
     done = wait(client, batch.id)
