@@ -19,6 +19,9 @@ pytestmark = pytest.mark.e2e
 CHAT = "SmolLM2-135M-Instruct"
 EMBED = "all-MiniLM-L6-v2"
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
+# Requests that outlast the 20 s test "hour" plus its drain on an idle machine too: 40 lines x 400 tokens
+# finished inside the window there, so expiry had no unrun lines to mark. The chat model allows 2048 tokens.
+LONG_TOKENS = 1500
 
 
 def submit(client: OpenAI, lines: list[dict[str, Any]], endpoint: str, window: str = "24h") -> Batch:
@@ -109,7 +112,7 @@ def test_cancel_mid_run_keeps_partial_results(local_stack: LocalStack) -> None:
     n = 40
     # A few short requests finish at once; the long ones are still running when the cancel arrives.
     lines = [chat(i, f"Write a long story about the number {i}.", max_tokens=4) if i < 4 else
-             chat(i, f"Write a long story about the number {i}.", max_tokens=400, ignore_eos=True)
+             chat(i, f"Write a long story about the number {i}.", max_tokens=LONG_TOKENS, ignore_eos=True)
              for i in range(n)]
     batch = submit(client, lines, "/v1/chat/completions")
     deadline = time.monotonic() + 300
@@ -131,8 +134,8 @@ def test_cancel_mid_run_keeps_partial_results(local_stack: LocalStack) -> None:
 def test_expiry_with_a_short_hour(local_stack: LocalStack) -> None:
     client = local_stack.client()
     n = 40
-    # ~16k tokens with ignore_eos: longer than the 20 s window (plus drain) on any CPU this runs on.
-    lines = [chat(i, f"Write a long essay about topic {i}.", max_tokens=400, ignore_eos=True) for i in range(n)]
+    # ~60k tokens with ignore_eos: longer than the 20 s window (plus drain) on any CPU this runs on.
+    lines = [chat(i, f"Write a long essay about topic {i}.", max_tokens=LONG_TOKENS, ignore_eos=True) for i in range(n)]
     batch = submit(client, lines, "/v1/chat/completions", window="1h")  # one "hour" is 20 s here
     assert batch.expires_at == batch.created_at + 20
     done = wait(client, batch.id)

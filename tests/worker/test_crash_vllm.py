@@ -4,7 +4,6 @@ restarted, ends with exactly one result per input line."""
 from __future__ import annotations
 
 import importlib
-import os
 import time
 from pathlib import Path
 
@@ -17,6 +16,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 VLLM_ENGINE = "gpu_worker.engines.vllm_engine:VllmEngine"
 LINES = 40
+# Long enough that 40 lines cannot all finish between the first checkpoint and the kill: every line is in
+# flight at once (the slot floor is off below), and with 16 tokens the shard finished ~1 s after its first
+# checkpoint, so on an idle machine the SIGKILL landed during engine shutdown, after the done marker.
+MAX_TOKENS = 128
 # An engine start is ~30 s on the 2-core dev machine (local-engines.md §2); leave room for a loaded one.
 START_TIMEOUT = 300.0
 
@@ -37,18 +40,16 @@ def test_vllm_worker_killed_twice_then_restarted_loses_and_duplicates_nothing(
     missing = _vllm_engine_missing()
     if missing:
         pytest.skip(missing)
-    if not os.environ.get("NIGHTBATCH_TEST_VLLM_CRASH"):
-        # Flaky on an idle machine: twice the first attempt finished the shard although it had been SIGKILLed
-        # after its first checkpoint (not yet understood); run it by hand until that is fixed.
-        pytest.skip("set NIGHTBATCH_TEST_VLLM_CRASH=1 to run the vLLM kill-and-restart test")
     world = served_world
-    requests = chat_requests(LINES, max_tokens=16)
+    requests = chat_requests(LINES, max_tokens=MAX_TOKENS)
     for r in requests:
-        r["body"]["temperature"] = 0
+        r["body"].update(temperature=0, ignore_eos=True)
     ids = world.seed(requests, per_segment=10)
     env = worker_env(
         world, HF_HUB_OFFLINE="1", NIGHTBATCH_CHECKPOINT_EVERY_LINES="4",
         NIGHTBATCH_CHECKPOINT_EVERY_SECONDS="1", NIGHTBATCH_MAX_IN_FLIGHT="8",
+        # The in-flight floor (slots x engine max_num_seqs) would otherwise put all 40 lines in flight.
+        NIGHTBATCH_WORKER_IN_FLIGHT_PER_SLOT="0",
     )
     kills = 0
     for point, delay in enumerate((0.3, 0.0)):
@@ -59,6 +60,8 @@ def test_vllm_worker_killed_twice_then_restarted_loses_and_duplicates_nothing(
         assert reached, f"no checkpoint from attempt {point}:\n{worker.stderr()}"
         time.sleep(delay)
         kills += worker.kill()
+        # The kill process-group-kills the worker and vLLM's EngineCore with it, as a container kill would.
+        assert world.done_marker() is None, f"attempt {point} finished its shard before the kill"
     assert kills == 2
     partial, _ = world.results()
     assert 0 < len(partial) < LINES, "the shard finished before the second kill"
