@@ -14,6 +14,10 @@ from nightbatch.wire import BatchError
 
 MAX_CUSTOM_ID = 512
 _decode = msgspec.json.Decoder().decode
+MAX_ECHO = 64
+# A batch's stored `errors` stop growing here (besides max_reported_errors), so 100 failed batches in one list
+# response stay far under the ~6 MB a Lambda may answer, and the batch item under DynamoDB's 400 KB.
+MAX_ERRORS_BYTES = 32 * 1024
 
 
 class LineInvalid(Exception):
@@ -62,7 +66,7 @@ class Validator:
             raise LineInvalid("invalid_request", f"'custom_id' must be a non-empty string of at most "
                               f"{MAX_CUSTOM_ID} characters.", "custom_id")
         if obj["method"] != "POST":
-            raise LineInvalid("invalid_method", f"Invalid method {obj['method']!r}: only 'POST' is supported.",
+            raise LineInvalid("invalid_method", f"Invalid method {echo(obj['method'])}: only 'POST' is supported.",
                               "method")
         if obj["url"] != self.endpoint:
             raise LineInvalid("invalid_url", "The URL provided for this request does not match the batch "
@@ -86,12 +90,12 @@ class Validator:
         spec = self.settings.model(model)
         if spec is None or self.endpoint not in spec.endpoints:
             served = ", ".join(m.name for m in self.settings.models if self.endpoint in m.endpoints)
-            raise LineInvalid("model_not_found", f"The provided model '{model}' is not supported by the Batch "
+            raise LineInvalid("model_not_found", f"The provided model {echo(model)} is not supported by the Batch "
                               f"API for {self.endpoint}. Served models: {served or 'none'}.", "body.model")
         if self.model is None:
             self.model = model
         elif model != self.model:
-            raise LineInvalid("mismatched_model", f"The model '{model}' for this request does not match the "
+            raise LineInvalid("mismatched_model", f"The model {echo(model)} for this request does not match the "
                               "rest of the batch. Each batch must contain requests for a single model.",
                               "body.model")
         if body.get("stream"):
@@ -129,6 +133,17 @@ def _stdlib_parse(number: int, data: bytes) -> Any:
         return json.loads(text)
     except ValueError as e:
         raise LineInvalid("invalid_json_line", "This line is not parseable as valid JSON.") from e
+    except RecursionError:
+        # `[[[[…` a few thousand deep: the parser's recursion limit, one bad line rather than a crashed step.
+        raise LineInvalid("invalid_json_line", "This line nests JSON too deeply to be parsed.") from None
+
+
+def echo(value: Any, limit: int = MAX_ECHO) -> str:
+    """A user value quoted in an error message, cut short: errors are stored and listed, lines are 4 MiB."""
+    if isinstance(value, dict | list):
+        return "an object" if isinstance(value, dict) else "an array"  # never re-serialised: may be deep
+    text = value if isinstance(value, str) else json.dumps(value)
+    return "'" + (text if len(text) <= limit else text[:limit] + "…") + "'"
 
 
 def _estimate(line_bytes: int) -> int:
