@@ -15,6 +15,8 @@ from nightbatch.wire import BatchError
 MAX_CUSTOM_ID = 512
 _decode = msgspec.json.Decoder().decode
 MAX_ECHO = 64
+# `[[[[…` a few thousand deep hits either parser's recursion limit: one bad line rather than a crashed step.
+_TOO_DEEP = "This line nests JSON too deeply to be parsed."
 # A batch's stored `errors` stop growing here (besides max_reported_errors), so 100 failed batches in one list
 # response stay far under the ~6 MB a Lambda may answer, and the batch item under DynamoDB's 400 KB.
 MAX_ERRORS_BYTES = 32 * 1024
@@ -56,6 +58,8 @@ class Validator:
             obj = _decode(data)
         except msgspec.MsgspecError:
             obj = _stdlib_parse(number, data)
+        except RecursionError:
+            raise LineInvalid("invalid_json_line", _TOO_DEEP) from None
         if not isinstance(obj, dict):
             raise LineInvalid("invalid_json_line", "This line is not a JSON object.")
         for name in ("custom_id", "method", "url", "body"):
@@ -134,8 +138,7 @@ def _stdlib_parse(number: int, data: bytes) -> Any:
     except ValueError as e:
         raise LineInvalid("invalid_json_line", "This line is not parseable as valid JSON.") from e
     except RecursionError:
-        # `[[[[…` a few thousand deep: the parser's recursion limit, one bad line rather than a crashed step.
-        raise LineInvalid("invalid_json_line", "This line nests JSON too deeply to be parsed.") from None
+        raise LineInvalid("invalid_json_line", _TOO_DEEP) from None
 
 
 def echo(value: Any, limit: int = MAX_ECHO) -> str:
