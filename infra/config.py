@@ -34,6 +34,20 @@ CONTEXT_KEYS = (
 )
 
 
+# Settings `limits` may not set: secrets (CloudFormation parameters and Lambda environments are readable by
+# anyone with describe rights; the stack keeps secrets in Secrets Manager), the safety switch for private
+# webhook targets, resource wiring the stack sets itself, and development-only knobs.
+FORBIDDEN_LIMITS: dict[str, str] = {
+    **dict.fromkeys(("api_keys", "api_key", "link_secret", "api_keys_secret"), "a secret"),
+    "allow_private_targets": "lets webhooks reach the VPC and loopback; never in AWS",
+    **dict.fromkeys(("mode", "region", "bucket", "table", "state_machine_arn", "topic_arn", "job_queue",
+                     "webhook_queue_url", "upload_queue_url", "models_json", "batch_id", "shard_id",
+                     "worker_engine", "email_sender", "email_configuration_set", "base_url"),
+                    "set by the stack"),
+    **dict.fromkeys(("hour_seconds", "upload_compose_delay_seconds"), "development only"),
+}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -227,6 +241,10 @@ class DeployConfig(_Strict):
         unknown = sorted(set(limits) - set(Settings.model_fields))
         if unknown:
             raise ValueError(f"limits: {unknown} are not fields of nightbatch.settings.Settings")
+        refused = sorted(set(limits) & set(FORBIDDEN_LIMITS))
+        if refused:
+            raise ValueError("limits: " + "; ".join(f"{k!r} may not be set here ({FORBIDDEN_LIMITS[k]})"
+                                                    for k in refused))
         Settings.model_validate(limits)
         return limits
 
