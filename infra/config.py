@@ -148,8 +148,14 @@ class ShardRetry(_Strict):
 
 
 class Notifications(_Strict):
-    # Verified SES identity that batch e-mails come from; empty disables e-mail.
+    # The From address of batch e-mails; empty disables e-mail.
     sender_email: str = Field("", alias="senderEmail")
+    # The SES identity (the address itself, or a domain covering it) that already exists in the account and
+    # region; empty means the address. The stack only refers to it, so stages can share one sender.
+    sender_identity: str = Field("", alias="senderIdentity")
+    # Opt-in: let this stack create that identity (SES then mails a verification link, or a domain needs its
+    # DKIM records). Exactly one stack per account and region may own an identity.
+    create_sender_identity: bool = Field(False, alias="createSenderIdentity")
     # Recipient domains a batch may ask to notify; ["*"] means any domain, empty means none.
     allowed_domains: tuple[str, ...] = Field((), alias="allowedDomains")
     # Operator address subscribed to the alarm topic; empty means no subscription.
@@ -161,6 +167,24 @@ class Notifications(_Strict):
         if value and "@" not in value:
             raise ValueError(f"{value!r} is not an e-mail address")
         return value
+
+    @model_validator(mode="after")
+    def _identity_covers_sender(self) -> Notifications:
+        if not self.sender_email:
+            if self.sender_identity or self.create_sender_identity:
+                raise ValueError("notifications: senderIdentity/createSenderIdentity need a senderEmail")
+            return self
+        identity = self.identity.lower()
+        domain = self.sender_email.rpartition("@")[2].lower()
+        if identity != self.sender_email.lower() and domain != identity and not domain.endswith(f".{identity}"):
+            raise ValueError(f"notifications: senderIdentity {self.sender_identity!r} does not cover "
+                             f"senderEmail {self.sender_email!r} (name the address or its domain)")
+        return self
+
+    @property
+    def identity(self) -> str:
+        """The SES identity e-mails are sent through: senderIdentity, or the sender address itself."""
+        return self.sender_identity or self.sender_email
 
 
 class Alarms(_Strict):
