@@ -109,10 +109,14 @@ async def build_engine(spec: ModelSpec, engine_path: str, adapters: Adapters) ->
         return engine
     # Imported here: vLLM is heavy and only the engine module may import it.
     from gpu_worker.engines.vllm_engine import VllmEngine  # type: ignore[import-not-found,unused-ignore]
-    from gpu_worker.model_prep import resolve_model_dir  # type: ignore[import-not-found,unused-ignore]
+    from gpu_worker.weight_cache import resolve_weights
 
-    model_dir = await asyncio.to_thread(resolve_model_dir, spec, s3_client=adapters.client("s3"))
-    vllm_engine: Engine = VllmEngine(spec, model_dir=model_dir)
+    settings = get_settings()
+    # In AWS the stack's bucket caches Hugging Face weights (models/<name>@<revision>/); locally nothing does.
+    bucket = settings.bucket if settings.mode == "aws" else ""
+    weights = await asyncio.to_thread(resolve_weights, spec, bucket=bucket, s3=adapters.client("s3"))
+    log.info("weights of %s from %s (%s)", spec.name, weights.source, weights.path)
+    vllm_engine: Engine = VllmEngine(spec, model_dir=weights.path, load_format=weights.load_format)
     return vllm_engine
 
 
