@@ -63,6 +63,10 @@ class Settings(BaseSettings):
     max_input_bytes: int = 200 * 1000 * 1000
     max_line_bytes: int = 4 * 1024 * 1024
     max_embedding_inputs: int = 50_000
+    # Per request: OpenAI's 2048 inputs per embeddings call; completions per request (`n`, `best_of`), each of
+    # which multiplies the GPU work a line asks for. 0 = no cap.
+    max_embedding_inputs_per_request: int = 2048
+    max_choices_per_request: int = 16
     max_reported_errors: int = 1000
     max_completion_window_hours: int = 168
 
