@@ -18,6 +18,7 @@ from nightbatch.errors import StorageConflictError
 from nightbatch.ids import derived_id
 from nightbatch.jsonl import split_lines
 from nightbatch.metrics import emit
+from nightbatch.phases import summarize as summarize_phases
 from nightbatch.pipeline import layout
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
 from nightbatch.pipeline.results import Tally, digest, summarize_result_line, unrun_line
@@ -63,6 +64,8 @@ def finalize_batch(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     times = collect_shard_times(services.adapters.blobs, [layout.batch_prefix(inp.batch_id) + "results/"])
     ext = dict(batch.get("ext") or {})
     ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"])
+    if times.phases:
+        ext["phases"] = summarize_phases(times.phases)
     fields: dict[str, Any] = {
         "request_counts": {"total": tally.completed + tally.failed, "completed": tally.completed,
                            "failed": tally.failed},
