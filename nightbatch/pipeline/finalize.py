@@ -18,6 +18,7 @@ from nightbatch.errors import BatchItemTooLargeError, StorageConflictError
 from nightbatch.ids import derived_id
 from nightbatch.jsonl import split_lines
 from nightbatch.metrics import emit
+from nightbatch.phases import summarize as summarize_phases
 from nightbatch.pipeline import layout
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
 from nightbatch.pipeline.results import MAX_RESULT_LINE, Tally, digest, summarize_result_line, unrun_line
@@ -71,6 +72,8 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     times = collect_shard_times(services.adapters.blobs, [layout.batch_prefix(inp.batch_id) + "results/"])
     ext = dict(batch.get("ext") or {})
     ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"])
+    if times.phases:
+        ext["phases"] = summarize_phases(times.phases)
     fields: dict[str, Any] = {
         "request_counts": {"total": tally.completed + tally.failed, "completed": tally.completed,
                            "failed": tally.failed},
