@@ -87,15 +87,19 @@ class Validator:
         self.seen.add(digest)
         return ValidRequest(number, custom_id, body, est, data)
 
-    def _check_body(self, body: dict[str, Any], line_bytes: int) -> int:
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise LineInvalid("invalid_request", "Model parameter is required.", "body.model")
+    def _check_model(self, model: str) -> None:
         spec = self.settings.model(model)
         if spec is None or self.endpoint not in spec.endpoints:
             served = ", ".join(m.name for m in self.settings.models if self.endpoint in m.endpoints)
             raise LineInvalid("model_not_found", f"The provided model {echo(model)} is not supported by the Batch "
                               f"API for {self.endpoint}. Served models: {served or 'none'}.", "body.model")
+
+    def _check_body(self, body: dict[str, Any], line_bytes: int) -> int:
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise LineInvalid("invalid_request", "Model parameter is required.", "body.model")
+        if model != self.model:  # the batch's model was checked on its first line
+            self._check_model(model)
         if self.model is None:
             self.model = model
         elif model != self.model:
