@@ -219,7 +219,9 @@ class StackWatcher:
             return
         exited = [t for t, kind, name in execution.events if kind.endswith("StateExited") and name == "Notify"]
         if exited:
-            probe.reach("notification", exited[0], detail="the Notify step finished (webhooks, SNS, e-mail)")
+            # Times from the execution's own clock; finalize was seen at a poll, so never earlier than that.
+            at = max(exited[0], probe.phase("finalize").at or 0.0)
+            probe.reach("notification", at, detail="the Notify step finished (webhooks, SNS, e-mail)")
         elif execution.status in ("FAILED", "TIMED_OUT", "ABORTED"):
             probe.fail("notification", f"the execution ended {execution.status} before Notify",
                        "open the execution in the Step Functions console (its name is the batch id)")
