@@ -19,6 +19,7 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
+from nightbatch.cli import main
 from nightbatch.doctor.aws import StackWatcher
 from nightbatch.doctor.report import Probe, Report
 from nightbatch.storage.account import AwsAccount
@@ -69,6 +70,7 @@ def _template(role: str, profile: str, subnet: str, sg: str, secret_arn: str) ->
         },
         "Outputs": {
             "ApiUrl": {"Value": "https://abc123.execute-api.us-east-1.amazonaws.com/v1"},
+            "ApiKeysSecret": {"Value": secret_arn},
             "JobQueueArn": {"Value": {"Ref": "Queue"}},
             "StateMachineArn": {"Value": f"arn:aws:states:{REGION}:123456789012:stateMachine:{STACK}"},
         },
@@ -250,3 +252,13 @@ def test_the_notify_step_is_read_from_the_execution_history(world: World) -> Non
     assert "Notify step finished" in notified.detail
     # No job was seen for this batch: the job phases say so instead of failing.
     assert probe.phase("job queued").status == "skipped"
+
+
+def test_the_command_reads_the_stack_and_says_where_the_key_is(world: World, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.delenv("NIGHTBATCH_API_KEY", raising=False)
+    assert main(["doctor", "--stack", STACK]) == 1
+    err = capsys.readouterr().err
+    assert f"the stack's first key is in {world.secret_arn}" in err and "get-secret-value" in err
+    assert main(["doctor", "--stack", "nightbatch-nope", "--api-key", "k"]) == 1
+    assert "cloudformation describe_stacks: ValidationError" in capsys.readouterr().err
