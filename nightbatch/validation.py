@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from nightbatch.settings import Settings
+from nightbatch.settings import ModelSpec, Settings
 from nightbatch.wire import BatchError
 
 MAX_CUSTOM_ID = 512
@@ -35,6 +35,7 @@ class Validator:
     settings: Settings
     endpoint: str
     model: str | None = None
+    spec: ModelSpec | None = None
     seen: set[int] = field(default_factory=set)
     embedding_inputs: int = 0
 
@@ -82,13 +83,13 @@ class Validator:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise LineInvalid("invalid_request", "Model parameter is required.", "body.model")
-        spec = self.settings.model(model)
+        spec = self.spec if model == self.model else self.settings.model(model)
         if spec is None or self.endpoint not in spec.endpoints:
             served = ", ".join(m.name for m in self.settings.models if self.endpoint in m.endpoints)
             raise LineInvalid("model_not_found", f"The provided model '{model}' is not supported by the Batch "
                               f"API for {self.endpoint}. Served models: {served or 'none'}.", "body.model")
         if self.model is None:
-            self.model = model
+            self.model, self.spec = model, spec
         elif model != self.model:
             raise LineInvalid("mismatched_model", f"The model '{model}' for this request does not match the "
                               "rest of the batch. Each batch must contain requests for a single model.",
@@ -102,6 +103,7 @@ class Validator:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 raise LineInvalid("invalid_request", "Messages parameter is required.", "body.messages")
+            check_tools(spec, body)
             return _estimate(line_bytes) + out
         if self.endpoint == "/v1/completions":
             if "prompt" not in body:
@@ -116,6 +118,30 @@ class Validator:
             raise LineInvalid("too_many_inputs", f"The batch has more than {self.settings.max_embedding_inputs}"
                               " embedding inputs across its requests.", "body.input")
         return _estimate(line_bytes)
+
+
+def check_tools(spec: ModelSpec, body: dict[str, Any]) -> None:
+    """A line with `tools` needs a model configured for tool calls; say which setting, not vLLM's flag."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice", "auto" if tools else "none")
+    if not tools or choice == "none":
+        return
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name") or choice.get("name")
+        asked = f"tool_choice naming function {name!r}" if isinstance(name, str) else "a named tool_choice"
+    else:
+        asked = f"tool_choice {choice!r}"
+    where = "its entry in NIGHTBATCH_MODELS_JSON or cdk.json `models`"
+    if not spec.tool_call_parser:
+        raise LineInvalid("tools_unsupported", f"The model '{spec.name}' is not configured for tool calls, so "
+                          f"this request's `tools` with {asked} cannot be answered: set the model's "
+                          f"`tool_call_parser` setting ({where}; e.g. \"hermes\" for Qwen2.5) or remove "
+                          "`tools`.", "body.tools")
+    if choice == "auto" and not spec.enable_auto_tool_choice:
+        raise LineInvalid("tools_unsupported", f"The model '{spec.name}' does not choose tools on its own "
+                          "(tool_choice 'auto', the default when `tools` are given): set the model's "
+                          f"`enable_auto_tool_choice` setting ({where}), or send tool_choice 'required' or "
+                          "a named function.", "body.tool_choice")
 
 
 def _estimate(line_bytes: int) -> int:

@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gpu_worker.engines.base import EngineFailedError, EngineReply
 from gpu_worker.model_prep import resolve_model_dir
+from nightbatch.local.templates import resolve_chat_template
 from nightbatch.settings import ModelSpec
 
 # vLLM reads these when its EngineCore process starts. Defaults for a small CPU box (local-engines.md §2):
@@ -227,8 +228,10 @@ def _split_args(spec: ModelSpec, model_dir: Path, *, on_cpu: bool) -> tuple[Any,
         engine_kwargs["enforce_eager"] = True
     engine_names = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     frontend_names = {f.name for f in dataclasses.fields(BaseFrontendArgs)}
-    frontend_kwargs: dict[str, Any] = {}
+    frontend_kwargs = _model_frontend_args(spec)
     for key, value in spec.engine_args.items():
+        if key in frontend_kwargs:
+            raise ValueError(f"model {spec.name!r}: set {key!r} as the model's own setting, not in engine_args")
         if key in engine_names:
             engine_kwargs[key] = value
         elif key in frontend_names:
@@ -236,6 +239,18 @@ def _split_args(spec: ModelSpec, model_dir: Path, *, on_cpu: bool) -> tuple[Any,
         else:
             raise ValueError(f"model {spec.name!r}: unknown engine_args key {key!r}")
     return AsyncEngineArgs(**engine_kwargs), BaseFrontendArgs(**frontend_kwargs)
+
+
+def _model_frontend_args(spec: ModelSpec) -> dict[str, Any]:
+    """vLLM server flags that a model's own settings name (tool calling, chat template)."""
+    kwargs: dict[str, Any] = {}
+    if spec.tool_call_parser:
+        kwargs["tool_call_parser"] = spec.tool_call_parser
+    if spec.enable_auto_tool_choice:
+        kwargs["enable_auto_tool_choice"] = True
+    if spec.chat_template is not None:
+        kwargs["chat_template"] = resolve_chat_template(spec.chat_template)
+    return kwargs
 
 
 def _fields(obj: Any) -> dict[str, Any]:
