@@ -33,13 +33,18 @@ class ModelSpec(BaseModel):
     # A file path, the template itself (Jinja), or "nightbatch:<file>" for one shipped in
     # nightbatch/local/templates/. Unset: the template in the model's tokenizer files.
     chat_template: str | None = None
+    # Reasoning models (vLLM's --reasoning-parser, e.g. "deepseek_r1", "qwen3"): the answer's reasoning comes
+    # back in its own field and is counted as reasoning tokens. Defaults for the chat template's variables
+    # (e.g. {"enable_thinking": false}); a request's own `chat_template_kwargs` take precedence.
+    reasoning_parser: str | None = None
+    default_chat_template_kwargs: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _auto_needs_parser(self) -> ModelSpec:
         if self.enable_auto_tool_choice and not self.tool_call_parser:
             raise ValueError(f"model {self.name!r}: enable_auto_tool_choice needs tool_call_parser to be set")
-        if self.task == "embed" and (self.tool_call_parser or self.enable_auto_tool_choice):
-            raise ValueError(f"model {self.name!r}: an embedding model takes no tool settings")
+        if self.task == "embed" and (self.tool_call_parser or self.enable_auto_tool_choice or self.reasoning_parser):
+            raise ValueError(f"model {self.name!r}: an embedding model takes no tool or reasoning settings")
         try:
             resolve_chat_template(self.chat_template)
         except ValueError as e:

@@ -104,6 +104,7 @@ class Validator:
             if not isinstance(messages, list) or not messages:
                 raise LineInvalid("invalid_request", "Messages parameter is required.", "body.messages")
             check_tools(spec, body)
+            check_template_kwargs(body)
             return _estimate(line_bytes) + out
         if self.endpoint == "/v1/completions":
             if "prompt" not in body:
@@ -142,6 +143,14 @@ def check_tools(spec: ModelSpec, body: dict[str, Any]) -> None:
                           "(tool_choice 'auto', the default when `tools` are given): set the model's "
                           f"`enable_auto_tool_choice` setting ({where}), or send tool_choice 'required' or "
                           "a named function.", "body.tool_choice")
+
+
+def check_template_kwargs(body: dict[str, Any]) -> None:
+    """`chat_template_kwargs` (vLLM's extension, e.g. {"enable_thinking": false}) go to the template as-is."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise LineInvalid("invalid_request", "'chat_template_kwargs' must be a JSON object, e.g. "
+                          '{"enable_thinking": false}.', "body.chat_template_kwargs")
 
 
 def _estimate(line_bytes: int) -> int:

@@ -223,6 +223,8 @@ def _split_args(spec: ModelSpec, model_dir: Path, *, on_cpu: bool) -> tuple[Any,
     }
     if spec.task == "embed":
         engine_kwargs["runner"] = "pooling"
+    if spec.reasoning_parser:
+        engine_kwargs["reasoning_parser"] = spec.reasoning_parser
     if on_cpu:
         # torch.compile costs 60-80 s per start on CPU for a 10-17 % gain (local-engines.md §2).
         engine_kwargs["enforce_eager"] = True
@@ -230,7 +232,7 @@ def _split_args(spec: ModelSpec, model_dir: Path, *, on_cpu: bool) -> tuple[Any,
     frontend_names = {f.name for f in dataclasses.fields(BaseFrontendArgs)}
     frontend_kwargs = _model_frontend_args(spec)
     for key, value in spec.engine_args.items():
-        if key in frontend_kwargs:
+        if key in frontend_kwargs or (key == "reasoning_parser" and spec.reasoning_parser):
             raise ValueError(f"model {spec.name!r}: set {key!r} as the model's own setting, not in engine_args")
         if key in engine_names:
             engine_kwargs[key] = value
@@ -243,6 +245,7 @@ def _split_args(spec: ModelSpec, model_dir: Path, *, on_cpu: bool) -> tuple[Any,
 
 def _model_frontend_args(spec: ModelSpec) -> dict[str, Any]:
     """vLLM server flags that a model's own settings name (tool calling, chat template)."""
+    _check_parser_names(spec)
     kwargs: dict[str, Any] = {}
     if spec.tool_call_parser:
         kwargs["tool_call_parser"] = spec.tool_call_parser
@@ -250,7 +253,21 @@ def _model_frontend_args(spec: ModelSpec) -> dict[str, Any]:
         kwargs["enable_auto_tool_choice"] = True
     if spec.chat_template is not None:
         kwargs["chat_template"] = resolve_chat_template(spec.chat_template)
+    if spec.default_chat_template_kwargs:
+        kwargs["default_chat_template_kwargs"] = dict(spec.default_chat_template_kwargs)
     return kwargs
+
+
+def _check_parser_names(spec: ModelSpec) -> None:
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    for setting, name, known in (
+        ("tool_call_parser", spec.tool_call_parser, ToolParserManager.list_registered),
+        ("reasoning_parser", spec.reasoning_parser, ReasoningParserManager.list_registered),
+    ):
+        if name and name not in known():
+            raise ValueError(f"model {spec.name!r}: {setting} {name!r} is not one of vLLM's: {', '.join(known())}")
 
 
 def _fields(obj: Any) -> dict[str, Any]:

@@ -59,7 +59,7 @@ def test_tool_settings_may_not_also_be_engine_args() -> None:
 
 @pytest.mark.parametrize("fields, message", [
     ({"enable_auto_tool_choice": True}, "needs tool_call_parser"),
-    ({"task": "embed", "tool_call_parser": "hermes"}, "no tool settings"),
+    ({"task": "embed", "tool_call_parser": "hermes"}, "no tool or reasoning settings"),
     ({"chat_template": "nightbatch:nope.jinja"}, "not a template shipped"),
     ({"chat_template": "nightbatch:../settings.py"}, "not a template shipped"),
 ])
