@@ -11,8 +11,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from nightbatch.local.templates import resolve_chat_template
 
-Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
-ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"]
+ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 
 
 class ModelSpec(BaseModel):
@@ -55,7 +55,7 @@ class ModelSpec(BaseModel):
     def endpoints(self) -> tuple[str, ...]:
         if self.task == "embed":
             return ("/v1/embeddings",)
-        return ("/v1/chat/completions", "/v1/completions")
+        return ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
 
 LOCAL_MODELS: list[ModelSpec] = [

@@ -106,6 +106,8 @@ class Validator:
             check_tools(spec, body)
             check_template_kwargs(body)
             return _estimate(line_bytes) + out
+        if self.endpoint == "/v1/responses":
+            return _estimate(line_bytes) + check_responses(spec, body, self.settings.default_max_tokens)
         if self.endpoint == "/v1/completions":
             if "prompt" not in body:
                 raise LineInvalid("invalid_request", "Prompt parameter is required.", "body.prompt")
@@ -143,6 +145,49 @@ def check_tools(spec: ModelSpec, body: dict[str, Any]) -> None:
                           "(tool_choice 'auto', the default when `tools` are given): set the model's "
                           f"`enable_auto_tool_choice` setting ({where}), or send tool_choice 'required' or "
                           "a named function.", "body.tool_choice")
+
+
+# Responses API parameters that read or write state kept between requests: a batch line stands alone.
+_STATEFUL = {
+    "previous_response_id": "continues a stored response",
+    "conversation": "continues a stored conversation",
+    "prompt": "names a stored prompt template",
+}
+
+
+def check_responses(spec: ModelSpec, body: dict[str, Any], default_max_tokens: int) -> int:
+    """A /v1/responses line: `input` required, no stored state, function tools only. Returns its output cap."""
+    inputs = body.get("input")
+    if not isinstance(inputs, (str, list)) or not inputs:
+        raise LineInvalid("invalid_request", "Input parameter is required.", "body.input")
+    for name, what in _STATEFUL.items():
+        if body.get(name) is not None:
+            raise LineInvalid("unsupported_parameter", f"'{name}' {what}, which the Batch API does not keep: "
+                              "each line must carry its whole conversation in `input` (and `instructions`).",
+                              f"body.{name}")
+    if body.get("background"):
+        raise LineInvalid("unsupported_parameter", "'background' is not supported in the Batch API: every "
+                          "line already runs in the background.", "body.background")
+    if isinstance(inputs, list) and any(isinstance(i, dict) and i.get("type") == "item_reference" for i in inputs):
+        raise LineInvalid("unsupported_parameter", "Input items of type 'item_reference' point at stored items, "
+                          "which the Batch API does not keep: send the items themselves.", "body.input")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise LineInvalid("invalid_request", "'tools' must be a list.", "body.tools")
+    for tool in tools or []:
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise LineInvalid("unsupported_parameter", f"Tool type {kind!r} is not supported in the Batch API: "
+                              "only 'function' tools, which the model calls and you run.", "body.tools")
+    check_tools(spec, body)
+    check_template_kwargs(body)
+    cap = body.get("max_output_tokens")
+    if cap is None:
+        return default_max_tokens
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+        raise LineInvalid("invalid_request", "'max_output_tokens' must be a positive integer.",
+                          "body.max_output_tokens")
+    return cap
 
 
 def check_template_kwargs(body: dict[str, Any]) -> None:

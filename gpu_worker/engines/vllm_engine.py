@@ -35,6 +35,7 @@ CPU_ENV_DEFAULTS = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 EMBEDDINGS_URL = "/v1/embeddings"
+RESPONSES_URL = "/v1/responses"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +43,8 @@ class _Route:
     parse: Callable[[dict[str, Any]], Any]
     serve: Callable[[Any], Awaitable[Any]] | None
     missing: str  # what vLLM's router says when the model has no handler for this endpoint
+    id_prefix: str = ""  # vLLM uses a Responses request id as the response id as-is: give it OpenAI's "resp_"
+    by_alias: bool = False  # the Responses router renders its models with model_dump(mode="json", by_alias=True)
 
 
 class VllmEngine:
@@ -141,7 +144,7 @@ class VllmEngine:
         try:
             # Engine request ids must be unique among in-flight requests, so ours replaces any the user sent;
             # vLLM turns it into the response id (chatcmpl-<id>, cmpl-<id>, embd-<id>).
-            request = route.parse({**body, "request_id": request_id})
+            request = route.parse({**body, "request_id": route.id_prefix + request_id})
         except pydantic.ValidationError as exc:
             return await self._validation_reply(exc)
         except Exception as exc:
@@ -152,7 +155,7 @@ class VllmEngine:
             raise EngineFailedError(f"the vLLM engine for {self.model_name} has died") from exc
         except Exception as exc:  # the server's exception handlers turn these into error envelopes
             result = create_error_response(exc)
-        reply = await _reply(result)
+        reply = await _reply(result, by_alias=route.by_alias)
         if reply.status_code >= 500:
             # The serving layer answers a dead engine with a 500 like any other failure; tell them apart.
             self._raise_if_dead()
@@ -277,11 +280,13 @@ def _fields(obj: Any) -> dict[str, Any]:
 def _routes(state: State) -> dict[str, _Route]:
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
     from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
 
     chat = getattr(state, "openai_serving_chat", None)
     completion = getattr(state, "openai_serving_completion", None)
     embedding = getattr(state, "serving_embedding", None)
+    responses = getattr(state, "openai_serving_responses", None)
     embedding_adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(EmbeddingRequest)
     return {
         CHAT_URL: _Route(
@@ -299,10 +304,17 @@ def _routes(state: State) -> dict[str, _Route]:
             embedding,
             "The model does not support Embeddings API",
         ),
+        RESPONSES_URL: _Route(
+            ResponsesRequest.model_validate,
+            responses.create_responses if responses is not None else None,
+            "The model does not support Responses API",
+            id_prefix="resp_",
+            by_alias=True,
+        ),
     }
 
 
-async def _reply(result: Any) -> EngineReply:
+async def _reply(result: Any, *, by_alias: bool = False) -> EngineReply:
     from vllm.entrypoints.serve import create_error_response
     from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
@@ -322,7 +334,8 @@ async def _reply(result: Any) -> EngineReply:
     if isinstance(result, pydantic.BaseModel):
         # The routers answer with JSONResponse(content=model_dump()); rendering through it keeps the
         # server's JSON exactly (for example non-finite logprobs).
-        return _response_reply(JSONResponse(content=result.model_dump()))
+        dumped = result.model_dump(mode="json", by_alias=True) if by_alias else result.model_dump()
+        return _response_reply(JSONResponse(content=dumped))
     aclose = getattr(result, "aclose", None)
     if aclose is not None:  # a streaming generator: close it so vLLM aborts the request
         await aclose()
