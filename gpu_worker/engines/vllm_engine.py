@@ -63,6 +63,7 @@ class VllmEngine:
         self.start_seconds: float | None = None
         # The engine's sequence slots, read by the runner to keep enough requests in flight (scheduling.py).
         self.max_num_seqs: int | None = None
+        self.max_logprobs: int = -1  # the model's limit on log probabilities per token (-1: none)
 
     async def start(self) -> None:
         if self._stack is not None:
@@ -96,6 +97,7 @@ class VllmEngine:
         self._stack, self._state = stack, state
         self._routes = _routes(state)
         self.max_num_seqs = int(client.vllm_config.scheduler_config.max_num_seqs)
+        self.max_logprobs = int(client.vllm_config.model_config.max_logprobs)
         # vLLM's first imports run under this frame and a module keeps one of their tracebacks, which
         # pins this frame; without the del its locals would keep the AsyncLLM alive after stop().
         del client, state, stack, args
@@ -141,6 +143,9 @@ class VllmEngine:
             return _error_reply(
                 create_error_response("Request must not be sent in stream mode", param="stream")
             )
+        over = logprobs_over_limit(url, body, self.max_logprobs)
+        if over is not None:
+            return _error_reply(create_error_response(over[0], param=over[1]))
         try:
             # Engine request ids must be unique among in-flight requests, so ours replaces any the user sent;
             # vLLM turns it into the response id (chatcmpl-<id>, cmpl-<id>, embd-<id>).
@@ -199,6 +204,23 @@ class VllmEngine:
         request = Request({"type": "http", "app": SimpleNamespace(state=self._state), "headers": []})
         response = await validation_exception_handler(request, RequestValidationError(errors))
         return _response_reply(response)
+
+
+def logprobs_over_limit(url: str, body: dict[str, Any], limit: int) -> tuple[str, str] | None:
+    """(message, param) when a request asks for more log probabilities per token than the model returns; vLLM
+    refuses it too, but in terms of its own sampling parameters rather than the field the line sent."""
+    if url == COMPLETIONS_URL:
+        param, asked = "logprobs", body.get("logprobs")
+    elif url == CHAT_URL:
+        param, asked = "top_logprobs", body.get("top_logprobs") if body.get("logprobs") else None
+    elif url == RESPONSES_URL:
+        param, asked = "top_logprobs", body.get("top_logprobs")
+    else:
+        return None
+    if limit < 0 or not isinstance(asked, int) or isinstance(asked, bool) or asked <= limit:
+        return None
+    return (f"'{param}' is {asked}, over this model's limit of {limit} log probabilities per token (the model's "
+            "`max_logprobs` engine argument).", param)
 
 
 def _prepare_platform() -> bool:

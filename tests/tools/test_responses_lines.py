@@ -120,3 +120,26 @@ def test_responses_usage_counts_in_the_worker_and_the_batch() -> None:
     assert tally.usage() == {"input_tokens": 20, "input_tokens_details": {"cached_tokens": 4},
                              "output_tokens": 6, "output_tokens_details": {"reasoning_tokens": 2},
                              "total_tokens": 26}
+
+
+@pytest.mark.parametrize("url, body, expected", [
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 25}, "top_logprobs"),
+    ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 20}, None),
+    ("/v1/chat/completions", {"top_logprobs": 25}, None),  # without logprobs vLLM ignores it
+    ("/v1/completions", {"logprobs": 21}, "logprobs"),
+    ("/v1/completions", {"logprobs": 5}, None),
+    ("/v1/responses", {"top_logprobs": 30}, "top_logprobs"),
+    ("/v1/embeddings", {"top_logprobs": 30}, None),
+])
+def test_logprobs_over_the_model_limit_name_the_limit(url: str, body: dict[str, Any], expected: str | None) -> None:
+    from gpu_worker.engines.vllm_engine import logprobs_over_limit
+
+    over = logprobs_over_limit(url, body, 20)
+    if expected is None:
+        assert over is None
+        return
+    assert over is not None
+    message, param = over
+    assert param == expected
+    assert "limit of 20" in message and "`max_logprobs`" in message
+    assert logprobs_over_limit(url, body, -1) is None  # -1: vLLM returns any number
