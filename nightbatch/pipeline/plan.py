@@ -41,6 +41,8 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
     if batch is not None and batch["status"] == "in_progress":
         raw = blobs.get_bytes(layout.segment_index_key(inp.batch_id))
         segments: list[dict[str, Any]] = json.loads(raw) if raw else []
+        job_definitions: dict[str, str] = json.loads(settings.job_definitions_json or "{}")
+        job_definition = job_definitions.get(batch["model"], "")
         for i, group in enumerate(group_segments(segments, settings)):
             shard_id = f"{i:05d}"
             blobs.put_bytes(layout.shard_key(inp.batch_id, shard_id), json.dumps({
@@ -49,7 +51,8 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
                 "segments": [s["key"] for s in group], "lines": sum(int(s["lines"]) for s in group),
                 "est_tokens": sum(int(s["est"]) for s in group),
             }).encode())
-            items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id).model_dump())
+            items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id,
+                                   job_definition=job_definition).model_dump())
     # Cancelled or expired before planning: an empty manifest sends the workflow straight to Finalize.
     blobs.put_bytes(manifest_key, json.dumps(items).encode(), content_type="application/json")
     if batch is not None:
