@@ -173,6 +173,8 @@ class Settings(BaseSettings):
     # Private and loopback webhook targets (the local stack allows them; never in AWS). Link-local (instance
     # metadata), multicast, reserved and unspecified addresses are refused regardless.
     allow_private_targets: bool = False
+    # Webhook endpoints one tenant may register (every event fans out to each); 0 = no cap.
+    max_webhook_endpoints: int = 20
     # Comma-separated addresses e-mailed about every terminal batch (the operator's own; not domain-checked).
     email_recipients: str = ""
     # Download links in e-mails: how long they stay valid (a mailbox is not a vault: a day, then the dashboard
