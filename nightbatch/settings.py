@@ -121,6 +121,8 @@ class Settings(BaseSettings):
     limit_queued_tokens: int = 50_000_000
     limit_batches_in_flight: int = 1000
     limit_requests_per_minute: int = 6000
+    # Bytes a tenant's uploaded files and open Uploads may hold (batch outputs are not counted).
+    limit_stored_bytes: int = 100 * 1024**3
     # Retry-After sent with a 429 for too many batches in flight (the SDK honours values up to 60 s).
     limit_in_flight_retry_after: int = 30
     tenant_limits_json: str = ""
