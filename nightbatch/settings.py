@@ -165,6 +165,8 @@ class Settings(BaseSettings):
     limit_queued_tokens: int = 50_000_000
     limit_batches_in_flight: int = 1000
     limit_requests_per_minute: int = 6000
+    # Bytes a tenant's uploaded files and open Uploads may hold (batch outputs are not counted).
+    limit_stored_bytes: int = 100 * 1024**3
     # Retry-After sent with a 429 for too many batches in flight (the SDK honours values up to 60 s).
     limit_in_flight_retry_after: int = 30
     tenant_limits_json: str = ""
@@ -219,6 +221,8 @@ class Settings(BaseSettings):
     # Private and loopback webhook targets (the local stack allows them; never in AWS). Link-local (instance
     # metadata), multicast, reserved and unspecified addresses are refused regardless.
     allow_private_targets: bool = False
+    # Webhook endpoints one tenant may register (every event fans out to each); 0 = no cap.
+    max_webhook_endpoints: int = 20
     # Comma-separated addresses e-mailed about every terminal batch (the operator's own; not domain-checked).
     email_recipients: str = ""
     # Download links in e-mails: how long they stay valid (a mailbox is not a vault: a day, then the dashboard
