@@ -172,7 +172,7 @@ def spread(xs: list[float]) -> str:
     return f"{statistics.median(xs):.2f} ({min(xs):.2f}..{max(xs):.2f})"
 
 
-def measure(sizes: list[int], repeat: int) -> list[dict[str, Any]]:
+def measure(sizes: list[int], repeat: int = 1) -> list[dict[str, Any]]:
     proc, url = start_s3()
     env = {**os.environ, "AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
