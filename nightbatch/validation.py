@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -109,6 +110,7 @@ class Validator:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 raise LineInvalid("invalid_request", "Messages parameter is required.", "body.messages")
+            check_media(self.settings, messages)
             return _estimate(line_bytes) + out * _choices(self.settings, body)
         if self.endpoint == "/v1/completions":
             if "prompt" not in body:
@@ -127,6 +129,36 @@ class Validator:
             raise LineInvalid("too_many_inputs", f"The batch has more than {self.settings.max_embedding_inputs}"
                               " embedding inputs across its requests.", "body.input")
         return _estimate(line_bytes)
+
+
+MEDIA_PARTS = ("image_url", "video_url", "audio_url")
+
+
+def check_media(settings: Settings, messages: list[Any]) -> None:
+    """Multimodal parts: inline `data:` URLs only, unless NIGHTBATCH_MEDIA_ALLOWED_DOMAINS names https hosts
+    the engine may fetch from (a GPU worker fetching any URL a tenant names would reach its VPC and the
+    instance metadata service)."""
+    allowed = {d.strip().lower() for d in settings.media_allowed_domains.split(",") if d.strip()}
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if not isinstance(part, dict):
+                continue
+            for kind in MEDIA_PARTS:
+                ref = part.get(kind)
+                url = ref.get("url") if isinstance(ref, dict) else ref
+                if url is None:
+                    continue
+                if isinstance(url, str) and url.startswith("data:"):
+                    continue
+                m = re.match(r"^https://([^/:?#@]+)(?::443)?(?:[/?#]|$)", url) if isinstance(url, str) else None
+                if m is None or m.group(1).lower() not in allowed:
+                    raise LineInvalid(
+                        "invalid_value", f"Invalid '{kind}.url': only data: URLs are accepted"
+                        + (f", or https URLs on {', '.join(sorted(allowed))}" if allowed else "") + ".",
+                        f"body.messages[{i}].content[{j}].{kind}.url")
 
 
 def _choices(settings: Settings, body: dict[str, Any]) -> int:
