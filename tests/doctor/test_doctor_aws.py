@@ -240,6 +240,9 @@ def test_the_notify_step_is_read_from_the_execution_history(world: World) -> Non
                                           "Finalize": {"Type": "Pass", "Next": "Notify"},
                                           "Notify": {"Type": "Pass", "End": True}}}))
     watcher = world.watcher()
+    stuck = Probe(model="m", endpoint="/v1/completions", batch_id=BATCH_ID, status="validating")
+    detail, remedy = watcher.diagnose(stuck, stuck.phase("validate")) or ("", "")
+    assert detail == "no Step Functions execution for the batch" and "API Lambda's log" in remedy
     execution = sfn.start_execution(stateMachineArn=watcher.state_machine, name=BATCH_ID)["executionArn"]
     deadline = time.monotonic() + 30
     while sfn.describe_execution(executionArn=execution)["status"] == "RUNNING" and time.monotonic() < deadline:
@@ -250,6 +253,8 @@ def test_the_notify_step_is_read_from_the_execution_history(world: World) -> Non
     notified = probe.phase("notification")
     assert notified.status == "ok" and notified.at is not None and 0 <= notified.at < 30
     assert "Notify step finished" in notified.detail
+    detail, _ = watcher.diagnose(stuck, stuck.phase("job queued")) or ("", "")
+    assert detail == "no AWS Batch job yet; the execution is SUCCEEDED, last state Notify"
     # No job was seen for this batch: the job phases say so instead of failing.
     assert probe.phase("job queued").status == "skipped"
 
