@@ -4,6 +4,7 @@ stall report with its remedy. The full run through real engines is tests/e2e/tes
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,8 @@ import pytest
 
 from nightbatch.cli import main
 from nightbatch.doctor.api import probe_pairs
+from nightbatch.doctor.report import Check, Phase, Probe, Report
+from nightbatch.doctor.run import Doctor
 from nightbatch.doctor.webhook import WebhookWatcher
 from tests.conftest import ApiServer
 
@@ -98,3 +101,32 @@ def test_on_loopback_a_temporary_webhook_endpoint_watches_the_probes(serve_api: 
     assert "✓ webhook" in out and "removed afterwards" in out
     assert len(seen) == 1  # subscribed while the probes ran ...
     assert api_server.openai().get("/webhook_endpoints", cast_to=dict[str, Any])["data"] == []  # ... then removed
+
+
+class ExplainingWatcher:
+    """Stands in for the AWS side in a test of the doctor's own loop: it knows why validate is stuck."""
+
+    def preflight(self, report: Report) -> None:
+        report.add(Check("stack", "ok", "test"))
+
+    def observe(self, probe: Probe, at: float) -> None:
+        return None
+
+    def diagnose(self, probe: Probe, phase: Phase) -> tuple[str, str] | None:
+        return ("the execution is RUNNING, last state Validate", "open the execution") if phase.name == "validate" \
+            else None
+
+    def close(self) -> None:
+        return None
+
+
+def test_a_watchers_diagnosis_replaces_the_generic_remedy(api_server: ApiServer) -> None:
+    progress = io.StringIO()
+    report = Report(base_url=api_server.v1)
+    Doctor(api_server.openai(), report, [ExplainingWatcher()], timeout=1.2, stall_after=0.3, poll=0.1,
+           progress=progress).run()
+    validate = report.probes[0].phase("validate")
+    assert validate.status == "stalled" and validate.remedy == "open the execution"
+    assert validate.detail == "the execution is RUNNING, last state Validate (gave up after 1.2 s)"
+    assert "validate stalled: the execution is RUNNING" in progress.getvalue()
+    assert not report.passed and [c.name for c in report.checks] == ["API key", "models", "stack"]
