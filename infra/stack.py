@@ -171,7 +171,7 @@ class NightbatchStack(cdk.Stack):
         # Notify signs download links into its e-mails; they point at this API, unless `limits` names another
         # public URL (a custom domain). No cycle: the HTTP API does not depend on the workflow, its Lambda does.
         if "public_base_url" not in config.limits:
-            self.orchestration.tasks["notify"].function.add_environment(env_name("public_base_url"), self.api.url)
+            self.orchestration.tasks["notify"].add_environment(env_name("public_base_url"), self.api.url)
 
         # Grants: each principal gets its prefixes, the table, and the one thing it drives.
         tasks = self.orchestration.tasks
