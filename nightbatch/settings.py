@@ -63,6 +63,10 @@ class Settings(BaseSettings):
     max_input_bytes: int = 200 * 1000 * 1000
     max_line_bytes: int = 4 * 1024 * 1024
     max_embedding_inputs: int = 50_000
+    # Per request: OpenAI's 2048 inputs per embeddings call; completions per request (`n`, `best_of`), each of
+    # which multiplies the GPU work a line asks for. 0 = no cap.
+    max_embedding_inputs_per_request: int = 2048
+    max_choices_per_request: int = 16
     max_reported_errors: int = 1000
     max_completion_window_hours: int = 168
 
@@ -74,14 +78,25 @@ class Settings(BaseSettings):
     input_file_ttl_seconds: int = 30 * 86400
     output_file_ttl_seconds: int = 30 * 86400
 
-    # Sharding. Validate writes the input as segments; Plan groups whole segments into shards. A shard targets
-    # enough estimated tokens that loading the model (~60 s) is <= 10 % of its GPU time at ~4k tokens/s, and
-    # shards number at most a few per GPU so the Distributed Map keeps every GPU busy to the end.
+    # Sharding. Validate writes the input as segments; Plan groups whole segments into shards. The shard count
+    # (nightbatch/pipeline/sizing.py) keeps each shard's cold start (instance, image, weights, engine) <= the
+    # cold-start share of its GPU time at the model's throughput, within max_gpus * shards_per_gpu, and raises
+    # it (up to one shard per GPU, then the cap) when the batch would otherwise miss its window.
     segment_max_lines: int = 1000
     segment_max_bytes: int = 4 * 1024 * 1024
-    shard_target_tokens: int = 2_500_000
+    # > 0: a fixed number of estimated tokens per shard instead (tests and benches use it).
+    shard_target_tokens: int = 0
     shards_per_gpu: int = 3
     max_gpus: int = 4
+    # Estimated tokens (prompt + expected output) one GPU processes per second, and one shard's cold start.
+    # Defaults: an 8B model on one L40S/L4-class GPU (bench/cost: ~1.6k-5k output tok/s at 1:1 in/out) and
+    # ~3 min from job start to first result on a new host (instance + image pull + weights + engine;
+    # refine it from the phase metrics, FirstResultSeconds).
+    shard_tokens_per_second: float = 4000.0
+    shard_cold_start_seconds: float = 180.0
+    shard_cold_start_share: float = 0.10
+    # Share of a completion window kept free for queueing and Finalize when sizing for it.
+    window_safety_share: float = 0.25
     # Worker checkpointing.
     checkpoint_every_lines: int = 64
     checkpoint_every_seconds: float = 10.0
@@ -122,6 +137,8 @@ class Settings(BaseSettings):
     tenant_limits_json: str = ""
 
     # Resources the deployed stack wires in (infra/ sets them; empty in the local mode until it needs them).
+    # Plan: {"<model>": "<job definition ARN>"}, the job definition each shard of a model's batch runs with.
+    job_definitions_json: str = ""
     job_queue: str = ""  # AWS Batch queue ARN: the sweeper cancels a cancelled/expired batch's unstarted jobs
     webhook_queue_url: str = ""  # SQS queue Notify puts webhook deliveries on
     email_sender: str = ""  # verified SES sender address; empty disables e-mail notifications
@@ -171,9 +188,9 @@ class Settings(BaseSettings):
     allow_private_targets: bool = False
     # Comma-separated addresses e-mailed about every terminal batch (the operator's own; not domain-checked).
     email_recipients: str = ""
-    # Download links in e-mails: how long they stay valid, and the API's public base URL (with or without
-    # /v1; empty: e-mails name the file ids without links).
-    email_link_ttl_seconds: int = 7 * 86400
+    # Download links in e-mails: how long they stay valid (a mailbox is not a vault: a day, then the dashboard
+    # issues fresh ones), and the API's public base URL (with or without /v1; empty: e-mails name the file ids).
+    email_link_ttl_seconds: int = 86400
     public_base_url: str = ""
 
     # --- Worker throughput (issue 8; docs/PERF.md, gpu_worker/scheduling.py) ---

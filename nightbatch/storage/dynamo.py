@@ -8,7 +8,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from nightbatch.errors import StorageConflictError
+from nightbatch.errors import StorageConflictError, StorageItemTooLargeError
 
 OWNER_INDEX = "by_owner"
 STATUS_INDEX = "by_status"
@@ -89,6 +89,8 @@ class Table:
         except ClientError as e:
             if _conditional(e):
                 raise StorageConflictError(pk) from e
+            if _too_large(e):
+                raise StorageItemTooLargeError(pk) from e
             raise
         new: dict[str, Any] = _from_ddb(resp["Attributes"])
         return new
@@ -169,6 +171,11 @@ def create_table(client: Any, name: str) -> None:
 
 def _conditional(e: ClientError) -> bool:
     return str(e.response.get("Error", {}).get("Code")) == "ConditionalCheckFailedException"
+
+
+def _too_large(e: ClientError) -> bool:
+    err = e.response.get("Error", {})
+    return str(err.get("Code")) == "ValidationException" and "size" in str(err.get("Message", "")).lower()
 
 
 def _to_ddb(v: Any) -> Any:
