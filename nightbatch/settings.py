@@ -81,6 +81,12 @@ class Settings(BaseSettings):
     segment_max_bytes: int = 4 * 1024 * 1024
     shard_target_tokens: int = 2_500_000
     shards_per_gpu: int = 3
+    # Prefix-aware placement (nightbatch/pipeline/placement.py): prompts of at least `plan_prefix_chars`
+    # characters are grouped by the hash of that head into `plan_prefix_groups` groups (0 = off), and Plan
+    # keeps each group in as few shards as balance allows, so a shared system prompt is prefilled once per
+    # shard it lands in rather than in every shard. Costs one open segment buffer per group in Validate.
+    plan_prefix_groups: int = 8
+    plan_prefix_chars: int = 1024
     max_gpus: int = 4
     # Worker checkpointing.
     checkpoint_every_lines: int = 64

@@ -8,6 +8,7 @@ from typing import Any
 
 from nightbatch.pipeline import layout
 from nightbatch.pipeline.models import BatchTaskInput, PlanOutput, ShardItem
+from nightbatch.pipeline.placement import place_by_prefix
 from nightbatch.services import Services
 from nightbatch.settings import Settings
 
@@ -41,7 +42,7 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
     if batch is not None and batch["status"] == "in_progress":
         raw = blobs.get_bytes(layout.segment_index_key(inp.batch_id))
         segments: list[dict[str, Any]] = json.loads(raw) if raw else []
-        for i, group in enumerate(group_segments(segments, settings)):
+        for i, group in enumerate(place_by_prefix(group_segments(segments, settings))):
             shard_id = f"{i:05d}"
             blobs.put_bytes(layout.shard_key(inp.batch_id, shard_id), json.dumps({
                 "version": 1, "batch_id": inp.batch_id, "shard_id": shard_id,
