@@ -8,6 +8,7 @@ from typing import Any
 from gpu_worker.engines.base import EngineFailedError, EngineReply
 from nightbatch.ids import batch_request_id
 from nightbatch.jsonl import dumps_line
+from nightbatch.pipeline import results
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,9 @@ def result_line(batch_id: str, custom_id: str, request_id: str, reply: EngineRep
         "error": None,
     }
     data = dumps_line(line)
+    if len(data) > results.MAX_RESULT_LINE:
+        # Finalize could not read it back: this request's error, rather than a silently unrun line.
+        return ResultLine(custom_id, results.oversized_result_line(batch_id, custom_id, len(data)), False, 0, 0)
     return ResultLine(custom_id, data, ok, input_tokens, output_tokens)
 
 

@@ -15,6 +15,7 @@ from nightbatch.wire import DeletedFile, FileObject, ListPage
 MIN_EXPIRY_SECONDS = 3600
 MAX_EXPIRY_SECONDS = 2_592_000
 MAX_FILES_LIMIT = 10_000
+MAX_NAME_CHARS = 255
 
 
 def file_key(file_id: str) -> str:
@@ -28,6 +29,15 @@ def to_wire(item: dict[str, Any]) -> FileObject:
         # "uploaded" while an upload's md5 awaits its check, "error" when it failed (nightbatch.assembly).
         status=item.get("status", "processed"), status_details=item.get("status_details"),
     )
+
+
+def check_name(value: str, param: str) -> None:
+    """`filename` / `mime_type`: stored in the item and echoed in every listing, so bounded (checked before any
+    byte reaches S3, so a refused request leaves nothing behind)."""
+    if len(value) > MAX_NAME_CHARS:
+        raise InvalidRequestError(
+            f"Invalid '{param}': string too long. Expected a string with maximum length {MAX_NAME_CHARS}, "
+            f"but got a string with length {len(value)} instead.", param=param, code="string_above_max_length")
 
 
 def check_expiry_seconds(seconds: int | None, param: str) -> None:
@@ -57,12 +67,17 @@ class FileService:
         expires_after_seconds: int | None = None, file_id: str | None = None,
     ) -> FileObject:
         check_expiry_seconds(expires_after_seconds, "expires_after[seconds]")
+        check_name(filename, "filename")
         file_id = file_id or new_file_id()
         self.blobs.put_fileobj(file_key(file_id), fileobj)
-        return self.register(
-            tenant, file_id=file_id, key=file_key(file_id), size=size, filename=filename, purpose=purpose,
-            expires_after_seconds=expires_after_seconds,
-        )
+        try:
+            return self.register(
+                tenant, file_id=file_id, key=file_key(file_id), size=size, filename=filename, purpose=purpose,
+                expires_after_seconds=expires_after_seconds,
+            )
+        except BaseException:
+            self.blobs.delete(file_key(file_id))  # no object without its item
+            raise
 
     def register(
         self, tenant: str, *, file_id: str, key: str, size: int, filename: str, purpose: str,

@@ -96,6 +96,10 @@ class Settings(BaseSettings):
     max_input_bytes: int = 200 * 1000 * 1000
     max_line_bytes: int = 4 * 1024 * 1024
     max_embedding_inputs: int = 50_000
+    # Per request: OpenAI's 2048 inputs per embeddings call; completions per request (`n`, `best_of`), each of
+    # which multiplies the GPU work a line asks for. 0 = no cap.
+    max_embedding_inputs_per_request: int = 2048
+    max_choices_per_request: int = 16
     max_reported_errors: int = 1000
     max_completion_window_hours: int = 168
 
@@ -107,14 +111,25 @@ class Settings(BaseSettings):
     input_file_ttl_seconds: int = 30 * 86400
     output_file_ttl_seconds: int = 30 * 86400
 
-    # Sharding. Validate writes the input as segments; Plan groups whole segments into shards. A shard targets
-    # enough estimated tokens that loading the model (~60 s) is <= 10 % of its GPU time at ~4k tokens/s, and
-    # shards number at most a few per GPU so the Distributed Map keeps every GPU busy to the end.
+    # Sharding. Validate writes the input as segments; Plan groups whole segments into shards. The shard count
+    # (nightbatch/pipeline/sizing.py) keeps each shard's cold start (instance, image, weights, engine) <= the
+    # cold-start share of its GPU time at the model's throughput, within max_gpus * shards_per_gpu, and raises
+    # it (up to one shard per GPU, then the cap) when the batch would otherwise miss its window.
     segment_max_lines: int = 1000
     segment_max_bytes: int = 4 * 1024 * 1024
-    shard_target_tokens: int = 2_500_000
+    # > 0: a fixed number of estimated tokens per shard instead (tests and benches use it).
+    shard_target_tokens: int = 0
     shards_per_gpu: int = 3
     max_gpus: int = 4
+    # Estimated tokens (prompt + expected output) one GPU processes per second, and one shard's cold start.
+    # Defaults: an 8B model on one L40S/L4-class GPU (bench/cost: ~1.6k-5k output tok/s at 1:1 in/out) and
+    # ~3 min from job start to first result on a new host (instance + image pull + weights + engine;
+    # refine it from the phase metrics, FirstResultSeconds).
+    shard_tokens_per_second: float = 4000.0
+    shard_cold_start_seconds: float = 180.0
+    shard_cold_start_share: float = 0.10
+    # Share of a completion window kept free for queueing and Finalize when sizing for it.
+    window_safety_share: float = 0.25
     # Worker checkpointing.
     checkpoint_every_lines: int = 64
     checkpoint_every_seconds: float = 10.0

@@ -32,7 +32,7 @@ from nightbatch.errors import (
     PayloadTooLargeError,
     StorageConflictError,
 )
-from nightbatch.files import FileService, check_expiry_seconds, file_key
+from nightbatch.files import FileService, check_expiry_seconds, check_name, file_key
 from nightbatch.files import to_wire as file_to_wire
 from nightbatch.ids import new_file_id, new_part_id, new_upload_id
 from nightbatch.settings import Settings
@@ -131,6 +131,8 @@ class UploadService:
         if not req.mime_type.strip():
             raise InvalidRequestError("Invalid 'mime_type': it must not be empty.", param="mime_type",
                                       code="invalid_value")
+        check_name(req.filename, "filename")
+        check_name(req.mime_type, "mime_type")
         file_ttl = None
         if req.expires_after is not None:
             if req.expires_after.anchor != "created_at":

@@ -15,6 +15,8 @@ from nightbatch.wire import BatchError
 MAX_CUSTOM_ID = 512
 _decode = msgspec.json.Decoder().decode
 MAX_ECHO = 64
+# `[[[[…` a few thousand deep hits either parser's recursion limit: one bad line rather than a crashed step.
+_TOO_DEEP = "This line nests JSON too deeply to be parsed."
 # A batch's stored `errors` stop growing here (besides max_reported_errors), so 100 failed batches in one list
 # response stay far under the ~6 MB a Lambda may answer, and the batch item under DynamoDB's 400 KB.
 MAX_ERRORS_BYTES = 32 * 1024
@@ -57,6 +59,8 @@ class Validator:
             obj = _decode(data)
         except msgspec.MsgspecError:
             obj = _stdlib_parse(number, data)
+        except RecursionError:
+            raise LineInvalid("invalid_json_line", _TOO_DEEP) from None
         if not isinstance(obj, dict):
             raise LineInvalid("invalid_json_line", "This line is not a JSON object.")
         for name in ("custom_id", "method", "url", "body"):
@@ -110,17 +114,21 @@ class Validator:
                 raise LineInvalid("invalid_request", "Messages parameter is required.", "body.messages")
             check_tools(spec, body)
             check_template_kwargs(body)
-            return _estimate(line_bytes) + out
+            return _estimate(line_bytes) + out * _choices(self.settings, body)
         if self.endpoint == "/v1/responses":
             return _estimate(line_bytes) + check_responses(spec, body, self.settings.default_max_tokens)
         if self.endpoint == "/v1/completions":
             if "prompt" not in body:
                 raise LineInvalid("invalid_request", "Prompt parameter is required.", "body.prompt")
-            return _estimate(line_bytes) + out
+            return _estimate(line_bytes) + out * _choices(self.settings, body)
         inputs = body.get("input")
         if inputs is None or inputs == "" or inputs == []:
             raise LineInvalid("invalid_request", "Input parameter is required.", "body.input")
         n = len(inputs) if isinstance(inputs, list) and inputs and not isinstance(inputs[0], int) else 1
+        cap = self.settings.max_embedding_inputs_per_request
+        if cap and n > cap:
+            raise LineInvalid("too_many_inputs", f"This request has {n} inputs; at most {cap} are allowed per "
+                              "embeddings request.", "body.input")
         self.embedding_inputs += n
         if self.embedding_inputs > self.settings.max_embedding_inputs:
             raise LineInvalid("too_many_inputs", f"The batch has more than {self.settings.max_embedding_inputs}"
@@ -139,8 +147,28 @@ def _stdlib_parse(number: int, data: bytes) -> Any:
     except ValueError as e:
         raise LineInvalid("invalid_json_line", "This line is not parseable as valid JSON.") from e
     except RecursionError:
-        # `[[[[…` a few thousand deep: the parser's recursion limit, one bad line rather than a crashed step.
-        raise LineInvalid("invalid_json_line", "This line nests JSON too deeply to be parsed.") from None
+        raise LineInvalid("invalid_json_line", _TOO_DEEP) from None
+
+
+def _choices(settings: Settings, body: dict[str, Any]) -> int:
+    """How many completions one request asks for: `n` (and `best_of`, which the engine generates and then
+    discards) multiply the GPU work, so they multiply the token estimate the queue limits count."""
+    n, best_of = _choices_param(body, "n"), _choices_param(body, "best_of")
+    cap = settings.max_choices_per_request
+    if cap and max(n, best_of) > cap:
+        name = "n" if n >= best_of else "best_of"
+        raise LineInvalid("invalid_value", f"Invalid '{name}': {max(n, best_of)}. At most {cap} completions per "
+                          "request on this deployment.", f"body.{name}")
+    return max(n, best_of)
+
+
+def _choices_param(body: dict[str, Any], name: str) -> int:
+    value = body.get(name)
+    if value is None:
+        return 1
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise LineInvalid("invalid_value", f"Invalid '{name}': expected an integer of at least 1.", f"body.{name}")
+    return value
 
 
 def echo(value: Any, limit: int = MAX_ECHO) -> str:

@@ -51,11 +51,14 @@ class VllmEngine:
     """One model served by an in-process vLLM AsyncLLM; `handle` may be called concurrently without limit."""
 
     def __init__(
-        self, spec: ModelSpec, *, model_dir: Path | None = None, cache_dir: Path | None = None
+        self, spec: ModelSpec, *, model_dir: Path | str | None = None, cache_dir: Path | None = None,
+        load_format: str | None = None,
     ) -> None:
         self.spec = spec
         self.model_name = spec.name
+        # A local directory, or an s3:// URI with load_format="runai_streamer" (gpu_worker/weight_cache.py).
         self._model_dir = model_dir
+        self._load_format = load_format
         self._cache_dir = cache_dir
         self._stack: AsyncExitStack | None = None
         self._state: State | None = None
@@ -78,7 +81,7 @@ class VllmEngine:
         from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client_from_engine_args
         from vllm.usage.usage_lib import UsageContext
 
-        engine_args, frontend = _split_args(self.spec, model_dir, on_cpu=on_cpu)
+        engine_args, frontend = _split_args(self.spec, model_dir, on_cpu=on_cpu, load_format=self._load_format)
         stack = AsyncExitStack()
         try:
             client = await stack.enter_async_context(
@@ -233,7 +236,9 @@ def _prepare_platform() -> bool:
     return on_cpu
 
 
-def _split_args(spec: ModelSpec, model_dir: Path, *, on_cpu: bool) -> tuple[Any, Any]:
+def _split_args(
+    spec: ModelSpec, model_dir: Path | str, *, on_cpu: bool, load_format: str | None = None
+) -> tuple[Any, Any]:
     """AsyncEngineArgs and the server's frontend args; `spec.engine_args` keys may belong to either."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.cli_args import BaseFrontendArgs
@@ -250,6 +255,9 @@ def _split_args(spec: ModelSpec, model_dir: Path, *, on_cpu: bool) -> tuple[Any,
         engine_kwargs["runner"] = "pooling"
     if spec.reasoning_parser:
         engine_kwargs["reasoning_parser"] = spec.reasoning_parser
+    if load_format:
+        # Run:ai streamer: safetensors read from S3 straight into GPU memory, config/tokenizer copied locally.
+        engine_kwargs["load_format"] = load_format
     if on_cpu:
         # torch.compile costs 60-80 s per start on CPU for a 10-17 % gain (local-engines.md §2).
         engine_kwargs["enforce_eager"] = True

@@ -5,7 +5,8 @@ was reached — validate, the AWS Batch job's RUNNABLE → STARTING → RUNNING 
 result, finalize, notification — and, for a phase that stalls, the specific remedy.
 
 `api.py` is what the OpenAI SDK sees, `aws.py` what the account shows (through `nightbatch.storage.account`),
-`run.py` polls them together, `report.py` holds the findings and `render.py` prints them.
+`webhook.py` the notification as a webhook subscriber sees it (without --stack), `run.py` polls them together,
+`report.py` holds the findings, `remedies.py` what to do about them and `render.py` prints them.
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def handle(args: argparse.Namespace) -> int:
     from nightbatch.commands.connection import CommandError, connect, explain, resolve_target
     from nightbatch.doctor.render import render
     from nightbatch.doctor.report import Report
-    from nightbatch.doctor.run import ApiOnly, Doctor, Watcher
+    from nightbatch.doctor.run import Doctor, Watcher
+    from nightbatch.doctor.webhook import WebhookWatcher
     from nightbatch.storage.account import AccountReadError
 
     try:
@@ -54,10 +56,11 @@ def handle(args: argparse.Namespace) -> int:
             base_url = base_url or stack.outputs.get("ApiUrl")
             watchers.append(stack)
         target = resolve_target(base_url, args.api_key)
+        client = connect(target)
         if not args.stack:
-            watchers.append(ApiOnly())
+            watchers.append(WebhookWatcher(client, target.base_url))
         report = Report(base_url=target.base_url, stack=args.stack)
-        doctor = Doctor(connect(target), report, watchers, timeout=args.timeout, stall_after=args.stall_after,
+        doctor = Doctor(client, report, watchers, timeout=args.timeout, stall_after=args.stall_after,
                         poll=args.poll_interval, progress=sys.stderr)
         doctor.say(f"nightbatch doctor: checking {target.base_url}")
         try:

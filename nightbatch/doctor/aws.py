@@ -33,6 +33,15 @@ HF_ERRORS = re.compile(r"GatedRepoError|401 Client Error|403 Client Error|Invali
                        r"Access to model .* is restricted|You are trying to access a gated repo", re.IGNORECASE)
 
 
+def _reached(job: JobView) -> int:
+    if job.status == "FAILED":  # failed while starting (image pull, secrets) or after its container ran
+        reasons = " ".join([job.status_reason, *job.reasons])
+        failed_to_start = any(r in reasons for r in ("CannotPullContainerError", "ResourceInitializationError",
+                                                     "CannotStartContainerError"))
+        return 4 if job.started and not failed_to_start else 3
+    return REACHED.get(job.status, 0)
+
+
 class StackWatcher:
     def __init__(self, account: AwsAccount, stack: str, outputs: dict[str, str]) -> None:
         self.account = account
@@ -177,7 +186,7 @@ class StackWatcher:
                 for name in JOB_PHASES:
                     probe.skip(name, f"could not read the jobs: {e}")
                 jobs = []
-            step = max((REACHED.get(j.status, 0) for j in jobs), default=0)
+            step = max((_reached(j) for j in jobs), default=0)
             for name in JOB_PHASES[:step]:
                 probe.reach(name, at, detail=self._job_detail(jobs, name))
             for job in jobs:
@@ -208,7 +217,7 @@ class StackWatcher:
         if execution is None:
             probe.fail("notification", "the batch has no Step Functions execution")
             return
-        exited = [t for t, kind, name in execution.events if kind == "TaskStateExited" and name == "Notify"]
+        exited = [t for t, kind, name in execution.events if kind.endswith("StateExited") and name == "Notify"]
         if exited:
             probe.reach("notification", exited[0], detail="the Notify step finished (webhooks, SNS, e-mail)")
         elif execution.status in ("FAILED", "TIMED_OUT", "ABORTED"):

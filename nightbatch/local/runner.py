@@ -66,6 +66,7 @@ class LocalWorkflow:
             log.warning("engines are off: shard %s of %s not run", item["shard_id"], item["batch_id"])
             return
         from gpu_worker.runner import ShardJob, run_shard
+        from nightbatch.phases import Phases
 
         job = ShardJob(batch_id=item["batch_id"], shard_id=item["shard_id"])
         host = self.host
@@ -74,11 +75,17 @@ class LocalWorkflow:
                 return
             try:
                 async def run() -> Any:
+                    # The local stack shares one warm engine between shards: a shard's "weights" and "engine"
+                    # phases are the wait for it (the whole load for the first shard after start-up).
+                    phases = Phases(weights_source="local")
                     shard = json.loads(services.adapters.blobs.get_bytes(
                         f"batches/{job.batch_id}/shards/{job.shard_id}.json") or b"{}")
                     engine = await host.engine(shard["model"])
+                    phases.mark("weights_ready")
+                    phases.mark("engine_ready")
                     return await run_shard(job, engine=engine, blobs=services.adapters.blobs,
-                                           table=services.adapters.table, settings=services.settings)
+                                           table=services.adapters.table, settings=services.settings,
+                                           phases=phases)
 
                 host.submit(run()).result()
                 return

@@ -18,9 +18,10 @@ from nightbatch.errors import BatchItemTooLargeError, StorageConflictError
 from nightbatch.ids import derived_id
 from nightbatch.jsonl import split_lines
 from nightbatch.metrics import emit
+from nightbatch.phases import summarize as summarize_phases
 from nightbatch.pipeline import layout
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
-from nightbatch.pipeline.results import Tally, digest, summarize_result_line, unrun_line
+from nightbatch.pipeline.results import MAX_RESULT_LINE, Tally, digest, summarize_result_line, unrun_line
 from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore, LineWriter
@@ -28,7 +29,6 @@ from nightbatch.wire import TERMINAL_STATUSES
 
 log = logging.getLogger("nightbatch.finalize")
 UNRUN_CODE = {"cancelled": "batch_cancelled", "expired": "batch_expired", "completed": "shard_failed"}
-MAX_RESULT_LINE = 64 * 1024 * 1024
 
 
 def decide_target(batch: dict[str, Any]) -> str:
@@ -72,6 +72,8 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     times = collect_shard_times(services.adapters.blobs, [layout.batch_prefix(inp.batch_id) + "results/"])
     ext = dict(batch.get("ext") or {})
     ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"])
+    if times.phases:
+        ext["phases"] = summarize_phases(times.phases)
     fields: dict[str, Any] = {
         "request_counts": {"total": tally.completed + tally.failed, "completed": tally.completed,
                            "failed": tally.failed},
@@ -170,6 +172,11 @@ def _merge_results(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int
     prefix = layout.results_prefix(batch_id, shard_id)
     for key in sorted(k for k in blobs.list_keys(prefix) if k.endswith(".jsonl")):
         for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
+            if raw.data is None:
+                # Workers never write one (gpu_worker.results); its request ends as shard_failed, so say why.
+                log.error("result line %d of %s is %d bytes, over %d: its request is reported unrun", raw.number,
+                          key, raw.size, MAX_RESULT_LINE, extra={"batch_id": batch_id})
+                continue
             if not raw.data:
                 continue
             summary = summarize_result_line(raw.data)

@@ -18,6 +18,20 @@ UNRUN_MESSAGES = {
 }
 
 
+# The longest result line Finalize reads back (and so the longest a worker may write): bounded memory per line.
+MAX_RESULT_LINE = 64 * 1024 * 1024
+
+
+def oversized_result_line(batch_id: str, custom_id: str, size: int) -> bytes:
+    """What a worker writes instead of a result line over MAX_RESULT_LINE: that request's own error."""
+    return dumps_line({
+        "id": batch_request_id(batch_id, custom_id), "custom_id": custom_id, "response": None,
+        "error": {"code": "result_too_large", "message": (
+            f"The response to this request is {size} bytes, over the {MAX_RESULT_LINE}-byte limit of one "
+            "result line; ask for fewer tokens, choices or inputs.")},
+    })
+
+
 def unrun_line(batch_id: str, custom_id: str, code: str) -> bytes:
     return dumps_line({
         "id": batch_request_id(batch_id, custom_id), "custom_id": custom_id, "response": None,
