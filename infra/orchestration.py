@@ -10,6 +10,7 @@ import jsii
 from aws_cdk import aws_batch as batch
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
@@ -34,6 +35,7 @@ TASK_HANDLERS: Mapping[str, str] = {
     "plan": "functions.tasks.plan.handler",
     "finalize": "functions.tasks.finalize.handler",
     "notify": "functions.tasks.notify.handler",
+    "capacity": "functions.tasks.capacity.handler",
 }
 SWEEP_HANDLER = "functions.tasks.sweep.handler"
 TASK_TIMEOUTS: Mapping[str, cdk.Duration] = {
@@ -42,6 +44,7 @@ TASK_TIMEOUTS: Mapping[str, cdk.Duration] = {
     "plan": cdk.Duration.minutes(5),
     "finalize": cdk.Duration.minutes(15),
     "notify": cdk.Duration.minutes(2),
+    "capacity": cdk.Duration.minutes(1),
 }
 
 
@@ -74,11 +77,8 @@ class Orchestration(Construct):
         task_environment: Mapping[str, Mapping[str, str]],
         sweeper_environment: Mapping[str, str],
         bucket: s3.IBucket,
-        job_queue: batch.IJobQueue,
+        job_queues: list[batch.IJobQueue],
         max_concurrency: int,
-        shard_retry_attempts: int,
-        shard_retry_interval: cdk.Duration,
-        shard_retry_backoff: float,
         execution_timeout: cdk.Duration,
         log_retention: logs.RetentionDays,
     ) -> None:
@@ -107,34 +107,55 @@ class Orchestration(Construct):
         finalize = invoke("finalize", result_path=sfn.JsonPath.DISCARD)
         notify = invoke("notify", result_path=sfn.JsonPath.DISCARD)
 
-        run_shard = tasks.BatchSubmitJob(
-            self, "RunShard",
-            job_name=sfn.JsonPath.format("{}-{}", sfn.JsonPath.string_at("$.batch_id"),
-                                         sfn.JsonPath.string_at("$.shard_id")),
-            job_queue_arn=job_queue.job_queue_arn,
-            # The model's job definition (GPUs, memory, shared memory), named by Plan in the shard's manifest item.
-            job_definition_arn=sfn.JsonPath.string_at("$.job_definition"),
-            container_overrides=tasks.BatchContainerOverrides(environment={
-                "NIGHTBATCH_BATCH_ID": sfn.JsonPath.string_at("$.batch_id"),
-                "NIGHTBATCH_SHARD_ID": sfn.JsonPath.string_at("$.shard_id"),
-            }),
-            integration_pattern=sfn.IntegrationPattern.RUN_JOB,
-            result_path=sfn.JsonPath.DISCARD,
+        # Per shard: Capacity decides the queue (Spot first, on-demand when the batch's slack runs out or Spot fails
+        # it), priority (earliest deadline first) and share (tenant); RunShard submits the model's job there. A
+        # failed attempt goes back to Capacity, which moves it, retries it with backoff, or gives it up: then
+        # Finalize finds no done marker and writes its unrun lines as `shard_failed`, so the iteration succeeds.
+        fields = ("batch_id", "shard_id", "job_definition", "capacity", "shard_error")
+        new_shard = sfn.Pass(self, "NewShard", parameters={
+            "version": 1, **{f"{f}.$": f"$.{f}" for f in fields[:3]}, "capacity": {}, "shard_error": {}})
+        capacity = tasks.LambdaInvoke(
+            self, "Capacity", lambda_function=self.tasks["capacity"].function,
+            payload=sfn.TaskInput.from_object({"version": 1, **{f"{f}.$": f"$.{f}" for f in fields}}),
+            payload_response_only=True, result_path="$.capacity",
         )
-        # Second retry layer; after it the shard is given up: Finalize finds no done marker for it and writes
-        # its unrun lines as `shard_failed`, so the iteration must succeed rather than fail the workflow.
-        run_shard.add_retry(errors=["States.TaskFailed"], max_attempts=shard_retry_attempts,
-                            interval=shard_retry_interval, backoff_rate=shard_retry_backoff)
-        # A caught failure's Cause is the whole Batch job description (kilobytes). The iteration keeps only the
-        # shard id and the error name: JSONPath has no substring to truncate the cause with (it stays in the
-        # workflow's log and in Batch). Bounded per shard, whatever the number of shards.
-        run_shard.add_catch(
-            sfn.Pass(self, "ShardGivenUp", parameters={
-                "shard_id": sfn.JsonPath.string_at("$.shard_id"),
-                "error": sfn.JsonPath.string_at("$.shard_error.Error"),
-            }),
-            errors=["States.ALL"], result_path="$.shard_error",
-        )
+        # A caught failure's Cause is the whole Batch job description (kilobytes): the given-up iteration keeps
+        # only the shard id and Capacity's decision, so its result stays bounded whatever the number of shards.
+        given_up = sfn.Pass(self, "ShardGivenUp", parameters={
+            "shard_id": sfn.JsonPath.string_at("$.shard_id"),
+            "capacity": sfn.JsonPath.object_at("$.capacity"),
+        })
+        wait = sfn.Wait(self, "Backoff", time=sfn.WaitTime.seconds_path("$.capacity.wait_seconds"))
+        # CustomState: CDK's BatchSubmitJob cannot pass ShareIdentifier / SchedulingPriorityOverride, which a
+        # fair-share queue requires (aws-gpu-fleet-notes §1.2).
+        run_shard = sfn.CustomState(self, "RunShard", state_json={
+            "Type": "Task",
+            "Resource": f"arn:{cdk.Aws.PARTITION}:states:::batch:submitJob.sync",
+            "Parameters": {
+                "JobName.$": "States.Format('{}-{}', $.batch_id, $.shard_id)",
+                "JobQueue.$": "$.capacity.queue",
+                # The model's job definition (GPUs, memory, shared memory), named by Plan in the manifest item.
+                "JobDefinition.$": "$.job_definition",
+                "ShareIdentifier.$": "$.capacity.share",
+                "SchedulingPriorityOverride.$": "$.capacity.priority",
+                "RetryStrategy.$": "$.capacity.retry_strategy",
+                "ContainerOverrides": {"Environment": [
+                    {"Name": "NIGHTBATCH_BATCH_ID", "Value.$": "$.batch_id"},
+                    {"Name": "NIGHTBATCH_SHARD_ID", "Value.$": "$.shard_id"},
+                ]},
+            },
+            # Keep the iteration's output small (CDK drops a null ResultPath from a CustomState).
+            "ResultSelector": {"JobId.$": "$.JobId", "Status.$": "$.Status"},
+            "ResultPath": "$.job",
+        })
+        # Transient Batch API errors (e.g. "Failed to create shareIdentifier") are retried in place.
+        run_shard.add_retry(errors=["Batch.ServerException", "Batch.AWSBatchException"], max_attempts=3,
+                            interval=cdk.Duration.seconds(5), backoff_rate=2.0)
+        run_shard.add_catch(capacity, errors=["States.ALL"], result_path="$.shard_error")
+        capacity.next(sfn.Choice(self, "RunOrGiveUp")
+                      .when(sfn.Condition.string_equals("$.capacity.action", "give_up"), given_up)
+                      .otherwise(wait.next(run_shard)))
+        self._job_queues = job_queues
 
         shards = sfn.DistributedMap(
             self, "Shards",
@@ -148,7 +169,7 @@ class Orchestration(Construct):
             result_writer_v2=sfn.ResultWriterV2(bucket=bucket, prefix=MAP_RESULTS_PREFIX),
             result_path=sfn.JsonPath.DISCARD,
         )
-        shards.item_processor(run_shard)
+        shards.item_processor(new_shard.next(capacity))
 
         # Finalize is idempotent (conditional writes from the expected status), so a transient failure of its
         # own is retried rather than leaving the batch open for the sweeper.
@@ -193,3 +214,12 @@ class Orchestration(Construct):
                                             event=events.RuleTargetInput.from_object({"version": TASK_VERSION}))],
         )
         self.state_machine.grant_start_execution(self.sweeper.role)
+        # What CDK's BatchSubmitJob would grant for .sync (the CustomState grants nothing itself).
+        stack = cdk.Stack.of(self)
+        self.state_machine.add_to_role_policy(iam.PolicyStatement(actions=["batch:SubmitJob"], resources=[
+            stack.format_arn(service="batch", resource="job-definition", resource_name="*"),
+            *(q.job_queue_arn for q in self._job_queues)]))
+        self.state_machine.add_to_role_policy(iam.PolicyStatement(
+            actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
+            resources=[stack.format_arn(service="events", resource="rule",
+                                        resource_name="StepFunctionsGetEventsForBatchJobsRule")]))

@@ -33,6 +33,7 @@ TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
     "api": (_GET, _QUERY, _PUT, _UPDATE, _DELETE),  # every resource's CRUD, keys, limits, idempotency
     "validate": (_GET, _UPDATE),  # batch and file items, queue quota
     "plan": (_GET, _UPDATE),
+    "capacity": (_GET, _UPDATE),  # reads the batch's window and tenant, records a move to on-demand
     "finalize": (_GET, _UPDATE, _PUT),  # registers the output and error File items
     "notify": (_GET, _UPDATE, _PUT, _QUERY),  # events, deliveries; the tenant's endpoints by owner
     "deliver": (_GET, _UPDATE),
@@ -94,6 +95,10 @@ class NightbatchStack(cdk.Stack):
             root_volume_throughput=config.worker_volume_throughput,
             root_volume_iops=config.worker_volume_iops,
             runnable_timeout=cdk.Duration.minutes(config.runnable_timeout_minutes),
+            spot_runnable_timeout=cdk.Duration.minutes(config.spot_runnable_minutes),
+            share_weights=config.fair_share.policy_weights(),
+            share_decay_seconds=config.fair_share.share_decay_seconds,
+            compute_reservation=config.fair_share.compute_reservation,
             job_timeout=cdk.Duration.hours(config.max_window_hours),
             environment=runtime,
             hf_token_secret_name=config.hf_token_secret,
@@ -136,14 +141,21 @@ class NightbatchStack(cdk.Stack):
                 # Plan names each shard's job definition (the model's) in the Map's manifest.
                 "plan": settings_environment({"job_definitions_json": cdk.Stack.of(self).to_json_string({
                     name: jd.job_definition_arn for name, jd in self.gpu.job_definitions.items()})}),
+                # Capacity picks each submission's queue (Spot, then on-demand), priority and share.
+                "capacity": settings_environment({
+                    "job_queues_json": cdk.Stack.of(self).to_json_string({
+                        kind: q.job_queue_arn for kind, q in self.gpu.queues.items()}),
+                    "capacity_margin_seconds": config.capacity_margin_minutes * 60,
+                    "shard_retry_attempts": config.shard_retry.max_attempts,
+                    "shard_retry_interval_seconds": config.shard_retry.interval_seconds,
+                    "shard_retry_backoff": config.shard_retry.backoff_rate,
+                }),
             },
-            sweeper_environment=settings_environment({"job_queue": self.gpu.queue.job_queue_arn}),
+            sweeper_environment=settings_environment({"job_queue": cdk.Fn.join(",", [
+                q.job_queue_arn for q in self.gpu.queues.values()])}),
             bucket=bucket,
-            job_queue=self.gpu.queue,
+            job_queues=list(self.gpu.queues.values()),
             max_concurrency=config.max_gpus,
-            shard_retry_attempts=config.shard_retry.max_attempts,
-            shard_retry_interval=cdk.Duration.seconds(config.shard_retry.interval_seconds),
-            shard_retry_backoff=config.shard_retry.backoff_rate,
             execution_timeout=cdk.Duration.hours(config.max_window_hours + config.finalize_margin_hours),
             log_retention=retention,
         )
@@ -178,7 +190,7 @@ class NightbatchStack(cdk.Stack):
         sweeper = self.orchestration.sweeper
         api_role = self.api.handler.role
         self.grant_objects(api_role, (FILES_PREFIX, BATCHES_PREFIX, UPLOADS_PREFIX), write=True)
-        for name in ("validate", "plan", "finalize"):
+        for name in ("validate", "plan", "finalize", "capacity"):
             self.grant_objects(tasks[name].role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
         # An uploaded input is read through its parts until composition finishes.
         self.grant_objects(tasks["validate"].role, (UPLOADS_PREFIX,), write=False)
@@ -231,7 +243,8 @@ class NightbatchStack(cdk.Stack):
         cdk.CfnOutput(self, "BucketName", value=bucket.bucket_name)
         cdk.CfnOutput(self, "TableName", value=table.table_name)
         cdk.CfnOutput(self, "StateMachineArn", value=state_machine.state_machine_arn)
-        cdk.CfnOutput(self, "JobQueueArn", value=self.gpu.queue.job_queue_arn)
+        for kind, queue in self.gpu.queues.items():
+            cdk.CfnOutput(self, "SpotQueueArn" if kind == "spot" else "OnDemandQueueArn", value=queue.job_queue_arn)
         cdk.CfnOutput(self, "TopicArn", value=self.notifications.topic.topic_arn)
         cdk.CfnOutput(self, "DashboardName", value=self.observability.dashboard.dashboard_name)
 

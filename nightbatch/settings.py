@@ -182,7 +182,16 @@ class Settings(BaseSettings):
     # Resources the deployed stack wires in (infra/ sets them; empty in the local mode until it needs them).
     # Plan: {"<model>": "<job definition ARN>"}, the job definition each shard of a model's batch runs with.
     job_definitions_json: str = ""
-    job_queue: str = ""  # AWS Batch queue ARN: the sweeper cancels a cancelled/expired batch's unstarted jobs
+    # Capacity (nightbatch/pipeline/capacity.py): {"spot": "<queue ARN>", "on-demand": "<queue ARN>"}; a batch
+    # moves to on-demand when its slack (time left - estimated remaining work) drops below the margin.
+    job_queues_json: str = ""
+    capacity_margin_seconds: float = 1800.0
+    # Failed attempts of a shard (other than a Spot shortage) retried on the same capacity, with backoff.
+    shard_retry_attempts: int = 2
+    shard_retry_interval_seconds: float = 60.0
+    shard_retry_backoff: float = 2.0
+    # AWS Batch queue ARNs (comma-separated): the sweeper cancels a cancelled/expired batch's unstarted jobs.
+    job_queue: str = ""
     webhook_queue_url: str = ""  # SQS queue Notify puts webhook deliveries on
     email_sender: str = ""  # verified SES sender address; empty disables e-mail notifications
     email_configuration_set: str = ""

@@ -22,6 +22,7 @@ from nightbatch.jsonl import split_lines
 from nightbatch.metrics import emit
 from nightbatch.phases import summarize as summarize_phases
 from nightbatch.pipeline import layout
+from nightbatch.pipeline.capacity import collect_decisions
 from nightbatch.pipeline.compose import PartComposer
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
 from nightbatch.pipeline.results import MAX_RESULT_LINE, Tally, digest, summarize_result_line, unrun_line
@@ -79,6 +80,9 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"])
     if times.phases:
         ext["phases"] = summarize_phases(times.phases)
+    decisions = collect_decisions(services, inp.batch_id)
+    if decisions:  # where each shard's jobs ran, and why (nightbatch/pipeline/capacity.py)
+        ext["capacity"] = decisions
     fields: dict[str, Any] = {
         "request_counts": {"total": tally.completed + tally.failed, "completed": tally.completed,
                            "failed": tally.failed},

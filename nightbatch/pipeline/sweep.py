@@ -73,11 +73,12 @@ def sweep(services: Services, *, stale_seconds: int = STALE_SECONDS,
 
 def _sweep_jobs(services: Services, t: int) -> list[str]:
     settings, table = services.settings, services.adapters.table
-    jobs = BatchJobs(client=services.adapters.client("batch"), queue=settings.job_queue)
+    every = [BatchJobs(client=services.adapters.client("batch"), queue=q.strip())
+             for q in settings.job_queue.split(",") if q.strip()]  # the Spot and on-demand queues
     cancelled: list[str] = []
     counts: dict[str, int] = {}
     oldest_runnable = 0
-    for status in ACTIVE:
+    for status, jobs in ((s, j) for s in ACTIVE for j in every):
         for job in jobs.jobs(status):
             counts[status] = counts.get(status, 0) + 1
             if status == "RUNNABLE":

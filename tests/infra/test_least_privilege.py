@@ -13,6 +13,7 @@ HANDLERS = {
     "plan": "functions.tasks.plan.handler", "finalize": "functions.tasks.finalize.handler",
     "notify": "functions.tasks.notify.handler", "deliver": "functions.tasks.deliver.handler",
     "sweep": "functions.tasks.sweep.handler", "compose_upload": "functions.tasks.compose_upload.handler",
+    "capacity": "functions.tasks.capacity.handler",
 }
 
 
