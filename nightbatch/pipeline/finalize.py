@@ -16,14 +16,15 @@ from typing import Any
 from nightbatch import lifecycle
 from nightbatch.accounting import collect_shard_times, cost_summary
 from nightbatch.clock import now
-from nightbatch.errors import StorageConflictError
+from nightbatch.errors import BatchItemTooLargeError, StorageConflictError
 from nightbatch.ids import derived_id
 from nightbatch.jsonl import split_lines
 from nightbatch.metrics import emit
+from nightbatch.phases import summarize as summarize_phases
 from nightbatch.pipeline import layout
 from nightbatch.pipeline.compose import PartComposer
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
-from nightbatch.pipeline.results import Tally, digest, summarize_result_line, unrun_line
+from nightbatch.pipeline.results import MAX_RESULT_LINE, Tally, digest, summarize_result_line, unrun_line
 from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore, LineWriter
@@ -32,7 +33,6 @@ from nightbatch.wire import TERMINAL_STATUSES
 
 log = logging.getLogger("nightbatch.finalize")
 UNRUN_CODE = {"cancelled": "batch_cancelled", "expired": "batch_expired", "completed": "shard_failed"}
-MAX_RESULT_LINE = 64 * 1024 * 1024
 READ_WHOLE_BYTES = 64 * 1024 * 1024  # checkpoint objects up to this size are read in one GET, larger streamed
 
 
@@ -48,6 +48,15 @@ def decide_target(batch: dict[str, Any]) -> str:
 
 
 def finalize_batch(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
+    try:
+        return _finalize(inp, services)
+    except BatchItemTooLargeError:
+        # lifecycle failed the batch for good (its item outgrew DynamoDB's limit); nothing is left to retry.
+        log.error("batch item too large; failed", extra={"batch_id": inp.batch_id})
+        return FinalizeOutput(batch_id=inp.batch_id, status="failed")
+
+
+def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     table = services.adapters.table
     batch = table.get(inp.batch_id)
     if batch is None:
@@ -68,6 +77,8 @@ def finalize_batch(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     times = collect_shard_times(services.adapters.blobs, [layout.batch_prefix(inp.batch_id) + "results/"])
     ext = dict(batch.get("ext") or {})
     ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"])
+    if times.phases:
+        ext["phases"] = summarize_phases(times.phases)
     fields: dict[str, Any] = {
         "request_counts": {"total": tally.completed + tally.failed, "completed": tally.completed,
                            "failed": tally.failed},
@@ -167,23 +178,31 @@ def _merge_results(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int
     sizes = PartStore(blobs).sizes(prefix)
     for key in sorted(k for k in sizes if k.endswith(".jsonl")):
         if sizes[key] > READ_WHOLE_BYTES:
-            _merge_streamed(blobs, key, seen, out, err, tally)
+            _merge_streamed(blobs, batch_id, key, seen, out, err, tally)
         else:
-            _merge_object(key, blobs.get_bytes(key) or b"", seen, out, err, tally)
+            _merge_object(batch_id, key, blobs.get_bytes(key) or b"", seen, out, err, tally)
 
 
-def _merge_object(key: str, data: bytes, seen: set[int], out: PartComposer, err: LineWriter,
+def _too_long(batch_id: str, key: str, number: int, size: int) -> None:
+    # Workers never write one (gpu_worker.results); its request ends as shard_failed, so say why.
+    log.error("result line %d of %s is %d bytes, over %d: its request is reported unrun", number, key, size,
+              MAX_RESULT_LINE, extra={"batch_id": batch_id})
+
+
+def _merge_object(batch_id: str, key: str, data: bytes, seen: set[int], out: PartComposer, err: LineWriter,
                   tally: Tally) -> None:
     """Runs of successful lines that need no rewrite go to the output as ranges of `key` (copied by S3 when
     big enough); everything else is written line by line."""
     view = memoryview(data)
     run = -1  # start of the current run of lines kept as they are
     pos = 0
-    for line in data.split(b"\n"):
+    for number, line in enumerate(data.split(b"\n"), 1):
         nxt = pos + len(line) + 1
         keep = False
         rewrite: bytes | None = None
-        if line and len(line) <= MAX_RESULT_LINE:
+        if len(line) > MAX_RESULT_LINE:
+            _too_long(batch_id, key, number, len(line))
+        elif line:
             clean = line[:-1] if line[-1] == 13 else line  # CRLF: the CR is dropped, as split_lines does
             summary = summarize_result_line(clean)
             d = digest(summary.custom_id)
@@ -208,9 +227,12 @@ def _merge_object(key: str, data: bytes, seen: set[int], out: PartComposer, err:
         out.add_range(key, run, view[run:min(pos, len(data))])
 
 
-def _merge_streamed(blobs: BlobStore, key: str, seen: set[int], out: PartComposer, err: LineWriter,
-                    tally: Tally) -> None:
+def _merge_streamed(blobs: BlobStore, batch_id: str, key: str, seen: set[int], out: PartComposer,
+                    err: LineWriter, tally: Tally) -> None:
     for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
+        if raw.data is None:
+            _too_long(batch_id, key, raw.number, raw.size)
+            continue
         if not raw.data:
             continue
         summary = summarize_result_line(raw.data)
