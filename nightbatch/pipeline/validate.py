@@ -135,8 +135,10 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
                 break
             continue
         if not errors:
+            # A line shorter than plan_prefix_chars bytes cannot hold a prompt that long: no need to look.
+            long_enough = settings.plan_prefix_groups and len(req.raw) >= settings.plan_prefix_chars
             group = prefix_group(req.body, groups=settings.plan_prefix_groups,
-                                 min_chars=settings.plan_prefix_chars) if settings.plan_prefix_groups else 0
+                                 min_chars=settings.plan_prefix_chars) if long_enough else 0
             writer.add(req.number, req.raw, req.est_tokens, group)
     if not errors and count == 0:
         errors.append(BatchError(code="empty_file", param=None, line=None,
