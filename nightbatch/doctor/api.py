@@ -118,6 +118,7 @@ def observe(client: openai.OpenAI, probe: Probe, batch: Batch, at: float) -> Non
 def _finished(client: openai.OpenAI, probe: Probe, batch: Batch, at: float) -> None:
     if probe.phase("model loaded").status == "pending":
         _model_loaded(probe, extension(batch))
+        probe.settle()
     counts = batch.request_counts
     if batch.status != "completed" or counts is None:
         if counts and counts.completed:
@@ -146,7 +147,7 @@ def _model_loaded(probe: Probe, ext: dict[str, Any]) -> None:
                 default=None)
     if first is not None:
         engine, start = float(first["engine_ready_s"]), float(first["container_start"])
-        loaded.status, loaded.took = "ok", round(engine, 2)
+        loaded.status = "ok"
         # Wall clocks of this machine and the worker's: fine to a second with NTP on both.
         loaded.at = round(max(0.0, start + engine - probe.created_at), 2) if probe.created_at else None
         weights = first.get("weights_ready_s")
@@ -161,7 +162,7 @@ def _model_loaded(probe: Probe, ext: dict[str, Any]) -> None:
         probe.skip("model loaded", "the server does not report it (batch.nightbatch.phases)")
         return
     running = probe.phase("job RUNNING").at
-    loaded.status, loaded.took = "ok", round(float(load), 2)
+    loaded.status = "ok"
     loaded.at = round(running + float(load), 2) if running is not None else None
     loaded.detail = "engine already warm" if load < 0.05 else f"{load:.1f} s loading the model (the worker's record)"
 
