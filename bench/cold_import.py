@@ -2,9 +2,12 @@
 
 Prints the median (min..max) of the handler's cumulative import time over `--repeat` runs, and the largest
 imports of the median run. `--asset DIR` imports from a built Lambda asset (what `infra/bundling.py` puts in
-the zip) instead of this checkout and its virtualenv. Goal: <= 400 ms.
+the zip; `-S`, so nothing else is importable) instead of this checkout and its virtualenv; `--build-asset`
+first builds one into DIR the way infra/bundling.py does, for this machine's platform and Python (the real
+asset is for Lambda's arm64 Python and cannot be imported here). Goal: <= 400 ms.
 
     .venv/bin/python -m bench.cold_import --repeat 9
+    .venv/bin/python -m bench.cold_import --repeat 9 --asset /tmp/api-asset --build-asset
 """
 
 from __future__ import annotations
@@ -39,12 +42,27 @@ def total_ms(rows: list[tuple[int, int, str]]) -> float:
     return next(c for _, c, n in rows if n.strip() == MODULE) / 1000
 
 
+def build_asset(out: Path) -> None:
+    import platform
+
+    from infra.bundling import PipLocalBundler, lambda_requirements
+
+    root = Path(__file__).resolve().parents[1]
+    out.mkdir(parents=True, exist_ok=True)
+    PipLocalBundler(root=root, requirements=lambda_requirements(root / "pyproject.toml"),
+                    python_version=f"{sys.version_info.major}.{sys.version_info.minor}",
+                    platform=f"manylinux2014_{platform.machine()}").try_bundle(str(out))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeat", type=int, default=9)
     p.add_argument("--asset", help="a built Lambda asset directory (default: this checkout)")
+    p.add_argument("--build-asset", action="store_true", help="build the asset into --asset first (pip)")
     p.add_argument("--top", type=int, default=12)
     args = p.parse_args()
+    if args.build_asset:
+        build_asset(Path(args.asset))
     path = args.asset or str(Path(__file__).resolve().parents[1])
     one_run(sys.executable, path, bool(args.asset))  # warm-up (page cache, .pyc), discarded
     runs = [one_run(sys.executable, path, bool(args.asset)) for _ in range(args.repeat)]
