@@ -131,6 +131,7 @@ class Settings(BaseSettings):
 
     # Resources the deployed stack wires in (infra/ sets them; empty in the local mode until it needs them).
     job_queue: str = ""  # AWS Batch queue ARN: the sweeper cancels a cancelled/expired batch's unstarted jobs
+    notify_function: str = ""  # the Notify Lambda: the sweeper re-invokes it for events with channels pending
     webhook_queue_url: str = ""  # SQS queue Notify puts webhook deliveries on
     email_sender: str = ""  # verified SES sender address; empty disables e-mail notifications
     email_configuration_set: str = ""
