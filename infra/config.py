@@ -33,6 +33,7 @@ CONTEXT_KEYS = (
     "alarms",
     "api",
     "logRetentionDays",
+    "concurrency",
     "retainData",
 )
 
@@ -233,6 +234,16 @@ class ApiOptions(_Strict):
     memory_mb: int = Field(1024, alias="memoryMb", ge=128)
 
 
+class Concurrency(_Strict):
+    """Reserved concurrency (0 = none): the workflow's Lambdas always have room, and the API, which anyone with a
+    key (or none) can call, cannot take the whole account's concurrency from them. Needs the account's limit to
+    exceed the sum by 100 (AWS keeps 100 unreserved)."""
+
+    api: int = Field(50, ge=0)
+    workflow: int = Field(10, ge=0)  # each of validate, plan, finalize, notify, deliver, compose_upload
+    sweep: int = Field(1, ge=0)
+
+
 class DeployConfig(_Strict):
     """Everything per stage that shapes the stack; nothing here is looked up from AWS at synth."""
 
@@ -261,6 +272,7 @@ class DeployConfig(_Strict):
     notifications: Notifications = Notifications()
     alarms: Alarms = Alarms()
     api: ApiOptions = ApiOptions()
+    concurrency: Concurrency = Concurrency()
     log_retention_days: int = Field(30, alias="logRetentionDays")
     # Keep the bucket and table on `cdk destroy` (the user's files and batch history).
     retain_data: bool = Field(True, alias="retainData")

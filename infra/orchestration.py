@@ -38,6 +38,7 @@ TASK_HANDLERS: Mapping[str, str] = {
     "capacity": "functions.tasks.capacity.handler",
 }
 SWEEP_HANDLER = "functions.tasks.sweep.handler"
+NOTIFY_RETRY_ATTEMPTS = 5
 TASK_TIMEOUTS: Mapping[str, cdk.Duration] = {
     # Validate and Finalize stream whole files (up to 200 MB) through the function.
     "validate": cdk.Duration.minutes(15),
@@ -175,6 +176,11 @@ class Orchestration(Construct):
         # own is retried rather than leaving the batch open for the sweeper.
         finalize.add_retry(errors=["States.TaskFailed"], max_attempts=2, interval=cdk.Duration.seconds(10),
                            backoff_rate=3.0)
+        # Notify is idempotent (each channel marks what it sent), so any failure of its own — an SES throttle, an
+        # SQS send — is retried with backoff for about a quarter of an hour; after that the sweeper re-drives the
+        # event, which stays open until every channel is done (nightbatch.pipeline.sweep).
+        notify.add_retry(errors=["States.TaskFailed"], max_attempts=NOTIFY_RETRY_ATTEMPTS,
+                         interval=cdk.Duration.seconds(30), backoff_rate=2.0, max_delay=cdk.Duration.minutes(5))
         # Finalize always runs: any unexpected failure before it is caught into it.
         for state in (validate, plan, shards):
             state.add_catch(finalize, errors=["States.ALL"], result_path="$.error")
@@ -204,7 +210,8 @@ class Orchestration(Construct):
             description="nightbatch sweeper: re-drives stuck batches, finalizes abandoned ones, cancels their "
                         "queued jobs, emits gauges",
             environment={**environment, **sweeper_environment,
-                         **settings_environment({"state_machine_arn": self.state_machine.state_machine_arn})},
+                         **settings_environment({"state_machine_arn": self.state_machine.state_machine_arn,
+                                                 "notify_function": self.tasks["notify"].function.function_name})},
             # It finalizes abandoned batches inline (finalize_batch), so it gets Finalize's time.
             timeout=TASK_TIMEOUTS["finalize"], log_retention=log_retention,
         )
@@ -223,3 +230,4 @@ class Orchestration(Construct):
             actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
             resources=[stack.format_arn(service="events", resource="rule",
                                         resource_name="StepFunctionsGetEventsForBatchJobsRule")]))
+        self.tasks["notify"].function.grant_invoke(self.sweeper.role)

@@ -8,6 +8,7 @@ from typing import Any
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
@@ -225,6 +226,14 @@ class NightbatchStack(cdk.Stack):
         functions = {name: t.function for name, t in tasks.items()}
         functions.update(sweep=sweeper.function, api=self.api.handler.function,
                          compose_upload=self.uploads.composer.function, deliver=self.deliverer.function)
+        # Floods (M5): the workflow keeps its own room; the API is capped so one key cannot starve it.
+        limits = config.concurrency
+        for name, function in functions.items():
+            reserved = limits.api if name == "api" else limits.sweep if name == "sweep" else limits.workflow
+            if reserved:
+                cfn = function.node.default_child
+                assert isinstance(cfn, lambda_.CfnFunction)
+                cfn.reserved_concurrent_executions = reserved
         self.observability = Observability(
             self, "Observability",
             topic=self.notifications.topic,

@@ -192,6 +192,7 @@ class Settings(BaseSettings):
     shard_retry_backoff: float = 2.0
     # AWS Batch queue ARNs (comma-separated): the sweeper cancels a cancelled/expired batch's unstarted jobs.
     job_queue: str = ""
+    notify_function: str = ""  # the Notify Lambda: the sweeper re-invokes it for events with channels pending
     webhook_queue_url: str = ""  # SQS queue Notify puts webhook deliveries on
     email_sender: str = ""  # verified SES sender address; empty disables e-mail notifications
     email_configuration_set: str = ""

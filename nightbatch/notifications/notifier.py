@@ -19,7 +19,7 @@ from nightbatch.notifications import transport
 from nightbatch.notifications.delivery import Deliveries, Poster
 from nightbatch.notifications.email import compose, recipients
 from nightbatch.notifications.endpoints import WebhookEndpointService
-from nightbatch.notifications.events import mark_event, record_event
+from nightbatch.notifications.events import close_event, mark_event, record_event
 from nightbatch.notifications.models import DeliveryAttempt
 from nightbatch.notifications.queues import DeliveryQueue, InProcessQueue
 from nightbatch.notifications.targets import Resolver
@@ -92,7 +92,10 @@ class Notifier:
                 log.exception("notify %s: %s failed", batch_id, channel)
                 failed.append(channel)
         if failed:
+            # The step retries with backoff; past that the sweeper re-drives the still-open event.
             raise NotifyError(f"Notifying {batch_id} failed for: {', '.join(failed)}.")
+        if event.get("open_status"):
+            close_event(self.table, event["pk"])
         return result
 
     def _webhooks(self, batch: dict[str, Any], event: dict[str, Any], result: NotifyResult) -> None:

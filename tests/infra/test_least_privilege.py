@@ -7,6 +7,7 @@ from typing import Any
 
 from infra.stack import TABLE_ACTIONS
 from tests.infra.cfn import of_type
+from tests.infra.test_state_machine_definition import render_definition
 
 HANDLERS = {
     "api": "functions.api.handler.handler", "validate": "functions.tasks.validate.handler",
@@ -72,3 +73,28 @@ def test_each_lambda_holds_only_the_table_actions_it_calls(template: dict[str, A
         assert not {"dynamodb:PutItem", "dynamodb:DeleteItem"} & set(TABLE_ACTIONS[name])
     assert all(a not in {"dynamodb:BatchWriteItem", "dynamodb:Scan"} for acts in TABLE_ACTIONS.values()
                for a in acts)
+
+
+def test_notify_retries_task_failures_with_backoff_and_the_sweeper_may_redrive_it(
+        template: dict[str, Any]) -> None:
+    """M2."""
+    retry = render_definition(template)["States"]["Notify"]["Retry"]
+    task_failed = [r for r in retry if "States.TaskFailed" in r["ErrorEquals"]]
+    assert task_failed and task_failed[0]["MaxAttempts"] >= 3 and task_failed[0]["BackoffRate"] > 1
+    sweeper = next(f for f in of_type(template, "AWS::Lambda::Function").values()
+                   if f["Properties"]["Handler"] == "functions.tasks.sweep.handler")
+    assert "NIGHTBATCH_NOTIFY_FUNCTION" in sweeper["Properties"]["Environment"]["Variables"]
+    invoke = [st for st in _statements_of_role(template, _role_of(template, "functions.tasks.sweep.handler"))
+              if "lambda:InvokeFunction" in _list(st["Action"])]
+    assert invoke and all("NotifyFunction" in json.dumps(st["Resource"]) for st in invoke)
+
+
+def test_workflow_lambdas_reserve_concurrency_and_the_api_is_capped(template: dict[str, Any]) -> None:
+    """M5: one key flooding the API cannot take the concurrency Validate/Finalize/Notify need."""
+    reserved = {f["Properties"]["Handler"]: f["Properties"].get("ReservedConcurrentExecutions")
+                for f in of_type(template, "AWS::Lambda::Function").values()
+                if f["Properties"]["Handler"].startswith("functions.")}
+    assert reserved["functions.api.handler.handler"] == 50
+    for name in ("validate", "plan", "finalize", "notify", "deliver", "compose_upload"):
+        assert reserved[f"functions.tasks.{name}.handler"] == 10, name
+    assert reserved["functions.tasks.sweep.handler"] == 1
