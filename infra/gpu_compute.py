@@ -32,20 +32,26 @@ VLLM_CACHE_ENV = {
     "TRITON_CACHE_DIR": f"{CONTAINER_CACHE_DIR}/triton",
 }
 
-# The worker image's own ignore file (BuildKit reads it at build time; CDK does not, so it is merged here).
+# The worker image's own ignore file, an allow-list (BuildKit reads it at build time; CDK does not, so it is
+# passed as the asset's exclude: the staged context and the asset hash cover exactly what the image needs).
 WORKER_DOCKERIGNORE = "gpu_worker/Dockerfile.dockerignore"
-# Kept out of the build context cdk.out copies, beyond the ignore file: the CDK app and model weights.
-WORKER_IMAGE_EXCLUDE = [
-    ".git", ".venv*", "venv*", "cdk.out", "node_modules", "tests", "bench", "docs", "infra", "app.py",
-    "cdk.json", "cdk.context.json", "**/__pycache__", "**/*.pyc", "**/*.gguf", "**/*.safetensors",
-]
 
 
 def worker_image_excludes(repo_root: Path) -> list[str]:
-    ignore = repo_root / WORKER_DOCKERIGNORE
-    lines = ignore.read_text().splitlines() if ignore.exists() else []
-    patterns = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
-    return list(dict.fromkeys([*patterns, *WORKER_IMAGE_EXCLUDE]))
+    lines = (repo_root / WORKER_DOCKERIGNORE).read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def worker_image_asset(scope: Construct, id: str, repo_root: Path) -> ecr_assets.DockerImageAsset:
+    """The worker image: its hash (hence a rebuild and push) follows only the files the ignore file lets in."""
+    return ecr_assets.DockerImageAsset(
+        scope, id,
+        directory=str(repo_root),
+        file="gpu_worker/Dockerfile",
+        platform=ecr_assets.Platform.LINUX_AMD64,
+        exclude=worker_image_excludes(repo_root),
+        ignore_mode=cdk.IgnoreMode.DOCKER,
+    )
 
 
 # Formats and mounts the first instance-store NVMe as the model cache; without one the cache is on the root EBS.
@@ -187,13 +193,7 @@ class GpuCompute(Construct):
                 ],
             )
 
-        self.image = ecr_assets.DockerImageAsset(
-            self, "WorkerImage",
-            directory=str(repo_root),
-            file="gpu_worker/Dockerfile",
-            platform=ecr_assets.Platform.LINUX_AMD64,
-            exclude=worker_image_excludes(repo_root),
-        )
+        self.image = worker_image_asset(self, "WorkerImage", repo_root)
         self.log_group = logs.LogGroup(self, "WorkerLogs", retention=log_retention,
                                        removal_policy=cdk.RemovalPolicy.DESTROY)
         self.job_role = iam.Role(self, "JobRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
