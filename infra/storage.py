@@ -12,6 +12,8 @@ FILES_PREFIX = "files/"
 BATCHES_PREFIX = "batches/"
 UPLOADS_PREFIX = "uploads/"
 PREFIXES = (FILES_PREFIX, BATCHES_PREFIX, UPLOADS_PREFIX)
+# Model weights the GPU worker writes through from Hugging Face (gpu_worker/weight_cache.py); never expired.
+MODELS_PREFIX = "models/"
 
 # Files expire after 30 days by default (decision 11); the extra day lets the TTL delete metadata first.
 OBJECT_EXPIRY_DAYS = 31
