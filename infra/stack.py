@@ -43,7 +43,8 @@ TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
     # The GPU worker: only `batch_*` items (dynamodb:LeadingKeys), read for cancel/expiry, live counters added.
     "worker": (_GET, _UPDATE),
 }
-# Only what the worker reads and writes: its shard definitions, segments, results and checkpoints.
+# Only what the worker reads and writes: its shard definitions, segments, results and checkpoints, and the
+# models/ weight cache (the first job of a Hugging Face model writes its weights through; later jobs stream them).
 WORKER_PREFIXES = (BATCHES_PREFIX, MODELS_PREFIX)
 
 
@@ -200,7 +201,6 @@ class NightbatchStack(cdk.Stack):
         self.grant_objects(composer, (FILES_PREFIX, UPLOADS_PREFIX), write=True)
         for sender in (api_role, composer):
             self.uploads.queue.grant_send_messages(sender)
-        # models/: the first job of a Hugging Face model writes its weights through; later jobs stream them.
         self.grant_objects(self.gpu.job_role, WORKER_PREFIXES, write=True, list_only_prefixes=True)
         roles = {"api": api_role, "sweep": sweeper.role, "compose_upload": composer,
                  "deliver": self.deliverer.role, **{name: t.role for name, t in tasks.items()}}

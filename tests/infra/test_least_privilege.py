@@ -1,4 +1,5 @@
-"""M3: the GPU worker holds only its batch data and `batch_*` items; each Lambda only the table actions it calls."""
+"""M3: the GPU worker holds only batch data (and the weight cache) and `batch_*` items; each Lambda only the
+table actions it calls."""
 
 from __future__ import annotations
 
@@ -29,9 +30,8 @@ def _statements_of_role(template: dict[str, Any], role: str) -> list[dict[str, A
 
 
 def _worker_role(template: dict[str, Any]) -> str:
-    # One job definition per model, all running as the one worker role.
-    (role,) = {str(j["Properties"]["ContainerProperties"]["JobRoleArn"]["Fn::GetAtt"][0])
-               for j in of_type(template, "AWS::Batch::JobDefinition").values()}
+    (role,) = {str(d["Properties"]["ContainerProperties"]["JobRoleArn"]["Fn::GetAtt"][0])
+               for d in of_type(template, "AWS::Batch::JobDefinition").values()}
     return role
 
 
@@ -45,13 +45,13 @@ def test_the_worker_reads_and_writes_batches_only(template: dict[str, Any]) -> N
     s3 = [st for st in statements if any(a.startswith("s3:") for a in _list(st["Action"]))]
     objects = [st for st in s3 if "s3:GetObject" in _list(st["Action"]) or "s3:PutObject" in _list(st["Action"])]
     ours = [json.dumps(r) for st in objects for r in _list(st["Resource"]) if "Storage" in json.dumps(r)]
-    # batches/: its shards, segments, results; models/: the weight cache the first job of a model writes through.
+    # batches/ (shards, results) and the models/ weight cache; never files/ (every tenant's inputs) or uploads/.
     assert ours and all('"/batches/*"' in r or '"/models/*"' in r for r in ours), ours
     assert not any("/files/" in r or "/uploads/" in r for r in ours)
     listing = [st for st in s3 if "s3:ListBucket" in _list(st["Action"])
                and "Storage" in json.dumps(st["Resource"])]
-    prefixes = {"StringLike": {"s3:prefix": ["batches/*", "models/*"]}}
-    assert listing and all(st["Condition"] == prefixes for st in listing)
+    assert listing and all(st["Condition"] == {"StringLike": {"s3:prefix": ["batches/*", "models/*"]}}
+                           for st in listing)
 
 
 def test_the_worker_may_only_get_and_update_batch_items(template: dict[str, Any]) -> None:
