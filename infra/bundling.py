@@ -22,6 +22,8 @@ LAMBDA_EXTRA = "api"
 _SKIP_PARTS = frozenset({"__pycache__", "tests"})
 # The local stack (moto server, CPU engines) never runs in Lambda.
 _SKIP_DIRS = ("nightbatch/local/",)
+# ... except the chat templates the settings resolve (nightbatch.settings imports nightbatch.local.templates).
+_KEEP = ("nightbatch/local/__init__.py", "nightbatch/local/templates/")
 
 RUNTIME = lambda_.Runtime.PYTHON_3_14
 ARCHITECTURE = lambda_.Architecture.ARM_64
@@ -43,7 +45,8 @@ def _code_files(root: Path) -> Iterable[Path]:
         for path in sorted(base.rglob("*")):
             relative = path.relative_to(root)
             if (path.is_file() and not _SKIP_PARTS.intersection(relative.parts)
-                    and not relative.as_posix().startswith(_SKIP_DIRS) and path.suffix not in (".pyc", ".pyo")):
+                    and (not relative.as_posix().startswith(_SKIP_DIRS) or relative.as_posix().startswith(_KEEP))
+                    and path.suffix not in (".pyc", ".pyo")):
                 yield path
 
 

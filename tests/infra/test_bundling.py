@@ -32,7 +32,9 @@ def test_bundle_holds_the_lambda_packages_only(tmp_path: Path) -> None:
     assert top == {"nightbatch", "functions"}
     assert (tmp_path / "nightbatch" / "settings.py").is_file()
     assert not list(tmp_path.rglob("__pycache__")) and not list(tmp_path.rglob("*.pyc"))
-    assert not (tmp_path / "nightbatch" / "local").exists()
+    local = {p.relative_to(tmp_path / "nightbatch" / "local").as_posix()
+             for p in (tmp_path / "nightbatch" / "local").rglob("*") if p.is_file()}
+    assert local and all(name == "__init__.py" or name.startswith("templates/") for name in local), local
 
 
 def test_asset_hash_tracks_code_and_dependencies() -> None:

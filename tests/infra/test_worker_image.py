@@ -5,11 +5,13 @@ No Docker daemon runs here, so the image is not built; what would break `cdk dep
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import aws_cdk as cdk
 import pytest
@@ -52,7 +54,8 @@ def _append(path: str, text: str = "\n# edited\n") -> Callable[[Path], None]:
 UNRELATED = ["README.md", "docs/DEPLOY.md", "functions/api/app.py", "functions/tasks/plan.py", "scripts/new-script",
              "infra/stack.py", "tests/infra/test_worker_image.py", "bench/README.md", "nightbatch/local/stack.py",
              "app.py", "cdk.json"]
-IMAGE_INPUTS = ["gpu_worker/main.py", "gpu_worker/Dockerfile", "nightbatch/settings.py", "pyproject.toml"]
+IMAGE_INPUTS = ["gpu_worker/main.py", "gpu_worker/Dockerfile", "nightbatch/settings.py", "pyproject.toml",
+                "nightbatch/local/templates/__init__.py"]
 
 
 def test_only_the_image_s_inputs_feed_its_hash(repo_copy: Path) -> None:
@@ -104,3 +107,19 @@ def test_worker_requirements_resolve_with_the_pinned_cuda_vllm(tmp_path: Path) -
     assert result.returncode == 0, result.stderr[-4000:]
     assert "resolvable" in result.stdout and "vllm " in result.stdout
     print("\n" + result.stdout.strip())
+
+
+def test_the_staged_context_holds_every_module_the_worker_imports(synth: Any) -> None:
+    """The image's code is exactly the staged context: the worker's entry point and everything of nightbatch it
+    imports load from there (third-party packages from this venv stand in for the image's)."""
+    assets = json.loads((synth.outdir / f"{synth.stack.stack_name}.assets.json").read_text())
+    (image,) = assets["dockerImages"].values()
+    context = synth.outdir / image["source"]["directory"]
+    probe = ("import sys; sys.path.insert(0, sys.argv[1]); import gpu_worker.main, gpu_worker.model_prep; "
+             "mods = [m.__file__ for n, m in list(sys.modules.items()) "
+             "if n.split('.')[0] in ('nightbatch', 'gpu_worker') and getattr(m, '__file__', None)]; "
+             "bad = [f for f in mods if not f.startswith(sys.argv[1])]; print(len(mods)); assert not bad, bad")
+    result = subprocess.run([sys.executable, "-I", "-c", probe, str(context)], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert int(result.stdout.split()[-1]) > 10
