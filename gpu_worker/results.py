@@ -52,10 +52,13 @@ def result_line(batch_id: str, custom_id: str, request_id: str, reply: EngineRep
 
 
 def usage_tokens(body: dict[str, Any]) -> tuple[int, int]:
-    """(prompt, completion) tokens from an OpenAI body's `usage`; embeddings have no completion tokens."""
+    """(prompt, completion) tokens from an OpenAI body's `usage`; embeddings have no completion tokens, and a
+    Responses object names them input_tokens / output_tokens."""
     usage = body.get("usage")
     if not isinstance(usage, dict):
         return 0, 0
+    if "input_tokens" in usage:
+        return _int(usage.get("input_tokens")), _int(usage.get("output_tokens"))
     return _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
 
 

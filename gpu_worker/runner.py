@@ -36,7 +36,7 @@ from nightbatch.storage import BlobStore, Table
 
 log = logging.getLogger("gpu_worker.runner")
 
-GENERATE_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+GENERATE_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 # Lines read from S3 per thread hop; the read-ahead is bounded by this plus max_in_flight.
 READ_BLOCK = 256
 
@@ -79,6 +79,8 @@ def with_default_max_tokens(endpoint: str, body: dict[str, Any], default: int) -
     "the rest of the context", which lets one request hold a GPU for minutes)."""
     if endpoint not in GENERATE_ENDPOINTS or default <= 0:
         return body
+    if endpoint == "/v1/responses":
+        return body if body.get("max_output_tokens") is not None else {**body, "max_output_tokens": default}
     if body.get("max_tokens") is not None or body.get("max_completion_tokens") is not None:
         return body
     return {**body, "max_tokens": default}
@@ -89,7 +91,10 @@ async def preflight(job: ShardJob, *, blobs: BlobStore, table: Table) -> str | N
     reason = await read_stop_reason(table, job.batch_id)
     if reason is not None:
         return reason
-    if await asyncio.to_thread(blobs.exists, done_key(results_prefix(job.batch_id, job.shard_id))):
+    done = done_key(results_prefix(job.batch_id, job.shard_id))
+    # Listed, not HEADed: the worker may list only under batches/ (infra/stack.py), and S3 may then answer a
+    # HEAD of a missing key with 403 rather than 404.
+    if any(key == done for key in await asyncio.to_thread(lambda: list(blobs.list_keys(done)))):
         return "already_done"
     return None
 

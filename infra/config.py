@@ -125,6 +125,12 @@ class DeployedModel(_Strict):
                 f"model {spec.name!r}: in AWS the weight source must be 's3://bucket/prefix' or 'hf:org/name'"
                 f" (got {spec.source!r})"
             )
+        template = spec.chat_template
+        if template is not None and not template.startswith("nightbatch:") and not any(c in template for c in "{}"):
+            raise ValueError(
+                f"model {spec.name!r}: in AWS chat_template must be the template itself or 'nightbatch:<file>'"
+                " (a path on this machine does not exist in the worker image)"
+            )
         return spec
 
 

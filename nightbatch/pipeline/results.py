@@ -103,6 +103,12 @@ class Tally:
 
     def add_success(self, usage: dict[str, Any]) -> None:
         self.completed += 1
+        if "input_tokens" in usage:  # a Responses object's usage has the batch's own field names
+            self.input_tokens += int(usage.get("input_tokens") or 0)
+            self.output_tokens += int(usage.get("output_tokens") or 0)
+            self.cached_tokens += int((usage.get("input_tokens_details") or {}).get("cached_tokens") or 0)
+            self.reasoning_tokens += int((usage.get("output_tokens_details") or {}).get("reasoning_tokens") or 0)
+            return
         self.input_tokens += int(usage.get("prompt_tokens") or 0)
         self.output_tokens += int(usage.get("completion_tokens") or 0)
         details = usage.get("prompt_tokens_details") or {}
