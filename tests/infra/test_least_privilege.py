@@ -48,7 +48,8 @@ def test_the_worker_reads_and_writes_batches_only(template: dict[str, Any]) -> N
     assert not any("/files/" in r or "/uploads/" in r for r in ours)
     listing = [st for st in s3 if "s3:ListBucket" in _list(st["Action"])
                and "Storage" in json.dumps(st["Resource"])]
-    assert listing and all(st["Condition"] == {"StringLike": {"s3:prefix": ["batches/*", "models/*"]}} for st in listing)
+    prefixes = {"StringLike": {"s3:prefix": ["batches/*", "models/*"]}}
+    assert listing and all(st["Condition"] == prefixes for st in listing)
 
 
 def test_the_worker_may_only_get_and_update_batch_items(template: dict[str, Any]) -> None:
