@@ -75,7 +75,7 @@ def request_line(model: str, endpoint: str) -> dict[str, Any]:
         body = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": MAX_TOKENS,
                 "temperature": 0}
     else:  # e.g. /v1/responses
-        body = {"model": model, "input": PROMPT, "max_output_tokens": 16}
+        body = {"model": model, "input": PROMPT, "max_output_tokens": MAX_TOKENS, "temperature": 0}
     return {"custom_id": "doctor-1", "method": "POST", "url": endpoint, "body": body}
 
 
