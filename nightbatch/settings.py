@@ -100,6 +100,8 @@ class Settings(BaseSettings):
     # which multiplies the GPU work a line asks for. 0 = no cap.
     max_embedding_inputs_per_request: int = 2048
     max_choices_per_request: int = 16
+    # Comma-separated https hosts whose image/audio/video URLs requests may name; empty: inline data: URLs only.
+    media_allowed_domains: str = ""
     max_reported_errors: int = 1000
     max_completion_window_hours: int = 168
 
@@ -120,6 +122,12 @@ class Settings(BaseSettings):
     # > 0: a fixed number of estimated tokens per shard instead (tests and benches use it).
     shard_target_tokens: int = 0
     shards_per_gpu: int = 3
+    # Prefix-aware placement (nightbatch/pipeline/placement.py): prompts of at least `plan_prefix_chars`
+    # characters are grouped by the hash of that head into `plan_prefix_groups` groups (0 = off), and Plan
+    # keeps each group in as few shards as balance allows, so a shared system prompt is prefilled once per
+    # shard it lands in rather than in every shard. Costs one open segment buffer per group in Validate.
+    plan_prefix_groups: int = 8
+    plan_prefix_chars: int = 1024
     max_gpus: int = 4
     # Estimated tokens (prompt + expected output) one GPU processes per second, and one shard's cold start.
     # Defaults: an 8B model on one L40S/L4-class GPU (bench/cost: ~1.6k-5k output tok/s at 1:1 in/out) and
@@ -165,6 +173,8 @@ class Settings(BaseSettings):
     limit_queued_tokens: int = 50_000_000
     limit_batches_in_flight: int = 1000
     limit_requests_per_minute: int = 6000
+    # Bytes a tenant's uploaded files and open Uploads may hold (batch outputs are not counted).
+    limit_stored_bytes: int = 100 * 1024**3
     # Retry-After sent with a 429 for too many batches in flight (the SDK honours values up to 60 s).
     limit_in_flight_retry_after: int = 30
     tenant_limits_json: str = ""
@@ -219,6 +229,8 @@ class Settings(BaseSettings):
     # Private and loopback webhook targets (the local stack allows them; never in AWS). Link-local (instance
     # metadata), multicast, reserved and unspecified addresses are refused regardless.
     allow_private_targets: bool = False
+    # Webhook endpoints one tenant may register (every event fans out to each); 0 = no cap.
+    max_webhook_endpoints: int = 20
     # Comma-separated addresses e-mailed about every terminal batch (the operator's own; not domain-checked).
     email_recipients: str = ""
     # Download links in e-mails: how long they stay valid (a mailbox is not a vault: a day, then the dashboard

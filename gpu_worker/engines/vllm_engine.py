@@ -253,11 +253,11 @@ def _split_args(
     }
     if spec.task == "embed":
         engine_kwargs["runner"] = "pooling"
-    if spec.reasoning_parser:
-        engine_kwargs["reasoning_parser"] = spec.reasoning_parser
     if load_format:
         # Run:ai streamer: safetensors read from S3 straight into GPU memory, config/tokenizer copied locally.
         engine_kwargs["load_format"] = load_format
+    if spec.reasoning_parser:
+        engine_kwargs["reasoning_parser"] = spec.reasoning_parser
     if on_cpu:
         # torch.compile costs 60-80 s per start on CPU for a 10-17 % gain (local-engines.md §2).
         engine_kwargs["enforce_eager"] = True

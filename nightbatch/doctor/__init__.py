@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 DEFAULT_TIMEOUT = 1800.0  # a first GPU job on a new deployment: instance launch, ~10 GB image pull, weights
@@ -55,6 +56,11 @@ def handle(args: argparse.Namespace) -> int:
             stack = StackWatcher.open(args.stack, region=args.region)
             base_url = base_url or stack.outputs.get("ApiUrl")
             watchers.append(stack)
+            secret = stack.outputs.get("ApiKeysSecret")
+            if not (args.api_key or os.environ.get("NIGHTBATCH_API_KEY")) and secret:
+                raise CommandError(f"no API key given: pass --api-key; the stack's first key is in {secret} "
+                                   f"(`aws secretsmanager get-secret-value --secret-id {secret} --query "
+                                   "SecretString --output text`)")
         target = resolve_target(base_url, args.api_key)
         client = connect(target)
         if not args.stack:

@@ -99,7 +99,9 @@ class WebhookWatcher:
             got = self.receiver.received.get(probe.batch_id)
             if got is not None:
                 when, kind = got
-                probe.reach("notification", at - (self.clock() - when), detail=f"webhook {kind} received")
+                # Finalize is seen at a poll, the event when it lands: never show the event before the poll.
+                received = max(at - (self.clock() - when), probe.phase("finalize").at or 0.0)
+                probe.reach("notification", received, detail=f"webhook {kind} received")
             return
         for endpoint in self.existing:
             if self._delivered(probe, endpoint, at):

@@ -32,7 +32,8 @@ def test_bucket_is_private_encrypted_tls_only_and_expires_files(template: dict[s
     rules = {r["Id"]: r for r in bucket["LifecycleConfiguration"]["Rules"]}
     for prefix in ("files", "batches", "uploads"):
         assert rules[f"expire-{prefix}"]["Prefix"] == f"{prefix}/"
-        assert rules[f"expire-{prefix}"]["ExpirationInDays"] == 31
+        # M6: upload parts go after 2 days (an Upload lives an hour); files and batch data after 31.
+        assert rules[f"expire-{prefix}"]["ExpirationInDays"] == (2 if prefix == "uploads" else 31)
     assert rules["abort-incomplete-multipart"]["AbortIncompleteMultipartUpload"] == {"DaysAfterInitiation": 1}
     policy = _props(one_of_type(template, "AWS::S3::BucketPolicy"))["PolicyDocument"]["Statement"]
     assert any(s["Effect"] == "Deny" and s["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
