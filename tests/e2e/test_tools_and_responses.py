@@ -1,5 +1,6 @@
 """Tool calls, structured outputs and the Responses API through `nightbatch local` with the OpenAI SDK: one batch
-mixes named and `required` tool choices, JSON-schema lines and plain lines; a /v1/responses batch returns
+mixes named, `required`, `auto` and `none` tool choices, JSON-schema lines, plain lines and one line over the
+logprobs limit; a /v1/responses batch returns
 Responses objects with counted usage; a model without a tool-call parser refuses `tools` lines by name."""
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ def test_tool_calls_json_schemas_and_plain_lines_in_one_batch(local_stack: Local
              parallel_tool_calls=False),
         chat("required-2", "Weather in Lima, in fahrenheit?", tools=TOOLS, tool_choice="required",
              parallel_tool_calls=False),
+        # The model decides (auto), or may not call (none): either way the answer is well formed.
+        chat("auto-1", "What is the weather in Rome, in celsius?", tools=TOOLS, max_tokens=64),
+        chat("none-1", "What is the weather in Rome?", tools=TOOLS, tool_choice="none", max_tokens=12),
         chat("schema-1", "Invent a person.", response_format={"type": "json_schema", "json_schema": {
             "name": "person", "schema": PERSON, "strict": True}}),
         chat("schema-2", "Describe a pilot.", response_format={"type": "json_schema", "json_schema": {
@@ -120,6 +124,10 @@ def test_tool_calls_json_schemas_and_plain_lines_in_one_batch(local_stack: Local
                 assert finish == "tool_calls"
             arguments = json.loads(call["function"]["arguments"])
             assert matches(schemas[call["function"]["name"]], arguments), arguments
+        elif custom_id == "auto-1":
+            for call in message.get("tool_calls") or []:
+                assert matches(schemas[call["function"]["name"]], json.loads(call["function"]["arguments"]))
+            assert message.get("tool_calls") or message["content"]
         elif custom_id.startswith("schema"):
             assert matches(PERSON, json.loads(message["content"])), message["content"]
         else:
