@@ -100,6 +100,8 @@ class Settings(BaseSettings):
     # which multiplies the GPU work a line asks for. 0 = no cap.
     max_embedding_inputs_per_request: int = 2048
     max_choices_per_request: int = 16
+    # Comma-separated https hosts whose image/audio/video URLs requests may name; empty: inline data: URLs only.
+    media_allowed_domains: str = ""
     max_reported_errors: int = 1000
     max_completion_window_hours: int = 168
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +120,7 @@ class Validator:
                 raise LineInvalid("invalid_request", "Messages parameter is required.", "body.messages")
             check_tools(spec, body)
             check_template_kwargs(body)
+            check_media(self.settings, messages)
             return _estimate(line_bytes) + out * _choices(self.settings, body)
         if self.endpoint == "/v1/responses":
             return _estimate(line_bytes) + check_responses(spec, body, self.settings.default_max_tokens)
@@ -153,6 +155,36 @@ def _stdlib_parse(number: int, data: bytes) -> Any:
         raise LineInvalid("invalid_json_line", "This line is not parseable as valid JSON.") from e
     except RecursionError:
         raise LineInvalid("invalid_json_line", _TOO_DEEP) from None
+
+
+MEDIA_PARTS = ("image_url", "video_url", "audio_url")
+
+
+def check_media(settings: Settings, messages: list[Any]) -> None:
+    """Multimodal parts: inline `data:` URLs only, unless NIGHTBATCH_MEDIA_ALLOWED_DOMAINS names https hosts
+    the engine may fetch from (a GPU worker fetching any URL a tenant names would reach its VPC and the
+    instance metadata service)."""
+    allowed = {d.strip().lower() for d in settings.media_allowed_domains.split(",") if d.strip()}
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if not isinstance(part, dict):
+                continue
+            for kind in MEDIA_PARTS:
+                ref = part.get(kind)
+                url = ref.get("url") if isinstance(ref, dict) else ref
+                if url is None:
+                    continue
+                if isinstance(url, str) and url.startswith("data:"):
+                    continue
+                m = re.match(r"^https://([^/:?#@]+)(?::443)?(?:[/?#]|$)", url) if isinstance(url, str) else None
+                if m is None or m.group(1).lower() not in allowed:
+                    raise LineInvalid(
+                        "invalid_value", f"Invalid '{kind}.url': only data: URLs are accepted"
+                        + (f", or https URLs on {', '.join(sorted(allowed))}" if allowed else "") + ".",
+                        f"body.messages[{i}].content[{j}].{kind}.url")
 
 
 def _choices(settings: Settings, body: dict[str, Any]) -> int:

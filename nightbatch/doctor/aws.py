@@ -86,7 +86,8 @@ class StackWatcher:
                 detail = f"{kind} environment {ce.name} is {ce.state}/{ce.status}: {ce.status_reason}".rstrip(": ")
                 remedy = ("fix what statusReason names, then `aws batch update-compute-environment "
                           f"--compute-environment {ce.name} --state ENABLED`")
-                if ce.spot and "spot" in ce.status_reason.lower() and "role" in ce.status_reason.lower():
+                reason = ce.status_reason.lower()
+                if ce.spot and ("servicelinkedrole" in reason or ("spot" in reason and "role" in reason)):
                     remedy = spot_role_missing()
                 report.add(Check("compute", "failed", detail, remedy))
                 self.blocked.append((detail, remedy))
@@ -141,26 +142,27 @@ class StackWatcher:
         self.blocked.append((detail, spot_role_missing()))
 
     def _hf_token(self, report: Report) -> None:
+        """Every job definition of the stack (one per model, or one for all) that injects HF_TOKEN: does its
+        secret exist? ECS refuses to start a job whose secret is missing."""
         try:
             definitions = self.account.stack_resources(self.stack, "AWS::Batch::JobDefinition")
-            secrets = self.account.job_definition_secrets(definitions[0]) if definitions else {}
+            secrets = {s for d in definitions if (s := self.account.job_definition_secrets(d).get(HF_TOKEN_ENV))}
         except AccountReadError as e:
             report.add(Check("HF token", "warn", f"could not read the job definition: {e}"))
             return
-        secret = secrets.get(HF_TOKEN_ENV)
-        if secret is None:
+        if not secrets:
             report.add(Check("HF token", "ok", "none configured: public models only (gated ones fail to download)"))
-            return
-        try:
-            exists = self.account.secret_exists(secret)
-        except AccountReadError as e:
-            report.add(Check("HF token", "warn", f"could not read {secret}: {e}"))
-            return
-        if exists:
-            report.add(Check("HF token", "ok", f"{HF_TOKEN_ENV} from {secret}"))
-        else:
-            report.add(Check("HF token", "failed", f"the secret {secret} does not exist: every job fails to start",
-                             hf_secret_missing(secret)))
+        for secret in sorted(secrets):
+            try:
+                exists = self.account.secret_exists(secret)
+            except AccountReadError as e:
+                report.add(Check("HF token", "warn", f"could not read {secret}: {e}"))
+                continue
+            if exists:
+                report.add(Check("HF token", "ok", f"{HF_TOKEN_ENV} from {secret}"))
+            else:
+                report.add(Check("HF token", "failed", f"the secret {secret} does not exist: jobs fail to start",
+                                 hf_secret_missing(secret)))
 
     def _ses(self, report: Report) -> None:
         try:
@@ -260,13 +262,14 @@ class StackWatcher:
                     "no capacity for these instance types right now, or the account limits them: check the "
                     "compute environment's events and EC2 quotas; with Spot only, allow on-demand "
                     "(cdk.json `capacity`) or add instance types (`gpuInstanceTypes`)")
-        if phase.name == "job queued" and self.state_machine:
+        if phase.name in ("validate", "job queued") and self.state_machine:
             execution = self.account.execution(self.state_machine, probe.batch_id)
             if execution is None:
                 return ("no Step Functions execution for the batch",
                         "the API could not start it: look at the API Lambda's log; the sweeper retries every 5 min")
-            states = [name for _, kind, name in execution.events if kind == "TaskStateEntered"]
-            return (f"no AWS Batch job yet; the execution is {execution.status}, last state "
+            states = [name for _, kind, name in execution.events if kind.endswith("StateEntered")]
+            where = "Validate has not finished" if phase.name == "validate" else "no AWS Batch job yet"
+            return (f"{where}; the execution is {execution.status}, last state "
                     f"{states[-1] if states else 'none'}",
                     "open the execution in the Step Functions console (its name is the batch id)")
         if phase.name in ("model loaded", "first result"):

@@ -183,7 +183,7 @@ def _merge_results(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int
             _merge_object(batch_id, key, blobs.get_bytes(key) or b"", seen, out, err, tally)
 
 
-def _too_long(batch_id: str, key: str, number: int, size: int) -> None:
+def _unreadable(batch_id: str, key: str, number: int, size: int) -> None:
     # Workers never write one (gpu_worker.results); its request ends as shard_failed, so say why.
     log.error("result line %d of %s is %d bytes, over %d: its request is reported unrun", number, key, size,
               MAX_RESULT_LINE, extra={"batch_id": batch_id})
@@ -201,8 +201,8 @@ def _merge_object(batch_id: str, key: str, data: bytes, seen: set[int], out: Par
         keep = False
         rewrite: bytes | None = None
         if len(line) > MAX_RESULT_LINE:
-            _too_long(batch_id, key, number, len(line))
-        elif line:
+            _unreadable(batch_id, key, number, len(line))
+        if line and len(line) <= MAX_RESULT_LINE:
             clean = line[:-1] if line[-1] == 13 else line  # CRLF: the CR is dropped, as split_lines does
             summary = summarize_result_line(clean)
             d = digest(summary.custom_id)
@@ -227,11 +227,11 @@ def _merge_object(batch_id: str, key: str, data: bytes, seen: set[int], out: Par
         out.add_range(key, run, view[run:min(pos, len(data))])
 
 
-def _merge_streamed(blobs: BlobStore, batch_id: str, key: str, seen: set[int], out: PartComposer,
-                    err: LineWriter, tally: Tally) -> None:
+def _merge_streamed(blobs: BlobStore, batch_id: str, key: str, seen: set[int], out: PartComposer, err: LineWriter,
+                    tally: Tally) -> None:
     for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
         if raw.data is None:
-            _too_long(batch_id, key, raw.number, raw.size)
+            _unreadable(batch_id, key, raw.number, raw.size)
             continue
         if not raw.data:
             continue

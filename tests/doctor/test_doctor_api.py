@@ -4,6 +4,7 @@ stall report with its remedy. The full run through real engines is tests/e2e/tes
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable
 from typing import Any
@@ -11,7 +12,9 @@ from typing import Any
 import pytest
 
 from nightbatch.cli import main
-from nightbatch.doctor.api import probe_pairs
+from nightbatch.doctor.api import _model_loaded, probe_pairs
+from nightbatch.doctor.report import Check, Phase, Probe, Report
+from nightbatch.doctor.run import Doctor
 from nightbatch.doctor.webhook import WebhookWatcher
 from tests.conftest import ApiServer
 
@@ -98,3 +101,53 @@ def test_on_loopback_a_temporary_webhook_endpoint_watches_the_probes(serve_api: 
     assert "✓ webhook" in out and "removed afterwards" in out
     assert len(seen) == 1  # subscribed while the probes ran ...
     assert api_server.openai().get("/webhook_endpoints", cast_to=dict[str, Any])["data"] == []  # ... then removed
+
+
+class ExplainingWatcher:
+    """Stands in for the AWS side in a test of the doctor's own loop: it knows why validate is stuck."""
+
+    def preflight(self, report: Report) -> None:
+        report.add(Check("stack", "ok", "test"))
+
+    def observe(self, probe: Probe, at: float) -> None:
+        return None
+
+    def diagnose(self, probe: Probe, phase: Phase) -> tuple[str, str] | None:
+        return ("the execution is RUNNING, last state Validate", "open the execution") if phase.name == "validate" \
+            else None
+
+    def close(self) -> None:
+        return None
+
+
+def test_a_watchers_diagnosis_replaces_the_generic_remedy(api_server: ApiServer) -> None:
+    progress = io.StringIO()
+    report = Report(base_url=api_server.v1)
+    Doctor(api_server.openai(), report, [ExplainingWatcher()], timeout=1.2, stall_after=0.3, poll=0.1,
+           progress=progress).run()
+    validate = report.probes[0].phase("validate")
+    assert validate.status == "stalled" and validate.remedy == "open the execution"
+    assert validate.detail == "the execution is RUNNING, last state Validate (gave up after 1.2 s)"
+    assert "validate stalled: the execution is RUNNING" in progress.getvalue()
+    assert not report.passed and [c.name for c in report.checks] == ["API key", "models", "stack"]
+
+
+def test_model_loaded_comes_from_the_workers_phase_clock() -> None:
+    """`batch.nightbatch.phases` (the worker's container start and its seconds to weights and engine) places the
+    phase on the doctor's timeline; older servers only have the load seconds in `nightbatch.cost`."""
+    probe = Probe(model="m", endpoint="/v1/completions", batch_id="batch_x", created_at=1_000.0)
+    attempts = [{"shard_id": "s1", "container_start": 1_020.0, "weights_source": "s3-cache",
+                 "weights_ready_s": 9.5, "engine_ready_s": 41.25, "first_result_s": 43.0},
+                {"shard_id": "s0", "container_start": 1_012.0, "weights_source": "hf",
+                 "weights_ready_s": 30.0, "engine_ready_s": 70.0}]
+    _model_loaded(probe, {"phases": {"attempts": 2, "shards": attempts}})
+    loaded = probe.phase("model loaded")
+    assert (loaded.status, loaded.at, loaded.took) == ("ok", 82.0, 70.0)  # the first container: 12 s + 70 s
+    assert loaded.detail == "engine ready 70.0 s after the shard started (weights 30.0 s, from hf)"
+
+    older = Probe(model="m", endpoint="/v1/completions")
+    _model_loaded(older, {"cost": {"model_load_seconds": 12.5}})
+    assert (older.phase("model loaded").took, older.phase("model loaded").at) == (12.5, None)
+    unknown = Probe(model="m", endpoint="/v1/completions")
+    _model_loaded(unknown, {})
+    assert unknown.phase("model loaded").status == "skipped"

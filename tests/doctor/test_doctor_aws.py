@@ -240,6 +240,9 @@ def test_the_notify_step_is_read_from_the_execution_history(world: World) -> Non
                                           "Finalize": {"Type": "Pass", "Next": "Notify"},
                                           "Notify": {"Type": "Pass", "End": True}}}))
     watcher = world.watcher()
+    stuck = Probe(model="m", endpoint="/v1/completions", batch_id=BATCH_ID, status="validating")
+    detail, remedy = watcher.diagnose(stuck, stuck.phase("validate")) or ("", "")
+    assert detail == "no Step Functions execution for the batch" and "API Lambda's log" in remedy
     execution = sfn.start_execution(stateMachineArn=watcher.state_machine, name=BATCH_ID)["executionArn"]
     deadline = time.monotonic() + 30
     while sfn.describe_execution(executionArn=execution)["status"] == "RUNNING" and time.monotonic() < deadline:
@@ -250,6 +253,8 @@ def test_the_notify_step_is_read_from_the_execution_history(world: World) -> Non
     notified = probe.phase("notification")
     assert notified.status == "ok" and notified.at is not None and 0 <= notified.at < 30
     assert "Notify step finished" in notified.detail
+    detail, _ = watcher.diagnose(stuck, stuck.phase("job queued")) or ("", "")
+    assert detail == "no AWS Batch job yet; the execution is SUCCEEDED, last state Notify"
     # No job was seen for this batch: the job phases say so instead of failing.
     assert probe.phase("job queued").status == "skipped"
 
@@ -262,3 +267,21 @@ def test_the_command_reads_the_stack_and_says_where_the_key_is(world: World, mon
     assert f"the stack's first key is in {world.secret_arn}" in err and "get-secret-value" in err
     assert main(["doctor", "--stack", "nightbatch-nope", "--api-key", "k"]) == 1
     assert "cloudformation describe_stacks: ValidationError" in capsys.readouterr().err
+
+
+def test_a_disabled_compute_environment_is_why_jobs_wait(world: World) -> None:
+    spot_role()
+    batch = boto3.client("batch", region_name=REGION)
+    name = batch.describe_compute_environments()["computeEnvironments"][0]["computeEnvironmentName"]
+    batch.update_compute_environment(computeEnvironment=name, state="DISABLED")
+    watcher = world.watcher()
+    report = Report(base_url="", stack=STACK)
+    watcher.preflight(report)
+    compute = checks(report)["compute"][0]
+    assert compute.status == "failed" and f"Spot environment {name} is DISABLED" in compute.detail
+    assert f"--compute-environment {name} --state ENABLED" in compute.remedy
+    submit_job(watcher, status="RUNNABLE")
+    probe = probe_in_progress()
+    watcher.observe(probe, 5.0)
+    detail, _ = watcher.diagnose(probe, probe.phase("job STARTING")) or ("", "")
+    assert "is DISABLED" in detail

@@ -73,3 +73,25 @@ def test_an_embeddings_request_is_capped_in_inputs(services: Services) -> None:
     assert validate_batch(BatchTaskInput(batch_id=batch_id), services).valid is False
     [err] = services.batches.get("default", batch_id).errors.data
     assert (err.code, err.line) == ("too_many_inputs", 1) and "at most 3" in err.message
+
+
+def _image(url: str) -> dict:
+    line = chat_line(1)
+    line["body"]["messages"] = [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": url}}]}]
+    return line
+
+
+def test_media_urls_are_data_urls_unless_a_domain_is_allowed(services: Services) -> None:
+    """L7: the engine would fetch any URL a tenant names, from inside the VPC."""
+    for url in ("http://169.254.169.254/latest/meta-data/", "https://evil.example/x.png", "file:///etc/passwd",
+                "https://media.example.com@evil.example/x.png"):
+        [err] = _errors(services, jsonl([_image(url)]))
+        assert err.code == "invalid_value" and err.param == "body.messages[0].content[1].image_url.url", url
+    batch_id = make_batch(services, jsonl([_image("data:image/png;base64,iVBORw0KGgo=")]))
+    assert validate_batch(BatchTaskInput(batch_id=batch_id), services).valid
+    services.settings.media_allowed_domains = "media.example.com"
+    batch_id = make_batch(services, jsonl([_image("https://media.example.com/cat.png")]))
+    assert validate_batch(BatchTaskInput(batch_id=batch_id), services).valid
+    [err] = _errors(services, jsonl([_image("https://evil.example/x.png")]))
+    assert "media.example.com" in err.message
