@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -103,15 +104,18 @@ class NightbatchStack(cdk.Stack):
         )
 
         code = lambda_code(repo_root)
-        # Signs download links; the API signs and verifies, Notify signs links it mails. Resolved by
-        # CloudFormation into the functions' configuration, never written into the template.
+        # Signs download links; the API signs and verifies, Notify signs links it mails. Read from Secrets Manager
+        # at run time (nightbatch/links.py), so no key sits in a function's configuration, where anyone with
+        # lambda:GetFunctionConfiguration could read it. {"current": "k1", "k1": …}: rotate by adding k2.
         self.link_secret = secretsmanager.Secret(
             self, "LinkSecret",
-            description="nightbatch: HMAC key of signed download links (shared by the API and Notify)",
-            generate_secret_string=secretsmanager.SecretStringGenerator(exclude_punctuation=True, password_length=64),
+            description="nightbatch: HMAC keys of signed download links (shared by the API and Notify)",
+            generate_secret_string=secretsmanager.SecretStringGenerator(
+                secret_string_template=json.dumps({"current": "k1"}), generate_string_key="k1",
+                exclude_punctuation=True, password_length=64),
             removal_policy=cdk.RemovalPolicy.DESTROY,
         )
-        link_env = settings_environment({"link_secret": self.link_secret.secret_value.unsafe_unwrap()})
+        link_env = settings_environment({"link_keys_secret": self.link_secret.secret_arn})
         self.uploads = UploadComposer(self, "Uploads", code=code, environment=runtime, log_retention=retention)
         upload_env = settings_environment({"upload_queue_url": self.uploads.queue.queue_url})
         # The API refuses a batch naming an address outside these domains; Notify skips one that slipped through.
@@ -197,6 +201,8 @@ class NightbatchStack(cdk.Stack):
         self.grant_table(self.gpu.job_role, TABLE_ACTIONS["worker"], leading_keys=("batch_*",))
         state_machine.grant_start_execution(api_role)
         self.api_keys.grant_read(api_role)
+        for reader in (api_role, tasks["notify"].role):
+            self.link_secret.grant_read(reader)
         self.notifications.topic.grant_publish(tasks["notify"].role)
         self.notifications.webhook_queue.grant_send_messages(tasks["notify"].role)
         self.notifications.grant_send_email(tasks["notify"].role)

@@ -209,6 +209,9 @@ class Settings(BaseSettings):
     # HMAC key for signed download links (/v1/nightbatch/files/{id}/download). Unset: a random key per
     # process, fine for `nightbatch local`; in AWS set it, since every Lambda (API, notify) must share it.
     link_secret: str = ""
+    # Secrets Manager secret (ARN) holding the link-signing keys, read at run time (nightbatch/links.py); the
+    # stack sets it and no key sits in any environment. Wins over link_secret.
+    link_keys_secret: str = ""
     link_ttl_seconds: int = 300
     # The server the CLI talks to (`--base-url`); unset: the running `nightbatch local`, if there is one.
     base_url: str = ""
