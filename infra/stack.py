@@ -43,8 +43,7 @@ TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
     # The GPU worker: only `batch_*` items (dynamodb:LeadingKeys), read for cancel/expiry, live counters added.
     "worker": (_GET, _UPDATE),
 }
-# Only what the worker reads and writes: its shard definitions, segments, results and checkpoints, and the
-# models/ weight cache (the first job of a Hugging Face model writes its weights through; later jobs stream them).
+# Only what the worker reads and writes: its shard definitions, segments, results and checkpoints.
 WORKER_PREFIXES = (BATCHES_PREFIX, MODELS_PREFIX)
 
 
@@ -177,7 +176,7 @@ class NightbatchStack(cdk.Stack):
         # Notify signs download links into its e-mails; they point at this API, unless `limits` names another
         # public URL (a custom domain). No cycle: the HTTP API does not depend on the workflow, its Lambda does.
         if "public_base_url" not in config.limits:
-            self.orchestration.tasks["notify"].function.add_environment(env_name("public_base_url"), self.api.url)
+            self.orchestration.tasks["notify"].add_environment(env_name("public_base_url"), self.api.url)
 
         # Grants: each principal gets its prefixes, the table, and the one thing it drives.
         tasks = self.orchestration.tasks
@@ -193,6 +192,7 @@ class NightbatchStack(cdk.Stack):
         self.grant_objects(composer, (FILES_PREFIX, UPLOADS_PREFIX), write=True)
         for sender in (api_role, composer):
             self.uploads.queue.grant_send_messages(sender)
+        # models/: the first job of a Hugging Face model writes its weights through; later jobs stream them.
         self.grant_objects(self.gpu.job_role, WORKER_PREFIXES, write=True, list_only_prefixes=True)
         roles = {"api": api_role, "sweep": sweeper.role, "compose_upload": composer,
                  "deliver": self.deliverer.role, **{name: t.role for name, t in tasks.items()}}

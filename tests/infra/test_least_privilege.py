@@ -1,5 +1,4 @@
-"""M3: the GPU worker holds only batch data (and the weight cache) and `batch_*` items; each Lambda only the
-table actions it calls."""
+"""M3: the GPU worker holds only its batch data and `batch_*` items; each Lambda only the table actions it calls."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ from typing import Any
 
 from infra.stack import TABLE_ACTIONS
 from tests.infra.cfn import of_type
-from tests.infra.test_state_machine_definition import render_definition
 
 HANDLERS = {
     "api": "functions.api.handler.handler", "validate": "functions.tasks.validate.handler",
@@ -29,8 +27,9 @@ def _statements_of_role(template: dict[str, Any], role: str) -> list[dict[str, A
 
 
 def _worker_role(template: dict[str, Any]) -> str:
-    (role,) = {str(d["Properties"]["ContainerProperties"]["JobRoleArn"]["Fn::GetAtt"][0])
-               for d in of_type(template, "AWS::Batch::JobDefinition").values()}
+    # One job definition per model, all running as the one worker role.
+    (role,) = {str(j["Properties"]["ContainerProperties"]["JobRoleArn"]["Fn::GetAtt"][0])
+               for j in of_type(template, "AWS::Batch::JobDefinition").values()}
     return role
 
 
@@ -44,13 +43,13 @@ def test_the_worker_reads_and_writes_batches_only(template: dict[str, Any]) -> N
     s3 = [st for st in statements if any(a.startswith("s3:") for a in _list(st["Action"]))]
     objects = [st for st in s3 if "s3:GetObject" in _list(st["Action"]) or "s3:PutObject" in _list(st["Action"])]
     ours = [json.dumps(r) for st in objects for r in _list(st["Resource"]) if "Storage" in json.dumps(r)]
-    # batches/ (shards, results) and the models/ weight cache; never files/ (every tenant's inputs) or uploads/.
+    # batches/: its shards, segments, results; models/: the weight cache the first job of a model writes through.
     assert ours and all('"/batches/*"' in r or '"/models/*"' in r for r in ours), ours
     assert not any("/files/" in r or "/uploads/" in r for r in ours)
     listing = [st for st in s3 if "s3:ListBucket" in _list(st["Action"])
                and "Storage" in json.dumps(st["Resource"])]
-    assert listing and all(st["Condition"] == {"StringLike": {"s3:prefix": ["batches/*", "models/*"]}}
-                           for st in listing)
+    prefixes = {"StringLike": {"s3:prefix": ["batches/*", "models/*"]}}
+    assert listing and all(st["Condition"] == prefixes for st in listing)
 
 
 def test_the_worker_may_only_get_and_update_batch_items(template: dict[str, Any]) -> None:
@@ -72,28 +71,3 @@ def test_each_lambda_holds_only_the_table_actions_it_calls(template: dict[str, A
         assert not {"dynamodb:PutItem", "dynamodb:DeleteItem"} & set(TABLE_ACTIONS[name])
     assert all(a not in {"dynamodb:BatchWriteItem", "dynamodb:Scan"} for acts in TABLE_ACTIONS.values()
                for a in acts)
-
-
-def test_notify_retries_task_failures_with_backoff_and_the_sweeper_may_redrive_it(
-        template: dict[str, Any]) -> None:
-    """M2."""
-    retry = render_definition(template)["States"]["Notify"]["Retry"]
-    task_failed = [r for r in retry if "States.TaskFailed" in r["ErrorEquals"]]
-    assert task_failed and task_failed[0]["MaxAttempts"] >= 3 and task_failed[0]["BackoffRate"] > 1
-    sweeper = next(f for f in of_type(template, "AWS::Lambda::Function").values()
-                   if f["Properties"]["Handler"] == "functions.tasks.sweep.handler")
-    assert "NIGHTBATCH_NOTIFY_FUNCTION" in sweeper["Properties"]["Environment"]["Variables"]
-    invoke = [st for st in _statements_of_role(template, _role_of(template, "functions.tasks.sweep.handler"))
-              if "lambda:InvokeFunction" in _list(st["Action"])]
-    assert invoke and all("NotifyFunction" in json.dumps(st["Resource"]) for st in invoke)
-
-
-def test_workflow_lambdas_reserve_concurrency_and_the_api_is_capped(template: dict[str, Any]) -> None:
-    """M5: one key flooding the API cannot take the concurrency Validate/Finalize/Notify need."""
-    reserved = {f["Properties"]["Handler"]: f["Properties"].get("ReservedConcurrentExecutions")
-                for f in of_type(template, "AWS::Lambda::Function").values()
-                if f["Properties"]["Handler"].startswith("functions.")}
-    assert reserved["functions.api.handler.handler"] == 50
-    for name in ("validate", "plan", "finalize", "notify", "deliver", "compose_upload"):
-        assert reserved[f"functions.tasks.{name}.handler"] == 10, name
-    assert reserved["functions.tasks.sweep.handler"] == 1
