@@ -9,6 +9,7 @@ from typing import Any
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_secretsmanager as secretsmanager
@@ -103,6 +104,9 @@ class NightbatchStack(cdk.Stack):
         )
 
         code = lambda_code(repo_root)
+        # Seals webhook signing secrets in the table; kept as long as the table, which holds what it sealed.
+        self.secrets_key = kms.Key(self, "SecretsKey", enable_key_rotation=True, removal_policy=removal,
+                                   description="nightbatch: seals webhook signing secrets stored in the table")
         # Signs download links; the API signs and verifies, Notify signs links it mails. Read from Secrets Manager
         # at run time (nightbatch/links.py), so no key sits in a function's configuration, where anyone with
         # lambda:GetFunctionConfiguration could read it. {"current": "k1", "k1": …}: rotate by adding k2.
@@ -122,6 +126,8 @@ class NightbatchStack(cdk.Stack):
         notify_env: dict[str, Any] = {
             "topic_arn": self.notifications.topic.topic_arn,
             "webhook_queue_url": self.notifications.webhook_queue.queue_url,
+            # Webhook signing secrets are sealed with the stack's key (nightbatch/storage/kms.py).
+            "secrets_kms_key": self.secrets_key.key_arn,
         }
         if self.notifications.configuration_set is not None:
             notify_env["email_sender"] = config.notifications.sender_email
@@ -166,6 +172,7 @@ class NightbatchStack(cdk.Stack):
             environment={**runtime, **link_env, **upload_env, **email_policy, **settings_environment({
                 "state_machine_arn": state_machine.state_machine_arn,
                 "api_keys_secret": self.api_keys.secret_arn,
+                "secrets_kms_key": self.secrets_key.key_arn,
             })},
             memory_mb=config.api.memory_mb,
             rate_limit=config.api.rate_limit,
@@ -203,6 +210,9 @@ class NightbatchStack(cdk.Stack):
         self.api_keys.grant_read(api_role)
         for reader in (api_role, tasks["notify"].role):
             self.link_secret.grant_read(reader)
+        # The API seals new signing secrets and opens them for `webhooks.test`; Deliver opens them to sign.
+        self.secrets_key.grant(api_role, "kms:Encrypt", "kms:Decrypt")
+        self.secrets_key.grant(self.deliverer.role, "kms:Decrypt")
         self.notifications.topic.grant_publish(tasks["notify"].role)
         self.notifications.webhook_queue.grant_send_messages(tasks["notify"].role)
         self.notifications.grant_send_email(tasks["notify"].role)

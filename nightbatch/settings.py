@@ -235,6 +235,8 @@ class Settings(BaseSettings):
     allow_private_targets: bool = False
     # Webhook endpoints one tenant may register (every event fans out to each); 0 = no cap.
     max_webhook_endpoints: int = 20
+    # KMS key (ARN) sealing webhook signing secrets in the table; empty stores them as they are (the local mode).
+    secrets_kms_key: str = ""
     # Comma-separated addresses e-mailed about every terminal batch (the operator's own; not domain-checked).
     email_recipients: str = ""
     # Download links in e-mails: how long they stay valid (a mailbox is not a vault: a day, then the dashboard

@@ -18,7 +18,7 @@ from nightbatch.links import link_keys, link_keys_from, sign_link
 from nightbatch.notifications import transport
 from nightbatch.notifications.delivery import Deliveries, Poster
 from nightbatch.notifications.email import compose, recipients
-from nightbatch.notifications.endpoints import WebhookEndpointService
+from nightbatch.notifications.endpoints import Sealer, WebhookEndpointService
 from nightbatch.notifications.events import close_event, mark_event, record_event
 from nightbatch.notifications.models import DeliveryAttempt
 from nightbatch.notifications.queues import DeliveryQueue, InProcessQueue
@@ -26,6 +26,7 @@ from nightbatch.notifications.targets import Resolver
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, Table
 from nightbatch.storage.delivery_queue import SqsDeliveryQueue
+from nightbatch.storage.kms import KmsSealer
 from nightbatch.storage.ses import EmailRejectedError, Mailer
 from nightbatch.storage.sns import Topic
 from nightbatch.wire import TERMINAL_STATUSES
@@ -62,8 +63,12 @@ class Notifier:
         self.table = table
         self.topic = topic
         self.mailer = mailer
-        self.endpoints = WebhookEndpointService(settings=settings, table=table, resolver=resolver)
-        self.deliveries = Deliveries(settings=settings, table=table, queue=queue, post=post, resolver=resolver)
+        sealer: Sealer | None = None
+        if settings.secrets_kms_key and adapters is not None:
+            sealer = KmsSealer(client=adapters.client("kms"), key_id=settings.secrets_kms_key)
+        self.endpoints = WebhookEndpointService(settings=settings, table=table, resolver=resolver, sealer=sealer)
+        self.deliveries = Deliveries(settings=settings, table=table, queue=queue, post=post, resolver=resolver,
+                                     sealer=sealer)
 
     @property
     def queue(self) -> DeliveryQueue | None:

@@ -71,3 +71,16 @@ def test_each_lambda_holds_only_the_table_actions_it_calls(template: dict[str, A
         assert not {"dynamodb:PutItem", "dynamodb:DeleteItem"} & set(TABLE_ACTIONS[name])
     assert all(a not in {"dynamodb:BatchWriteItem", "dynamodb:Scan"} for acts in TABLE_ACTIONS.values()
                for a in acts)
+
+
+def test_webhook_secrets_are_sealed_with_the_stack_key_only_api_and_deliver_open_them(
+        template: dict[str, Any]) -> None:
+    (key,) = [k for k in of_type(template, "AWS::KMS::Key") if k.startswith("SecretsKey")]
+    for name in ("api", "notify", "deliver"):
+        env = next(f for f in of_type(template, "AWS::Lambda::Function").values()
+                   if f["Properties"]["Handler"] == HANDLERS[name])["Properties"]["Environment"]["Variables"]
+        assert env["NIGHTBATCH_SECRETS_KMS_KEY"] == {"Fn::GetAtt": [key, "Arn"]}, name
+    decrypters = {name for name, handler in HANDLERS.items()
+                  for st in _statements_of_role(template, _role_of(template, handler))
+                  if "kms:Decrypt" in _list(st["Action"]) and key in json.dumps(st["Resource"])}
+    assert decrypters == {"api", "deliver"}
