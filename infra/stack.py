@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_secretsmanager as secretsmanager
@@ -108,15 +110,21 @@ class NightbatchStack(cdk.Stack):
         )
 
         code = lambda_code(repo_root)
-        # Signs download links; the API signs and verifies, Notify signs links it mails. Resolved by
-        # CloudFormation into the functions' configuration, never written into the template.
+        # Seals webhook signing secrets in the table; kept as long as the table, which holds what it sealed.
+        self.secrets_key = kms.Key(self, "SecretsKey", enable_key_rotation=True, removal_policy=removal,
+                                   description="nightbatch: seals webhook signing secrets stored in the table")
+        # Signs download links; the API signs and verifies, Notify signs links it mails. Read from Secrets Manager
+        # at run time (nightbatch/links.py), so no key sits in a function's configuration, where anyone with
+        # lambda:GetFunctionConfiguration could read it. {"current": "k1", "k1": …}: rotate by adding k2.
         self.link_secret = secretsmanager.Secret(
             self, "LinkSecret",
-            description="nightbatch: HMAC key of signed download links (shared by the API and Notify)",
-            generate_secret_string=secretsmanager.SecretStringGenerator(exclude_punctuation=True, password_length=64),
+            description="nightbatch: HMAC keys of signed download links (shared by the API and Notify)",
+            generate_secret_string=secretsmanager.SecretStringGenerator(
+                secret_string_template=json.dumps({"current": "k1"}), generate_string_key="k1",
+                exclude_punctuation=True, password_length=64),
             removal_policy=cdk.RemovalPolicy.DESTROY,
         )
-        link_env = settings_environment({"link_secret": self.link_secret.secret_value.unsafe_unwrap()})
+        link_env = settings_environment({"link_keys_secret": self.link_secret.secret_arn})
         self.uploads = UploadComposer(self, "Uploads", code=code, environment=runtime, log_retention=retention)
         upload_env = settings_environment({"upload_queue_url": self.uploads.queue.queue_url})
         # The API refuses a batch naming an address outside these domains; Notify skips one that slipped through.
@@ -124,6 +132,8 @@ class NightbatchStack(cdk.Stack):
         notify_env: dict[str, Any] = {
             "topic_arn": self.notifications.topic.topic_arn,
             "webhook_queue_url": self.notifications.webhook_queue.queue_url,
+            # Webhook signing secrets are sealed with the stack's key (nightbatch/storage/kms.py).
+            "secrets_kms_key": self.secrets_key.key_arn,
         }
         if self.notifications.configuration_set is not None:
             notify_env["email_sender"] = config.notifications.sender_email
@@ -175,6 +185,7 @@ class NightbatchStack(cdk.Stack):
             environment={**runtime, **link_env, **upload_env, **email_policy, **settings_environment({
                 "state_machine_arn": state_machine.state_machine_arn,
                 "api_keys_secret": self.api_keys.secret_arn,
+                "secrets_kms_key": self.secrets_key.key_arn,
             })},
             memory_mb=config.api.memory_mb,
             rate_limit=config.api.rate_limit,
@@ -209,6 +220,11 @@ class NightbatchStack(cdk.Stack):
         self.grant_table(self.gpu.job_role, TABLE_ACTIONS["worker"], leading_keys=("batch_*",))
         state_machine.grant_start_execution(api_role)
         self.api_keys.grant_read(api_role)
+        for reader in (api_role, tasks["notify"].role):
+            self.link_secret.grant_read(reader)
+        # The API seals new signing secrets and opens them for `webhooks.test`; Deliver opens them to sign.
+        self.secrets_key.grant(api_role, "kms:Encrypt", "kms:Decrypt")
+        self.secrets_key.grant(self.deliverer.role, "kms:Decrypt")
         self.notifications.topic.grant_publish(tasks["notify"].role)
         self.notifications.webhook_queue.grant_send_messages(tasks["notify"].role)
         self.notifications.grant_send_email(tasks["notify"].role)

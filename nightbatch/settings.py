@@ -224,6 +224,9 @@ class Settings(BaseSettings):
     # HMAC key for signed download links (/v1/nightbatch/files/{id}/download). Unset: a random key per
     # process, fine for `nightbatch local`; in AWS set it, since every Lambda (API, notify) must share it.
     link_secret: str = ""
+    # Secrets Manager secret (ARN) holding the link-signing keys, read at run time (nightbatch/links.py); the
+    # stack sets it and no key sits in any environment. Wins over link_secret.
+    link_keys_secret: str = ""
     link_ttl_seconds: int = 300
     # The server the CLI talks to (`--base-url`); unset: the running `nightbatch local`, if there is one.
     base_url: str = ""
@@ -241,6 +244,8 @@ class Settings(BaseSettings):
     allow_private_targets: bool = False
     # Webhook endpoints one tenant may register (every event fans out to each); 0 = no cap.
     max_webhook_endpoints: int = 20
+    # KMS key (ARN) sealing webhook signing secrets in the table; empty stores them as they are (the local mode).
+    secrets_kms_key: str = ""
     # Comma-separated addresses e-mailed about every terminal batch (the operator's own; not domain-checked).
     email_recipients: str = ""
     # Download links in e-mails: how long they stay valid (a mailbox is not a vault: a day, then the dashboard

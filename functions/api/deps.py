@@ -22,6 +22,7 @@ from nightbatch.storage.secrets import SecretReader
 class Principal:
     tenant: str
     key_name: str
+    key_id: str = ""  # a stored key's public id (signed links name it); empty for the configured keys
 
 
 def get_services(request: Request) -> Services:
@@ -83,7 +84,7 @@ def authenticate(request: Request, services: ServicesDep) -> Principal:
         # Only a key shaped like one we issue costs a table read: junk is refused before any AWS call.
         rec = caches.stored.lookup(key)
         if rec is not None:
-            principal = Principal(tenant=rec.tenant, key_name=rec.name)
+            principal = Principal(tenant=rec.tenant, key_name=rec.name, key_id=rec.key_id)
     if principal is None:
         raise AuthenticationError(
             "Incorrect API key provided. You can find your API key in your deployment's configuration or "

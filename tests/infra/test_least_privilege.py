@@ -1,5 +1,4 @@
-"""M3: the GPU worker holds only batch data (and the weight cache) and `batch_*` items; each Lambda only the
-table actions it calls."""
+"""M3: the GPU worker holds only its batch data and `batch_*` items; each Lambda only the table actions it calls."""
 
 from __future__ import annotations
 
@@ -8,7 +7,6 @@ from typing import Any
 
 from infra.stack import TABLE_ACTIONS
 from tests.infra.cfn import of_type
-from tests.infra.test_state_machine_definition import render_definition
 
 HANDLERS = {
     "api": "functions.api.handler.handler", "validate": "functions.tasks.validate.handler",
@@ -75,26 +73,14 @@ def test_each_lambda_holds_only_the_table_actions_it_calls(template: dict[str, A
                for a in acts)
 
 
-def test_notify_retries_task_failures_with_backoff_and_the_sweeper_may_redrive_it(
+def test_webhook_secrets_are_sealed_with_the_stack_key_only_api_and_deliver_open_them(
         template: dict[str, Any]) -> None:
-    """M2."""
-    retry = render_definition(template)["States"]["Notify"]["Retry"]
-    task_failed = [r for r in retry if "States.TaskFailed" in r["ErrorEquals"]]
-    assert task_failed and task_failed[0]["MaxAttempts"] >= 3 and task_failed[0]["BackoffRate"] > 1
-    sweeper = next(f for f in of_type(template, "AWS::Lambda::Function").values()
-                   if f["Properties"]["Handler"] == "functions.tasks.sweep.handler")
-    assert "NIGHTBATCH_NOTIFY_FUNCTION" in sweeper["Properties"]["Environment"]["Variables"]
-    invoke = [st for st in _statements_of_role(template, _role_of(template, "functions.tasks.sweep.handler"))
-              if "lambda:InvokeFunction" in _list(st["Action"])]
-    assert invoke and all("NotifyFunction" in json.dumps(st["Resource"]) for st in invoke)
-
-
-def test_workflow_lambdas_reserve_concurrency_and_the_api_is_capped(template: dict[str, Any]) -> None:
-    """M5: one key flooding the API cannot take the concurrency Validate/Finalize/Notify need."""
-    reserved = {f["Properties"]["Handler"]: f["Properties"].get("ReservedConcurrentExecutions")
-                for f in of_type(template, "AWS::Lambda::Function").values()
-                if f["Properties"]["Handler"].startswith("functions.")}
-    assert reserved["functions.api.handler.handler"] == 50
-    for name in ("validate", "plan", "finalize", "notify", "deliver", "compose_upload"):
-        assert reserved[f"functions.tasks.{name}.handler"] == 10, name
-    assert reserved["functions.tasks.sweep.handler"] == 1
+    (key,) = [k for k in of_type(template, "AWS::KMS::Key") if k.startswith("SecretsKey")]
+    for name in ("api", "notify", "deliver"):
+        env = next(f for f in of_type(template, "AWS::Lambda::Function").values()
+                   if f["Properties"]["Handler"] == HANDLERS[name])["Properties"]["Environment"]["Variables"]
+        assert env["NIGHTBATCH_SECRETS_KMS_KEY"] == {"Fn::GetAtt": [key, "Arn"]}, name
+    decrypters = {name for name, handler in HANDLERS.items()
+                  for st in _statements_of_role(template, _role_of(template, handler))
+                  if "kms:Decrypt" in _list(st["Action"]) and key in json.dumps(st["Resource"])}
+    assert decrypters == {"api", "deliver"}
