@@ -36,7 +36,7 @@ from nightbatch.storage import BlobStore, Table
 
 log = logging.getLogger("gpu_worker.runner")
 
-GENERATE_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+GENERATE_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 # Lines read from S3 per thread hop; the read-ahead is bounded by this plus max_in_flight.
 READ_BLOCK = 256
 
@@ -79,6 +79,8 @@ def with_default_max_tokens(endpoint: str, body: dict[str, Any], default: int) -
     "the rest of the context", which lets one request hold a GPU for minutes)."""
     if endpoint not in GENERATE_ENDPOINTS or default <= 0:
         return body
+    if endpoint == "/v1/responses":
+        return body if body.get("max_output_tokens") is not None else {**body, "max_output_tokens": default}
     if body.get("max_tokens") is not None or body.get("max_completion_tokens") is not None:
         return body
     return {**body, "max_tokens": default}

@@ -50,7 +50,8 @@ class NightbatchStack(cdk.Stack):
         bucket, table = self.storage.bucket, self.storage.table
         self.notifications = Notifications(
             self, "Notifications", sender_email=config.notifications.sender_email,
-            alarm_email=config.notifications.alarm_email,
+            alarm_email=config.notifications.alarm_email, sender_identity=config.notifications.sender_identity,
+            create_sender_identity=config.notifications.create_sender_identity,
         )
         runtime = settings_environment({
             "mode": "aws",

@@ -7,10 +7,11 @@ from collections.abc import Callable
 from fastapi import FastAPI
 
 from functions.api import errors
-from functions.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
+from functions.api.middleware import BodyLimitMiddleware, RequestIdMiddleware, SchemaGateMiddleware
 from functions.api.routers import (
     batches,
     dashboard,
+    dashboard_api,
     estimate,
     files,
     limits,
@@ -24,13 +25,15 @@ from nightbatch.services import Services, default_services
 
 
 def create_app(services: Callable[[], Services] = default_services) -> FastAPI:
-    app = FastAPI(title="nightbatch", version="0.1.0", description="OpenAI-compatible Batch API")
+    app = FastAPI(title="nightbatch", version="0.1.0", description="OpenAI-compatible Batch API",
+                  docs_url=None, redoc_url=None)
     app.state.services = services
     errors.install(app)
     for r in (files.router, batches.router, models.router, usage.router, limits.router, uploads.router,
-              links.router, dashboard.router, webhooks.router, estimate.router):
+              links.router, dashboard.router, dashboard_api.router, webhooks.router, estimate.router):
         app.include_router(r)
     app.add_middleware(BodyLimitMiddleware, upload_limit=lambda: services().settings.max_upload_bytes,
                        part_limit=lambda: services().settings.max_upload_part_bytes)
+    app.add_middleware(SchemaGateMiddleware, enabled=lambda: services().settings.mode == "local")
     app.add_middleware(RequestIdMiddleware)
     return app

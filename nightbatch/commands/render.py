@@ -126,7 +126,9 @@ def counts(batch: Batch) -> str:
 def tokens(batch: Batch) -> str | None:
     if batch.usage is not None:
         u = batch.usage
-        return f"{u.total_tokens:,} (input {u.input_tokens:,}, output {u.output_tokens:,})"
+        reasoning = u.output_tokens_details.reasoning_tokens
+        extra = f", of which reasoning {reasoning:,}" if reasoning else ""
+        return f"{u.total_tokens:,} (input {u.input_tokens:,}, output {u.output_tokens:,}{extra})"
     n = live_tokens(batch)
     return f"{n:,} so far" if n is not None else None
 

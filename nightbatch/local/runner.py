@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -80,12 +81,15 @@ class LocalWorkflow:
                     phases = Phases(weights_source="local")
                     shard = json.loads(services.adapters.blobs.get_bytes(
                         f"batches/{job.batch_id}/shards/{job.shard_id}.json") or b"{}")
-                    engine = await host.engine(shard["model"])
+                    waited = time.monotonic()
+                    engine = await host.engine(shard["model"])  # warm, or still starting (the first batch)
                     phases.mark("weights_ready")
                     phases.mark("engine_ready")
+                    # Recorded like the worker's model load, so batch.nightbatch.cost and `nightbatch doctor`
+                    # show a batch that waited for its engine.
                     return await run_shard(job, engine=engine, blobs=services.adapters.blobs,
                                            table=services.adapters.table, settings=services.settings,
-                                           phases=phases)
+                                           model_load_seconds=time.monotonic() - waited, phases=phases)
 
                 host.submit(run()).result()
                 return
