@@ -12,7 +12,6 @@ import base64
 import hashlib
 import hmac
 import secrets
-from typing import Any
 
 from pydantic import BaseModel
 
@@ -20,6 +19,7 @@ from nightbatch.clock import now
 from nightbatch.errors import NightbatchError
 from nightbatch.files import FileService
 from nightbatch.settings import Settings
+from nightbatch.storage.records import FileRecord
 
 DOWNLOAD_PATH = "/v1/nightbatch/files/{file_id}/download"
 
@@ -86,9 +86,9 @@ def verify_link(settings: Settings, file_id: str, expires: str, sig: str, *, at:
         raise InvalidLinkError("This download link has expired; ask for a new one.", code="link_expired")
 
 
-def open_link(files: FileService, file_id: str, expires: str, sig: str) -> dict[str, Any]:
-    """The file item a valid link points at; NotFoundError if the file was deleted or expired since."""
+def open_link(files: FileService, file_id: str, expires: str, sig: str) -> FileRecord:
+    """The file a valid link points at; NotFoundError if the file was deleted or expired since."""
     verify_link(files.settings, file_id, expires, sig)
     # The signature stands in for the Bearer key, so the tenant comes from the file itself.
-    item = files.table.get(file_id) if file_id.startswith("file-") else None
-    return files.item(str((item or {}).get("tenant", "")), file_id)
+    rec = files.table.get_record(FileRecord, file_id)
+    return files.item(rec.tenant if rec is not None else "", file_id)

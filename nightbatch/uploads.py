@@ -23,7 +23,7 @@ from typing import Any, BinaryIO
 from pydantic import BaseModel
 
 from nightbatch.assembly import AssemblyService, ThreadUploadJobs, UploadJobs, part_key, upload_prefix
-from nightbatch.clock import now, sort_key
+from nightbatch.clock import now
 from nightbatch.digests import RunningDigests
 from nightbatch.errors import (
     ConflictError,
@@ -38,6 +38,7 @@ from nightbatch.ids import new_file_id, new_part_id, new_upload_id
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, Table
 from nightbatch.storage.parts import PartStore
+from nightbatch.storage.records import FileRecord, UploadRecord
 from nightbatch.storage.sqs import SqsUploadJobs
 from nightbatch.wire import FileObject, Upload, UploadPart
 
@@ -81,10 +82,10 @@ def part_limit_message(limit: int) -> str:
     )
 
 
-def effective_status(item: dict[str, Any]) -> str:
-    if item["status"] == "pending" and now() >= item["expires_at"]:
+def effective_status(rec: UploadRecord) -> str:
+    if rec.status == "pending" and now() >= rec.expires_at:
         return "expired"
-    return str(item["status"])
+    return rec.status
 
 
 def normalize_md5(value: str) -> str:
@@ -144,18 +145,14 @@ class UploadService:
         created = now()
         # OpenAI: an Upload expires an hour after creation (`hour_seconds` shortens it in tests).
         expires = created + max(1, round(self.settings.hour_seconds))
-        item: dict[str, Any] = {
-            "pk": upload_id, "kind": "upload", "tenant": tenant, "owner": f"{tenant}#upload",
-            "owner_sk": sort_key(created, upload_id), "bytes": req.bytes, "filename": req.filename,
-            "mime_type": req.mime_type, "purpose": req.purpose, "status": "pending", "created_at": created,
-            "expires_at": expires, "ttl": expires + UPLOAD_ITEM_LINGER_SECONDS,
-            "parts_received": 0, "bytes_received": 0,
-        }
-        if file_ttl is not None:
-            item["file_expires_after_seconds"] = file_ttl
-        self.table.put_new(item)
+        rec = UploadRecord(
+            pk=upload_id, tenant=tenant, bytes=req.bytes, filename=req.filename, mime_type=req.mime_type,
+            purpose=req.purpose, status="pending", created_at=created, expires_at=expires,
+            ttl=expires + UPLOAD_ITEM_LINGER_SECONDS, file_expires_after_seconds=file_ttl,
+        )
+        self.table.put_record(rec, new=True)
         self.digests.start(upload_id)
-        return self.to_wire(item)
+        return self.to_wire(rec)
 
     # -- parts ----------------------------------------------------------------------------------------------
 
@@ -164,7 +161,7 @@ class UploadService:
         if size > limit:
             raise PayloadTooLargeError(part_limit_message(limit), param="data")
         item = self.require_pending(self.item(tenant, upload_id), "no more parts can be added")
-        if int(item.get("parts_received", 0)) >= self.settings.max_upload_parts:
+        if item.parts_received >= self.settings.max_upload_parts:
             raise InvalidRequestError(
                 f"Upload {upload_id} already has {self.settings.max_upload_parts} parts, the most one Upload "
                 "can hold on this deployment. Use larger parts.", param="data", code="too_many_parts",
@@ -198,14 +195,14 @@ class UploadService:
 
     def complete(self, tenant: str, upload_id: str, req: CompleteUploadRequest) -> Upload:
         item = self.item(tenant, upload_id)
-        if item["status"] == "completed" and item.get("part_ids") == req.part_ids:
+        if item.status == "completed" and item.part_ids == req.part_ids:
             return self._completed_again(item)
         self.require_pending(item, "it cannot be completed")
         keys, total = self._listed_parts(upload_id, req.part_ids)
-        if total != item["bytes"]:
+        if total != item.bytes:
             raise InvalidRequestError(
                 f"The parts listed in 'part_ids' add up to {total} bytes, but the Upload was created with "
-                f"bytes={item['bytes']}. List every part, in order, exactly once.",
+                f"bytes={item.bytes}. List every part, in order, exactly once.",
                 param="part_ids", code="upload_size_mismatch",
             )
         extra: dict[str, Any] = {"upload_id": upload_id}
@@ -218,12 +215,12 @@ class UploadService:
         else:
             self.parts.blobs.put_bytes(file_key(file_id), b"")
         file = self.files.register(
-            tenant, file_id=file_id, key=file_key(file_id), size=total, filename=item["filename"],
-            purpose=item["purpose"], expires_after_seconds=item.get("file_expires_after_seconds"),
+            tenant, file_id=file_id, key=file_key(file_id), size=total, filename=item.filename,
+            purpose=item.purpose, expires_after_seconds=item.file_expires_after_seconds,
             extra=extra,
         )
         try:
-            item = self.table.update(upload_id, set_={
+            item = self.table.update_record(UploadRecord, upload_id, set_={
                 "status": "completed", "completed_at": now(), "file_id": file_id, "part_ids": req.part_ids,
             }, expect_in={"status": ("pending",)})
         except StorageConflictError:
@@ -232,7 +229,7 @@ class UploadService:
             if not keys:
                 self.parts.blobs.delete(file_key(file_id))
             fresh = self.item(tenant, upload_id)
-            if fresh["status"] == "completed" and fresh.get("part_ids") == req.part_ids:
+            if fresh.status == "completed" and fresh.part_ids == req.part_ids:
                 return self._completed_again(fresh)
             self.require_pending(fresh, "it cannot be completed")
             raise ConflictError("The Upload changed while it was being completed; try again.",
@@ -243,11 +240,11 @@ class UploadService:
             self.jobs.compose(file_id, upload_id, delay_seconds=self.settings.upload_compose_delay_seconds)
         return self.to_wire(item, file=file)
 
-    def _completed_again(self, item: dict[str, Any]) -> Upload:
+    def _completed_again(self, item: UploadRecord) -> Upload:
         """A retried complete (the SDK retries POSTs): same answer, and composition is requested again."""
-        file_item = self.table.get(str(item["file_id"]))
-        if file_item is not None and file_item.get("parts"):
-            self.jobs.compose(str(item["file_id"]), str(item["pk"]))
+        file_rec = self.table.get_record(FileRecord, item.file_id)
+        if file_rec is not None and file_rec.parts:
+            self.jobs.compose(file_rec.pk, item.pk)
         return self.to_wire(item)
 
     def _listed_parts(self, upload_id: str, part_ids: list[str]) -> tuple[list[str], int]:
@@ -300,8 +297,8 @@ class UploadService:
                                 param="upload_id", code="upload_completed")
         if status == "pending":
             try:
-                item = self.table.update(upload_id, set_={"status": "cancelled", "cancelled_at": now()},
-                                         expect_in={"status": ("pending",)})
+                item = self.table.update_record(UploadRecord, upload_id, expect_in={"status": ("pending",)},
+                                                set_={"status": "cancelled", "cancelled_at": now()})
             except StorageConflictError:
                 return self.cancel(tenant, upload_id)  # completed or cancelled meanwhile: answer for that
             self.parts.blobs.delete_prefix(upload_prefix(upload_id))
@@ -310,20 +307,20 @@ class UploadService:
 
     # -- shared ---------------------------------------------------------------------------------------------
 
-    def item(self, tenant: str, upload_id: str) -> dict[str, Any]:
-        item = self.table.get(upload_id) if upload_id.startswith("upload_") else None
-        if item is None or item.get("kind") != "upload" or item.get("tenant") != tenant:
+    def item(self, tenant: str, upload_id: str) -> UploadRecord:
+        rec = self.table.get_owned(UploadRecord, tenant, upload_id)
+        if rec is None:
             raise NotFoundError(f"No such Upload object: {upload_id}", param="upload_id")
-        return item
+        return rec
 
-    def require_pending(self, item: dict[str, Any], consequence: str) -> dict[str, Any]:
+    def require_pending(self, item: UploadRecord, consequence: str) -> UploadRecord:
         status = effective_status(item)
         if status == "pending":
             return item
-        upload_id = item["pk"]
+        upload_id = item.pk
         if status == "expired":
             self._expire(item)
-            when = datetime.fromtimestamp(item["expires_at"], UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+            when = datetime.fromtimestamp(item.expires_at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
             message = (f"Upload {upload_id} expired at {when} (an Upload expires 1 hour after it is "
                        f"created); {consequence}. Create a new Upload.")
         elif status == "completed":
@@ -332,25 +329,25 @@ class UploadService:
             message = f"Upload {upload_id} was cancelled; {consequence}."
         raise ConflictError(message, param="upload_id", code=f"upload_{status}")
 
-    def _expire(self, item: dict[str, Any]) -> dict[str, Any]:
+    def _expire(self, item: UploadRecord) -> UploadRecord:
         """Records `expired` (so a late complete cannot slip in) and drops the parts."""
         try:
-            item = self.table.update(item["pk"], set_={"status": "expired"},
-                                     expect_in={"status": ("pending",)})
+            item = self.table.update_record(UploadRecord, item.pk, set_={"status": "expired"},
+                                            expect_in={"status": ("pending",)})
         except StorageConflictError:
-            return self.table.get(item["pk"]) or item
-        self.parts.blobs.delete_prefix(upload_prefix(item["pk"]))
-        self.digests.forget(item["pk"])
+            return self.table.get_record(UploadRecord, item.pk) or item
+        self.parts.blobs.delete_prefix(upload_prefix(item.pk))
+        self.digests.forget(item.pk)
         return item
 
-    def to_wire(self, item: dict[str, Any], *, file: FileObject | None = None) -> Upload:
+    def to_wire(self, item: UploadRecord, *, file: FileObject | None = None) -> Upload:
         status = effective_status(item)
-        if status == "completed" and file is None and item.get("file_id"):
-            file_item = self.table.get(str(item["file_id"]))
-            file = file_to_wire(file_item) if file_item is not None else None
+        if status == "completed" and file is None and item.file_id:
+            file_rec = self.table.get_record(FileRecord, item.file_id)
+            file = file_to_wire(file_rec) if file_rec is not None else None
         return Upload(
-            id=item["pk"], bytes=item["bytes"], created_at=item["created_at"], expires_at=item["expires_at"],
-            filename=item["filename"], purpose=item["purpose"], status=status,
+            id=item.pk, bytes=item.bytes, created_at=item.created_at, expires_at=item.expires_at,
+            filename=item.filename, purpose=item.purpose, status=status,
             file=file if status == "completed" else None,
         )
 

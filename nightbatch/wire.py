@@ -108,6 +108,11 @@ class ListPage(BaseModel, Generic[T]):
     has_more: bool = False
 
 
+def list_page(data: list[T], has_more: bool) -> ListPage[T]:
+    return ListPage(data=data, has_more=has_more, first_id=getattr(data[0], "id", None) if data else None,
+                    last_id=getattr(data[-1], "id", None) if data else None)
+
+
 class Model(BaseModel):
     id: str
     object: Literal["model"] = "model"

@@ -8,7 +8,6 @@ from typing import Any
 
 from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError, NotFoundError
-from nightbatch.notifications.events import precise_sort_key
 from nightbatch.notifications.models import (
     BATCH_EVENT_TYPES,
     CreateWebhookEndpointRequest,
@@ -21,7 +20,8 @@ from nightbatch.notifications.signatures import new_secret, secret_hint
 from nightbatch.notifications.targets import Resolver, resolve_target
 from nightbatch.settings import Settings
 from nightbatch.storage import Table
-from nightbatch.wire import ListPage
+from nightbatch.storage.records import WebhookEndpointRecord
+from nightbatch.wire import ListPage, list_page
 
 ENDPOINT_PREFIX = "whep_"
 MAX_LIST_LIMIT = 100
@@ -30,27 +30,27 @@ MAX_NAME_LENGTH = 256
 ROTATION_OVERLAP_SECONDS = 24 * 3600
 
 
-def owner(tenant: str) -> str:
-    return f"{tenant}#webhook_endpoint"
-
-
-def to_wire(item: dict[str, Any]) -> WebhookEndpoint:
+def to_wire(rec: WebhookEndpointRecord) -> WebhookEndpoint:
     return WebhookEndpoint(
-        id=item["pk"], created_at=item["created_at"], event_types=list(item["event_types"]), name=item["name"],
-        signing_secret_hint=secret_hint(item["secret"]), url=item["url"], updated_at=item.get("updated_at"),
+        id=rec.pk, created_at=rec.created_at, event_types=list(rec.event_types), name=rec.name,
+        signing_secret_hint=secret_hint(rec.secret), url=rec.url, updated_at=rec.updated_at,
     )
 
 
-def with_secret(item: dict[str, Any]) -> WebhookEndpointWithSecret:
-    return WebhookEndpointWithSecret(**to_wire(item).model_dump(), signing_secret=item["secret"])
+def with_secret(rec: WebhookEndpointRecord) -> WebhookEndpointWithSecret:
+    return WebhookEndpointWithSecret(**to_wire(rec).model_dump(), signing_secret=rec.secret)
 
 
-def signing_secrets(item: dict[str, Any], *, at: int) -> list[str]:
+def signing_secrets(rec: WebhookEndpointRecord, *, at: int) -> list[str]:
     """The current secret, plus the previous one while its rotation overlap lasts."""
-    out = [str(item["secret"])]
-    if item.get("previous_secret") and int(item.get("previous_secret_expires_at", 0)) > at:
-        out.append(str(item["previous_secret"]))
+    out = [rec.secret]
+    if rec.previous_secret and (rec.previous_secret_expires_at or 0) > at:
+        out.append(rec.previous_secret)
     return out
+
+
+def owner(tenant: str) -> str:
+    return f"{tenant}#webhook_endpoint"
 
 
 def check_event_types(values: list[Any]) -> list[str]:
@@ -94,19 +94,18 @@ class WebhookEndpointService:
         url = self._check_url(req.url)
         endpoint_id = ENDPOINT_PREFIX + secrets.token_hex(12)
         created = now()
-        item: dict[str, Any] = {
-            "pk": endpoint_id, "kind": "webhook_endpoint", "tenant": tenant, "owner": owner(tenant),
-            "owner_sk": precise_sort_key(endpoint_id), "created_at": created, "updated_at": created,
-            "event_types": event_types, "name": name, "url": url, "secret": new_secret(),
-        }
-        self.table.put_new(item)
-        return with_secret(item)
+        rec = WebhookEndpointRecord(
+            pk=endpoint_id, tenant=tenant, created_at=created, updated_at=created, event_types=event_types,
+            name=name, url=url, secret=new_secret(),
+        )
+        self.table.put_record(rec, new=True)
+        return with_secret(rec)
 
-    def item(self, tenant: str, endpoint_id: str) -> dict[str, Any]:
-        item = self.table.get(endpoint_id) if endpoint_id.startswith(ENDPOINT_PREFIX) else None
-        if item is None or item.get("kind") != "webhook_endpoint" or item.get("tenant") != tenant:
+    def item(self, tenant: str, endpoint_id: str) -> WebhookEndpointRecord:
+        rec = self.table.get_owned(WebhookEndpointRecord, tenant, endpoint_id)
+        if rec is None:
             raise NotFoundError(f"No webhook endpoint found with id '{endpoint_id}'.", param="webhook_endpoint_id")
-        return item
+        return rec
 
     def get(self, tenant: str, endpoint_id: str) -> WebhookEndpoint:
         return to_wire(self.item(tenant, endpoint_id))
@@ -115,27 +114,19 @@ class WebhookEndpointService:
         if not 1 <= limit <= MAX_LIST_LIMIT:
             raise InvalidRequestError(f"Invalid 'limit': {limit}. Expected a value between 1 and {MAX_LIST_LIMIT}.",
                                       param="limit", code="invalid_value")
-        after_sk = None
-        if after:
-            cursor = self.table.get(after) if after.startswith(ENDPOINT_PREFIX) else None
-            if cursor is None or cursor.get("kind") != "webhook_endpoint" or cursor.get("tenant") != tenant:
-                raise InvalidRequestError(f"Invalid 'after': no webhook endpoint with id '{after}'.", param="after")
-            after_sk = str(cursor["owner_sk"])
-        data: list[WebhookEndpoint] = []
-        has_more = False
-        for item in self.table.query_owner(owner(tenant), ascending=False, after_sk=after_sk, page_size=limit + 1):
-            if len(data) == limit:
-                has_more = True
-                break
-            data.append(to_wire(item))
-        return ListPage(data=data, has_more=has_more, first_id=data[0].id if data else None,
-                        last_id=data[-1].id if data else None)
+        cursor = self.table.get_owned(WebhookEndpointRecord, tenant, after) if after else None
+        if after and cursor is None:
+            raise InvalidRequestError(f"Invalid 'after': no webhook endpoint with id '{after}'.", param="after")
+        recs, has_more = self.table.page(WebhookEndpointRecord, owner(tenant), limit=limit,
+                                         after_sk=cursor.owner_sk if cursor else None)
+        return list_page([to_wire(r) for r in recs], has_more)
 
-    def all_items(self, tenant: str) -> builtins.list[dict[str, Any]]:
-        return list(self.table.query_owner(owner(tenant), ascending=True))
+    def all_items(self, tenant: str) -> builtins.list[WebhookEndpointRecord]:
+        return [r for i in self.table.query_owner(owner(tenant), ascending=True)
+                if (r := WebhookEndpointRecord.load(i)) is not None]
 
     def update(self, tenant: str, endpoint_id: str, req: UpdateWebhookEndpointRequest) -> WebhookEndpoint:
-        item = self.item(tenant, endpoint_id)
+        rec = self.item(tenant, endpoint_id)
         fields: dict[str, Any] = {}
         if req.event_types is not None:
             fields["event_types"] = check_event_types(req.event_types)
@@ -143,23 +134,23 @@ class WebhookEndpointService:
             fields["name"] = check_name(req.name)
         if req.url is not None:
             fields["url"] = self._check_url(req.url)
-        changed = {k: v for k, v in fields.items() if item.get(k) != v}
+        changed = {k: v for k, v in fields.items() if getattr(rec, k) != v}
         if not changed:
-            return to_wire(item)  # the SDK documents that unchanged updates do not advance updated_at
+            return to_wire(rec)  # the SDK documents that unchanged updates do not advance updated_at
         changed["updated_at"] = now()
-        return to_wire(self.table.update(endpoint_id, set_=changed))
+        return to_wire(self.table.update_record(WebhookEndpointRecord, endpoint_id, set_=changed))
 
     def rotate_secret(self, tenant: str, endpoint_id: str, *, keep_old: bool) -> WebhookEndpointWithSecret:
-        item = self.item(tenant, endpoint_id)
+        rec = self.item(tenant, endpoint_id)
         at = now()
         fields: dict[str, Any] = {"secret": new_secret(), "updated_at": at}
         remove: tuple[str, ...] = ()
         if keep_old:
-            fields["previous_secret"] = item["secret"]
+            fields["previous_secret"] = rec.secret
             fields["previous_secret_expires_at"] = at + ROTATION_OVERLAP_SECONDS
         else:
             remove = ("previous_secret", "previous_secret_expires_at")
-        return with_secret(self.table.update(endpoint_id, set_=fields, remove=remove))
+        return with_secret(self.table.update_record(WebhookEndpointRecord, endpoint_id, set_=fields, remove=remove))
 
     def delete(self, tenant: str, endpoint_id: str) -> DeletedWebhookEndpoint:
         self.item(tenant, endpoint_id)

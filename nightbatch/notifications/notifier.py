@@ -26,6 +26,7 @@ from nightbatch.notifications.targets import Resolver
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, Table
 from nightbatch.storage.delivery_queue import SqsDeliveryQueue
+from nightbatch.storage.records import BatchRecord
 from nightbatch.storage.ses import EmailRejectedError, Mailer
 from nightbatch.storage.sns import Topic
 from nightbatch.wire import TERMINAL_STATUSES
@@ -75,10 +76,10 @@ class Notifier:
             self.queue.close()
 
     def notify_batch(self, batch_id: str) -> NotifyResult:
-        batch = self.table.get(batch_id)
-        if batch is None or batch.get("kind") != "batch":
+        batch = self.table.get_record(BatchRecord, batch_id)
+        if batch is None:
             return NotifyResult(batch_id=batch_id, status="missing")
-        if batch["status"] not in TERMINAL_STATUSES:
+        if batch.status not in TERMINAL_STATUSES:
             return NotifyResult(batch_id=batch_id, status="not_terminal")
         event, created = record_event(self.table, batch)
         result = NotifyResult(batch_id=batch_id, status="notified", event_id=event["event_id"],
@@ -95,13 +96,13 @@ class Notifier:
             raise NotifyError(f"Notifying {batch_id} failed for: {', '.join(failed)}.")
         return result
 
-    def _webhooks(self, batch: dict[str, Any], event: dict[str, Any], result: NotifyResult) -> None:
-        for endpoint in self.endpoints.all_items(batch["tenant"]):
-            if event["type"] in endpoint.get("event_types", []):
+    def _webhooks(self, batch: BatchRecord, event: dict[str, Any], result: NotifyResult) -> None:
+        for endpoint in self.endpoints.all_items(batch.tenant):
+            if event["type"] in endpoint.event_types:
                 delivery = self.deliveries.create(event, endpoint)
                 result.deliveries_enqueued += int(self.deliveries.enqueue_first(delivery))
 
-    def _sns(self, batch: dict[str, Any], event: dict[str, Any], result: NotifyResult) -> None:
+    def _sns(self, batch: BatchRecord, event: dict[str, Any], result: NotifyResult) -> None:
         if self.topic is None or event.get("sns_message_id"):
             return
         wire = batch_to_wire(batch)
@@ -111,17 +112,17 @@ class Notifier:
             wire.errors.data = wire.errors.data[:20]
             message = wire.model_dump_json()
         result.sns_message_id = self.topic.publish(
-            message, subject=f"nightbatch {event['type']} {batch['pk']}",
-            attributes={"tenant": batch["tenant"], "event_type": event["type"], "event_id": event["event_id"],
-                        "batch_id": batch["pk"]},
+            message, subject=f"nightbatch {event['type']} {batch.pk}",
+            attributes={"tenant": batch.tenant, "event_type": event["type"], "event_id": event["event_id"],
+                        "batch_id": batch.pk},
         )
         mark_event(self.table, event["pk"], "sns_message_id", result.sns_message_id)
 
-    def _email(self, batch: dict[str, Any], event: dict[str, Any], result: NotifyResult) -> None:
-        to, refused = recipients(self.settings, batch.get("options"))
+    def _email(self, batch: BatchRecord, event: dict[str, Any], result: NotifyResult) -> None:
+        to, refused = recipients(self.settings, batch.options)
         if refused:
             log.warning("notify %s: not emailing %s (domain not in NIGHTBATCH_EMAIL_ALLOWED_DOMAINS)",
-                        batch["pk"], ", ".join(refused))
+                        batch.pk, ", ".join(refused))
         done = [*event.get("emailed_to", []), *event.get("email_rejected", [])]
         pending = [a for a in to if a not in done]
         if not pending:
@@ -129,9 +130,9 @@ class Notifier:
         wire = batch_to_wire(batch)
         links, expires_at = self._links([fid for fid in (wire.output_file_id, wire.error_file_id) if fid])
         subject, text = compose(wire, links, links_expire_at=expires_at)
-        log.info("email for %s to %s\nSubject: %s\n\n%s", batch["pk"], ", ".join(pending), subject, text)
+        log.info("email for %s to %s\nSubject: %s\n\n%s", batch.pk, ", ".join(pending), subject, text)
         if self.mailer is None:
-            log.warning("notify %s: email not sent, no sender identity (NIGHTBATCH_EMAIL_SENDER)", batch["pk"])
+            log.warning("notify %s: email not sent, no sender identity (NIGHTBATCH_EMAIL_SENDER)", batch.pk)
             return
         sent = list(event.get("emailed_to", []))
         rejected = list(event.get("email_rejected", []))
@@ -141,7 +142,7 @@ class Notifier:
                 self.mailer.send_text(address, subject=subject, text=text)
             except EmailRejectedError as e:
                 # Permanent (e.g. an unverified recipient in the SES sandbox): logged, never retried.
-                log.warning("notify %s: SES rejected the e-mail to %s: %s", batch["pk"], address, e)
+                log.warning("notify %s: SES rejected the e-mail to %s: %s", batch.pk, address, e)
                 rejected.append(address)
                 mark_event(self.table, event["pk"], "email_rejected", rejected)
                 continue

@@ -20,6 +20,7 @@ from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
 from nightbatch.pipeline.segments import segment_line
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore
+from nightbatch.storage.records import FileRecord
 from nightbatch.validation import LineInvalid, Validator, line_error
 from nightbatch.wire import BatchError
 
@@ -86,15 +87,15 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
         return ValidateOutput(batch_id=inp.batch_id, valid=batch["status"] != "failed")
     # Cancelled before validation: still read the input, so that Finalize can write one `batch_cancelled`
     # line per request (exactly one result line per input line, in every case).
-    file_item = table.get(batch["input_file_id"])
-    if file_item is None or file_item.get("tenant") != batch["tenant"] or file_item.get("kind") != "file":
+    file_item = table.get_owned(FileRecord, batch["tenant"], batch["input_file_id"])
+    if file_item is None:
         return _fail(services, batch, [BatchError(
             code="invalid_request", param="file_id", line=None,
             message=f"Cannot find file {batch['input_file_id']}, or it was deleted before the batch ran.")])
-    if file_item["bytes"] > settings.max_input_bytes:
+    if file_item.bytes > settings.max_input_bytes:
         return _fail(services, batch, [BatchError(
             code="file_too_large", param=None, line=None,
-            message=f"The input file is {file_item['bytes']} bytes, over the limit of "
+            message=f"The input file is {file_item.bytes} bytes, over the limit of "
                     f"{settings.max_input_bytes} bytes per batch.")])
 
     validator = Validator(settings=settings, endpoint=batch["endpoint"])

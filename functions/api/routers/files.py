@@ -12,6 +12,7 @@ from functions.api.idempotency import IdempotencyDep
 from nightbatch.downloads import locate as locate_download
 from nightbatch.errors import InvalidRequestError, PayloadTooLargeError
 from nightbatch.services import Services
+from nightbatch.storage.records import FileRecord
 from nightbatch.wire import DeletedFile, FileObject, ListPage
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
@@ -83,7 +84,7 @@ def retrieve_file(file_id: str, request: Request, principal: PrincipalDep, servi
     item = services.files.item(principal.tenant, file_id)
     if (
         services.settings.seed_compat_file_get
-        and item["purpose"] == "batch_output"
+        and item.purpose == "batch_output"
         and "application/json" not in request.headers.get("accept", "")
     ):
         # ARCHITECTURE decision 7: the `requests` quickstart downloads results from this URL.
@@ -101,13 +102,13 @@ def file_content(file_id: str, principal: PrincipalDep, services: ServicesDep) -
     return content_response(services, services.files.item(principal.tenant, file_id))
 
 
-def content_response(services: Services, item: dict[str, Any]) -> Response:
+def content_response(services: Services, item: FileRecord) -> Response:
     # Past what a Lambda response can carry: 307 to a pre-signed S3 URL (nightbatch.downloads).
     target = locate_download(services.settings, services.files.blobs, item)
     if target is not None:
         return RedirectResponse(target.url, status_code=307, headers={"cache-control": "no-store"})
-    media = JSONL_MEDIA_TYPE if item["filename"].endswith(".jsonl") else "application/octet-stream"
+    media = JSONL_MEDIA_TYPE if item.filename.endswith(".jsonl") else "application/octet-stream"
     return StreamingResponse(
         services.files.chunks(item), media_type=media,
-        headers={"content-length": str(item["bytes"])},
+        headers={"content-length": str(item.bytes)},
     )

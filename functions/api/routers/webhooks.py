@@ -88,7 +88,7 @@ def test_endpoint(
     result = notifier.deliveries.send_test(endpoint, body.event_type)
     if result.status_code is None:
         raise InvalidRequestError(
-            f"The test event could not be delivered to {endpoint['url']}: {result.error}.",
+            f"The test event could not be delivered to {endpoint.url}: {result.error}.",
             param="webhook_endpoint_id", code="webhook_unreachable",
         )
     return WebhookEndpointTestResult(event_type=body.event_type, status_code=result.status_code,
