@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 
@@ -13,6 +14,21 @@ from nightbatch.errors import StorageConflictError
 from nightbatch.storage import BlobStore, Table
 
 log = logging.getLogger("gpu_worker.checkpoints")
+
+# The dashboard's chart reads `progress-<attempt>.json` beside the checkpoints: cumulative counts over time,
+# thinned to at most this many samples so the object stays small on a long shard.
+MAX_SAMPLES = 240
+
+
+def progress_key(prefix: str, attempt: str) -> str:
+    return f"{prefix}progress-{attempt}.json"
+
+
+def thin(samples: list[list[float]]) -> list[list[float]]:
+    """Every other sample, always keeping the newest, once there are more than MAX_SAMPLES."""
+    if len(samples) <= MAX_SAMPLES:
+        return samples
+    return samples[-1::-2][::-1]
 
 
 class Checkpointer:
@@ -39,6 +55,8 @@ class Checkpointer:
         self.written = 0  # lines made durable by this attempt
         self.objects = 0
         self.put_seconds = 0.0
+        self.samples: list[list[float]] = []  # [unix time, completed, failed, output tokens], cumulative
+        self._totals = [0, 0, 0]
         self._wake = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
@@ -89,6 +107,19 @@ class Checkpointer:
         self.objects += 1
         self.written += len(lines)
         await asyncio.to_thread(self._count, lines)
+        await asyncio.to_thread(self._sample, lines)
+
+    def _sample(self, lines: list[ResultLine]) -> None:
+        completed = sum(1 for line in lines if line.ok)
+        t = self._totals
+        t[0], t[1], t[2] = t[0] + completed, t[1] + len(lines) - completed, t[2] + sum(x.output_tokens for x in lines)
+        self.samples = thin([*self.samples, [round(time.time(), 3), t[0], t[1], t[2]]])
+        record = {"attempt": self.attempt, "samples": self.samples}
+        try:
+            self.blobs.put_bytes(progress_key(self.prefix, self.attempt), json.dumps(record).encode(),
+                                 content_type="application/json")
+        except Exception:
+            log.exception("progress samples not written for batch %s", self.batch_id)  # a chart, not results
 
     def _count(self, lines: list[ResultLine]) -> None:
         completed = sum(1 for line in lines if line.ok)

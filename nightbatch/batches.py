@@ -12,6 +12,7 @@ from nightbatch.clock import now
 from nightbatch.errors import ConflictError, InvalidRequestError, NotFoundError, StorageConflictError
 from nightbatch.files import FileService, check_expiry_seconds
 from nightbatch.ids import new_batch_id
+from nightbatch.options import check_options
 from nightbatch.settings import ENDPOINTS, Settings
 from nightbatch.storage import Table
 from nightbatch.storage.records import BatchRecord
@@ -137,11 +138,8 @@ class BatchService:
             )
         hours = window_hours(req.completion_window, self.settings.max_completion_window_hours)
         check_metadata(req.metadata)
-        # A bad or disallowed e-mail address is a 400 now, rather than an e-mail silently dropped at Notify.
-        # Imported here: the notifications package imports this module (batch_to_wire) at its import time.
-        from nightbatch.notifications.email import check_notify_options
-
-        check_notify_options(req.nightbatch, self.settings)
+        # Known keys only, a few KB at most; a bad e-mail address is a 400 now rather than a dropped e-mail later.
+        check_options(req.nightbatch, self.settings)
         if req.output_expires_after is not None:
             if req.output_expires_after.anchor != "created_at":
                 raise InvalidRequestError(

@@ -171,9 +171,9 @@ class Settings(BaseSettings):
     allow_private_targets: bool = False
     # Comma-separated addresses e-mailed about every terminal batch (the operator's own; not domain-checked).
     email_recipients: str = ""
-    # Download links in e-mails: how long they stay valid, and the API's public base URL (with or without
-    # /v1; empty: e-mails name the file ids without links).
-    email_link_ttl_seconds: int = 7 * 86400
+    # Download links in e-mails: how long they stay valid (a mailbox is not a vault: a day, then the dashboard
+    # issues fresh ones), and the API's public base URL (with or without /v1; empty: e-mails name the file ids).
+    email_link_ttl_seconds: int = 86400
     public_base_url: str = ""
 
     # --- Worker throughput (issue 8; docs/PERF.md, gpu_worker/scheduling.py) ---

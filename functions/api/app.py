@@ -8,7 +8,18 @@ from fastapi import FastAPI
 
 from functions.api import errors
 from functions.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
-from functions.api.routers import batches, dashboard, files, limits, links, models, uploads, usage, webhooks
+from functions.api.routers import (
+    batches,
+    dashboard,
+    dashboard_api,
+    files,
+    limits,
+    links,
+    models,
+    uploads,
+    usage,
+    webhooks,
+)
 from nightbatch.services import Services, default_services
 
 
@@ -17,7 +28,7 @@ def create_app(services: Callable[[], Services] = default_services) -> FastAPI:
     app.state.services = services
     errors.install(app)
     for r in (files.router, batches.router, models.router, usage.router, limits.router, uploads.router,
-              links.router, dashboard.router, webhooks.router):
+              links.router, dashboard.router, dashboard_api.router, webhooks.router):
         app.include_router(r)
     app.add_middleware(BodyLimitMiddleware, upload_limit=lambda: services().settings.max_upload_bytes,
                        part_limit=lambda: services().settings.max_upload_part_bytes)

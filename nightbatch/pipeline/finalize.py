@@ -14,7 +14,7 @@ from typing import Any
 from nightbatch import lifecycle
 from nightbatch.accounting import collect_shard_times, cost_summary
 from nightbatch.clock import now
-from nightbatch.errors import StorageConflictError
+from nightbatch.errors import BatchItemTooLargeError, StorageConflictError
 from nightbatch.ids import derived_id
 from nightbatch.jsonl import split_lines
 from nightbatch.metrics import emit
@@ -43,6 +43,15 @@ def decide_target(batch: dict[str, Any]) -> str:
 
 
 def finalize_batch(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
+    try:
+        return _finalize(inp, services)
+    except BatchItemTooLargeError:
+        # lifecycle failed the batch for good (its item outgrew DynamoDB's limit); nothing is left to retry.
+        log.error("batch item too large; failed", extra={"batch_id": inp.batch_id})
+        return FinalizeOutput(batch_id=inp.batch_id, status="failed")
+
+
+def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     table = services.adapters.table
     batch = table.get(inp.batch_id)
     if batch is None:

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from botocore.exceptions import ClientError
 
-from nightbatch.errors import StorageConflictError
+from nightbatch.errors import StorageConflictError, StorageItemTooLargeError
 from nightbatch.storage.records import Record
 
 R = TypeVar("R", bound=Record)
@@ -92,6 +92,8 @@ class Table:
         except ClientError as e:
             if _conditional(e):
                 raise StorageConflictError(pk) from e
+            if _too_large(e):
+                raise StorageItemTooLargeError(pk) from e
             raise
         new: dict[str, Any] = _from_ddb(resp["Attributes"])
         return new
@@ -205,6 +207,11 @@ def create_table(client: Any, name: str) -> None:
 
 def _conditional(e: ClientError) -> bool:
     return str(e.response.get("Error", {}).get("Code")) == "ConditionalCheckFailedException"
+
+
+def _too_large(e: ClientError) -> bool:
+    err = e.response.get("Error", {})
+    return str(err.get("Code")) == "ValidationException" and "size" in str(err.get("Message", "")).lower()
 
 
 def _to_ddb(v: Any) -> Any:
