@@ -93,7 +93,7 @@ def prepare(n: int) -> dict[str, Any]:
 
 def write_results(services: Any, batch_id: str) -> None:
     """Stands in for the GPU workers: one result line per planned request (not timed)."""
-    from nightbatch.pipeline import layout
+    from nightbatch import layout
     from nightbatch.pipeline.segments import parse_segment_line
 
     blobs = services.adapters.blobs

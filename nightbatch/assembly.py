@@ -18,19 +18,12 @@ from typing import Any, Protocol
 
 from nightbatch.clock import now
 from nightbatch.errors import StorageConflictError
+from nightbatch.layout import upload_prefix
 from nightbatch.settings import Settings
 from nightbatch.storage import Table
 from nightbatch.storage.parts import PartStore
 
 log = logging.getLogger("nightbatch.uploads")
-
-
-def upload_prefix(upload_id: str) -> str:
-    return f"uploads/{upload_id}/"
-
-
-def part_key(upload_id: str, part_id: str) -> str:
-    return f"uploads/{upload_id}/parts/{part_id}"
 
 
 class UploadJobs(Protocol):

@@ -8,15 +8,14 @@ the result files. The reads are bounded: at most MAX_SHARDS shards, each a listi
 from __future__ import annotations
 
 import json
-import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from nightbatch import layout
 from nightbatch.notifications.delivery import delivery_id
 from nightbatch.notifications.delivery import to_wire as delivery_to_wire
 from nightbatch.notifications.endpoints import WebhookEndpointService
 from nightbatch.notifications.events import event_pk
-from nightbatch.pipeline import layout
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore
 from nightbatch.storage.records import BatchRecord, DeliveryRecord
@@ -24,11 +23,6 @@ from nightbatch.wire import TERMINAL_STATUSES
 
 MAX_SHARDS = 100
 MAX_POINTS = 400
-# The worker's object names under results/<shard>/ (gpu_worker.shard and gpu_worker.checkpoints).
-CHECKPOINT = re.compile(r"^\d{6,}-([0-9a-f]+)\.jsonl$")
-ACCOUNTING = re.compile(r"^acct-([0-9a-f]+)\.json$")
-PROGRESS = re.compile(r"^progress-([0-9a-f]+)\.json$")
-DONE = "_done.json"
 
 
 def _json(blobs: BlobStore, key: str) -> Any:
@@ -50,18 +44,18 @@ def _shard(blobs: BlobStore, batch_id: str, shard_id: str, terminal: bool) -> di
     samples: list[list[list[float]]] = []
     for key in blobs.list_keys(prefix):
         name = key[len(prefix):]
-        if name == DONE:
+        if name == layout.DONE_NAME:
             done = _json(blobs, key) or {}
-        elif m := CHECKPOINT.match(name):
+        elif m := layout.CHECKPOINT_RE.match(name):
             checkpoints += 1
-            attempts.setdefault(m.group(1), {"attempt": m.group(1)})
-        elif m := ACCOUNTING.match(name):
+            attempts.setdefault(m.group(2), {"attempt": m.group(2)})
+        elif m := layout.ACCOUNTING_RE.match(name):
             record = _json(blobs, key) or {}
             # Phase timings as the worker reports them (load, inference, idle and any it adds later).
             timings = {k: v for k, v in record.items() if k.endswith("_seconds") and isinstance(v, int | float)}
             attempts.setdefault(m.group(1), {"attempt": m.group(1)}).update(
                 timings, finished=bool(record.get("finished")))
-        elif m := PROGRESS.match(name):
+        elif m := layout.PROGRESS_RE.match(name):
             record = _json(blobs, key) or {}
             points = [p for p in record.get("samples", []) if isinstance(p, list) and len(p) == 4]
             if points:

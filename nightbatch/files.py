@@ -8,6 +8,7 @@ from typing import Any, BinaryIO
 from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError, NotFoundError
 from nightbatch.ids import new_file_id
+from nightbatch.layout import file_key
 from nightbatch.settings import Settings
 from nightbatch.storage import BlobStore, Table
 from nightbatch.storage.records import FileRecord
@@ -16,10 +17,6 @@ from nightbatch.wire import DeletedFile, FileObject, ListPage, list_page
 MIN_EXPIRY_SECONDS = 3600
 MAX_EXPIRY_SECONDS = 2_592_000
 MAX_FILES_LIMIT = 10_000
-
-
-def file_key(file_id: str) -> str:
-    return f"files/{file_id}"
 
 
 def to_wire(rec: FileRecord) -> FileObject:

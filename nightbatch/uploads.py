@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 
 from pydantic import BaseModel
 
-from nightbatch.assembly import AssemblyService, ThreadUploadJobs, UploadJobs, part_key, upload_prefix
+from nightbatch.assembly import AssemblyService, ThreadUploadJobs, UploadJobs
 from nightbatch.clock import now
 from nightbatch.digests import RunningDigests
 from nightbatch.errors import (
@@ -32,9 +32,10 @@ from nightbatch.errors import (
     PayloadTooLargeError,
     StorageConflictError,
 )
-from nightbatch.files import FileService, check_expiry_seconds, file_key
+from nightbatch.files import FileService, check_expiry_seconds
 from nightbatch.files import to_wire as file_to_wire
 from nightbatch.ids import new_file_id, new_part_id, new_upload_id
+from nightbatch.layout import file_key, part_key, parts_prefix, upload_prefix
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, Table
 from nightbatch.storage.parts import PartStore
@@ -258,7 +259,7 @@ class UploadService:
             dup = next(p for p in part_ids if part_ids.count(p) > 1)
             raise InvalidRequestError(f"Invalid 'part_ids': part '{dup}' is listed more than once.",
                                       param="part_ids", code="invalid_value")
-        sizes = self.parts.sizes(upload_prefix(upload_id) + "parts/")
+        sizes = self.parts.sizes(parts_prefix(upload_id))
         keys: list[str] = []
         total = 0
         for pid in part_ids:

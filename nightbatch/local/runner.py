@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from nightbatch import layout
 from nightbatch.local.engines import EngineHost
 from nightbatch.notifications import Notifier, build_notifier, notify_batch
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
@@ -51,9 +51,8 @@ class LocalWorkflow:
         try:
             valid = validate_batch(inp, services).valid
             if valid:
-                plan = plan_batch(inp, services)
-                raw = services.adapters.blobs.get_bytes(plan.manifest_key) or b"[]"
-                for item in json.loads(raw):
+                plan_batch(inp, services)
+                for item in layout.read_manifest(services.adapters.blobs, batch_id):
                     self._run_shard(services, item)
         finally:
             # The state machine catches every failure into Finalize, so Finalize always runs.
@@ -61,22 +60,23 @@ class LocalWorkflow:
                 finalize_batch(inp, services)
         self._notify(services, batch_id)
 
-    def _run_shard(self, services: Services, item: dict[str, Any]) -> None:
+    def _run_shard(self, services: Services, item: layout.ShardItem) -> None:
         if self.host is None:
-            log.warning("engines are off: shard %s of %s not run", item["shard_id"], item["batch_id"])
+            log.warning("engines are off: shard %s of %s not run", item.shard_id, item.batch_id)
             return
         from gpu_worker.runner import ShardJob, run_shard
 
-        job = ShardJob(batch_id=item["batch_id"], shard_id=item["shard_id"])
+        job = ShardJob(batch_id=item.batch_id, shard_id=item.shard_id)
         host = self.host
         for attempt in range(1, SHARD_ATTEMPTS + 1):
             if self.stopping.is_set():
                 return
             try:
                 async def run() -> Any:
-                    shard = json.loads(services.adapters.blobs.get_bytes(
-                        f"batches/{job.batch_id}/shards/{job.shard_id}.json") or b"{}")
-                    engine = await host.engine(shard["model"])
+                    shard = layout.read_shard(services.adapters.blobs, job.batch_id, job.shard_id)
+                    if shard is None:
+                        raise FileNotFoundError(f"no shard {job.shard_id} of {job.batch_id}")
+                    engine = await host.engine(shard.model)
                     return await run_shard(job, engine=engine, blobs=services.adapters.blobs,
                                            table=services.adapters.table, settings=services.settings)
 

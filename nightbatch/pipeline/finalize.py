@@ -6,19 +6,17 @@ lines are read in key order; the first result per custom_id wins) and finds the 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 from typing import Any
 
-from nightbatch import lifecycle
+from nightbatch import layout, lifecycle
 from nightbatch.accounting import collect_shard_times, cost_summary
 from nightbatch.clock import now
 from nightbatch.errors import BatchItemTooLargeError, StorageConflictError
 from nightbatch.ids import derived_id
 from nightbatch.jsonl import split_lines
 from nightbatch.metrics import emit
-from nightbatch.pipeline import layout
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
 from nightbatch.pipeline.results import Tally, digest, summarize_result_line, unrun_line
 from nightbatch.pipeline.segments import parse_segment_line
@@ -69,7 +67,7 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     writers = _write_files(services, batch, UNRUN_CODE[target])
     out_id, err_id, tally = writers
     usage = tally.usage()
-    times = collect_shard_times(services.adapters.blobs, [layout.batch_prefix(inp.batch_id) + "results/"])
+    times = collect_shard_times(services.adapters.blobs, [layout.all_results_prefix(inp.batch_id)])
     ext = dict(batch.get("ext") or {})
     ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"])
     fields: dict[str, Any] = {
@@ -103,20 +101,19 @@ def _fail_unvalidated(services: Services, batch: dict[str, Any]) -> FinalizeOutp
     return FinalizeOutput(batch_id=batch["pk"], status="failed")
 
 
-def _shards(blobs: BlobStore, batch_id: str) -> Iterator[dict[str, Any]]:
-    raw = blobs.get_bytes(layout.manifest_key(batch_id))
-    items = json.loads(raw) if raw else []
+def _shards(blobs: BlobStore, batch_id: str) -> Iterator[tuple[str | None, list[str], int]]:
+    """(shard_id, segment keys, lines) per planned shard; shard_id None for segments no shard took."""
+    items = layout.read_manifest(blobs, batch_id)
     if items:
         for item in items:
-            shard = blobs.get_bytes(layout.shard_key(batch_id, item["shard_id"]))
+            shard = layout.read_shard(blobs, batch_id, item.shard_id)
             if shard is not None:
-                yield json.loads(shard)
+                yield shard.shard_id, shard.segments, shard.lines
         return
     # Never planned, or planned after a cancel/expiry (empty manifest): every validated segment is unrun.
-    index = blobs.get_bytes(layout.segment_index_key(batch_id))
-    if index:
-        segs = json.loads(index)
-        yield {"shard_id": None, "segments": [s["key"] for s in segs], "lines": sum(s["lines"] for s in segs)}
+    segs = layout.read_segment_index(blobs, batch_id)
+    if segs:
+        yield None, [s.key for s in segs], sum(s.lines for s in segs)
 
 
 def _write_files(services: Services, batch: dict[str, Any], unrun_code: str) -> tuple[
@@ -127,12 +124,12 @@ def _write_files(services: Services, batch: dict[str, Any], unrun_code: str) -> 
     out = blobs.writer(layout.output_key(batch_id))
     err = blobs.writer(layout.error_key(batch_id))
     try:
-        for shard in _shards(blobs, batch_id):
+        for shard_id, segments, lines in _shards(blobs, batch_id):
             seen: set[int] = set()
-            if shard["shard_id"] is not None:
-                _merge_results(blobs, batch_id, shard["shard_id"], seen, out, err, tally)
-            if len(seen) < int(shard["lines"]):
-                for key in shard["segments"]:
+            if shard_id is not None:
+                _merge_results(blobs, batch_id, shard_id, seen, out, err, tally)
+            if len(seen) < lines:
+                for key in segments:
                     for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
                         if not raw.data:
                             continue
@@ -168,7 +165,7 @@ def _write_files(services: Services, batch: dict[str, Any], unrun_code: str) -> 
 def _merge_results(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], out: LineWriter,
                    err: LineWriter, tally: Tally) -> None:
     prefix = layout.results_prefix(batch_id, shard_id)
-    for key in sorted(k for k in blobs.list_keys(prefix) if k.endswith(".jsonl")):
+    for key in sorted(k for k in blobs.list_keys(prefix) if layout.is_checkpoint(prefix, k)):
         for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
             if not raw.data:
                 continue

@@ -2,25 +2,24 @@
 
 from __future__ import annotations
 
-import json
 import math
-from typing import Any
 
-from nightbatch.pipeline import layout
-from nightbatch.pipeline.models import BatchTaskInput, PlanOutput, ShardItem
+from nightbatch import layout
+from nightbatch.layout import SegmentEntry, ShardItem
+from nightbatch.pipeline.models import BatchTaskInput, PlanOutput
 from nightbatch.services import Services
 from nightbatch.settings import Settings
 
 
-def group_segments(segments: list[dict[str, Any]], settings: Settings) -> list[list[dict[str, Any]]]:
+def group_segments(segments: list[SegmentEntry], settings: Settings) -> list[list[SegmentEntry]]:
     """Contiguous groups of whole segments, each near total/n estimated tokens."""
     if not segments:
         return []
-    total = sum(int(s["est"]) for s in segments)
+    total = sum(s.est for s in segments)
     cap = max(1, settings.max_gpus * settings.shards_per_gpu)
     n = max(1, min(cap, math.ceil(total / max(1, settings.shard_target_tokens)), len(segments)))
     target = total / n
-    groups: list[list[dict[str, Any]]] = [[]]
+    groups: list[list[SegmentEntry]] = [[]]
     acc = 0
     for i, seg in enumerate(segments):
         remaining_segments = len(segments) - i
@@ -29,29 +28,26 @@ def group_segments(segments: list[dict[str, Any]], settings: Settings) -> list[l
             groups.append([])
             acc = 0
         groups[-1].append(seg)
-        acc += int(seg["est"])
+        acc += seg.est
     return groups
 
 
 def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
     settings, table, blobs = services.settings, services.adapters.table, services.adapters.blobs
     batch = table.get(inp.batch_id)
-    manifest_key = layout.manifest_key(inp.batch_id)
-    items: list[dict[str, Any]] = []
+    items: list[ShardItem] = []
     if batch is not None and batch["status"] == "in_progress":
-        raw = blobs.get_bytes(layout.segment_index_key(inp.batch_id))
-        segments: list[dict[str, Any]] = json.loads(raw) if raw else []
+        segments = layout.read_segment_index(blobs, inp.batch_id)
         for i, group in enumerate(group_segments(segments, settings)):
             shard_id = f"{i:05d}"
-            blobs.put_bytes(layout.shard_key(inp.batch_id, shard_id), json.dumps({
-                "version": 1, "batch_id": inp.batch_id, "shard_id": shard_id,
-                "endpoint": batch["endpoint"], "model": batch["model"],
-                "segments": [s["key"] for s in group], "lines": sum(int(s["lines"]) for s in group),
-                "est_tokens": sum(int(s["est"]) for s in group),
-            }).encode())
-            items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id).model_dump())
+            layout.write_shard(blobs, layout.ShardSpec(
+                batch_id=inp.batch_id, shard_id=shard_id, endpoint=batch["endpoint"], model=batch["model"],
+                segments=[s.key for s in group], lines=sum(s.lines for s in group),
+                est_tokens=sum(s.est for s in group),
+            ))
+            items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id))
     # Cancelled or expired before planning: an empty manifest sends the workflow straight to Finalize.
-    blobs.put_bytes(manifest_key, json.dumps(items).encode(), content_type="application/json")
+    manifest_key = layout.write_manifest(blobs, inp.batch_id, items)
     if batch is not None:
         table.update(inp.batch_id, set_={"shard_count": len(items)})
     return PlanOutput(batch_id=inp.batch_id, manifest_bucket=settings.bucket, manifest_key=manifest_key,

@@ -3,19 +3,17 @@
 from __future__ import annotations
 
 import io
-import json
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from nightbatch import lifecycle
+from nightbatch import layout, lifecycle
 from nightbatch.clock import now
 from nightbatch.errors import StorageConflictError
 from nightbatch.jsonl import split_lines
 from nightbatch.limits import check_queue_limits
 from nightbatch.metrics import emit
-from nightbatch.pipeline import layout
 from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
 from nightbatch.pipeline.segments import segment_line
 from nightbatch.services import Services
@@ -38,7 +36,7 @@ class SegmentWriter:
     buf: io.BytesIO = field(default_factory=io.BytesIO)
     lines: int = 0
     est: int = 0
-    index: list[dict[str, Any]] = field(default_factory=list)
+    index: list[layout.SegmentEntry] = field(default_factory=list)
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="segments"))
     pending: list[Future[None]] = field(default_factory=list)
 
@@ -58,7 +56,7 @@ class SegmentWriter:
         while len(self.pending) >= 2:
             self.pending.pop(0).result()
         self.pending.append(self.pool.submit(self.blobs.put_bytes, key, self.buf.getvalue()))
-        self.index.append({"key": key, "lines": self.lines, "est": self.est})
+        self.index.append(layout.SegmentEntry(key=key, lines=self.lines, est=self.est))
         self.buf = io.BytesIO()
         self.lines = 0
         self.est = 0
@@ -73,7 +71,7 @@ class SegmentWriter:
         for f in self.pending:
             f.result()
         self.pool.shutdown()
-        self.blobs.put_bytes(layout.segment_index_key(self.batch_id), json.dumps(self.index).encode())
+        layout.write_segment_index(self.blobs, self.batch_id, self.index)
 
 
 def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
@@ -126,14 +124,14 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
                                  message="The input file has no requests."))
     if errors:
         writer.abandon()
-        blobs.delete_prefix(layout.batch_prefix(inp.batch_id) + "segments/")
+        blobs.delete_prefix(layout.segments_prefix(inp.batch_id))
         return _fail(services, batch, errors)
     writer.close()
-    est_total = sum(int(s["est"]) for s in writer.index)
+    est_total = sum(s.est for s in writer.index)
     over = check_queue_limits(table, batch["tenant"], inp.batch_id, count, est_total, model=validator.model,
                               settings=settings)
     if over is not None:
-        blobs.delete_prefix(layout.batch_prefix(inp.batch_id) + "segments/")
+        blobs.delete_prefix(layout.segments_prefix(inp.batch_id))
         return _fail(services, batch, [over])
     extra = {"request_counts": {"total": count, "completed": 0, "failed": 0}, "model": validator.model,
              "est_tokens": est_total}

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from moto import mock_aws
 
-from gpu_worker.shard import CHECKPOINT_RE, done_key, results_prefix, shard_key
 from nightbatch.ids import new_batch_id
+from nightbatch.layout import CHECKPOINT_RE, done_key, results_prefix, shard_key
 from nightbatch.local.aws import FAKE_CREDENTIALS
 from nightbatch.pipeline.segments import segment_line
 from nightbatch.settings import Settings

@@ -11,8 +11,8 @@ import pytest
 from gpu_worker.engines.base import EngineFailedError, EngineReply
 from gpu_worker.results import result_line
 from gpu_worker.runner import ShardJob, ShardReport, run_shard
-from gpu_worker.shard import checkpoint_key, done_key
 from nightbatch.ids import batch_request_id
+from nightbatch.layout import checkpoint_key, done_key
 from nightbatch.settings import LOCAL_MODELS, ModelSpec, Settings
 from nightbatch.wire import BatchRequestOutput
 from tests.support.deterministic_engine import DeterministicEngine
