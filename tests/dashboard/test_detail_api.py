@@ -8,12 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 import requests
 
-from gpu_worker.checkpoints import MAX_SAMPLES, Checkpointer, progress_key, thin
+from gpu_worker.checkpoints import MAX_SAMPLES, Checkpointer, thin
 from gpu_worker.results import ResultLine
+from nightbatch import layout
 from nightbatch.batch_detail import progress_series
+from nightbatch.layout import progress_key
 from nightbatch.notifications.delivery import delivery_id
 from nightbatch.notifications.events import event_pk
-from nightbatch.pipeline import layout
 from tests.dashboard.test_dashboard_browser import create_batch, put_file
 from tests.support.lifecycle import drive
 
