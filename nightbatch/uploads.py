@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 
 from pydantic import BaseModel
 
-from nightbatch.assembly import AssemblyService, ThreadUploadJobs, UploadJobs
+from nightbatch.assembly import UploadJobs
 from nightbatch.clock import now
 from nightbatch.digests import RunningDigests
 from nightbatch.errors import (
@@ -37,10 +37,9 @@ from nightbatch.files import to_wire as file_to_wire
 from nightbatch.ids import new_file_id, new_part_id, new_upload_id
 from nightbatch.layout import file_key, part_key, parts_prefix, upload_prefix
 from nightbatch.settings import Settings
-from nightbatch.storage import Adapters, Table
+from nightbatch.storage import Table
 from nightbatch.storage.parts import PartStore
 from nightbatch.storage.records import FileRecord, UploadRecord
-from nightbatch.storage.sqs import SqsUploadJobs
 from nightbatch.wire import FileObject, Upload, UploadPart
 
 log = logging.getLogger("nightbatch.uploads")
@@ -352,22 +351,3 @@ class UploadService:
             file=file if status == "completed" else None,
         )
 
-
-def build_upload_services(
-    adapters: Adapters, files: FileService, jobs: UploadJobs | None = None
-) -> tuple[UploadService, AssemblyService]:
-    settings = adapters.settings
-    parts = PartStore(adapters.blobs)
-    thread_jobs: ThreadUploadJobs | None = None
-    if jobs is None:
-        if settings.upload_queue_url:
-            jobs = SqsUploadJobs(client=adapters.client("sqs"), queue_url=settings.upload_queue_url)
-        else:
-            if settings.mode == "aws":
-                log.warning("upload_queue_url is not set: uploads compose on a thread of the API process")
-            jobs = thread_jobs = ThreadUploadJobs()
-    assembly = AssemblyService(settings=settings, table=adapters.table, parts=parts, jobs=jobs)
-    if thread_jobs is not None:
-        thread_jobs.bind(assembly)
-    uploads = UploadService(settings=settings, table=adapters.table, files=files, parts=parts, jobs=jobs)
-    return uploads, assembly

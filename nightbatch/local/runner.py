@@ -9,7 +9,7 @@ from typing import Any
 
 from nightbatch import layout
 from nightbatch.local.engines import EngineHost
-from nightbatch.notifications import Notifier, build_notifier, notify_batch
+from nightbatch.notifications import Notifier, notify_batch
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.services import Services
 from nightbatch.storage import Adapters
@@ -33,7 +33,7 @@ class LocalWorkflow:
     def bind(self, services: Services) -> None:
         self.services = services
         # The Notify step's notifier; its in-process delivery queue lives as long as this workflow (see stop()).
-        self.notifier = build_notifier(services.adapters)
+        self.notifier = services.notifier
 
     def start(self, batch_id: str) -> None:
         self.pool.submit(self._run_logged, batch_id)

@@ -15,17 +15,14 @@ from pydantic import BaseModel
 from nightbatch.batches import to_wire as batch_to_wire
 from nightbatch.errors import NightbatchError
 from nightbatch.links import sign_link
-from nightbatch.notifications import transport
-from nightbatch.notifications.delivery import Deliveries, Poster
+from nightbatch.notifications.delivery import Deliveries
 from nightbatch.notifications.email import compose, recipients
 from nightbatch.notifications.endpoints import WebhookEndpointService
 from nightbatch.notifications.events import mark_event, record_event
 from nightbatch.notifications.models import DeliveryAttempt
-from nightbatch.notifications.queues import DeliveryQueue, InProcessQueue
-from nightbatch.notifications.targets import Resolver
+from nightbatch.notifications.queues import DeliveryQueue
 from nightbatch.settings import Settings
-from nightbatch.storage import Adapters, Table
-from nightbatch.storage.delivery_queue import SqsDeliveryQueue
+from nightbatch.storage import Table
 from nightbatch.storage.records import BatchRecord
 from nightbatch.storage.ses import EmailRejectedError, Mailer
 from nightbatch.storage.sns import Topic
@@ -55,14 +52,14 @@ class NotifyResult(BaseModel):
 class Notifier:
     def __init__(
         self, *, settings: Settings, table: Table, topic: Topic | None, mailer: Mailer | None,
-        queue: DeliveryQueue | None, post: Poster = transport.post, resolver: Resolver | None = None,
+        endpoints: WebhookEndpointService, deliveries: Deliveries,
     ) -> None:
         self.settings = settings
         self.table = table
         self.topic = topic
         self.mailer = mailer
-        self.endpoints = WebhookEndpointService(settings=settings, table=table, resolver=resolver)
-        self.deliveries = Deliveries(settings=settings, table=table, queue=queue, post=post, resolver=resolver)
+        self.endpoints = endpoints
+        self.deliveries = deliveries
 
     @property
     def queue(self) -> DeliveryQueue | None:
@@ -171,25 +168,3 @@ class Notifier:
 def notify_batch(batch_id: str, *, notifier: Notifier) -> NotifyResult:
     """The workflow's Notify step, after any terminal transition (idempotent; see the module docstring)."""
     return notifier.notify_batch(batch_id)
-
-
-def build_notifier(
-    adapters: Adapters, *, queue: DeliveryQueue | None = None, post: Poster = transport.post,
-    resolver: Resolver | None = None,
-) -> Notifier:
-    """SQS when a queue URL is configured; in the local mode, an in-process delayed queue feeding the same code."""
-    settings = adapters.settings
-    topic = Topic(client=adapters.sns, topic_arn=settings.topic_arn) if settings.topic_arn else None
-    mailer = None
-    if settings.email_sender:
-        mailer = Mailer(client=adapters.client("ses"), sender=settings.email_sender,
-                        configuration_set=settings.email_configuration_set)
-    notifier = Notifier(settings=settings, table=adapters.table, topic=topic, mailer=mailer, queue=queue,
-                        post=post, resolver=resolver)
-    if queue is None:
-        if settings.webhook_queue_url:
-            notifier.deliveries.queue = SqsDeliveryQueue(client=adapters.client("sqs"),
-                                                         queue_url=settings.webhook_queue_url)
-        elif settings.mode == "local":
-            notifier.deliveries.queue = InProcessQueue(notifier.handle_message)
-    return notifier
