@@ -9,7 +9,13 @@ from pydantic import BaseModel
 
 from nightbatch import lifecycle
 from nightbatch.clock import now
-from nightbatch.errors import ConflictError, InvalidRequestError, NotFoundError, StorageConflictError
+from nightbatch.errors import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    StorageConflictError,
+    check_supported,
+)
 from nightbatch.files import FileService, check_expiry_seconds
 from nightbatch.ids import new_batch_id
 from nightbatch.options import check_options
@@ -130,22 +136,13 @@ class BatchService:
         self.workflow = workflow
 
     def create(self, tenant: str, req: CreateBatchRequest, *, batch_id: str | None = None) -> Batch:
-        if req.endpoint not in ENDPOINTS:
-            raise InvalidRequestError(
-                f"Invalid value: '{req.endpoint}'. Supported values are: "
-                + ", ".join(f"'{e}'" for e in ENDPOINTS) + ".",
-                param="endpoint", code="invalid_value",
-            )
+        check_supported(req.endpoint, ENDPOINTS, param="endpoint")
         hours = window_hours(req.completion_window, self.settings.max_completion_window_hours)
         check_metadata(req.metadata)
         # Known keys only, a few KB at most; a bad e-mail address is a 400 now rather than a dropped e-mail later.
         check_options(req.nightbatch, self.settings)
         if req.output_expires_after is not None:
-            if req.output_expires_after.anchor != "created_at":
-                raise InvalidRequestError(
-                    f"Invalid value: '{req.output_expires_after.anchor}'. Supported values are: 'created_at'.",
-                    param="output_expires_after.anchor", code="invalid_value",
-                )
+            check_supported(req.output_expires_after.anchor, ("created_at",), param="output_expires_after.anchor")
             check_expiry_seconds(req.output_expires_after.seconds, "output_expires_after.seconds")
         self._check_input_file(tenant, req.input_file_id)
         batch_id = batch_id or new_batch_id()

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from nightbatch.clock import now
-from nightbatch.errors import InvalidRequestError, NotFoundError
+from nightbatch.errors import InvalidRequestError, NotFoundError, PayloadTooLargeError, check_supported
 from nightbatch.ids import new_file_id
 from nightbatch.layout import file_key
 from nightbatch.settings import Settings
@@ -14,6 +14,8 @@ from nightbatch.storage import BlobStore, Table
 from nightbatch.storage.records import FileRecord
 from nightbatch.wire import DeletedFile, FileObject, ListPage, list_page
 
+# Purposes a client may upload with (the *_output purposes are ours to write).
+UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 MIN_EXPIRY_SECONDS = 3600
 MAX_EXPIRY_SECONDS = 2_592_000
 MAX_FILES_LIMIT = 10_000
@@ -50,8 +52,20 @@ class FileService:
 
     def create(
         self, tenant: str, *, filename: str, purpose: str, fileobj: BinaryIO, size: int,
-        expires_after_seconds: int | None = None, file_id: str | None = None,
+        expires_after_seconds: int | None = None, expires_after_anchor: str | None = None,
+        file_id: str | None = None,
     ) -> FileObject:
+        check_supported(purpose, UPLOAD_PURPOSES, param="purpose")
+        if expires_after_anchor is not None:
+            check_supported(expires_after_anchor, ("created_at",), param="expires_after[anchor]")
+        limit = self.settings.max_upload_bytes
+        if size > limit:
+            raise PayloadTooLargeError(
+                f"File is {size} bytes, over the {limit} byte limit for POST /v1/files on this deployment. "
+                "Upload larger files with the Uploads API (POST /v1/uploads; in the OpenAI SDK "
+                "client.uploads.upload_file_chunked(..., part_size=4 * 1024 * 1024)).",
+                param="file",
+            )
         check_expiry_seconds(expires_after_seconds, "expires_after[seconds]")
         file_id = file_id or new_file_id()
         self.blobs.put_fileobj(file_key(file_id), fileobj)
@@ -92,11 +106,7 @@ class FileService:
                 f"Invalid 'limit': {limit}. Expected a value between 1 and {MAX_FILES_LIMIT}.",
                 param="limit", code="invalid_value",
             )
-        if order not in ("asc", "desc"):
-            raise InvalidRequestError(
-                f"Invalid 'order': '{order}'. Supported values are: 'asc' and 'desc'.",
-                param="order", code="invalid_value",
-            )
+        check_supported(order, ("asc", "desc"), param="order", label="order")
         cursor = self.table.get_owned(FileRecord, tenant, after) if after else None
         if after and cursor is None:
             raise InvalidRequestError(f"Invalid 'after': no file with id '{after}'.", param="after")

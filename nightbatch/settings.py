@@ -9,7 +9,6 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
 ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 
 

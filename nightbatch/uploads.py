@@ -31,8 +31,9 @@ from nightbatch.errors import (
     NotFoundError,
     PayloadTooLargeError,
     StorageConflictError,
+    check_supported,
 )
-from nightbatch.files import FileService, check_expiry_seconds
+from nightbatch.files import UPLOAD_PURPOSES, FileService, check_expiry_seconds
 from nightbatch.files import to_wire as file_to_wire
 from nightbatch.ids import new_file_id, new_part_id, new_upload_id
 from nightbatch.layout import file_key, part_key, parts_prefix, upload_prefix
@@ -120,6 +121,7 @@ class UploadService:
     # -- create ---------------------------------------------------------------------------------------------
 
     def create(self, tenant: str, req: CreateUploadRequest) -> Upload:
+        check_supported(req.purpose, UPLOAD_PURPOSES, param="purpose")
         limit = self.settings.max_upload_total_bytes
         if not 0 <= req.bytes <= limit:
             raise InvalidRequestError(
@@ -134,11 +136,7 @@ class UploadService:
                                       code="invalid_value")
         file_ttl = None
         if req.expires_after is not None:
-            if req.expires_after.anchor != "created_at":
-                raise InvalidRequestError(
-                    f"Invalid value: '{req.expires_after.anchor}'. Supported values are: 'created_at'.",
-                    param="expires_after.anchor", code="invalid_value",
-                )
+            check_supported(req.expires_after.anchor, ("created_at",), param="expires_after.anchor")
             check_expiry_seconds(req.expires_after.seconds, "expires_after.seconds")
             file_ttl = req.expires_after.seconds
         upload_id = new_upload_id()

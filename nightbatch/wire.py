@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-FilePurpose = Literal[
-    "assistants", "assistants_output", "batch", "batch_output", "fine-tune", "fine-tune-results", "vision",
-    "user_data", "evals",
-]
 BatchStatus = Literal[
     "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
 ]
@@ -118,17 +114,6 @@ class Model(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "nightbatch"
-
-
-class BatchRequestInput(BaseModel):
-    """One line of a batch input file, after validation."""
-
-    model_config = ConfigDict(extra="allow")
-
-    custom_id: str
-    method: Literal["POST"]
-    url: str
-    body: dict[str, Any]
 
 
 class ResponseEnvelope(BaseModel):

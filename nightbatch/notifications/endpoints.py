@@ -7,7 +7,7 @@ import secrets
 from typing import Any
 
 from nightbatch.clock import now
-from nightbatch.errors import InvalidRequestError, NotFoundError
+from nightbatch.errors import InvalidRequestError, NotFoundError, check_supported
 from nightbatch.notifications.models import (
     BATCH_EVENT_TYPES,
     CreateWebhookEndpointRequest,
@@ -59,12 +59,7 @@ def check_event_types(values: list[Any]) -> list[str]:
                                   param="event_types", code="invalid_value")
     out: list[str] = []
     for i, v in enumerate(values):
-        if v not in BATCH_EVENT_TYPES:
-            raise InvalidRequestError(
-                f"Invalid value for 'event_types[{i}]': {v!r}. Supported values are: "
-                + ", ".join(f"'{t}'" for t in BATCH_EVENT_TYPES) + ".",
-                param=f"event_types[{i}]", code="invalid_value",
-            )
+        check_supported(v, BATCH_EVENT_TYPES, param=f"event_types[{i}]", label=f"event_types[{i}]")
         if v not in out:
             out.append(str(v))
     return out

@@ -13,13 +13,13 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from nightbatch.batches import to_wire as batch_to_wire
-from nightbatch.errors import NightbatchError
+from nightbatch.errors import InvalidRequestError, NightbatchError, check_supported
 from nightbatch.links import sign_link
 from nightbatch.notifications.delivery import Deliveries
 from nightbatch.notifications.email import compose, recipients
 from nightbatch.notifications.endpoints import WebhookEndpointService
 from nightbatch.notifications.events import mark_event, record_event
-from nightbatch.notifications.models import DeliveryAttempt
+from nightbatch.notifications.models import BATCH_EVENT_TYPES, DeliveryAttempt, WebhookEndpointTestResult
 from nightbatch.notifications.queues import DeliveryQueue
 from nightbatch.settings import Settings
 from nightbatch.storage import Table
@@ -71,6 +71,19 @@ class Notifier:
     def close(self) -> None:
         if self.queue is not None:
             self.queue.close()
+
+    def test_endpoint(self, tenant: str, endpoint_id: str, event_type: str) -> WebhookEndpointTestResult:
+        """`webhooks.test`: one signed sample event to the tenant's endpoint, now; 400 if it cannot be reached."""
+        check_supported(event_type, BATCH_EVENT_TYPES, param="event_type")
+        endpoint = self.endpoints.item(tenant, endpoint_id)
+        result = self.deliveries.send_test(endpoint, event_type)
+        if result.status_code is None:
+            raise InvalidRequestError(
+                f"The test event could not be delivered to {endpoint.url}: {result.error}.",
+                param="webhook_endpoint_id", code="webhook_unreachable",
+            )
+        return WebhookEndpointTestResult(event_type=event_type, status_code=result.status_code,
+                                         webhook_endpoint_id=endpoint_id)
 
     def notify_batch(self, batch_id: str) -> NotifyResult:
         batch = self.table.get_record(BatchRecord, batch_id)

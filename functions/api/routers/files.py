@@ -10,14 +10,12 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from functions.api.deps import Principal, PrincipalDep, ServicesDep
 from functions.api.idempotency import IdempotencyDep
 from nightbatch.downloads import locate as locate_download
-from nightbatch.errors import InvalidRequestError, PayloadTooLargeError
 from nightbatch.services import Services
 from nightbatch.storage.records import FileRecord
 from nightbatch.wire import DeletedFile, FileObject, ListPage
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
-UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 JSONL_MEDIA_TYPE = "application/jsonl; charset=utf-8"
 
 
@@ -39,31 +37,12 @@ def _create_file(
     principal: Principal, services: Services, purpose: str, file: UploadFile,
     expires_after_anchor: str | None, expires_after_seconds: int | None,
 ) -> FileObject:
-    if purpose not in UPLOAD_PURPOSES:
-        raise InvalidRequestError(
-            f"Invalid value: '{purpose}'. Supported values are: "
-            + ", ".join(f"'{p}'" for p in UPLOAD_PURPOSES) + ".",
-            param="purpose", code="invalid_value",
-        )
-    if expires_after_anchor is not None and expires_after_anchor != "created_at":
-        raise InvalidRequestError(
-            f"Invalid value: '{expires_after_anchor}'. Supported values are: 'created_at'.",
-            param="expires_after[anchor]", code="invalid_value",
-        )
-    limit = services.settings.max_upload_bytes
     file.file.seek(0, 2)
     size = file.file.tell()
     file.file.seek(0)
-    if size > limit:
-        raise PayloadTooLargeError(
-            f"File is {size} bytes, over the {limit} byte limit for POST /v1/files on this deployment. "
-            "Upload larger files with the Uploads API (POST /v1/uploads; in the OpenAI SDK "
-            "client.uploads.upload_file_chunked(..., part_size=4 * 1024 * 1024)).",
-            param="file",
-        )
     return services.files.create(
         principal.tenant, filename=file.filename or "upload", purpose=purpose, fileobj=file.file, size=size,
-        expires_after_seconds=expires_after_seconds,
+        expires_after_seconds=expires_after_seconds, expires_after_anchor=expires_after_anchor,
     )
 
 
