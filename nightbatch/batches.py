@@ -14,6 +14,7 @@ from nightbatch.errors import (
     InvalidRequestError,
     NotFoundError,
     StorageConflictError,
+    check_range,
     check_supported,
 )
 from nightbatch.files import FileService, check_expiry_seconds
@@ -175,20 +176,14 @@ class BatchService:
             )
 
     def item(self, tenant: str, batch_id: str) -> BatchRecord:
-        rec = self.table.get_owned(BatchRecord, tenant, batch_id)
-        if rec is None:
-            raise NotFoundError(f"No batch found with id '{batch_id}'.", param="batch_id")
-        return rec
+        return self.table.require_owned(BatchRecord, tenant, batch_id, param="batch_id",
+                                        missing=f"No batch found with id '{batch_id}'.")
 
     def get(self, tenant: str, batch_id: str) -> Batch:
         return to_wire(self.item(tenant, batch_id))
 
     def list(self, tenant: str, *, limit: int, after: str | None) -> ListPage[Batch]:
-        if not 1 <= limit <= MAX_BATCHES_LIMIT:
-            raise InvalidRequestError(
-                f"Invalid 'limit': {limit}. Expected a value between 1 and {MAX_BATCHES_LIMIT}.",
-                param="limit", code="invalid_value",
-            )
+        check_range(limit, 1, MAX_BATCHES_LIMIT, param="limit")
         cursor = self.table.get_owned(BatchRecord, tenant, after) if after else None
         if after and cursor is None:
             raise InvalidRequestError(f"Invalid 'after': no batch with id '{after}'.", param="after")

@@ -96,3 +96,9 @@ def check_supported(value: object, supported: Iterable[str], *, param: str, labe
     head = f"Invalid value for '{label}': {value!r}." if label else f"Invalid value: '{value}'."
     raise InvalidRequestError(f"{head} Supported values are: " + ", ".join(f"'{v}'" for v in allowed) + ".",
                               param=param, code="invalid_value")
+
+
+def check_range(value: int, low: int, high: int, *, param: str) -> None:
+    if not low <= value <= high:
+        raise InvalidRequestError(f"Invalid '{param}': {value}. Expected a value between {low} and {high}.",
+                                  param=param, code="invalid_value")

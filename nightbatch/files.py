@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from typing import Any, BinaryIO
 
 from nightbatch.clock import now
-from nightbatch.errors import InvalidRequestError, NotFoundError, PayloadTooLargeError, check_supported
+from nightbatch.errors import InvalidRequestError, NotFoundError, PayloadTooLargeError, check_range, check_supported
 from nightbatch.ids import new_file_id
 from nightbatch.layout import file_key
 from nightbatch.settings import Settings
@@ -101,11 +101,7 @@ class FileService:
     def list(
         self, tenant: str, *, purpose: str | None, limit: int, order: str, after: str | None
     ) -> ListPage[FileObject]:
-        if not 1 <= limit <= MAX_FILES_LIMIT:
-            raise InvalidRequestError(
-                f"Invalid 'limit': {limit}. Expected a value between 1 and {MAX_FILES_LIMIT}.",
-                param="limit", code="invalid_value",
-            )
+        check_range(limit, 1, MAX_FILES_LIMIT, param="limit")
         check_supported(order, ("asc", "desc"), param="order", label="order")
         cursor = self.table.get_owned(FileRecord, tenant, after) if after else None
         if after and cursor is None:

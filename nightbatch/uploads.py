@@ -17,6 +17,7 @@ import binascii
 import hashlib
 import logging
 import re
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, BinaryIO
 
@@ -28,7 +29,6 @@ from nightbatch.digests import RunningDigests
 from nightbatch.errors import (
     ConflictError,
     InvalidRequestError,
-    NotFoundError,
     PayloadTooLargeError,
     StorageConflictError,
     check_supported,
@@ -106,17 +106,14 @@ def normalize_md5(value: str) -> str:
     )
 
 
+@dataclass(kw_only=True)
 class UploadService:
-    def __init__(
-        self, *, settings: Settings, table: Table, files: FileService, parts: PartStore, jobs: UploadJobs,
-        digests: RunningDigests | None = None,
-    ) -> None:
-        self.settings = settings
-        self.table = table
-        self.files = files
-        self.parts = parts
-        self.jobs = jobs
-        self.digests = digests or RunningDigests()
+    settings: Settings
+    table: Table
+    files: FileService
+    parts: PartStore
+    jobs: UploadJobs
+    digests: RunningDigests = field(default_factory=RunningDigests)
 
     # -- create ---------------------------------------------------------------------------------------------
 
@@ -306,10 +303,8 @@ class UploadService:
     # -- shared ---------------------------------------------------------------------------------------------
 
     def item(self, tenant: str, upload_id: str) -> UploadRecord:
-        rec = self.table.get_owned(UploadRecord, tenant, upload_id)
-        if rec is None:
-            raise NotFoundError(f"No such Upload object: {upload_id}", param="upload_id")
-        return rec
+        return self.table.require_owned(UploadRecord, tenant, upload_id, param="upload_id",
+                                        missing=f"No such Upload object: {upload_id}")
 
     def require_pending(self, item: UploadRecord, consequence: str) -> UploadRecord:
         status = effective_status(item)

@@ -13,10 +13,11 @@ import math
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from nightbatch.clock import now
-from nightbatch.errors import InvalidRequestError, StorageConflictError
+from nightbatch.errors import InvalidRequestError, StorageConflictError, check_range
 from nightbatch.ids import derived_id
 from nightbatch.notifications import transport
 from nightbatch.notifications.endpoints import signing_secrets
@@ -52,16 +53,13 @@ def to_wire(rec: DeliveryRecord) -> WebhookDelivery:
     )
 
 
+@dataclass(kw_only=True)
 class Deliveries:
-    def __init__(
-        self, *, settings: Settings, table: Table, queue: DeliveryQueue | None,
-        post: Poster = transport.post, resolver: Resolver | None = None,
-    ) -> None:
-        self.settings = settings
-        self.table = table
-        self.queue = queue
-        self.post = post
-        self.resolver = resolver
+    settings: Settings
+    table: Table
+    queue: DeliveryQueue | None
+    post: Poster = transport.post
+    resolver: Resolver | None = None
 
     def backoff(self, attempts_done: int) -> float:
         s = self.settings
@@ -175,9 +173,7 @@ class Deliveries:
         return result
 
     def list(self, tenant: str, endpoint_id: str, *, limit: int, after: str | None) -> ListPage[WebhookDelivery]:
-        if not 1 <= limit <= MAX_LIST_LIMIT:
-            raise InvalidRequestError(f"Invalid 'limit': {limit}. Expected a value between 1 and {MAX_LIST_LIMIT}.",
-                                      param="limit", code="invalid_value")
+        check_range(limit, 1, MAX_LIST_LIMIT, param="limit")
         cursor = self.table.get_owned(DeliveryRecord, tenant, after) if after else None
         if after and (cursor is None or cursor.endpoint_id != endpoint_id):
             raise InvalidRequestError(f"Invalid 'after': no delivery with id '{after}'.", param="after")

@@ -7,7 +7,7 @@ import secrets
 from typing import Any
 
 from nightbatch.clock import now
-from nightbatch.errors import InvalidRequestError, NotFoundError, check_supported
+from nightbatch.errors import InvalidRequestError, check_range, check_supported
 from nightbatch.notifications.models import (
     BATCH_EVENT_TYPES,
     CreateWebhookEndpointRequest,
@@ -97,18 +97,14 @@ class WebhookEndpointService:
         return with_secret(rec)
 
     def item(self, tenant: str, endpoint_id: str) -> WebhookEndpointRecord:
-        rec = self.table.get_owned(WebhookEndpointRecord, tenant, endpoint_id)
-        if rec is None:
-            raise NotFoundError(f"No webhook endpoint found with id '{endpoint_id}'.", param="webhook_endpoint_id")
-        return rec
+        return self.table.require_owned(WebhookEndpointRecord, tenant, endpoint_id, param="webhook_endpoint_id",
+                                        missing=f"No webhook endpoint found with id '{endpoint_id}'.")
 
     def get(self, tenant: str, endpoint_id: str) -> WebhookEndpoint:
         return to_wire(self.item(tenant, endpoint_id))
 
     def list(self, tenant: str, *, limit: int, after: str | None) -> ListPage[WebhookEndpoint]:
-        if not 1 <= limit <= MAX_LIST_LIMIT:
-            raise InvalidRequestError(f"Invalid 'limit': {limit}. Expected a value between 1 and {MAX_LIST_LIMIT}.",
-                                      param="limit", code="invalid_value")
+        check_range(limit, 1, MAX_LIST_LIMIT, param="limit")
         cursor = self.table.get_owned(WebhookEndpointRecord, tenant, after) if after else None
         if after and cursor is None:
             raise InvalidRequestError(f"Invalid 'after': no webhook endpoint with id '{after}'.", param="after")

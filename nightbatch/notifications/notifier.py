@@ -8,6 +8,7 @@ sends nothing twice, and a run that failed half-way completes what is missing.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -49,17 +50,16 @@ class NotifyResult(BaseModel):
     emails_sent: int = 0
 
 
+@dataclass(kw_only=True)
 class Notifier:
-    def __init__(
-        self, *, settings: Settings, table: Table, topic: Topic | None, mailer: Mailer | None,
-        endpoints: WebhookEndpointService, deliveries: Deliveries,
-    ) -> None:
-        self.settings = settings
-        self.table = table
-        self.topic = topic
-        self.mailer = mailer
-        self.endpoints = endpoints
-        self.deliveries = deliveries
+    """Its parts are wired by nightbatch.services (SNS and SES only when configured)."""
+
+    settings: Settings
+    table: Table
+    topic: Topic | None
+    mailer: Mailer | None
+    endpoints: WebhookEndpointService
+    deliveries: Deliveries
 
     @property
     def queue(self) -> DeliveryQueue | None:

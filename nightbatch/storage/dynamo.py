@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 from botocore.exceptions import ClientError
 
-from nightbatch.errors import StorageConflictError, StorageItemTooLargeError
+from nightbatch.errors import NotFoundError, StorageConflictError, StorageItemTooLargeError
 from nightbatch.storage.records import Record
 
 R = TypeVar("R", bound=Record)
@@ -108,6 +108,13 @@ class Table:
         """The tenant's record: another tenant's id is answered exactly like a missing one (None)."""
         rec = self.get_record(kind, record_id)
         return rec if rec is not None and rec.tenant == tenant else None
+
+    def require_owned(self, kind: type[R], tenant: str, record_id: str, *, missing: str, param: str) -> R:
+        """`get_owned`, or a 404 saying `missing` (the same for another tenant's id as for none at all)."""
+        rec = self.get_owned(kind, tenant, record_id)
+        if rec is None:
+            raise NotFoundError(missing, param=param)
+        return rec
 
     def put_record(self, rec: Record, *, new: bool = False) -> None:
         (self.put_new if new else self.put)(rec.to_item())

@@ -82,7 +82,11 @@ class ListedRecord(Record):
     def model_post_init(self, context: Any, /) -> None:
         super().model_post_init(context)
         if not self.owner_sk:
-            self.owner_sk = sort_key(self.created_at, self.pk)
+            self.owner_sk = self.first_sort_key()
+
+    def first_sort_key(self) -> str:
+        """The listing order, fixed when the record is made: creation time, then id."""
+        return sort_key(self.created_at, self.pk)
 
     @classmethod
     def owner_of(cls, tenant: str) -> str | None:
@@ -184,10 +188,8 @@ class KeyRecord(ListedRecord):
     prefix: str = ""
     revoked_at: int | None = None
 
-    def model_post_init(self, context: Any, /) -> None:
-        Record.model_post_init(self, context)
-        if not self.owner_sk:
-            self.owner_sk = sort_key(self.created_at, self.key_id)
+    def first_sort_key(self) -> str:
+        return sort_key(self.created_at, self.key_id)  # the public id: the pk is the hash
 
     @classmethod
     def owner_of(cls, tenant: str) -> str | None:
@@ -198,7 +200,14 @@ class KeyRecord(ListedRecord):
         return self.revoked_at is None
 
 
-class WebhookEndpointRecord(ListedRecord):
+class PreciselyListedRecord(ListedRecord):
+    """Listed to the microsecond: several are often made within one second."""
+
+    def first_sort_key(self) -> str:
+        return precise_sort_key(self.pk)
+
+
+class WebhookEndpointRecord(PreciselyListedRecord):
     KIND = "webhook_endpoint"
     ID_PREFIX = "whep_"
 
@@ -210,13 +219,8 @@ class WebhookEndpointRecord(ListedRecord):
     previous_secret: str | None = None
     previous_secret_expires_at: int | None = None
 
-    def model_post_init(self, context: Any, /) -> None:
-        Record.model_post_init(self, context)
-        if not self.owner_sk:
-            self.owner_sk = precise_sort_key(self.pk)
 
-
-class DeliveryRecord(ListedRecord):
+class DeliveryRecord(PreciselyListedRecord):
     """One event's delivery to one webhook endpoint, with every attempt."""
 
     KIND = "webhook_delivery"
@@ -235,11 +239,6 @@ class DeliveryRecord(ListedRecord):
     created_ts: float | None = None
     enqueued: bool | None = None
     ttl: int | None = None
-
-    def model_post_init(self, context: Any, /) -> None:
-        Record.model_post_init(self, context)
-        if not self.owner_sk:
-            self.owner_sk = precise_sort_key(self.pk)
 
     @classmethod
     def owner_of_endpoint(cls, tenant: str, endpoint_id: str) -> str:
