@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from gpu_worker.engines.base import EngineFailedError, EngineReply
 from nightbatch.ids import batch_request_id
+from nightbatch.jsonl import dumps_line
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,7 @@ def result_line(batch_id: str, custom_id: str, request_id: str, reply: EngineRep
         "response": {"status_code": reply.status_code, "request_id": request_id, "body": reply.body},
         "error": None,
     }
-    data = (json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+    data = dumps_line(line)
     return ResultLine(custom_id, data, ok, input_tokens, output_tokens)
 
 

@@ -121,6 +121,8 @@ class Settings(BaseSettings):
     tenant_limits_json: str = ""
 
     # Resources the deployed stack wires in (infra/ sets them; empty in the local mode until it needs them).
+    # Plan: {"<model>": "<job definition ARN>"}, the job definition each shard of a model's batch runs with.
+    job_definitions_json: str = ""
     job_queue: str = ""  # AWS Batch queue ARN: the sweeper cancels a cancelled/expired batch's unstarted jobs
     webhook_queue_url: str = ""  # SQS queue Notify puts webhook deliveries on
     email_sender: str = ""  # verified SES sender address; empty disables e-mail notifications

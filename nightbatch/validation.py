@@ -7,10 +7,17 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from nightbatch.settings import Settings
 from nightbatch.wire import BatchError
 
 MAX_CUSTOM_ID = 512
+_decode = msgspec.json.Decoder().decode
+MAX_ECHO = 64
+# A batch's stored `errors` stop growing here (besides max_reported_errors), so 100 failed batches in one list
+# response stay far under the ~6 MB a Lambda may answer, and the batch item under DynamoDB's 400 KB.
+MAX_ERRORS_BYTES = 32 * 1024
 
 
 class LineInvalid(Exception):
@@ -44,13 +51,11 @@ class Validator:
             raise LineInvalid("line_too_long", f"Line {number} is {size} bytes, over the limit of "
                               f"{s.max_line_bytes} bytes per line.")
         try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise LineInvalid("invalid_encoding", f"Line {number} is not valid UTF-8 (byte {e.start}).") from e
-        try:
-            obj = json.loads(text)
-        except ValueError as e:
-            raise LineInvalid("invalid_json_line", "This line is not parseable as valid JSON.") from e
+            # Compiled fast path: a line it parses is valid UTF-8 (bytes outside strings can only be JSON
+            # syntax) and means what json.loads says it means.
+            obj = _decode(data)
+        except msgspec.MsgspecError:
+            obj = _stdlib_parse(number, data)
         if not isinstance(obj, dict):
             raise LineInvalid("invalid_json_line", "This line is not a JSON object.")
         for name in ("custom_id", "method", "url", "body"):
@@ -61,7 +66,7 @@ class Validator:
             raise LineInvalid("invalid_request", f"'custom_id' must be a non-empty string of at most "
                               f"{MAX_CUSTOM_ID} characters.", "custom_id")
         if obj["method"] != "POST":
-            raise LineInvalid("invalid_method", f"Invalid method {obj['method']!r}: only 'POST' is supported.",
+            raise LineInvalid("invalid_method", f"Invalid method {echo(obj['method'])}: only 'POST' is supported.",
                               "method")
         if obj["url"] != self.endpoint:
             raise LineInvalid("invalid_url", "The URL provided for this request does not match the batch "
@@ -85,12 +90,12 @@ class Validator:
         spec = self.settings.model(model)
         if spec is None or self.endpoint not in spec.endpoints:
             served = ", ".join(m.name for m in self.settings.models if self.endpoint in m.endpoints)
-            raise LineInvalid("model_not_found", f"The provided model '{model}' is not supported by the Batch "
+            raise LineInvalid("model_not_found", f"The provided model {echo(model)} is not supported by the Batch "
                               f"API for {self.endpoint}. Served models: {served or 'none'}.", "body.model")
         if self.model is None:
             self.model = model
         elif model != self.model:
-            raise LineInvalid("mismatched_model", f"The model '{model}' for this request does not match the "
+            raise LineInvalid("mismatched_model", f"The model {echo(model)} for this request does not match the "
                               "rest of the batch. Each batch must contain requests for a single model.",
                               "body.model")
         if body.get("stream"):
@@ -116,6 +121,29 @@ class Validator:
             raise LineInvalid("too_many_inputs", f"The batch has more than {self.settings.max_embedding_inputs}"
                               " embedding inputs across its requests.", "body.input")
         return _estimate(line_bytes)
+
+
+def _stdlib_parse(number: int, data: bytes) -> Any:
+    """What the standard library accepts (NaN, 1e400, lone surrogates) and its errors, as before msgspec."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise LineInvalid("invalid_encoding", f"Line {number} is not valid UTF-8 (byte {e.start}).") from e
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise LineInvalid("invalid_json_line", "This line is not parseable as valid JSON.") from e
+    except RecursionError:
+        # `[[[[…` a few thousand deep: the parser's recursion limit, one bad line rather than a crashed step.
+        raise LineInvalid("invalid_json_line", "This line nests JSON too deeply to be parsed.") from None
+
+
+def echo(value: Any, limit: int = MAX_ECHO) -> str:
+    """A user value quoted in an error message, cut short: errors are stored and listed, lines are 4 MiB."""
+    if isinstance(value, dict | list):
+        return "an object" if isinstance(value, dict) else "an array"  # never re-serialised: may be deep
+    text = value if isinstance(value, str) else json.dumps(value)
+    return "'" + (text if len(text) <= limit else text[:limit] + "…") + "'"
 
 
 def _estimate(line_bytes: int) -> int:

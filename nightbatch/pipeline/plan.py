@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 from nightbatch import layout
@@ -38,6 +39,8 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
     items: list[ShardItem] = []
     if batch is not None and batch["status"] == "in_progress":
         segments = layout.read_segment_index(blobs, inp.batch_id)
+        job_definitions: dict[str, str] = json.loads(settings.job_definitions_json or "{}")
+        job_definition = job_definitions.get(batch["model"], "")
         for i, group in enumerate(group_segments(segments, settings)):
             shard_id = f"{i:05d}"
             layout.write_shard(blobs, layout.ShardSpec(
@@ -45,7 +48,7 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
                 segments=[s.key for s in group], lines=sum(s.lines for s in group),
                 est_tokens=sum(s.est for s in group),
             ))
-            items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id))
+            items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id, job_definition=job_definition))
     # Cancelled or expired before planning: an empty manifest sends the workflow straight to Finalize.
     manifest_key = layout.write_manifest(blobs, inp.batch_id, items)
     if batch is not None:

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from nightbatch.ids import batch_request_id
-from nightbatch.jsonl import dumps_line
+from nightbatch.jsonl import dumps_line, loads
 
 UNRUN_MESSAGES = {
     "batch_cancelled": "This request was not executed because the batch was cancelled.",
@@ -25,11 +25,23 @@ def unrun_line(batch_id: str, custom_id: str, code: str) -> bytes:
     })
 
 
-# Our workers write `{"id":…,"custom_id":…,"response":{"status_code":N,…` in this key order; a line that
-# doesn't match (written by anything else) is parsed in full instead.
-_HEAD = re.compile(r'^\{"id":"[^"\\]*","custom_id":("(?:[^"\\]|\\.)*"),"response":(?:null|\{"status_code":(\d+))')
-_USAGE = '"usage":{'
-_decoder = json.JSONDecoder()
+class _Body(msgspec.Struct):
+    usage: dict[str, Any] | None = None
+
+
+class _Response(msgspec.Struct):
+    status_code: int
+    body: _Body | None = None
+
+
+class _Line(msgspec.Struct):
+    """The fields Finalize needs from a result line; msgspec skips the rest without building it."""
+
+    custom_id: str
+    response: _Response | None = None
+
+
+_decode_line = msgspec.json.Decoder(_Line).decode
 
 
 @dataclass(frozen=True)
@@ -40,26 +52,23 @@ class ResultSummary:
 
 
 def summarize_result_line(data: bytes) -> ResultSummary:
-    """custom_id, success and usage of one result line without parsing the whole response body."""
-    text = data.decode()
-    m = _HEAD.match(text)
-    if m is None:
-        line = json.loads(text)
-        response = line.get("response")
-        ok = response is not None and 200 <= int(response.get("status_code", 0)) < 300
-        body = (response or {}).get("body") or {}
-        return ResultSummary(str(line["custom_id"]), ok, body.get("usage") or {} if ok else {})
-    quoted = m.group(1)
-    custom_id = json.loads(quoted) if "\\" in quoted else quoted[1:-1]
-    ok = m.group(2) is not None and 200 <= int(m.group(2)) < 300
-    usage: dict[str, Any] = {}
-    if ok:
-        # An unescaped `"usage":{` can only be a key (quotes inside strings are escaped); the body's own
-        # usage is the last one.
-        at = text.rfind(_USAGE)
-        if at >= 0:
-            usage, _ = _decoder.raw_decode(text, at + len(_USAGE) - 1)
-    return ResultSummary(custom_id, ok, usage)
+    """custom_id, success and usage of one result line, decoding only those fields."""
+    try:
+        line = _decode_line(data)
+    except msgspec.MsgspecError:
+        return _summarize_any(data)  # not shaped as our workers write it: the general path decides
+    r = line.response
+    ok = r is not None and 200 <= r.status_code < 300
+    usage = (r.body.usage if r is not None and r.body is not None else None) or {}
+    return ResultSummary(line.custom_id, ok, usage if ok else {})
+
+
+def _summarize_any(data: bytes) -> ResultSummary:
+    line = loads(data)
+    response = line.get("response")
+    ok = response is not None and 200 <= int(response.get("status_code", 0)) < 300
+    body = (response or {}).get("body") or {}
+    return ResultSummary(str(line["custom_id"]), ok, body.get("usage") or {} if ok else {})
 
 
 def digest(custom_id: str) -> int:

@@ -54,5 +54,5 @@ def test_other_configuration_also_passes(tmp_path_factory: pytest.TempPathFactor
     types = [r["Type"] for r in resources]
     assert types.count("AWS::Batch::ComputeEnvironment") == 1
     assert "AWS::SES::ConfigurationSet" in types and "AWS::SES::EmailIdentity" in types
-    job = next(r for r in resources if r["Type"] == "AWS::Batch::JobDefinition")
-    assert [s["Name"] for s in job["Properties"]["ContainerProperties"]["Secrets"]] == ["HF_TOKEN"]
+    for job in (r for r in resources if r["Type"] == "AWS::Batch::JobDefinition"):
+        assert [s["Name"] for s in job["Properties"]["ContainerProperties"]["Secrets"]] == ["HF_TOKEN"]
