@@ -50,11 +50,11 @@ class FileService:
             return self.settings.output_file_ttl_seconds
         return None
 
-    def create(
+    def upload(
         self, tenant: str, *, filename: str, purpose: str, fileobj: BinaryIO, size: int,
         expires_after_seconds: int | None = None, expires_after_anchor: str | None = None,
-        file_id: str | None = None,
     ) -> FileObject:
+        """POST /v1/files: a client's file, checked (purpose, anchor, size, expiry) before a byte is stored."""
         check_supported(purpose, UPLOAD_PURPOSES, param="purpose")
         if expires_after_anchor is not None:
             check_supported(expires_after_anchor, ("created_at",), param="expires_after[anchor]")
@@ -66,6 +66,13 @@ class FileService:
                 "client.uploads.upload_file_chunked(..., part_size=4 * 1024 * 1024)).",
                 param="file",
             )
+        return self.create(tenant, filename=filename, purpose=purpose, fileobj=fileobj, size=size,
+                           expires_after_seconds=expires_after_seconds)
+
+    def create(
+        self, tenant: str, *, filename: str, purpose: str, fileobj: BinaryIO, size: int,
+        expires_after_seconds: int | None = None, file_id: str | None = None,
+    ) -> FileObject:
         check_expiry_seconds(expires_after_seconds, "expires_after[seconds]")
         file_id = file_id or new_file_id()
         self.blobs.put_fileobj(file_key(file_id), fileobj)

@@ -40,7 +40,7 @@ def _create_file(
     file.file.seek(0, 2)
     size = file.file.tell()
     file.file.seek(0)
-    return services.files.create(
+    return services.files.upload(
         principal.tenant, filename=file.filename or "upload", purpose=purpose, fileobj=file.file, size=size,
         expires_after_seconds=expires_after_seconds, expires_after_anchor=expires_after_anchor,
     )
