@@ -78,7 +78,7 @@ async def preflight(job: ShardJob, *, blobs: BlobStore, table: Table) -> str | N
     reason = await read_stop_reason(table, job.batch_id)
     if reason is not None:
         return reason
-    if await asyncio.to_thread(blobs.exists, done_key(results_prefix(job.batch_id, job.shard_id))):
+    if await asyncio.to_thread(blobs.exists, done_key(job.batch_id, job.shard_id)):
         return "already_done"
     return None
 
@@ -303,7 +303,7 @@ class _ShardRun:
         ))
 
     def _write_done(self, report: ShardReport) -> None:
-        layout.write_done(self.blobs, self.prefix, layout.DoneMarker(
+        layout.write_done(self.blobs, self.job.batch_id, self.job.shard_id, layout.DoneMarker(
             lines=report.lines, model_load_seconds=round(report.model_load_seconds, 3),
             inference_seconds=report.inference_seconds, idle_seconds=report.idle_seconds,
             # Whole-shard totals: this attempt's plus those of the lines earlier attempts finished.

@@ -88,9 +88,9 @@ def is_checkpoint(prefix: str, key: str) -> bool:
     return CHECKPOINT_RE.match(key[len(prefix):]) is not None
 
 
-def done_key(prefix: str) -> str:
-    """The done marker under a shard's `results_prefix`."""
-    return prefix + DONE_NAME
+def done_key(batch_id: str, shard_id: str) -> str:
+    """The done marker beside the shard's results."""
+    return results_prefix(batch_id, shard_id) + DONE_NAME
 
 
 def accounting_key(prefix: str, attempt: str) -> str:
@@ -227,5 +227,6 @@ def read_attempts(blobs: Blobs, prefixes: Iterable[str]) -> Iterator[AttemptReco
             yield AttemptRecord.model_validate_json(blobs.get_bytes(key) or b"{}")
 
 
-def write_done(blobs: Blobs, prefix: str, marker: DoneMarker) -> None:
-    blobs.put_bytes(done_key(prefix), marker.model_dump_json().encode(), content_type="application/json")
+def write_done(blobs: Blobs, batch_id: str, shard_id: str, marker: DoneMarker) -> None:
+    blobs.put_bytes(done_key(batch_id, shard_id), marker.model_dump_json().encode(),
+                    content_type="application/json")

@@ -109,7 +109,7 @@ class ShardWorld:
         return first, duplicates
 
     def done_marker(self) -> dict[str, Any] | None:
-        raw = self.adapters.blobs.get_bytes(done_key(self.prefix))
+        raw = self.adapters.blobs.get_bytes(done_key(self.batch_id, self.shard_id))
         return None if raw is None else dict(json.loads(raw))
 
 

@@ -246,7 +246,7 @@ def test_a_stopped_batch_runs_nothing(world: ShardWorld, status: str) -> None:
 
 def test_a_done_shard_is_not_run_again(world: ShardWorld) -> None:
     world.seed(chat_requests(5))
-    world.adapters.blobs.put_bytes(done_key(world.prefix), b"{}")
+    world.adapters.blobs.put_bytes(done_key(world.batch_id, world.shard_id), b"{}")
     engine = DeterministicEngine(CHAT_SPEC)
     report = run(world, engine)
     assert report.finished and report.stopped_reason is None and engine.received == []

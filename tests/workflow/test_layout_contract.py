@@ -45,4 +45,4 @@ def test_keys_and_names_agree_with_their_patterns() -> None:
     assert layout.ACCOUNTING_RE.match(layout.accounting_key("", "ab12"))
     assert layout.PROGRESS_RE.match(layout.progress_key("", "ab12"))
     assert layout.CHECKPOINT_RE.match(layout.checkpoint_key("", 3, "ab12"))
-    assert layout.done_key(layout.results_prefix("b", "1")).endswith(layout.DONE_NAME)
+    assert layout.done_key("b", "1") == layout.results_prefix("b", "1") + layout.DONE_NAME
