@@ -34,6 +34,20 @@ CONTEXT_KEYS = (
 )
 
 
+# Settings `limits` may not set: secrets (CloudFormation parameters and Lambda environments are readable by
+# anyone with describe rights; the stack keeps secrets in Secrets Manager), the safety switch for private
+# webhook targets, resource wiring the stack sets itself, and development-only knobs.
+FORBIDDEN_LIMITS: dict[str, str] = {
+    **dict.fromkeys(("api_keys", "api_key", "link_secret", "api_keys_secret"), "a secret"),
+    "allow_private_targets": "lets webhooks reach the VPC and loopback; never in AWS",
+    **dict.fromkeys(("mode", "region", "bucket", "table", "state_machine_arn", "topic_arn", "job_queue",
+                     "webhook_queue_url", "upload_queue_url", "models_json", "batch_id", "shard_id",
+                     "worker_engine", "email_sender", "email_configuration_set", "base_url"),
+                    "set by the stack"),
+    **dict.fromkeys(("hour_seconds", "upload_compose_delay_seconds"), "development only"),
+}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -111,6 +125,12 @@ class DeployedModel(_Strict):
                 f"model {spec.name!r}: in AWS the weight source must be 's3://bucket/prefix' or 'hf:org/name'"
                 f" (got {spec.source!r})"
             )
+        template = spec.chat_template
+        if template is not None and not template.startswith("nightbatch:") and not any(c in template for c in "{}"):
+            raise ValueError(
+                f"model {spec.name!r}: in AWS chat_template must be the template itself or 'nightbatch:<file>'"
+                " (a path on this machine does not exist in the worker image)"
+            )
         return spec
 
 
@@ -134,8 +154,14 @@ class ShardRetry(_Strict):
 
 
 class Notifications(_Strict):
-    # Verified SES identity that batch e-mails come from; empty disables e-mail.
+    # The From address of batch e-mails; empty disables e-mail.
     sender_email: str = Field("", alias="senderEmail")
+    # The SES identity (the address itself, or a domain covering it) that already exists in the account and
+    # region; empty means the address. The stack only refers to it, so stages can share one sender.
+    sender_identity: str = Field("", alias="senderIdentity")
+    # Opt-in: let this stack create that identity (SES then mails a verification link, or a domain needs its
+    # DKIM records). Exactly one stack per account and region may own an identity.
+    create_sender_identity: bool = Field(False, alias="createSenderIdentity")
     # Recipient domains a batch may ask to notify; ["*"] means any domain, empty means none.
     allowed_domains: tuple[str, ...] = Field((), alias="allowedDomains")
     # Operator address subscribed to the alarm topic; empty means no subscription.
@@ -147,6 +173,24 @@ class Notifications(_Strict):
         if value and "@" not in value:
             raise ValueError(f"{value!r} is not an e-mail address")
         return value
+
+    @model_validator(mode="after")
+    def _identity_covers_sender(self) -> Notifications:
+        if not self.sender_email:
+            if self.sender_identity or self.create_sender_identity:
+                raise ValueError("notifications: senderIdentity/createSenderIdentity need a senderEmail")
+            return self
+        identity = self.identity.lower()
+        domain = self.sender_email.rpartition("@")[2].lower()
+        if identity != self.sender_email.lower() and domain != identity and not domain.endswith(f".{identity}"):
+            raise ValueError(f"notifications: senderIdentity {self.sender_identity!r} does not cover "
+                             f"senderEmail {self.sender_email!r} (name the address or its domain)")
+        return self
+
+    @property
+    def identity(self) -> str:
+        """The SES identity e-mails are sent through: senderIdentity, or the sender address itself."""
+        return self.sender_identity or self.sender_email
 
 
 class Alarms(_Strict):
@@ -227,6 +271,10 @@ class DeployConfig(_Strict):
         unknown = sorted(set(limits) - set(Settings.model_fields))
         if unknown:
             raise ValueError(f"limits: {unknown} are not fields of nightbatch.settings.Settings")
+        refused = sorted(set(limits) & set(FORBIDDEN_LIMITS))
+        if refused:
+            raise ValueError("limits: " + "; ".join(f"{k!r} may not be set here ({FORBIDDEN_LIMITS[k]})"
+                                                    for k in refused))
         Settings.model_validate(limits)
         return limits
 

@@ -21,7 +21,7 @@ from infra.gpu_compute import GpuCompute, ModelJob
 from infra.notifications import Notifications
 from infra.observability import Observability
 from infra.orchestration import Orchestration
-from infra.storage import BATCHES_PREFIX, FILES_PREFIX, UPLOADS_PREFIX, Storage
+from infra.storage import BATCHES_PREFIX, FILES_PREFIX, MODELS_PREFIX, UPLOADS_PREFIX, Storage
 from infra.uploads import UploadComposer
 
 _READ = ("s3:GetObject",)
@@ -50,7 +50,8 @@ class NightbatchStack(cdk.Stack):
         bucket, table = self.storage.bucket, self.storage.table
         self.notifications = Notifications(
             self, "Notifications", sender_email=config.notifications.sender_email,
-            alarm_email=config.notifications.alarm_email,
+            alarm_email=config.notifications.alarm_email, sender_identity=config.notifications.sender_identity,
+            create_sender_identity=config.notifications.create_sender_identity,
         )
         runtime = settings_environment({
             "mode": "aws",
@@ -173,7 +174,8 @@ class NightbatchStack(cdk.Stack):
         self.grant_objects(composer, (FILES_PREFIX, UPLOADS_PREFIX), write=True)
         for sender in (api_role, composer):
             self.uploads.queue.grant_send_messages(sender)
-        self.grant_objects(self.gpu.job_role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
+        # models/: the first job of a Hugging Face model writes its weights through; later jobs stream them.
+        self.grant_objects(self.gpu.job_role, (FILES_PREFIX, BATCHES_PREFIX, MODELS_PREFIX), write=True)
         for principal in (api_role, sweeper.role, composer, self.deliverer.role, self.gpu.job_role,
                           *(t.role for t in tasks.values())):
             self.grant_table(principal)

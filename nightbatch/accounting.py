@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nightbatch import layout
@@ -29,6 +29,8 @@ class ShardTime:
     model_load_seconds: float = 0.0
     inference_seconds: float = 0.0
     idle_seconds: float = 0.0
+    # Every attempt's phase timings (nightbatch/phases.py), with its shard id.
+    phases: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def total(self) -> float:
@@ -47,6 +49,8 @@ def collect_shard_times(blobs: BlobStore, results_prefixes: list[str]) -> ShardT
         t.model_load_seconds += rec.model_load_seconds
         t.inference_seconds += rec.inference_seconds
         t.idle_seconds += rec.idle_seconds
+        if rec.phases:
+            t.phases.append({"shard_id": rec.shard_id, **rec.phases})
     return t
 
 

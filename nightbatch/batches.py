@@ -168,6 +168,12 @@ class BatchService:
             ok = f.purpose == "batch" and f.status != "error"  # "error": an upload that failed its md5 check
         except NotFoundError:
             ok = False
+        if ok and f.status != "processed":
+            # Only a fully processed file: "uploaded" is an Upload whose md5 is still being checked.
+            raise InvalidRequestError(
+                f"Invalid 'input_file_id': '{file_id}'. The file is still being processed (status "
+                f"'{f.status}'); create the batch once its status is 'processed'.",
+                param="input_file_id", code="file_not_ready")
         if not ok:
             raise InvalidRequestError(
                 f"Invalid 'input_file_id': '{file_id}'. The file does not exist or was not uploaded "

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
@@ -155,6 +155,8 @@ class AttemptRecord(BaseModel):
     inference_seconds: float = 0.0
     idle_seconds: float = 0.0
     finished: bool = False
+    phases: dict[str, Any] = {}  # nightbatch.phases: when each phase of the attempt ended
+    shard_id: str = ""  # filled in on read, from the key
 
 
 class DoneMarker(BaseModel):
@@ -224,7 +226,9 @@ def attempt_keys(blobs: Blobs, prefix: str) -> list[str]:
 def read_attempts(blobs: Blobs, prefixes: Iterable[str]) -> Iterator[AttemptRecord]:
     for prefix in prefixes:
         for key in attempt_keys(blobs, prefix):
-            yield AttemptRecord.model_validate_json(blobs.get_bytes(key) or b"{}")
+            rec = AttemptRecord.model_validate_json(blobs.get_bytes(key) or b"{}")
+            rec.shard_id = key.rsplit("/", 2)[-2]
+            yield rec
 
 
 def write_done(blobs: Blobs, batch_id: str, shard_id: str, marker: DoneMarker) -> None:

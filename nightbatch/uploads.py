@@ -33,10 +33,11 @@ from nightbatch.errors import (
     StorageConflictError,
     check_supported,
 )
-from nightbatch.files import UPLOAD_PURPOSES, FileService, check_expiry_seconds
+from nightbatch.files import UPLOAD_PURPOSES, FileService, check_expiry_seconds, check_name
 from nightbatch.files import to_wire as file_to_wire
 from nightbatch.ids import new_file_id, new_part_id, new_upload_id
 from nightbatch.layout import file_key, part_key, parts_prefix, upload_prefix
+from nightbatch.limits import release_storage, reserve_storage
 from nightbatch.settings import Settings
 from nightbatch.storage import Table
 from nightbatch.storage.parts import PartStore
@@ -49,6 +50,7 @@ PART_ID_RE = re.compile(r"^part_[0-9a-f]{24}$")
 HASH_CHUNK_BYTES = 1024 * 1024
 # Expired and cancelled uploads stay answerable for a day, then the table's TTL removes them.
 UPLOAD_ITEM_LINGER_SECONDS = 86_400
+OPEN_STATUS = UploadRecord.OPEN_STATUS
 
 
 class ExpiresAfter(BaseModel):
@@ -131,6 +133,8 @@ class UploadService:
         if not req.mime_type.strip():
             raise InvalidRequestError("Invalid 'mime_type': it must not be empty.", param="mime_type",
                                       code="invalid_value")
+        check_name(req.filename, "filename")
+        check_name(req.mime_type, "mime_type")
         file_ttl = None
         if req.expires_after is not None:
             check_supported(req.expires_after.anchor, ("created_at",), param="expires_after.anchor")
@@ -143,9 +147,15 @@ class UploadService:
         rec = UploadRecord(
             pk=upload_id, tenant=tenant, bytes=req.bytes, filename=req.filename, mime_type=req.mime_type,
             purpose=req.purpose, status="pending", created_at=created, expires_at=expires,
-            ttl=expires + UPLOAD_ITEM_LINGER_SECONDS, file_expires_after_seconds=file_ttl,
+            ttl=expires + UPLOAD_ITEM_LINGER_SECONDS, file_expires_after_seconds=file_ttl, quota_bytes=req.bytes,
         )
-        self.table.put_record(rec, new=True)
+        # The declared size counts against the tenant's stored bytes until the Upload ends.
+        reserve_storage(self.table, tenant, req.bytes, settings=self.settings)
+        try:
+            self.table.put_record(rec, new=True)
+        except BaseException:
+            release_storage(self.table, tenant, req.bytes)
+            raise
         self.digests.start(upload_id)
         return self.to_wire(rec)
 
@@ -156,11 +166,39 @@ class UploadService:
         if size > limit:
             raise PayloadTooLargeError(part_limit_message(limit), param="data")
         item = self.require_pending(self.item(tenant, upload_id), "no more parts can be added")
-        if item.parts_received >= self.settings.max_upload_parts:
+        self._reserve_part(tenant, item, size)
+        try:
+            return self._store_part(upload_id, fileobj, size)
+        except BaseException:
+            # Give the room back: the part never landed.
+            self.table.update(upload_id, add={"parts_received": -1, "bytes_received": -size})
+            raise
+
+    def _reserve_part(self, tenant: str, item: UploadRecord, size: int) -> None:
+        """Counts the part before any byte reaches S3, in one conditional UpdateItem: still pending, fewer than
+        `max_upload_parts` parts, and no more bytes than the Upload declared (concurrent parts cannot race past
+        either check)."""
+        upload_id = item.pk
+        max_parts = self.settings.max_upload_parts
+        try:
+            self.table.update(upload_id, add={"parts_received": 1, "bytes_received": size},
+                              expect_in={"status": ("pending",)},
+                              expect_at_most={"parts_received": max_parts - 1,
+                                              "bytes_received": item.bytes - size})
+            return
+        except StorageConflictError:
+            fresh = self.require_pending(self.item(tenant, upload_id), "no more parts can be added")
+        if fresh.parts_received >= max_parts:
             raise InvalidRequestError(
-                f"Upload {upload_id} already has {self.settings.max_upload_parts} parts, the most one Upload "
+                f"Upload {upload_id} already has {max_parts} parts, the most one Upload "
                 "can hold on this deployment. Use larger parts.", param="data", code="too_many_parts",
             )
+        raise InvalidRequestError(
+            f"Upload {upload_id} was created with bytes={item.bytes} and has received "
+            f"{fresh.bytes_received}; a part of {size} bytes does not fit.",
+            param="data", code="upload_size_exceeded")
+
+    def _store_part(self, upload_id: str, fileobj: BinaryIO, size: int) -> UploadPart:
         part_id = new_part_id()
         key = part_key(upload_id, part_id)
         running, base = self.digests.fork(upload_id)
@@ -173,15 +211,12 @@ class UploadService:
         fileobj.seek(0)
         self.parts.put(key, fileobj, md5=part_md5.digest())
         created = now()
-        try:
-            # Registers the part only while the upload is still pending; a racing complete/cancel wins.
-            self.table.update(upload_id, add={"parts_received": 1, "bytes_received": size},
-                              expect_in={"status": ("pending",)})
-        except StorageConflictError:
+        fresh = self.table.get_record(UploadRecord, upload_id)
+        if fresh is None or fresh.status != "pending":
+            # Cancelled or completed while the bytes were on their way: this part must not linger.
             self.parts.blobs.delete(key)
-            self.require_pending(self.item(tenant, upload_id), "no more parts can be added")
-            raise ConflictError("The Upload changed while the part arrived; send it again.",
-                                retry=True) from None
+            raise ConflictError("The Upload changed while the part arrived; it was not added.",
+                                param="upload_id", code=f"upload_{fresh.status if fresh else 'cancelled'}")
         if running is not None:
             self.digests.advance(upload_id, base, running, part_id)
         return UploadPart(id=part_id, created_at=created, upload_id=upload_id)
@@ -212,12 +247,12 @@ class UploadService:
         file = self.files.register(
             tenant, file_id=file_id, key=file_key(file_id), size=total, filename=item.filename,
             purpose=item.purpose, expires_after_seconds=item.file_expires_after_seconds,
-            extra=extra,
+            extra={**extra, "quota_bytes": item.quota_bytes},  # the Upload's share passes to its File
         )
         try:
             item = self.table.update_record(UploadRecord, upload_id, set_={
                 "status": "completed", "completed_at": now(), "file_id": file_id, "part_ids": req.part_ids,
-            }, expect_in={"status": ("pending",)})
+            }, remove=("open_status",), expect_in={"status": ("pending",)})
         except StorageConflictError:
             # Lost to a concurrent complete or cancel: this attempt's File must not survive.
             self.table.delete(file_id)
@@ -292,10 +327,12 @@ class UploadService:
                                 param="upload_id", code="upload_completed")
         if status == "pending":
             try:
-                item = self.table.update_record(UploadRecord, upload_id, expect_in={"status": ("pending",)},
-                                                set_={"status": "cancelled", "cancelled_at": now()})
+                item = self.table.update_record(UploadRecord, upload_id, remove=("open_status",),
+                                                set_={"status": "cancelled", "cancelled_at": now()},
+                                                expect_in={"status": ("pending",)})
             except StorageConflictError:
                 return self.cancel(tenant, upload_id)  # completed or cancelled meanwhile: answer for that
+            release_storage(self.table, tenant, item.quota_bytes)
             self.parts.blobs.delete_prefix(upload_prefix(upload_id))
             self.digests.forget(upload_id)
         return self.to_wire(item)
@@ -326,12 +363,23 @@ class UploadService:
         """Records `expired` (so a late complete cannot slip in) and drops the parts."""
         try:
             item = self.table.update_record(UploadRecord, item.pk, set_={"status": "expired"},
-                                            expect_in={"status": ("pending",)})
+                                            remove=("open_status",), expect_in={"status": ("pending",)})
         except StorageConflictError:
             return self.table.get_record(UploadRecord, item.pk) or item
+        release_storage(self.table, item.tenant, item.quota_bytes)
         self.parts.blobs.delete_prefix(upload_prefix(item.pk))
         self.digests.forget(item.pk)
         return item
+
+    def sweep_expired(self) -> list[str]:
+        """Expires pending Uploads past their hour (the sweeper): parts deleted, stored bytes given back."""
+        expired: list[str] = []
+        for key in self.table.query_open(OPEN_STATUS):
+            item = self.table.get_record(UploadRecord, str(key["pk"]))
+            if item is not None and effective_status(item) == "expired" and item.status == "pending":
+                self._expire(item)
+                expired.append(item.pk)
+        return expired
 
     def to_wire(self, item: UploadRecord, *, file: FileObject | None = None) -> Upload:
         status = effective_status(item)

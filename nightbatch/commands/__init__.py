@@ -79,7 +79,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        help="upload a JSONL file of requests and create a batch",
                        description="Upload a JSONL file of requests and create a batch from it.")
     p.add_argument("file", type=Path, help="the requests, one JSON object per line (OpenAI's batch format)")
-    p.add_argument("--endpoint", help="/v1/chat/completions, /v1/completions or /v1/embeddings "
+    p.add_argument("--endpoint", help="/v1/chat/completions, /v1/completions, /v1/embeddings or /v1/responses "
                                       "(default: the url of the first request in the file)")
     p.add_argument("--window", default="24h", help="completion window, e.g. 24h or 72h (default 24h)")
     p.add_argument("--metadata", nargs="+", action="extend", type=key_value, default=[], metavar="KEY=VALUE",

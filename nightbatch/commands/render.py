@@ -11,6 +11,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from nightbatch.phases import describe as describe_phases
+
 # Colours on a terminal (rich styles); nothing else changes with them.
 STATUS_STYLE = {
     "validating": "blue", "in_progress": "cyan", "finalizing": "cyan", "completed": "green", "failed": "red",
@@ -133,7 +135,9 @@ def counts(batch: Batch) -> str:
 def tokens(batch: Batch) -> str | None:
     if batch.usage is not None:
         u = batch.usage
-        return f"{u.total_tokens:,} (input {u.input_tokens:,}, output {u.output_tokens:,})"
+        reasoning = u.output_tokens_details.reasoning_tokens
+        extra = f", of which reasoning {reasoning:,}" if reasoning else ""
+        return f"{u.total_tokens:,} (input {u.input_tokens:,}, output {u.output_tokens:,}{extra})"
     n = live_tokens(batch)
     return f"{n:,} so far" if n is not None else None
 
@@ -159,6 +163,7 @@ def describe(batch: Batch) -> str:
         ("requests", counts(batch)),
         ("tokens", tokens(batch)),
         ("cost", cost_detail(batch)),
+        ("phases", describe_phases(_ext(batch).get("phases") or {})),
         ("created", timestamp(batch.created_at)),
         ("started", timestamp(batch.in_progress_at) if batch.in_progress_at else None),
     ]

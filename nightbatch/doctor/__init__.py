@@ -5,13 +5,15 @@ was reached — validate, the AWS Batch job's RUNNABLE → STARTING → RUNNING 
 result, finalize, notification — and, for a phase that stalls, the specific remedy.
 
 `api.py` is what the OpenAI SDK sees, `aws.py` what the account shows (through `nightbatch.storage.account`),
-`run.py` polls them together, `report.py` holds the findings and `render.py` prints them.
+`webhook.py` the notification as a webhook subscriber sees it (without --stack), `run.py` polls them together,
+`report.py` holds the findings, `remedies.py` what to do about them and `render.py` prints them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 DEFAULT_TIMEOUT = 1800.0  # a first GPU job on a new deployment: instance launch, ~10 GB image pull, weights
@@ -41,7 +43,8 @@ def handle(args: argparse.Namespace) -> int:
     from nightbatch.commands.connection import CommandError, connect, explain, resolve_target
     from nightbatch.doctor.render import render
     from nightbatch.doctor.report import Report
-    from nightbatch.doctor.run import ApiOnly, Doctor, Watcher
+    from nightbatch.doctor.run import Doctor, Watcher
+    from nightbatch.doctor.webhook import WebhookWatcher
     from nightbatch.storage.account import AccountReadError
 
     try:
@@ -53,11 +56,17 @@ def handle(args: argparse.Namespace) -> int:
             stack = StackWatcher.open(args.stack, region=args.region)
             base_url = base_url or stack.outputs.get("ApiUrl")
             watchers.append(stack)
+            secret = stack.outputs.get("ApiKeysSecret")
+            if not (args.api_key or os.environ.get("NIGHTBATCH_API_KEY")) and secret:
+                raise CommandError(f"no API key given: pass --api-key; the stack's first key is in {secret} "
+                                   f"(`aws secretsmanager get-secret-value --secret-id {secret} --query "
+                                   "SecretString --output text`)")
         target = resolve_target(base_url, args.api_key)
+        client = connect(target)
         if not args.stack:
-            watchers.append(ApiOnly())
+            watchers.append(WebhookWatcher(client, target.base_url))
         report = Report(base_url=target.base_url, stack=args.stack)
-        doctor = Doctor(connect(target), report, watchers, timeout=args.timeout, stall_after=args.stall_after,
+        doctor = Doctor(client, report, watchers, timeout=args.timeout, stall_after=args.stall_after,
                         poll=args.poll_interval, progress=sys.stderr)
         doctor.say(f"nightbatch doctor: checking {target.base_url}")
         try:

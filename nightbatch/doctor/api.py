@@ -123,7 +123,8 @@ def _finished(client: openai.OpenAI, probe: Probe, batch: Batch, at: float) -> N
         running = probe.phase("job RUNNING").at
         loaded.status, loaded.took = "ok", round(float(load), 2)
         loaded.at = round(running + float(load), 2) if running is not None else None
-        loaded.detail = f"{load:.1f} s to load (the worker's record)" if load else "engine already warm"
+        warm = load < 0.05
+        loaded.detail = "engine already warm" if warm else f"{load:.1f} s loading the model (the worker's record)"
     counts = batch.request_counts
     if batch.status != "completed" or counts is None:
         if counts and counts.completed:

@@ -33,6 +33,15 @@ HF_ERRORS = re.compile(r"GatedRepoError|401 Client Error|403 Client Error|Invali
                        r"Access to model .* is restricted|You are trying to access a gated repo", re.IGNORECASE)
 
 
+def _reached(job: JobView) -> int:
+    if job.status == "FAILED":  # failed while starting (image pull, secrets) or after its container ran
+        reasons = " ".join([job.status_reason, *job.reasons])
+        failed_to_start = any(r in reasons for r in ("CannotPullContainerError", "ResourceInitializationError",
+                                                     "CannotStartContainerError"))
+        return 4 if job.started and not failed_to_start else 3
+    return REACHED.get(job.status, 0)
+
+
 class StackWatcher:
     def __init__(self, account: AwsAccount, stack: str, outputs: dict[str, str]) -> None:
         self.account = account
@@ -132,26 +141,27 @@ class StackWatcher:
         self.blocked.append((detail, spot_role_missing()))
 
     def _hf_token(self, report: Report) -> None:
+        """Every job definition of the stack (one per model, or one for all) that injects HF_TOKEN: does its
+        secret exist? ECS refuses to start a job whose secret is missing."""
         try:
             definitions = self.account.stack_resources(self.stack, "AWS::Batch::JobDefinition")
-            secrets = self.account.job_definition_secrets(definitions[0]) if definitions else {}
+            secrets = {s for d in definitions if (s := self.account.job_definition_secrets(d).get(HF_TOKEN_ENV))}
         except AccountReadError as e:
             report.add(Check("HF token", "warn", f"could not read the job definition: {e}"))
             return
-        secret = secrets.get(HF_TOKEN_ENV)
-        if secret is None:
+        if not secrets:
             report.add(Check("HF token", "ok", "none configured: public models only (gated ones fail to download)"))
-            return
-        try:
-            exists = self.account.secret_exists(secret)
-        except AccountReadError as e:
-            report.add(Check("HF token", "warn", f"could not read {secret}: {e}"))
-            return
-        if exists:
-            report.add(Check("HF token", "ok", f"{HF_TOKEN_ENV} from {secret}"))
-        else:
-            report.add(Check("HF token", "failed", f"the secret {secret} does not exist: every job fails to start",
-                             hf_secret_missing(secret)))
+        for secret in sorted(secrets):
+            try:
+                exists = self.account.secret_exists(secret)
+            except AccountReadError as e:
+                report.add(Check("HF token", "warn", f"could not read {secret}: {e}"))
+                continue
+            if exists:
+                report.add(Check("HF token", "ok", f"{HF_TOKEN_ENV} from {secret}"))
+            else:
+                report.add(Check("HF token", "failed", f"the secret {secret} does not exist: jobs fail to start",
+                                 hf_secret_missing(secret)))
 
     def _ses(self, report: Report) -> None:
         try:
@@ -177,7 +187,7 @@ class StackWatcher:
                 for name in JOB_PHASES:
                     probe.skip(name, f"could not read the jobs: {e}")
                 jobs = []
-            step = max((REACHED.get(j.status, 0) for j in jobs), default=0)
+            step = max((_reached(j) for j in jobs), default=0)
             for name in JOB_PHASES[:step]:
                 probe.reach(name, at, detail=self._job_detail(jobs, name))
             for job in jobs:
@@ -208,9 +218,11 @@ class StackWatcher:
         if execution is None:
             probe.fail("notification", "the batch has no Step Functions execution")
             return
-        exited = [t for t, kind, name in execution.events if kind == "TaskStateExited" and name == "Notify"]
+        exited = [t for t, kind, name in execution.events if kind.endswith("StateExited") and name == "Notify"]
         if exited:
-            probe.reach("notification", exited[0], detail="the Notify step finished (webhooks, SNS, e-mail)")
+            # Times from the execution's own clock; finalize was seen at a poll, so never earlier than that.
+            at = max(exited[0], probe.phase("finalize").at or 0.0)
+            probe.reach("notification", at, detail="the Notify step finished (webhooks, SNS, e-mail)")
         elif execution.status in ("FAILED", "TIMED_OUT", "ABORTED"):
             probe.fail("notification", f"the execution ended {execution.status} before Notify",
                        "open the execution in the Step Functions console (its name is the batch id)")
@@ -249,13 +261,14 @@ class StackWatcher:
                     "no capacity for these instance types right now, or the account limits them: check the "
                     "compute environment's events and EC2 quotas; with Spot only, allow on-demand "
                     "(cdk.json `capacity`) or add instance types (`gpuInstanceTypes`)")
-        if phase.name == "job queued" and self.state_machine:
+        if phase.name in ("validate", "job queued") and self.state_machine:
             execution = self.account.execution(self.state_machine, probe.batch_id)
             if execution is None:
                 return ("no Step Functions execution for the batch",
                         "the API could not start it: look at the API Lambda's log; the sweeper retries every 5 min")
-            states = [name for _, kind, name in execution.events if kind == "TaskStateEntered"]
-            return (f"no AWS Batch job yet; the execution is {execution.status}, last state "
+            states = [name for _, kind, name in execution.events if kind.endswith("StateEntered")]
+            where = "Validate has not finished" if phase.name == "validate" else "no AWS Batch job yet"
+            return (f"{where}; the execution is {execution.status}, last state "
                     f"{states[-1] if states else 'none'}",
                     "open the execution in the Step Functions console (its name is the batch id)")
         if phase.name in ("model loaded", "first result"):

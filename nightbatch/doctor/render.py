@@ -17,7 +17,8 @@ def _seconds(value: float | None) -> str:
 def _remedy(remedy: str) -> list[str]:
     if not remedy:
         return []
-    return textwrap.wrap(remedy, width=100, initial_indent="      → ", subsequent_indent="        ")
+    return textwrap.wrap(remedy, width=110, initial_indent="      → ", subsequent_indent="        ",
+                         break_on_hyphens=False, break_long_words=False)
 
 
 def _check(c: Check) -> list[str]:

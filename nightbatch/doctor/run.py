@@ -26,25 +26,6 @@ class Watcher(Protocol):
     def close(self) -> None: ...
 
 
-class ApiOnly:
-    """Without --stack: the job phases are not visible, and no notification is watched."""
-
-    def preflight(self, report: Report) -> None:
-        return None
-
-    def observe(self, probe: Probe, at: float) -> None:
-        for name in JOB_PHASES:
-            probe.skip(name, "pass --stack NAME to follow the AWS Batch job")
-        if probe.status in TERMINAL_STATUSES:
-            probe.skip("notification", "no webhook endpoint to watch; --stack reads the Notify step")
-
-    def diagnose(self, probe: Probe, phase: Phase) -> tuple[str, str] | None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-
 def stall_remedy(phase: str) -> str:
     """What to look at when a phase stalls and nothing more specific is known."""
     if phase == "validate":

@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import json
-import math
 
 from nightbatch import layout
+from nightbatch.clock import now
 from nightbatch.layout import SegmentEntry, ShardItem
 from nightbatch.pipeline.models import BatchTaskInput, PlanOutput
+from nightbatch.pipeline.sizing import plan_shards
 from nightbatch.services import Services
 from nightbatch.settings import Settings
 
 
-def group_segments(segments: list[SegmentEntry], settings: Settings) -> list[list[SegmentEntry]]:
-    """Contiguous groups of whole segments, each near total/n estimated tokens."""
+def group_segments(
+    segments: list[SegmentEntry], settings: Settings, window_seconds: float | None = None
+) -> list[list[SegmentEntry]]:
+    """Contiguous groups of whole segments, each near total/n estimated tokens; n from sizing.plan_shards."""
     if not segments:
         return []
     total = sum(s.est for s in segments)
-    cap = max(1, settings.max_gpus * settings.shards_per_gpu)
-    n = max(1, min(cap, math.ceil(total / max(1, settings.shard_target_tokens)), len(segments)))
+    n = plan_shards(total, len(segments), settings, window_seconds).shards
     target = total / n
     groups: list[list[SegmentEntry]] = [[]]
     acc = 0
@@ -41,7 +43,8 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
         segments = layout.read_segment_index(blobs, inp.batch_id)
         job_definitions: dict[str, str] = json.loads(settings.job_definitions_json or "{}")
         job_definition = job_definitions.get(batch["model"], "")
-        for i, group in enumerate(group_segments(segments, settings)):
+        window = max(0.0, float(batch.get("expires_at") or 0) - now()) if batch.get("expires_at") else None
+        for i, group in enumerate(group_segments(segments, settings, window)):
             shard_id = f"{i:05d}"
             layout.write_shard(blobs, layout.ShardSpec(
                 batch_id=inp.batch_id, shard_id=shard_id, endpoint=batch["endpoint"], model=batch["model"],

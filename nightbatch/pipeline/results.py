@@ -18,6 +18,20 @@ UNRUN_MESSAGES = {
 }
 
 
+# The longest result line Finalize reads back (and so the longest a worker may write): bounded memory per line.
+MAX_RESULT_LINE = 64 * 1024 * 1024
+
+
+def oversized_result_line(batch_id: str, custom_id: str, size: int) -> bytes:
+    """What a worker writes instead of a result line over MAX_RESULT_LINE: that request's own error."""
+    return dumps_line({
+        "id": batch_request_id(batch_id, custom_id), "custom_id": custom_id, "response": None,
+        "error": {"code": "result_too_large", "message": (
+            f"The response to this request is {size} bytes, over the {MAX_RESULT_LINE}-byte limit of one "
+            "result line; ask for fewer tokens, choices or inputs.")},
+    })
+
+
 def unrun_line(batch_id: str, custom_id: str, code: str) -> bytes:
     return dumps_line({
         "id": batch_request_id(batch_id, custom_id), "custom_id": custom_id, "response": None,
@@ -89,6 +103,12 @@ class Tally:
 
     def add_success(self, usage: dict[str, Any]) -> None:
         self.completed += 1
+        if "input_tokens" in usage:  # a Responses object's usage has the batch's own field names
+            self.input_tokens += int(usage.get("input_tokens") or 0)
+            self.output_tokens += int(usage.get("output_tokens") or 0)
+            self.cached_tokens += int((usage.get("input_tokens_details") or {}).get("cached_tokens") or 0)
+            self.reasoning_tokens += int((usage.get("output_tokens_details") or {}).get("reasoning_tokens") or 0)
+            return
         self.input_tokens += int(usage.get("prompt_tokens") or 0)
         self.output_tokens += int(usage.get("completion_tokens") or 0)
         details = usage.get("prompt_tokens_details") or {}

@@ -53,6 +53,11 @@ def sweep(services: Services, *, stale_seconds: int = STALE_SECONDS,
                 log.exception("sweep: batch %s skipped", key.get("pk"), extra={"batch_id": str(key.get("pk"))})
                 skipped.append(str(key.get("pk")))
     cancelled_jobs = _sweep_jobs(services, t) if settings.job_queue else []
+    try:
+        expired_uploads = services.uploads.sweep_expired()
+    except Exception:
+        log.exception("sweep: expiring uploads failed")
+        expired_uploads = []
     if skipped:
         emit(settings, {"SweepBatchesSkipped": len(skipped)})
     if open_counts:
@@ -62,7 +67,8 @@ def sweep(services: Services, *, stale_seconds: int = STALE_SECONDS,
             if status in oldest:
                 emit(settings, {"OldestBatchAgeSeconds": oldest[status]}, units={"OldestBatchAgeSeconds": "Seconds"},
                      dimensions={"Status": status})
-    return {"redriven": redriven, "finalized": finalized, "cancelled_jobs": cancelled_jobs, "skipped": skipped}
+    return {"redriven": redriven, "finalized": finalized, "cancelled_jobs": cancelled_jobs, "skipped": skipped,
+            "expired_uploads": expired_uploads}
 
 
 def _sweep_jobs(services: Services, t: int) -> list[str]:

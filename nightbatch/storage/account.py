@@ -17,7 +17,6 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 SPOT_SERVICE_LINKED_ROLE = "AWSServiceRoleForEC2Spot"
-JOB_STATUSES = ("SUBMITTED", "PENDING", "RUNNABLE", "STARTING", "RUNNING", "SUCCEEDED", "FAILED")
 
 
 class AccountReadError(Exception):
@@ -34,6 +33,7 @@ class JobView:
     log_group: str = "/aws/batch/job"
     log_stream: str | None = None
     job_definition: str = ""
+    started: bool = False  # the container ran (startedAt is set)
 
 
 @dataclass(frozen=True)
@@ -231,5 +231,5 @@ def _job_view(j: dict[str, Any]) -> JobView:
         job_id=j["jobId"], name=j.get("jobName", ""), status=j.get("status", ""),
         status_reason=j.get("statusReason", ""), reasons=tuple(r for r in reasons if r),
         log_group=log_config.get("awslogs-group", "/aws/batch/job"), log_stream=container.get("logStreamName"),
-        job_definition=j.get("jobDefinition", ""),
+        job_definition=j.get("jobDefinition", ""), started="startedAt" in j,
     )

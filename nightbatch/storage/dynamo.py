@@ -47,6 +47,7 @@ class Table:
         remove: tuple[str, ...] = (),
         expect_in: Mapping[str, tuple[Any, ...]] | None = None,
         expect_absent: tuple[str, ...] = (),
+        expect_at_most: Mapping[str, int] | None = None,
         must_exist: bool = True,
     ) -> dict[str, Any]:
         """One UpdateItem; raises StorageConflictError when a condition fails. Returns the new item."""
@@ -77,6 +78,9 @@ class Table:
             conds.append(f"{name(attr)} IN ({', '.join(value(v) for v in allowed)})")
         for attr in expect_absent:
             conds.append(f"attribute_not_exists({name(attr)})")
+        for attr, most in (expect_at_most or {}).items():
+            n = name(attr)
+            conds.append(f"(attribute_not_exists({n}) OR {n} <= {value(most)})")
         kwargs: dict[str, Any] = {
             "Key": {"pk": pk},
             "UpdateExpression": " ".join(clauses),

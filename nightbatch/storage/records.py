@@ -110,6 +110,7 @@ class FileRecord(ListedRecord):
     md5_expected: str | None = None
     upload_id: str | None = None
     batch_id: str | None = None
+    quota_bytes: int = 0  # what this file counts against the tenant's stored bytes (nightbatch.limits)
 
     def index_keys(self) -> dict[str, Any]:
         return {"ttl": self.expires_at} if self.expires_at is not None else {}
@@ -174,6 +175,16 @@ class UploadRecord(ListedRecord):
     part_ids: list[str] | None = None
     completed_at: int | None = None
     cancelled_at: int | None = None
+    quota_bytes: int = 0  # the declared size, counted against the tenant's stored bytes (nightbatch.limits)
+
+    OPEN_STATUS: ClassVar[str] = "upload_pending"
+
+    def index_keys(self) -> dict[str, Any]:
+        # Sparse status index: the sweeper finds pending Uploads past their hour (UploadService.sweep_expired).
+        keys: dict[str, Any] = {"created_sk": sort_key(self.created_at, self.pk)}
+        if self.status == "pending":
+            keys["open_status"] = self.OPEN_STATUS
+        return keys
 
 
 class KeyRecord(ListedRecord):
@@ -275,6 +286,7 @@ class UsageCounters(Record):
     queued_requests: int = 0
     queued_tokens: int = 0
     batches_in_flight: int = 0
+    stored_bytes: int = 0
 
     @staticmethod
     def pk_of(tenant: str) -> str:

@@ -4,12 +4,18 @@ stall report with its remedy. The full run through real engines is tests/e2e/tes
 
 from __future__ import annotations
 
+import io
 import json
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
 from nightbatch.cli import main
 from nightbatch.doctor.api import probe_pairs
+from nightbatch.doctor.report import Check, Phase, Probe, Report
+from nightbatch.doctor.run import Doctor
+from nightbatch.doctor.webhook import WebhookWatcher
 from tests.conftest import ApiServer
 
 
@@ -54,7 +60,9 @@ def test_json_report(api_server: ApiServer, capsys: pytest.CaptureFixture[str]) 
     code, out, _ = doctor(api_server, capsys, "--json")
     report = json.loads(out)
     assert code == 1 and report["passed"] is False
-    assert [c["name"] for c in report["checks"]] == ["API key", "models"]
+    assert [c["name"] for c in report["checks"]] == ["API key", "models", "webhook"]
+    # This server refuses loopback webhook URLs (as in AWS): no temporary endpoint, the phase cannot be watched.
+    assert report["checks"][2]["status"] == "skipped"
     phases = report["probes"][0]["phases"]
     assert [p["name"] for p in phases][:2] == ["validate", "job queued"]
     assert phases[0]["status"] == "stalled" and phases[0]["remedy"]
@@ -75,3 +83,50 @@ def test_a_server_that_does_not_list_endpoints_gets_every_endpoint_tried() -> No
     assert pairs == [("old-model", "/v1/chat/completions", False), ("old-model", "/v1/completions", False),
                      ("old-model", "/v1/embeddings", False), ("SmolLM2-135M-Instruct", "/v1/completions", True)]
 
+
+
+def test_on_loopback_a_temporary_webhook_endpoint_watches_the_probes(serve_api: Callable[..., ApiServer],
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    api_server = serve_api(allow_private_targets=True)  # what `nightbatch local` sets
+    seen: list[str] = []
+    original = WebhookWatcher.close
+
+    def close(self: WebhookWatcher) -> None:
+        seen.extend(e["id"] for e in api_server.openai().get("/webhook_endpoints", cast_to=dict[str, Any])["data"])
+        original(self)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(WebhookWatcher, "close", close)
+        _, out, _ = doctor(api_server, capsys)
+    assert "✓ webhook" in out and "removed afterwards" in out
+    assert len(seen) == 1  # subscribed while the probes ran ...
+    assert api_server.openai().get("/webhook_endpoints", cast_to=dict[str, Any])["data"] == []  # ... then removed
+
+
+class ExplainingWatcher:
+    """Stands in for the AWS side in a test of the doctor's own loop: it knows why validate is stuck."""
+
+    def preflight(self, report: Report) -> None:
+        report.add(Check("stack", "ok", "test"))
+
+    def observe(self, probe: Probe, at: float) -> None:
+        return None
+
+    def diagnose(self, probe: Probe, phase: Phase) -> tuple[str, str] | None:
+        return ("the execution is RUNNING, last state Validate", "open the execution") if phase.name == "validate" \
+            else None
+
+    def close(self) -> None:
+        return None
+
+
+def test_a_watchers_diagnosis_replaces_the_generic_remedy(api_server: ApiServer) -> None:
+    progress = io.StringIO()
+    report = Report(base_url=api_server.v1)
+    Doctor(api_server.openai(), report, [ExplainingWatcher()], timeout=1.2, stall_after=0.3, poll=0.1,
+           progress=progress).run()
+    validate = report.probes[0].phase("validate")
+    assert validate.status == "stalled" and validate.remedy == "open the execution"
+    assert validate.detail == "the execution is RUNNING, last state Validate (gave up after 1.2 s)"
+    assert "validate stalled: the execution is RUNNING" in progress.getvalue()
+    assert not report.passed and [c.name for c in report.checks] == ["API key", "models", "stack"]

@@ -118,6 +118,8 @@ def _s3_grants(template: dict[str, Any], handler: str) -> dict[str, set[str]]:
     """Key prefix -> S3 object actions the handler's role holds on it."""
     grants: dict[str, set[str]] = {}
     for statement in _role_statements(template, handler):
+        if not all(a.startswith("s3:") for a in _list(statement["Action"])):
+            continue
         for resource in _list(statement["Resource"]):
             parts = resource.get("Fn::Join", ["", []])[1] if isinstance(resource, dict) else []
             if parts and isinstance(parts[-1], str) and parts[-1].endswith("/*"):

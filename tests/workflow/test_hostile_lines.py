@@ -40,3 +40,58 @@ def test_the_error_list_of_a_batch_is_capped_in_bytes(services: Services) -> Non
     errs = _errors(services, jsonl(lines))
     size = sum(len(e.model_dump_json()) for e in errs)
     assert len(errs) < 400 and MAX_ERRORS_BYTES <= size < MAX_ERRORS_BYTES + 1024
+
+
+def _est(services: Services, body: dict) -> int:
+    batch_id = make_batch(services, jsonl([{**chat_line(1), "body": {**chat_line(1)["body"], **body}}]))
+    assert validate_batch(BatchTaskInput(batch_id=batch_id), services).valid
+    return int(services.adapters.table.get(batch_id)["est_tokens"])
+
+
+def test_n_and_best_of_multiply_the_token_estimate(services: Services) -> None:
+    """L6: each choice is GPU work, so the queue limits count it."""
+    one = _est(services, {"max_tokens": 1000})
+    assert _est(services, {"max_tokens": 1000, "n": 8}) - one >= 7000
+    assert _est(services, {"max_tokens": 1000, "n": 2, "best_of": 5}) - one >= 4000
+
+
+def test_n_is_capped_by_a_setting(services: Services) -> None:
+    services.settings.max_choices_per_request = 4
+    for body, param in (({"n": 5}, "body.n"), ({"best_of": 50}, "body.best_of"), ({"n": 0}, "body.n"),
+                        ({"n": "3"}, "body.n")):
+        [err] = _errors(services, jsonl([{**chat_line(1), "body": {**chat_line(1)["body"], **body}}]))
+        assert (err.code, err.param) == ("invalid_value", param), body
+    assert _est(services, {"n": 4}) > 0
+
+
+def test_an_embeddings_request_is_capped_in_inputs(services: Services) -> None:
+    """L4: OpenAI's 2048 inputs per embeddings request (settable)."""
+    services.settings.max_embedding_inputs_per_request = 3
+    line = {"custom_id": "e", "method": "POST", "url": "/v1/embeddings",
+            "body": {"model": "all-MiniLM-L6-v2", "input": ["a", "b", "c", "d"]}}
+    batch_id = make_batch(services, jsonl([line]), endpoint="/v1/embeddings")
+    assert validate_batch(BatchTaskInput(batch_id=batch_id), services).valid is False
+    [err] = services.batches.get("default", batch_id).errors.data
+    assert (err.code, err.line) == ("too_many_inputs", 1) and "at most 3" in err.message
+
+
+def _image(url: str) -> dict:
+    line = chat_line(1)
+    line["body"]["messages"] = [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"}, {"type": "image_url", "image_url": {"url": url}}]}]
+    return line
+
+
+def test_media_urls_are_data_urls_unless_a_domain_is_allowed(services: Services) -> None:
+    """L7: the engine would fetch any URL a tenant names, from inside the VPC."""
+    for url in ("http://169.254.169.254/latest/meta-data/", "https://evil.example/x.png", "file:///etc/passwd",
+                "https://media.example.com@evil.example/x.png"):
+        [err] = _errors(services, jsonl([_image(url)]))
+        assert err.code == "invalid_value" and err.param == "body.messages[0].content[1].image_url.url", url
+    batch_id = make_batch(services, jsonl([_image("data:image/png;base64,iVBORw0KGgo=")]))
+    assert validate_batch(BatchTaskInput(batch_id=batch_id), services).valid
+    services.settings.media_allowed_domains = "media.example.com"
+    batch_id = make_batch(services, jsonl([_image("https://media.example.com/cat.png")]))
+    assert validate_batch(BatchTaskInput(batch_id=batch_id), services).valid
+    [err] = _errors(services, jsonl([_image("https://evil.example/x.png")]))
+    assert "media.example.com" in err.message
