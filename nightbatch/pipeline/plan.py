@@ -11,6 +11,7 @@ from nightbatch.pipeline.models import BatchTaskInput, PlanOutput
 from nightbatch.pipeline.sizing import plan_shards
 from nightbatch.services import Services
 from nightbatch.settings import Settings
+from nightbatch.storage.records import BatchRecord
 
 
 def group_segments(
@@ -37,17 +38,18 @@ def group_segments(
 
 def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
     settings, table, blobs = services.settings, services.adapters.table, services.adapters.blobs
-    batch = table.get(inp.batch_id)
+    batch = table.get_record(BatchRecord, inp.batch_id)
     items: list[ShardItem] = []
-    if batch is not None and batch["status"] == "in_progress":
+    if batch is not None and batch.status == "in_progress":
+        model = batch.model or ""
         segments = layout.read_segment_index(blobs, inp.batch_id)
         job_definitions: dict[str, str] = json.loads(settings.job_definitions_json or "{}")
-        job_definition = job_definitions.get(batch["model"], "")
-        window = max(0.0, float(batch.get("expires_at") or 0) - now()) if batch.get("expires_at") else None
+        job_definition = job_definitions.get(model, "")
+        window = max(0.0, float(batch.expires_at) - now()) if batch.expires_at else None
         for i, group in enumerate(group_segments(segments, settings, window)):
             shard_id = f"{i:05d}"
             layout.write_shard(blobs, layout.ShardSpec(
-                batch_id=inp.batch_id, shard_id=shard_id, endpoint=batch["endpoint"], model=batch["model"],
+                batch_id=inp.batch_id, shard_id=shard_id, endpoint=batch.endpoint, model=model,
                 segments=[s.key for s in group], lines=sum(s.lines for s in group),
                 est_tokens=sum(s.est for s in group),
             ))
