@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import aws_cdk as cdk
+import constructs
+import jsii
 from aws_cdk import aws_batch as batch
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
@@ -17,11 +19,14 @@ from constructs import Construct
 
 from infra.environment import settings_environment
 from infra.lambdas import LambdaFunction
+from infra.limits import definition_problems
 
 # Version of the task input/output documents; handlers accept the versions they know, so a deploy
 # during running batches does not break executions started by the previous definition.
 TASK_VERSION = 1
 SWEEP_EVERY = cdk.Duration.minutes(5)
+# Where the shard Map writes its iterations' results (Step Functions adds <map run id>/); expired by lifecycle.
+MAP_RESULTS_PREFIX = "workflow-results"
 
 # Entry points on the Lambda bundle, by workflow step.
 TASK_HANDLERS: Mapping[str, str] = {
@@ -38,6 +43,18 @@ TASK_TIMEOUTS: Mapping[str, cdk.Duration] = {
     "finalize": cdk.Duration.minutes(15),
     "notify": cdk.Duration.minutes(2),
 }
+
+
+@jsii.implements(constructs.IValidation)
+class _DefinitionLimit:
+    """Fails the synth when the definition could exceed Step Functions' 1 MiB once deployed."""
+
+    def __init__(self, machine: sfn.StateMachine) -> None:
+        self.machine = machine
+
+    def validate(self) -> list[str]:
+        definition = cdk.Stack.of(self.machine).resolve(self.machine.node.default_child.definition_string)
+        return definition_problems(self.machine.node.path, definition)
 
 
 def _batch_ref() -> dict[str, object]:
@@ -108,7 +125,16 @@ class Orchestration(Construct):
         # its unrun lines as `shard_failed`, so the iteration must succeed rather than fail the workflow.
         run_shard.add_retry(errors=["States.TaskFailed"], max_attempts=shard_retry_attempts,
                             interval=shard_retry_interval, backoff_rate=shard_retry_backoff)
-        run_shard.add_catch(sfn.Pass(self, "ShardGivenUp"), errors=["States.ALL"], result_path="$.shard_error")
+        # A caught failure's Cause is the whole Batch job description (kilobytes). The iteration keeps only the
+        # shard id and the error name: JSONPath has no substring to truncate the cause with (it stays in the
+        # workflow's log and in Batch). Bounded per shard, whatever the number of shards.
+        run_shard.add_catch(
+            sfn.Pass(self, "ShardGivenUp", parameters={
+                "shard_id": sfn.JsonPath.string_at("$.shard_id"),
+                "error": sfn.JsonPath.string_at("$.shard_error.Error"),
+            }),
+            errors=["States.ALL"], result_path="$.shard_error",
+        )
 
         shards = sfn.DistributedMap(
             self, "Shards",
@@ -116,6 +142,10 @@ class Orchestration(Construct):
             item_reader=sfn.S3JsonItemReader(bucket=bucket, key=sfn.JsonPath.string_at("$.plan.manifest_key")),
             max_concurrency=max_concurrency,
             map_execution_type=sfn.StateMachineType.STANDARD,
+            # The iterations' results go to S3, never into the state: a Distributed Map's output otherwise holds
+            # every child's result and, past 256 KiB, fails the execution with States.DataLimitExceeded (which
+            # no Catch can catch) before Finalize. ResultPath alone does not prevent it.
+            result_writer_v2=sfn.ResultWriterV2(bucket=bucket, prefix=MAP_RESULTS_PREFIX),
             result_path=sfn.JsonPath.DISCARD,
         )
         shards.item_processor(run_shard)
@@ -145,6 +175,8 @@ class Orchestration(Construct):
             tracing_enabled=True,
             logs=sfn.LogOptions(destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=True),
         )
+
+        self.node.add_validation(_DefinitionLimit(self.state_machine))
 
         self.sweeper = LambdaFunction(
             self, "Sweeper", code=code, handler=SWEEP_HANDLER,

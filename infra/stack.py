@@ -26,10 +26,23 @@ from infra.uploads import UploadComposer
 
 _READ = ("s3:GetObject",)
 _WRITE = ("s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts")
-_TABLE_RW = (
-    "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query", "dynamodb:ConditionCheckItem",
-    "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem",
-)
+# The table actions each principal's code calls (nightbatch/storage/dynamo.py and quota.py), and no more.
+_GET, _QUERY, _PUT, _UPDATE, _DELETE = ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem",
+                                        "dynamodb:UpdateItem", "dynamodb:DeleteItem")
+TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
+    "api": (_GET, _QUERY, _PUT, _UPDATE, _DELETE),  # every resource's CRUD, keys, limits, idempotency
+    "validate": (_GET, _UPDATE),  # batch and file items, queue quota
+    "plan": (_GET, _UPDATE),
+    "finalize": (_GET, _UPDATE, _PUT),  # registers the output and error File items
+    "notify": (_GET, _UPDATE, _PUT, _QUERY),  # events, deliveries; the tenant's endpoints by owner
+    "deliver": (_GET, _UPDATE),
+    "sweep": (_GET, _UPDATE, _PUT, _QUERY),  # open batches and Uploads by status; finalizes like Finalize
+    "compose_upload": (_GET, _UPDATE),
+    # The GPU worker: only `batch_*` items (dynamodb:LeadingKeys), read for cancel/expiry, live counters added.
+    "worker": (_GET, _UPDATE),
+}
+# Only what the worker reads and writes: its shard definitions, segments, results and checkpoints.
+WORKER_PREFIXES = (BATCHES_PREFIX, MODELS_PREFIX)
 
 
 def _retention(days: int) -> logs.RetentionDays:
@@ -158,7 +171,7 @@ class NightbatchStack(cdk.Stack):
         # Notify signs download links into its e-mails; they point at this API, unless `limits` names another
         # public URL (a custom domain). No cycle: the HTTP API does not depend on the workflow, its Lambda does.
         if "public_base_url" not in config.limits:
-            self.orchestration.tasks["notify"].function.add_environment(env_name("public_base_url"), self.api.url)
+            self.orchestration.tasks["notify"].add_environment(env_name("public_base_url"), self.api.url)
 
         # Grants: each principal gets its prefixes, the table, and the one thing it drives.
         tasks = self.orchestration.tasks
@@ -175,10 +188,12 @@ class NightbatchStack(cdk.Stack):
         for sender in (api_role, composer):
             self.uploads.queue.grant_send_messages(sender)
         # models/: the first job of a Hugging Face model writes its weights through; later jobs stream them.
-        self.grant_objects(self.gpu.job_role, (FILES_PREFIX, BATCHES_PREFIX, MODELS_PREFIX), write=True)
-        for principal in (api_role, sweeper.role, composer, self.deliverer.role, self.gpu.job_role,
-                          *(t.role for t in tasks.values())):
-            self.grant_table(principal)
+        self.grant_objects(self.gpu.job_role, WORKER_PREFIXES, write=True, list_only_prefixes=True)
+        roles = {"api": api_role, "sweep": sweeper.role, "compose_upload": composer,
+                 "deliver": self.deliverer.role, **{name: t.role for name, t in tasks.items()}}
+        for name, principal in roles.items():
+            self.grant_table(principal, TABLE_ACTIONS[name])
+        self.grant_table(self.gpu.job_role, TABLE_ACTIONS["worker"], leading_keys=("batch_*",))
         state_machine.grant_start_execution(api_role)
         self.api_keys.grant_read(api_role)
         self.notifications.topic.grant_publish(tasks["notify"].role)
@@ -222,21 +237,31 @@ class NightbatchStack(cdk.Stack):
 
         nag.acknowledge(self)
 
-    def grant_objects(self, role: iam.IRole, prefixes: Sequence[str], *, write: bool) -> None:
+    def grant_objects(self, role: iam.IRole, prefixes: Sequence[str], *, write: bool,
+                      list_only_prefixes: bool = False) -> None:
         bucket = self.storage.bucket
         actions = [*_READ, *(_WRITE if write else ())]
         role.add_to_principal_policy(iam.PolicyStatement(
             actions=actions, resources=[bucket.arn_for_objects(f"{p}*") for p in prefixes],
         ))
-        # ListBucket turns a missing key into 404 rather than 403 on GetObject/HeadObject.
-        role.add_to_principal_policy(iam.PolicyStatement(actions=["s3:ListBucket"], resources=[bucket.bucket_arn]))
-
-    def grant_table(self, role: iam.IRole) -> None:
-        table = self.storage.table
+        # ListBucket turns a missing key into 404 rather than 403 on GetObject/HeadObject (the Lambdas rely on
+        # that). `list_only_prefixes` limits listing to the granted prefixes (s3:prefix); such a principal must
+        # test existence by listing (gpu_worker.runner), as a missing key may then answer 403.
+        conditions = {"StringLike": {"s3:prefix": [f"{p}*" for p in prefixes]}} if list_only_prefixes else None
         role.add_to_principal_policy(iam.PolicyStatement(
-            actions=list(_TABLE_RW),
-            resources=[table.table_arn, *(f"{table.table_arn}/index/{i}" for i in self.storage.index_names)],
+            actions=["s3:ListBucket"], resources=[bucket.bucket_arn], conditions=conditions,
         ))
+
+    def grant_table(self, role: iam.IRole, actions: Sequence[str], *,
+                    leading_keys: Sequence[str] | None = None) -> None:
+        table = self.storage.table
+        resources = [table.table_arn]
+        if _QUERY in actions:
+            resources += [f"{table.table_arn}/index/{i}" for i in self.storage.index_names]
+        conditions = ({"ForAllValues:StringLike": {"dynamodb:LeadingKeys": list(leading_keys)}}
+                      if leading_keys else None)
+        role.add_to_principal_policy(iam.PolicyStatement(actions=list(actions), resources=resources,
+                                                         conditions=conditions))
 
     def grant_model_weights(self, source: str) -> None:
         bucket_name, _, prefix = source.removeprefix("s3://").partition("/")

@@ -118,6 +118,7 @@ class SegmentEntry(BaseModel):
     key: str
     lines: int
     est: int
+    group: int = 0  # prefix group (nightbatch/pipeline/prefixes.py); 0: lines in input order
 
 
 class ShardSpec(BaseModel):

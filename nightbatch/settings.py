@@ -121,6 +121,12 @@ class Settings(BaseSettings):
     # > 0: a fixed number of estimated tokens per shard instead (tests and benches use it).
     shard_target_tokens: int = 0
     shards_per_gpu: int = 3
+    # Prefix-aware placement (nightbatch/pipeline/placement.py): prompts of at least `plan_prefix_chars`
+    # characters are grouped by the hash of that head into `plan_prefix_groups` groups (0 = off), and Plan
+    # keeps each group in as few shards as balance allows, so a shared system prompt is prefilled once per
+    # shard it lands in rather than in every shard. Costs one open segment buffer per group in Validate.
+    plan_prefix_groups: int = 8
+    plan_prefix_chars: int = 1024
     max_gpus: int = 4
     # Estimated tokens (prompt + expected output) one GPU processes per second, and one shard's cold start.
     # Defaults: an 8B model on one L40S/L4-class GPU (bench/cost: ~1.6k-5k output tok/s at 1:1 in/out) and

@@ -39,6 +39,7 @@ class Probe:
     model: str
     endpoint: str
     batch_id: str | None = None
+    created_at: float | None = None  # this machine's clock when the batch was created (epoch seconds)
     status: str | None = None  # the batch's last status
     phases: dict[str, Phase] = field(default_factory=lambda: {name: Phase(name) for name in PHASES})
 

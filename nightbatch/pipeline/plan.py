@@ -8,6 +8,7 @@ from nightbatch import layout
 from nightbatch.clock import now
 from nightbatch.layout import SegmentEntry, ShardItem
 from nightbatch.pipeline.models import BatchTaskInput, PlanOutput
+from nightbatch.pipeline.placement import place_by_prefix
 from nightbatch.pipeline.sizing import plan_shards
 from nightbatch.services import Services
 from nightbatch.settings import Settings
@@ -46,7 +47,7 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
         job_definitions: dict[str, str] = json.loads(settings.job_definitions_json or "{}")
         job_definition = job_definitions.get(model, "")
         window = max(0.0, float(batch.expires_at) - now()) if batch.expires_at else None
-        for i, group in enumerate(group_segments(segments, settings, window)):
+        for i, group in enumerate(place_by_prefix(group_segments(segments, settings, window))):
             shard_id = f"{i:05d}"
             layout.write_shard(blobs, layout.ShardSpec(
                 batch_id=inp.batch_id, shard_id=shard_id, endpoint=batch.endpoint, model=model,

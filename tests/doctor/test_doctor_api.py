@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from nightbatch.cli import main
-from nightbatch.doctor.api import probe_pairs
+from nightbatch.doctor.api import _model_loaded, probe_pairs
 from nightbatch.doctor.report import Check, Phase, Probe, Report
 from nightbatch.doctor.run import Doctor
 from nightbatch.doctor.webhook import WebhookWatcher
@@ -130,3 +130,24 @@ def test_a_watchers_diagnosis_replaces_the_generic_remedy(api_server: ApiServer)
     assert validate.detail == "the execution is RUNNING, last state Validate (gave up after 1.2 s)"
     assert "validate stalled: the execution is RUNNING" in progress.getvalue()
     assert not report.passed and [c.name for c in report.checks] == ["API key", "models", "stack"]
+
+
+def test_model_loaded_comes_from_the_workers_phase_clock() -> None:
+    """`batch.nightbatch.phases` (the worker's container start and its seconds to weights and engine) places the
+    phase on the doctor's timeline; older servers only have the load seconds in `nightbatch.cost`."""
+    probe = Probe(model="m", endpoint="/v1/completions", batch_id="batch_x", created_at=1_000.0)
+    attempts = [{"shard_id": "s1", "container_start": 1_020.0, "weights_source": "s3-cache",
+                 "weights_ready_s": 9.5, "engine_ready_s": 41.25, "first_result_s": 43.0},
+                {"shard_id": "s0", "container_start": 1_012.0, "weights_source": "hf",
+                 "weights_ready_s": 30.0, "engine_ready_s": 70.0}]
+    _model_loaded(probe, {"phases": {"attempts": 2, "shards": attempts}})
+    loaded = probe.phase("model loaded")
+    assert (loaded.status, loaded.at, loaded.took) == ("ok", 82.0, 70.0)  # the first container: 12 s + 70 s
+    assert loaded.detail == "engine ready 70.0 s after the shard started (weights 30.0 s, from hf)"
+
+    older = Probe(model="m", endpoint="/v1/completions")
+    _model_loaded(older, {"cost": {"model_load_seconds": 12.5}})
+    assert (older.phase("model loaded").took, older.phase("model loaded").at) == (12.5, None)
+    unknown = Probe(model="m", endpoint="/v1/completions")
+    _model_loaded(unknown, {})
+    assert unknown.phase("model loaded").status == "skipped"

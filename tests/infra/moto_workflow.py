@@ -66,6 +66,20 @@ def patch_task_normalisation(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(StateTaskService, "_normalise_response", normalise_response)
 
 
+def patch_backend_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """moto looks its per-account backend up under one global lock, with a linear scan of every backend, on each
+    request: a Map with many concurrent iterations spends its time queueing there. Known accounts skip it."""
+    from moto.core.base_backend import BackendDict
+
+    original = BackendDict._create_account_specific_backend
+
+    def lookup(self: Any, account_id: str) -> None:
+        if not dict.__contains__(self, account_id):
+            original(self, account_id)
+
+    monkeypatch.setattr(BackendDict, "_create_account_specific_backend", lookup)
+
+
 @dataclass
 class JobRecord:
     name: str
