@@ -96,13 +96,13 @@ def prepare(n: int) -> dict[str, Any]:
 
 def write_results(services: Any, batch_id: str) -> None:
     """Stands in for the GPU workers: one result line per planned request (not timed)."""
-    from nightbatch.pipeline import layout
+    from nightbatch import layout
     from nightbatch.pipeline.segments import parse_segment_line
 
     blobs = services.adapters.blobs
     for item in json.loads(blobs.get_bytes(layout.manifest_key(batch_id)) or b"[]"):
         shard = json.loads(blobs.get_bytes(layout.shard_key(batch_id, item["shard_id"])) or b"{}")
-        w = blobs.writer(layout.results_prefix(batch_id, item["shard_id"]) + "000000-bench.jsonl")
+        w = blobs.writer(layout.checkpoint_key(layout.results_prefix(batch_id, item["shard_id"]), 0, "bec4"))
         for key in shard["segments"]:
             for raw in io.BytesIO(blobs.get_bytes(key) or b""):
                 line = parse_segment_line(raw)

@@ -209,7 +209,8 @@ class OurSide:
                          {"report": report, "log": str(log), "load": load})
 
     def results(self, batch_id: str, shard_id: str = "00000") -> dict[str, Usage]:
-        from gpu_worker.shard import CHECKPOINT_RE, iter_object_lines, results_prefix
+        from gpu_worker.shard import iter_object_lines
+        from nightbatch.layout import CHECKPOINT_RE, results_prefix
 
         blobs = self.adapters.blobs
         prefix = results_prefix(batch_id, shard_id)

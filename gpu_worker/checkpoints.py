@@ -9,8 +9,8 @@ import logging
 import time
 
 from gpu_worker.results import ResultLine
-from gpu_worker.shard import checkpoint_key
 from nightbatch.errors import StorageConflictError
+from nightbatch.layout import checkpoint_key, progress_key
 from nightbatch.storage import BlobStore, Table
 
 log = logging.getLogger("gpu_worker.checkpoints")
@@ -18,10 +18,6 @@ log = logging.getLogger("gpu_worker.checkpoints")
 # The dashboard's chart reads `progress-<attempt>.json` beside the checkpoints: cumulative counts over time,
 # thinned to at most this many samples so the object stays small on a long shard.
 MAX_SAMPLES = 240
-
-
-def progress_key(prefix: str, attempt: str) -> str:
-    return f"{prefix}progress-{attempt}.json"
 
 
 def thin(samples: list[list[float]]) -> list[list[float]]:

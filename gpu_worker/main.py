@@ -22,10 +22,10 @@ from gpu_worker.engines.base import Engine
 from gpu_worker.runner import ShardJob, ShardReport, preflight, run_shard
 from gpu_worker.shard import load_shard
 from gpu_worker.watch import BATCH_REASONS, read_stop_reason
+from nightbatch.layout import attempt_keys, results_prefix
 from nightbatch.logs import configure_logging, log_context
 from nightbatch.metrics import emit
 from nightbatch.phases import Phases
-from nightbatch.pipeline.layout import results_prefix
 from nightbatch.settings import ModelSpec, Settings, get_settings
 from nightbatch.storage import Adapters, make_adapters
 
@@ -98,8 +98,7 @@ async def serve_shard(
     finally:
         await engine.stop()
     print(report.model_dump_json(), flush=True)
-    attempts = sum(1 for k in await asyncio.to_thread(lambda: list(blobs.list_keys(results_prefix(
-        job.batch_id, job.shard_id)))) if k.rsplit("/", 1)[-1].startswith("acct-"))
+    attempts = len(await asyncio.to_thread(attempt_keys, blobs, results_prefix(job.batch_id, job.shard_id)))
     emit(settings, {
         "RequestsCompleted": report.completed, "RequestsFailed": report.failed,
         "PromptTokens": report.input_tokens, "CompletionTokens": report.output_tokens,

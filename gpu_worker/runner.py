@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import secrets
 import time
@@ -18,18 +17,11 @@ from gpu_worker.checkpoints import Checkpointer
 from gpu_worker.engines.base import Engine
 from gpu_worker.results import exception_reply, is_fatal, result_line
 from gpu_worker.scheduling import OrderPolicy, in_flight_limit, ordered
-from gpu_worker.shard import (
-    PendingLines,
-    PendingRequest,
-    Progress,
-    ShardSpec,
-    done_key,
-    load_shard,
-    read_progress,
-    results_prefix,
-)
+from gpu_worker.shard import PendingLines, PendingRequest, Progress, load_shard, read_progress
 from gpu_worker.watch import read_stop_reason, watch_batch
+from nightbatch import layout
 from nightbatch.ids import new_request_id
+from nightbatch.layout import ShardSpec, done_key, results_prefix
 from nightbatch.phases import Phases
 from nightbatch.settings import Settings
 from nightbatch.storage import BlobStore, Table
@@ -91,7 +83,7 @@ async def preflight(job: ShardJob, *, blobs: BlobStore, table: Table) -> str | N
     reason = await read_stop_reason(table, job.batch_id)
     if reason is not None:
         return reason
-    done = done_key(results_prefix(job.batch_id, job.shard_id))
+    done = done_key(job.batch_id, job.shard_id)
     # Listed, not HEADed: the worker may list only under batches/ (infra/stack.py), and S3 may then answer a
     # HEAD of a missing key with 403 rather than 404.
     if any(key == done for key in await asyncio.to_thread(lambda: list(blobs.list_keys(done)))):
@@ -318,23 +310,18 @@ class _ShardRun:
         report.phases = self.phases.to_dict()
 
     def _write_accounting(self, report: ShardReport) -> None:
-        record = {"attempt": self.attempt, "model_load_seconds": round(report.model_load_seconds, 3),
-                  "inference_seconds": report.inference_seconds, "idle_seconds": report.idle_seconds,
-                  "finished": report.finished, "phases": report.phases}
-        self.blobs.put_bytes(f"{self.prefix}acct-{self.attempt}.json", json.dumps(record).encode(),
-                             content_type="application/json")
+        layout.write_attempt(self.blobs, self.prefix, layout.AttemptRecord(
+            attempt=self.attempt, model_load_seconds=round(report.model_load_seconds, 3),
+            inference_seconds=report.inference_seconds, idle_seconds=report.idle_seconds, finished=report.finished,
+            phases=report.phases,
+        ))
 
     def _write_done(self, report: ShardReport) -> None:
-        marker = {
-            "lines": report.lines,
-            "model_load_seconds": round(report.model_load_seconds, 3),
-            "inference_seconds": report.inference_seconds,
-            "idle_seconds": report.idle_seconds,
+        layout.write_done(self.blobs, self.job.batch_id, self.job.shard_id, layout.DoneMarker(
+            lines=report.lines, model_load_seconds=round(report.model_load_seconds, 3),
+            inference_seconds=report.inference_seconds, idle_seconds=report.idle_seconds,
             # Whole-shard totals: this attempt's plus those of the lines earlier attempts finished.
-            "input_tokens": self.progress.input_tokens + report.input_tokens,
-            "output_tokens": self.progress.output_tokens + report.output_tokens,
-            "attempts": len(self.progress.attempts | {self.attempt}),
-        }
-        self.blobs.put_bytes(
-            done_key(self.prefix), json.dumps(marker).encode(), content_type="application/json"
-        )
+            input_tokens=self.progress.input_tokens + report.input_tokens,
+            output_tokens=self.progress.output_tokens + report.output_tokens,
+            attempts=len(self.progress.attempts | {self.attempt}),
+        ))

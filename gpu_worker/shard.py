@@ -4,38 +4,17 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
 from gpu_worker.results import usage_tokens
+from nightbatch import layout
+from nightbatch.layout import CHECKPOINT_RE, ShardSpec
 from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.storage import BlobStore
 
 log = logging.getLogger("gpu_worker.shard")
-
-# <seq:06d>-<attempt hex>.jsonl; the attempt part keeps a zombie attempt from overwriting another's object.
-CHECKPOINT_RE = re.compile(r"^(\d{6,})-([0-9a-f]+)\.jsonl$")
-DONE_NAME = "_done.json"
-
-
-class ShardSpec(BaseModel):
-    """`batches/<batch_id>/shards/<shard_id>.json`, written by Plan."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    version: int = 1
-    batch_id: str
-    shard_id: str
-    endpoint: str
-    model: str
-    segments: list[str]
-    lines: int
-    est_tokens: int = 0
-
 
 @dataclass(frozen=True)
 class PendingRequest:
@@ -58,30 +37,11 @@ class Progress:
     output_tokens: int = 0
 
 
-def shard_key(batch_id: str, shard_id: str) -> str:
-    return f"batches/{batch_id}/shards/{shard_id}.json"
-
-
-def results_prefix(batch_id: str, shard_id: str) -> str:
-    return f"batches/{batch_id}/results/{shard_id}/"
-
-
-def checkpoint_key(prefix: str, seq: int, attempt: str) -> str:
-    return f"{prefix}{seq:06d}-{attempt}.jsonl"
-
-
-def done_key(prefix: str) -> str:
-    return prefix + DONE_NAME
-
-
 def load_shard(blobs: BlobStore, batch_id: str, shard_id: str) -> ShardSpec:
-    key = shard_key(batch_id, shard_id)
-    raw = blobs.get_bytes(key)
-    if raw is None:
+    spec = layout.read_shard(blobs, batch_id, shard_id)
+    if spec is None:
+        key = layout.shard_key(batch_id, shard_id)
         raise FileNotFoundError(f"shard definition s3://{blobs.bucket}/{key} does not exist")
-    spec = ShardSpec.model_validate_json(raw)
-    if spec.batch_id != batch_id or spec.shard_id != shard_id:
-        raise ValueError(f"{key} describes {spec.batch_id}/{spec.shard_id}, not {batch_id}/{shard_id}")
     return spec
 
 

@@ -8,12 +8,32 @@ while any new wildcard still fails the synth.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import aws_cdk as cdk
+from constructs import Node
 
-if TYPE_CHECKING:
-    from infra.stack import NightbatchStack
+from infra.gpu_compute import GpuCompute
+from infra.orchestration import Orchestration
+from infra.storage import Storage
+
+
+class NaggedStack(Protocol):
+    """What the acknowledgements read of the stack (infra.stack.NightbatchStack, which calls them)."""
+
+    storage: Storage
+    orchestration: Orchestration
+    gpu: GpuCompute
+
+    @property
+    def partition(self) -> str: ...
+    @property
+    def region(self) -> str: ...
+    @property
+    def account(self) -> str: ...
+    @property
+    def node(self) -> Node: ...
+    def resolve(self, obj: object) -> object: ...
 
 RULES: dict[str, str] = {
     "AwsSolutions-S1": "The data bucket is reached only through the API and the workers, whose requests are "
@@ -28,24 +48,24 @@ RULES: dict[str, str] = {
 }
 
 
-def _render(stack: cdk.Stack, value: str, pseudo: str) -> str:
+def _render(stack: NaggedStack, value: str, pseudo: str) -> str:
     # cdk-nag renders unresolved pseudo parameters as <AWS::Name>, literals as themselves.
     return f"<AWS::{pseudo}>" if cdk.Token.is_unresolved(value) else value
 
 
-def _arn(stack: cdk.Stack, service: str, resource: str) -> str:
+def _arn(stack: NaggedStack, service: str, resource: str) -> str:
     partition = _render(stack, stack.partition, "Partition")
     region = _render(stack, stack.region, "Region")
     account = _render(stack, stack.account, "AccountId")
     return f"arn:{partition}:{service}:{region}:{account}:{resource}"
 
 
-def _logical(stack: cdk.Stack, construct: object) -> str:
+def _logical(stack: NaggedStack, construct: object) -> str:
     element = construct if isinstance(construct, cdk.CfnElement) else construct.node.default_child  # type: ignore[attr-defined]
     return str(stack.resolve(element.logical_id))
 
 
-def iam_findings(stack: NightbatchStack) -> dict[str, str]:
+def iam_findings(stack: NaggedStack) -> dict[str, str]:
     """Finding id (as reported by cdk-nag) -> reason, for the wildcards this stack holds on purpose."""
     bucket = _logical(stack, stack.storage.bucket)
     machine = _logical(stack, stack.orchestration.state_machine)
@@ -86,7 +106,7 @@ def iam_findings(stack: NightbatchStack) -> dict[str, str]:
     return findings
 
 
-def acknowledge(stack: NightbatchStack) -> None:
+def acknowledge(stack: NaggedStack) -> None:
     validations = cdk.Validations.of(stack)
     for rule, reason in {**RULES, **iam_findings(stack)}.items():
         validations.acknowledge(cdk.Acknowledgment(id=f"AwsSolutions::{rule}", reason=reason))

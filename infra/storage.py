@@ -7,10 +7,11 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-# Key prefixes the core writes under; IAM grants are scoped to them.
-FILES_PREFIX = "files/"
-BATCHES_PREFIX = "batches/"
-UPLOADS_PREFIX = "uploads/"
+from nightbatch.layout import BATCHES_PREFIX, FILES_PREFIX, UPLOADS_PREFIX
+
+__all__ = ["BATCHES_PREFIX", "FILES_PREFIX", "OBJECT_EXPIRY_DAYS", "PREFIXES", "UPLOADS_PREFIX", "Storage"]
+
+# Key prefixes the core writes under (nightbatch.layout); IAM grants are scoped to them.
 PREFIXES = (FILES_PREFIX, BATCHES_PREFIX, UPLOADS_PREFIX)
 # Model weights the GPU worker writes through from Hugging Face (gpu_worker/weight_cache.py); never expired.
 MODELS_PREFIX = "models/"

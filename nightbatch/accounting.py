@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from nightbatch import layout
 from nightbatch.settings import Settings
 from nightbatch.storage import BlobStore
 
@@ -43,18 +43,14 @@ def price_per_gpu_second(settings: Settings) -> float:
 
 
 def collect_shard_times(blobs: BlobStore, results_prefixes: list[str]) -> ShardTime:
-    """Sums every attempt's record (`acct-<attempt>.json`), so time lost to Spot interruptions is counted too."""
+    """Sums every attempt's record (layout.AttemptRecord), so time lost to Spot interruptions is counted too."""
     t = ShardTime()
-    for prefix in results_prefixes:
-        for key in blobs.list_keys(prefix):
-            if not key.rsplit("/", 1)[-1].startswith("acct-"):
-                continue
-            rec = json.loads(blobs.get_bytes(key) or b"{}")
-            t.model_load_seconds += float(rec.get("model_load_seconds", 0.0))
-            t.inference_seconds += float(rec.get("inference_seconds", 0.0))
-            t.idle_seconds += float(rec.get("idle_seconds", 0.0))
-            if isinstance(rec.get("phases"), dict) and rec["phases"]:
-                t.phases.append({"shard_id": key.rstrip("/").split("/")[-2], **rec["phases"]})
+    for rec in layout.read_attempts(blobs, results_prefixes):
+        t.model_load_seconds += rec.model_load_seconds
+        t.inference_seconds += rec.inference_seconds
+        t.idle_seconds += rec.idle_seconds
+        if rec.phases:
+            t.phases.append({"shard_id": rec.shard_id, **rec.phases})
     return t
 
 

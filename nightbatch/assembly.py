@@ -18,19 +18,13 @@ from typing import Any, Protocol
 
 from nightbatch.clock import now
 from nightbatch.errors import StorageConflictError
+from nightbatch.layout import upload_prefix
 from nightbatch.settings import Settings
 from nightbatch.storage import Table
 from nightbatch.storage.parts import PartStore
+from nightbatch.storage.records import FileRecord
 
 log = logging.getLogger("nightbatch.uploads")
-
-
-def upload_prefix(upload_id: str) -> str:
-    return f"uploads/{upload_id}/"
-
-
-def part_key(upload_id: str, part_id: str) -> str:
-    return f"uploads/{upload_id}/parts/{part_id}"
 
 
 class UploadJobs(Protocol):
@@ -50,11 +44,11 @@ class AssemblyService:
 
     def compose(self, file_id: str, upload_id: str) -> str:
         """Idempotent (a queue may deliver twice). Returns what happened, for the logs."""
-        item = self.table.get(file_id)
-        if item is None or item.get("kind") != "file":
+        item = self.table.get_record(FileRecord, file_id)
+        if item is None:
             self.purge(upload_id)
             return "file deleted"
-        keys: list[str] = list(item.get("parts") or [])
+        keys = list(item.parts or [])
         if not keys:
             self.jobs.purge_parts(upload_id, delay_seconds=self.settings.upload_parts_grace_seconds)
             return "already composed"
@@ -64,15 +58,14 @@ class AssemblyService:
             log.error("cannot compose %s: parts missing %s", file_id, missing[:3])
             return "parts missing"
         outcome = "composed"
-        expected = item.get("md5_expected")
-        if expected:
-            outcome = self._verify(file_id, keys, str(expected))
-        self.parts.compose(str(item["s3_key"]), [(k, sizes[k]) for k in keys])
+        if item.md5_expected:
+            outcome = self._verify(file_id, keys, item.md5_expected)
+        self.parts.compose(item.s3_key, [(k, sizes[k]) for k in keys])
         try:
             self.table.update(file_id, set_={"composed_at": now()}, remove=("parts",))
         except StorageConflictError:
             # Deleted while composing: nothing may outlive the item.
-            self.parts.blobs.delete(str(item["s3_key"]))
+            self.parts.blobs.delete(item.s3_key)
             self.purge(upload_id)
             return "file deleted"
         self.jobs.purge_parts(upload_id, delay_seconds=self.settings.upload_parts_grace_seconds)

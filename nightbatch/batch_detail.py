@@ -8,26 +8,21 @@ the result files. The reads are bounded: at most MAX_SHARDS shards, each a listi
 from __future__ import annotations
 
 import json
-import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from nightbatch import layout
 from nightbatch.notifications.delivery import delivery_id
 from nightbatch.notifications.delivery import to_wire as delivery_to_wire
-from nightbatch.notifications.endpoints import owner as endpoints_owner
+from nightbatch.notifications.endpoints import WebhookEndpointService
 from nightbatch.notifications.events import event_pk
-from nightbatch.pipeline import layout
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore
+from nightbatch.storage.records import BatchRecord, DeliveryRecord
 from nightbatch.wire import TERMINAL_STATUSES
 
 MAX_SHARDS = 100
 MAX_POINTS = 400
-# The worker's object names under results/<shard>/ (gpu_worker.shard and gpu_worker.checkpoints).
-CHECKPOINT = re.compile(r"^\d{6,}-([0-9a-f]+)\.jsonl$")
-ACCOUNTING = re.compile(r"^acct-([0-9a-f]+)\.json$")
-PROGRESS = re.compile(r"^progress-([0-9a-f]+)\.json$")
-DONE = "_done.json"
 
 
 def _json(blobs: BlobStore, key: str) -> Any:
@@ -49,18 +44,18 @@ def _shard(blobs: BlobStore, batch_id: str, shard_id: str, terminal: bool) -> di
     samples: list[list[list[float]]] = []
     for key in blobs.list_keys(prefix):
         name = key[len(prefix):]
-        if name == DONE:
+        if name == layout.DONE_NAME:
             done = _json(blobs, key) or {}
-        elif m := CHECKPOINT.match(name):
+        elif m := layout.CHECKPOINT_RE.match(name):
             checkpoints += 1
-            attempts.setdefault(m.group(1), {"attempt": m.group(1)})
-        elif m := ACCOUNTING.match(name):
+            attempts.setdefault(m.group(2), {"attempt": m.group(2)})
+        elif m := layout.ACCOUNTING_RE.match(name):
             record = _json(blobs, key) or {}
             # Phase timings as the worker reports them (load, inference, idle and any it adds later).
             timings = {k: v for k, v in record.items() if k.endswith("_seconds") and isinstance(v, int | float)}
             attempts.setdefault(m.group(1), {"attempt": m.group(1)}).update(
                 timings, finished=bool(record.get("finished")))
-        elif m := PROGRESS.match(name):
+        elif m := layout.PROGRESS_RE.match(name):
             record = _json(blobs, key) or {}
             points = [p for p in record.get("samples", []) if isinstance(p, list) and len(p) == 4]
             if points:
@@ -105,18 +100,19 @@ def progress_series(per_attempt: list[list[list[float]]]) -> list[list[float]]:
     return series
 
 
-def notifications(services: Services, batch: dict[str, Any]) -> dict[str, Any]:
+def notifications(services: Services, batch: BatchRecord) -> dict[str, Any]:
     """The terminal event's webhook deliveries (with every attempt), e-mails and SNS message, if sent yet."""
     table = services.adapters.table
-    event = table.get(event_pk(batch["pk"], batch["status"])) if batch["status"] in TERMINAL_STATUSES else None
+    event = table.get(event_pk(batch.pk, batch.status)) if batch.status in TERMINAL_STATUSES else None
     if event is None:
         return {"event": None, "webhooks": [], "emails": [], "sns_message_id": None}
     webhooks = []
-    for endpoint in table.query_owner(endpoints_owner(batch["tenant"]), ascending=True):
-        item = table.get(delivery_id(event["event_id"], endpoint["pk"]))
-        if item is not None:
-            wire = delivery_to_wire(item).model_dump()
-            wire["url"] = endpoint.get("url")
+    endpoints = WebhookEndpointService(settings=services.settings, table=table)
+    for endpoint in endpoints.all_items(batch.tenant):
+        rec = table.get_owned(DeliveryRecord, batch.tenant, delivery_id(event["event_id"], endpoint.pk))
+        if rec is not None:
+            wire = delivery_to_wire(rec).model_dump()
+            wire["url"] = endpoint.url
             webhooks.append(wire)
     emails = [{"to": a, "status": "sent"} for a in event.get("emailed_to", [])]
     emails += [{"to": a, "status": "rejected"} for a in event.get("email_rejected", [])]
@@ -127,15 +123,15 @@ def notifications(services: Services, batch: dict[str, Any]) -> dict[str, Any]:
 def batch_detail(services: Services, tenant: str, batch_id: str) -> dict[str, Any]:
     batch = services.batches.item(tenant, batch_id)  # 404 unless the caller's tenant owns it
     blobs = services.adapters.blobs
-    manifest = _json(blobs, layout.manifest_key(batch_id)) if batch["status"] != "validating" else None
+    manifest = _json(blobs, layout.manifest_key(batch_id)) if batch.status != "validating" else None
     shard_ids = [str(s["shard_id"]) for s in manifest or [] if isinstance(s, dict) and "shard_id" in s]
-    terminal = batch["status"] in TERMINAL_STATUSES
+    terminal = batch.status in TERMINAL_STATUSES
     shown = shard_ids[:MAX_SHARDS]
     with ThreadPoolExecutor(max_workers=8) as pool:
         shards = list(pool.map(lambda sid: _shard(blobs, batch_id, sid, terminal), shown))
     series = progress_series([s for shard in shards for s in shard.pop("_samples")])
     return {
-        "object": "nightbatch.batch_detail", "id": batch_id, "status": batch["status"],
+        "object": "nightbatch.batch_detail", "id": batch_id, "status": batch.status,
         "shard_count": len(shard_ids), "shards": shards, "shards_truncated": len(shard_ids) > len(shown),
         "progress": {"columns": ["time", "completed", "failed", "output_tokens"], "points": series},
         "notifications": notifications(services, batch),

@@ -8,14 +8,22 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from nightbatch import lifecycle
-from nightbatch.clock import now, sort_key
-from nightbatch.errors import ConflictError, InvalidRequestError, NotFoundError, StorageConflictError
-from nightbatch.files import FileService, check_expiry_seconds, page
+from nightbatch.clock import now
+from nightbatch.errors import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    StorageConflictError,
+    check_range,
+    check_supported,
+)
+from nightbatch.files import FileService, check_expiry_seconds
 from nightbatch.ids import new_batch_id
 from nightbatch.options import check_options
 from nightbatch.settings import ENDPOINTS, Settings
 from nightbatch.storage import Table
-from nightbatch.wire import Batch, BatchErrors, ListPage, RequestCounts, Usage
+from nightbatch.storage.records import BatchRecord
+from nightbatch.wire import Batch, BatchErrors, ListPage, RequestCounts, Usage, list_page
 
 MAX_BATCHES_LIMIT = 100
 WINDOW_RE = re.compile(r"^([1-9][0-9]{0,2})h$")
@@ -94,36 +102,30 @@ def _json_type(v: Any) -> str:
     return "null" if v is None else "a value"
 
 
-def to_wire(item: dict[str, Any]) -> Batch:
-    errors = item.get("errors")
-    usage = item.get("usage")
-    counts = item.get("request_counts") or {}
-    ext = dict(item.get("ext") or {})
-    if item["status"] in ("in_progress", "cancelling", "finalizing"):
+def to_wire(rec: BatchRecord) -> Batch:
+    counts = rec.request_counts
+    ext = dict(rec.ext or {})
+    if rec.status in ("in_progress", "cancelling", "finalizing"):
         # Live progress: atomic adds from the workers (final numbers come from the files at finalize).
-        counts = {
-            "total": counts.get("total", 0),
-            "completed": min(item.get("live_completed", 0), counts.get("total", 0)),
-            "failed": min(item.get("live_failed", 0), counts.get("total", 0)),
-        }
-        if "live_input_tokens" in item or "live_output_tokens" in item:
+        total = counts.get("total", 0)
+        counts = {"total": total, "completed": min(rec.live_completed or 0, total),
+                  "failed": min(rec.live_failed or 0, total)}
+        if rec.live_input_tokens is not None or rec.live_output_tokens is not None:
             # Tokens so far, for tokens/s in the CLI and the dashboard; `usage` stays final-only.
-            live_in, live_out = item.get("live_input_tokens", 0), item.get("live_output_tokens", 0)
+            live_in, live_out = rec.live_input_tokens or 0, rec.live_output_tokens or 0
             ext["live_usage"] = {"input_tokens": live_in, "output_tokens": live_out,
                                  "total_tokens": live_in + live_out}
     return Batch(
-        id=item["pk"], endpoint=item["endpoint"], model=item.get("model"),
-        errors=BatchErrors.model_validate(errors) if errors else None,
-        input_file_id=item["input_file_id"], completion_window=item["completion_window"],
-        status=item["status"], output_file_id=item.get("output_file_id"),
-        error_file_id=item.get("error_file_id"), created_at=item["created_at"],
-        in_progress_at=item.get("in_progress_at"), expires_at=item.get("expires_at"),
-        finalizing_at=item.get("finalizing_at"), completed_at=item.get("completed_at"),
-        failed_at=item.get("failed_at"), expired_at=item.get("expired_at"),
-        cancelling_at=item.get("cancelling_at"), cancelled_at=item.get("cancelled_at"),
+        id=rec.pk, endpoint=rec.endpoint, model=rec.model,
+        errors=BatchErrors.model_validate(rec.errors) if rec.errors else None,
+        input_file_id=rec.input_file_id, completion_window=rec.completion_window, status=rec.status,
+        output_file_id=rec.output_file_id, error_file_id=rec.error_file_id, created_at=rec.created_at,
+        in_progress_at=rec.in_progress_at, expires_at=rec.expires_at, finalizing_at=rec.finalizing_at,
+        completed_at=rec.completed_at, failed_at=rec.failed_at, expired_at=rec.expired_at,
+        cancelling_at=rec.cancelling_at, cancelled_at=rec.cancelled_at,
         request_counts=RequestCounts.model_validate(counts),
-        usage=Usage.model_validate(usage) if usage else None,
-        metadata=item.get("metadata"), nightbatch=ext or None,
+        usage=Usage.model_validate(rec.usage) if rec.usage else None,
+        metadata=rec.metadata, nightbatch=ext or None,
     )
 
 
@@ -135,44 +137,29 @@ class BatchService:
         self.workflow = workflow
 
     def create(self, tenant: str, req: CreateBatchRequest, *, batch_id: str | None = None) -> Batch:
-        if req.endpoint not in ENDPOINTS:
-            raise InvalidRequestError(
-                f"Invalid value: '{req.endpoint}'. Supported values are: "
-                + ", ".join(f"'{e}'" for e in ENDPOINTS) + ".",
-                param="endpoint", code="invalid_value",
-            )
+        check_supported(req.endpoint, ENDPOINTS, param="endpoint")
         hours = window_hours(req.completion_window, self.settings.max_completion_window_hours)
         check_metadata(req.metadata)
         # Known keys only, a few KB at most; a bad e-mail address is a 400 now rather than a dropped e-mail later.
         check_options(req.nightbatch, self.settings)
         if req.output_expires_after is not None:
-            if req.output_expires_after.anchor != "created_at":
-                raise InvalidRequestError(
-                    f"Invalid value: '{req.output_expires_after.anchor}'. Supported values are: 'created_at'.",
-                    param="output_expires_after.anchor", code="invalid_value",
-                )
+            check_supported(req.output_expires_after.anchor, ("created_at",), param="output_expires_after.anchor")
             check_expiry_seconds(req.output_expires_after.seconds, "output_expires_after.seconds")
         self._check_input_file(tenant, req.input_file_id)
         batch_id = batch_id or new_batch_id()
         created = now()
-        item: dict[str, Any] = {
-            "pk": batch_id, "kind": "batch", "tenant": tenant, "owner": f"{tenant}#batch",
-            "owner_sk": sort_key(created, batch_id), "created_sk": sort_key(created, batch_id),
-            "open_status": "validating", "status": "validating", "endpoint": req.endpoint,
-            "input_file_id": req.input_file_id, "completion_window": req.completion_window,
-            "created_at": created,
-            "expires_at": created + int(hours * self.settings.hour_seconds),
-            "request_counts": {"total": 0, "completed": 0, "failed": 0},
-            "metadata": req.metadata,
-        }
-        if req.output_expires_after is not None:
-            item["output_expires_after_seconds"] = req.output_expires_after.seconds
-        if req.nightbatch:
-            item["options"] = req.nightbatch
-        self.table.put_new(item)
+        rec = BatchRecord(
+            pk=batch_id, tenant=tenant, status="validating", endpoint=req.endpoint,
+            input_file_id=req.input_file_id, completion_window=req.completion_window, created_at=created,
+            expires_at=created + int(hours * self.settings.hour_seconds),
+            request_counts={"total": 0, "completed": 0, "failed": 0}, metadata=req.metadata,
+            output_expires_after_seconds=req.output_expires_after.seconds if req.output_expires_after else None,
+            options=req.nightbatch or None,
+        )
+        self.table.put_record(rec, new=True)
         # A failed start leaves the batch in `validating`; the sweeper re-drives it.
         self.workflow.start(batch_id)
-        return to_wire(item)
+        return to_wire(rec)
 
     def _check_input_file(self, tenant: str, file_id: str) -> None:
         # ARCHITECTURE decision 10: missing, another tenant's, or not purpose=batch -> one answer.
@@ -194,49 +181,33 @@ class BatchService:
                 param="input_file_id", code="invalid_value",
             )
 
-    def item(self, tenant: str, batch_id: str) -> dict[str, Any]:
-        item = self.table.get(batch_id) if batch_id.startswith("batch_") else None
-        if item is None or item.get("kind") != "batch" or item.get("tenant") != tenant:
-            raise NotFoundError(f"No batch found with id '{batch_id}'.", param="batch_id")
-        return item
+    def item(self, tenant: str, batch_id: str) -> BatchRecord:
+        return self.table.require_owned(BatchRecord, tenant, batch_id, param="batch_id",
+                                        missing=f"No batch found with id '{batch_id}'.")
 
     def get(self, tenant: str, batch_id: str) -> Batch:
         return to_wire(self.item(tenant, batch_id))
 
     def list(self, tenant: str, *, limit: int, after: str | None) -> ListPage[Batch]:
-        if not 1 <= limit <= MAX_BATCHES_LIMIT:
-            raise InvalidRequestError(
-                f"Invalid 'limit': {limit}. Expected a value between 1 and {MAX_BATCHES_LIMIT}.",
-                param="limit", code="invalid_value",
-            )
-        after_sk = None
-        if after:
-            cursor = self.table.get(after)
-            if cursor is None or cursor.get("kind") != "batch" or cursor.get("tenant") != tenant:
-                raise InvalidRequestError(f"Invalid 'after': no batch with id '{after}'.", param="after")
-            after_sk = str(cursor["owner_sk"])
-        data: list[Batch] = []
-        has_more = False
-        for item in self.table.query_owner(
-            f"{tenant}#batch", ascending=False, after_sk=after_sk, page_size=limit + 1
-        ):
-            if len(data) == limit:
-                has_more = True
-                break
-            data.append(to_wire(item))
-        return page(data, has_more)
+        check_range(limit, 1, MAX_BATCHES_LIMIT, param="limit")
+        cursor = self.table.get_owned(BatchRecord, tenant, after) if after else None
+        if after and cursor is None:
+            raise InvalidRequestError(f"Invalid 'after': no batch with id '{after}'.", param="after")
+        recs, has_more = self.table.page(BatchRecord, f"{tenant}#batch", limit=limit,
+                                         after_sk=cursor.owner_sk if cursor else None)
+        return list_page([to_wire(r) for r in recs], has_more)
 
     def cancel(self, tenant: str, batch_id: str) -> Batch:
-        item = self.item(tenant, batch_id)
+        rec = self.item(tenant, batch_id)
         for _ in range(5):
-            status = item["status"]
+            status = rec.status
             if status in ("cancelling", "cancelled"):
-                return to_wire(item)
+                return to_wire(rec)
             if status not in lifecycle.TRANSITIONS["cancelling"]:
                 raise ConflictError(f"Cannot cancel a batch with status '{status}'.")
             try:
                 item = lifecycle.transition(self.table, batch_id, "cancelling", from_=(status,))
-                return to_wire(item)
+                return to_wire(BatchRecord.from_item(item))
             except StorageConflictError:
-                item = self.item(tenant, batch_id)  # lost a race: decide again on the fresh status
+                rec = self.item(tenant, batch_id)  # lost a race: decide again on the fresh status
         raise ConflictError("The batch changed while it was being cancelled; try again.", retry=True)

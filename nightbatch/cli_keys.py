@@ -16,8 +16,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from nightbatch.errors import NightbatchError
-from nightbatch.keys import DEFAULT_TENANT, KeyRecord, KeyStore
+from nightbatch.keys import DEFAULT_TENANT, KeyStore
 from nightbatch.settings import Settings
+from nightbatch.storage.records import KeyRecord
 
 # moto accepts any credentials; a shell that talks to `nightbatch local` may have none configured.
 MIN_PREFIX_CHARS = 7

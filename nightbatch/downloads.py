@@ -9,11 +9,11 @@ HTTP clients drop the Authorization header on a cross-origin redirect (httpx, wh
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from nightbatch.errors import ConflictError, InvalidRequestError
 from nightbatch.settings import Settings
 from nightbatch.storage import BlobStore
+from nightbatch.storage.records import FileRecord
 
 # The SDK honours Retry-After up to 120 s; composing a few hundred MB takes seconds.
 ASSEMBLING_RETRY_AFTER_SECONDS = 5
@@ -24,25 +24,25 @@ class Redirect:
     url: str
 
 
-def locate(settings: Settings, blobs: BlobStore, item: dict[str, Any]) -> Redirect | None:
+def locate(settings: Settings, blobs: BlobStore, item: FileRecord) -> Redirect | None:
     """None: send the bytes inline (streamed, through the upload's parts if it has not been composed yet)."""
-    if item.get("status") == "error":
-        details = item.get("status_details") or "it failed its checks."
+    if item.status == "error":
+        details = item.status_details or "it failed its checks."
         raise InvalidRequestError(
-            f"File {item['pk']} cannot be downloaded: {details}",
+            f"File {item.pk} cannot be downloaded: {details}",
             param="file_id", code="file_unusable",
         )
     limit = settings.max_inline_download_bytes
-    if limit <= 0 or item["bytes"] <= limit:
+    if limit <= 0 or item.bytes <= limit:
         return None
-    if item.get("parts"):
+    if item.parts:
         if settings.mode == "local":
             return None  # no response-size limit in front of the local stack: stream through the parts
         raise ConflictError(
-            f"File {item['pk']} is being assembled from its upload parts; retry in a few seconds.",
+            f"File {item.pk} is being assembled from its upload parts; retry in a few seconds.",
             retry=True, code="file_not_ready",
             headers={"retry-after": str(ASSEMBLING_RETRY_AFTER_SECONDS)},
         )
     return Redirect(blobs.presign_get(
-        str(item["s3_key"]), expires=settings.presigned_url_seconds, filename=str(item["filename"]),
+        item.s3_key, expires=settings.presigned_url_seconds, filename=item.filename,
     ))

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 
@@ -85,3 +86,19 @@ class BatchItemTooLargeError(ConflictError):
     """A batch whose stored record outgrew DynamoDB's item limit: it has been failed, for good."""
 
     default_code = "batch_item_too_large"
+
+
+def check_supported(value: object, supported: Iterable[str], *, param: str, label: str | None = None) -> None:
+    """The one "unsupported value" answer: 400 invalid_value naming every supported value."""
+    allowed = tuple(supported)
+    if value in allowed:
+        return
+    head = f"Invalid value for '{label}': {value!r}." if label else f"Invalid value: '{value}'."
+    raise InvalidRequestError(f"{head} Supported values are: " + ", ".join(f"'{v}'" for v in allowed) + ".",
+                              param=param, code="invalid_value")
+
+
+def check_range(value: int, low: int, high: int, *, param: str) -> None:
+    if not low <= value <= high:
+        raise InvalidRequestError(f"Invalid '{param}': {value}. Expected a value between {low} and {high}.",
+                                  param=param, code="invalid_value")

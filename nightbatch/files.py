@@ -5,30 +5,28 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
-from nightbatch.clock import now, sort_key
-from nightbatch.errors import InvalidRequestError, NotFoundError
+from nightbatch.clock import now
+from nightbatch.errors import InvalidRequestError, NotFoundError, PayloadTooLargeError, check_range, check_supported
 from nightbatch.ids import new_file_id
+from nightbatch.layout import file_key
 from nightbatch.limits import QUOTA_ATTR, release_storage, reserve_storage
 from nightbatch.settings import Settings
 from nightbatch.storage import BlobStore, Table
-from nightbatch.wire import DeletedFile, FileObject, ListPage
+from nightbatch.storage.records import FileRecord
+from nightbatch.wire import DeletedFile, FileObject, ListPage, list_page
 
+# Purposes a client may upload with (the *_output purposes are ours to write).
+UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 MIN_EXPIRY_SECONDS = 3600
 MAX_EXPIRY_SECONDS = 2_592_000
 MAX_FILES_LIMIT = 10_000
 MAX_NAME_CHARS = 255
 
 
-def file_key(file_id: str) -> str:
-    return f"files/{file_id}"
-
-
-def to_wire(item: dict[str, Any]) -> FileObject:
+def to_wire(rec: FileRecord) -> FileObject:
     return FileObject(
-        id=item["pk"], bytes=item["bytes"], created_at=item["created_at"], filename=item["filename"],
-        purpose=item["purpose"], expires_at=item.get("expires_at"),
-        # "uploaded" while an upload's md5 awaits its check, "error" when it failed (nightbatch.assembly).
-        status=item.get("status", "processed"), status_details=item.get("status_details"),
+        id=rec.pk, bytes=rec.bytes, created_at=rec.created_at, filename=rec.filename, purpose=rec.purpose,
+        expires_at=rec.expires_at, status=rec.status or "processed", status_details=rec.status_details,
     )
 
 
@@ -63,6 +61,25 @@ class FileService:
             return min(self.settings.output_file_ttl_seconds, MAX_EXPIRY_SECONDS)
         return min(self.settings.input_file_ttl_seconds, MAX_EXPIRY_SECONDS)
 
+    def upload(
+        self, tenant: str, *, filename: str, purpose: str, fileobj: BinaryIO, size: int,
+        expires_after_seconds: int | None = None, expires_after_anchor: str | None = None,
+    ) -> FileObject:
+        """POST /v1/files: a client's file, checked (purpose, anchor, size, expiry) before a byte is stored."""
+        check_supported(purpose, UPLOAD_PURPOSES, param="purpose")
+        if expires_after_anchor is not None:
+            check_supported(expires_after_anchor, ("created_at",), param="expires_after[anchor]")
+        limit = self.settings.max_upload_bytes
+        if size > limit:
+            raise PayloadTooLargeError(
+                f"File is {size} bytes, over the {limit} byte limit for POST /v1/files on this deployment. "
+                "Upload larger files with the Uploads API (POST /v1/uploads; in the OpenAI SDK "
+                "client.uploads.upload_file_chunked(..., part_size=4 * 1024 * 1024)).",
+                param="file",
+            )
+        return self.create(tenant, filename=filename, purpose=purpose, fileobj=fileobj, size=size,
+                           expires_after_seconds=expires_after_seconds)
+
     def create(
         self, tenant: str, *, filename: str, purpose: str, fileobj: BinaryIO, size: int,
         expires_after_seconds: int | None = None, file_id: str | None = None,
@@ -90,26 +107,18 @@ class FileService:
         """Records metadata for bytes already in S3 (uploads, batch outputs). Overwrites: callers derive ids."""
         created = created_at if created_at is not None else now()
         ttl = expires_after_seconds if expires_after_seconds is not None else self.default_ttl(purpose)
-        item: dict[str, Any] = {
-            "pk": file_id, "kind": "file", "tenant": tenant, "owner": f"{tenant}#file",
-            "owner_sk": sort_key(created, file_id), "bytes": size, "created_at": created,
-            "filename": filename, "purpose": purpose, "s3_key": key,
-        }
-        if ttl is not None:
-            item["expires_at"] = created + ttl
-            item["ttl"] = created + ttl
-        item.update(extra or {})
-        self.table.put(item)
-        return to_wire(item)
+        rec = FileRecord(
+            pk=file_id, tenant=tenant, created_at=created, bytes=size, filename=filename, purpose=purpose,
+            s3_key=key, expires_at=created + ttl if ttl is not None else None, **(extra or {}),
+        )
+        self.table.put_record(rec)
+        return to_wire(rec)
 
-    def item(self, tenant: str, file_id: str) -> dict[str, Any]:
-        item = self.table.get(file_id) if file_id.startswith("file-") else None
-        if (
-            item is None or item.get("kind") != "file" or item.get("tenant") != tenant
-            or (item.get("expires_at") is not None and item["expires_at"] <= now())
-        ):
+    def item(self, tenant: str, file_id: str) -> FileRecord:
+        rec = self.table.get_owned(FileRecord, tenant, file_id)
+        if rec is None or not rec.live(now()):
             raise NotFoundError(f"No such File object: {file_id}", param="id")
-        return item
+        return rec
 
     def get(self, tenant: str, file_id: str) -> FileObject:
         return to_wire(self.item(tenant, file_id))
@@ -117,62 +126,35 @@ class FileService:
     def list(
         self, tenant: str, *, purpose: str | None, limit: int, order: str, after: str | None
     ) -> ListPage[FileObject]:
-        if not 1 <= limit <= MAX_FILES_LIMIT:
-            raise InvalidRequestError(
-                f"Invalid 'limit': {limit}. Expected a value between 1 and {MAX_FILES_LIMIT}.",
-                param="limit", code="invalid_value",
-            )
-        if order not in ("asc", "desc"):
-            raise InvalidRequestError(
-                f"Invalid 'order': '{order}'. Supported values are: 'asc' and 'desc'.",
-                param="order", code="invalid_value",
-            )
-        after_sk = self._cursor(tenant, after, "file") if after else None
-        data: list[FileObject] = []
-        has_more = False
+        check_range(limit, 1, MAX_FILES_LIMIT, param="limit")
+        check_supported(order, ("asc", "desc"), param="order", label="order")
+        cursor = self.table.get_owned(FileRecord, tenant, after) if after else None
+        if after and cursor is None:
+            raise InvalidRequestError(f"Invalid 'after': no file with id '{after}'.", param="after")
         t = now()
-        for item in self.table.query_owner(
-            f"{tenant}#file", ascending=order == "asc", after_sk=after_sk, page_size=min(limit + 1, 1000)
-        ):
-            if purpose and item["purpose"] != purpose:
-                continue
-            if item.get("expires_at") is not None and item["expires_at"] <= t:
-                continue
-            if len(data) == limit:
-                has_more = True
-                break
-            data.append(to_wire(item))
-        return page(data, has_more)
-
-    def _cursor(self, tenant: str, after: str, kind: str) -> str:
-        item = self.table.get(after)
-        if item is None or item.get("kind") != kind or item.get("tenant") != tenant:
-            raise InvalidRequestError(f"Invalid 'after': no {kind} with id '{after}'.", param="after")
-        return str(item["owner_sk"])
+        recs, has_more = self.table.page(
+            FileRecord, f"{tenant}#file", limit=limit, ascending=order == "asc",
+            after_sk=cursor.owner_sk if cursor else None,
+            keep=lambda r: (not purpose or r.purpose == purpose) and r.live(t),
+        )
+        return list_page([to_wire(r) for r in recs], has_more)
 
     def delete(self, tenant: str, file_id: str) -> DeletedFile:
-        item = self.item(tenant, file_id)
+        rec = self.item(tenant, file_id)
         self.table.delete(file_id)
-        self.delete_bytes(item)
-        release_storage(self.table, tenant, int(item.get(QUOTA_ATTR, 0)))
+        self.delete_bytes(rec)
+        release_storage(self.table, tenant, rec.quota_bytes)
         return DeletedFile(id=file_id)
 
-    def delete_bytes(self, item: dict[str, Any]) -> None:
-        key = item["s3_key"]
+    def delete_bytes(self, rec: FileRecord) -> None:
+        key = rec.s3_key
         if key.endswith("/"):
             self.blobs.delete_prefix(key)
         else:
             self.blobs.delete(key)
 
-    def chunks(self, item: dict[str, Any], *, read_ahead: bool = False) -> Iterator[bytes]:
+    def chunks(self, rec: FileRecord, *, read_ahead: bool = False) -> Iterator[bytes]:
         """The file's bytes, streamed (composed uploads read through their ordered parts)."""
         read = self.blobs.iter_chunks_ahead if read_ahead else self.blobs.iter_chunks
-        for key in item.get("parts") or [item["s3_key"]]:
+        for key in rec.parts or [rec.s3_key]:
             yield from read(key)
-
-
-def page(data: list[Any], has_more: bool) -> ListPage[Any]:
-    return ListPage(
-        data=data, has_more=has_more,
-        first_id=data[0].id if data else None, last_id=data[-1].id if data else None,
-    )

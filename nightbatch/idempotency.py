@@ -17,6 +17,7 @@ from typing import Any
 from nightbatch.clock import now
 from nightbatch.errors import ConflictError, InvalidRequestError, StorageConflictError
 from nightbatch.storage import Table
+from nightbatch.storage.records import IdempotencyRecord
 
 MAX_KEY_CHARS = 255
 
@@ -56,7 +57,7 @@ class Fingerprint:
 
 
 def record_pk(tenant: str, key: str) -> str:
-    return f"idem#{tenant}#{hashlib.sha256(key.encode()).hexdigest()}"
+    return f"{IdempotencyRecord.ID_PREFIX}{tenant}#{hashlib.sha256(key.encode()).hexdigest()}"
 
 
 def check_key(key: str) -> str:
@@ -79,36 +80,33 @@ class IdempotencyStore:
         pk = record_pk(tenant, check_key(key))
         token = secrets.token_hex(8)
         t = now()
-        item = {
-            "pk": pk, "kind": "idempotency", "tenant": tenant, "fingerprint": fingerprint,
-            "state": "in_progress", "token": token, "created_at": t, "started_at": t,
-            "ttl": t + self.ttl_seconds,
-        }
+        claim = IdempotencyRecord(pk=pk, tenant=tenant, fingerprint=fingerprint, state="in_progress", token=token,
+                                  created_at=t, started_at=t, ttl=t + self.ttl_seconds)
         for _ in range(3):
             try:
-                self.table.put_new(item)
+                self.table.put_record(claim, new=True)
                 return Claim(pk=pk, token=token)
             except StorageConflictError:
                 pass
-            old = self.table.get(pk)
+            old = self.table.get_record(IdempotencyRecord, pk)
             if old is None:
                 continue  # deleted since (abandoned): claim it afresh
-            if int(old.get("created_at", 0)) + self.ttl_seconds <= t or old.get("state") == "abandoned":
-                if self._take_over(old, item):
+            if old.created_at + self.ttl_seconds <= t or old.state == "abandoned":
+                if self._take_over(old, claim):
                     return Claim(pk=pk, token=token)
                 continue
-            if old.get("fingerprint") != fingerprint:
+            if old.fingerprint != fingerprint:
                 raise ConflictError(
                     f"The Idempotency-Key '{key}' was already used with a different request (another path or "
                     "body) in the last 24 hours. Use a new key for a new request.",
                     param="Idempotency-Key", code="idempotency_key_reused",
                 )
-            if old.get("state") == "done":
-                return Replay(status=int(old["status"]), body=json.loads(str(old["body"])),
-                              headers=dict(old.get("headers") or {}))
-            if int(old.get("started_at", 0)) + self.lock_seconds <= t:
+            if old.state == "done":
+                return Replay(status=int(old.status or 0), body=json.loads(str(old.body)),
+                              headers=dict(old.headers or {}))
+            if old.started_at + self.lock_seconds <= t:
                 # The first request never finished (its process died): this one takes over.
-                if self._take_over(old, item):
+                if self._take_over(old, claim):
                     return Claim(pk=pk, token=token)
                 continue
             raise ConflictError(
@@ -121,11 +119,11 @@ class IdempotencyStore:
                             retry=True, param="Idempotency-Key", code="idempotency_request_in_progress",
                             headers={"retry-after": "1"})
 
-    def _take_over(self, old: dict[str, Any], item: dict[str, Any]) -> bool:
-        fields = {k: v for k, v in item.items() if k != "pk"}
+    def _take_over(self, old: IdempotencyRecord, claim: IdempotencyRecord) -> bool:
+        fields = {k: v for k, v in claim.to_item().items() if k != "pk"}
         try:
-            self.table.update(old["pk"], set_=fields, remove=("status", "body", "headers"),
-                              expect_in={"token": (old.get("token"),)})
+            self.table.update(old.pk, set_=fields, remove=("status", "body", "headers"),
+                              expect_in={"token": (old.token,)})
         except StorageConflictError:
             return False
         return True

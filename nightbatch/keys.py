@@ -16,38 +16,22 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
-from nightbatch.clock import now, sort_key
+from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError
 from nightbatch.storage import Table
+from nightbatch.storage.records import KeyRecord
 
 log = logging.getLogger("nightbatch.keys")
 
 KEY_PREFIX = "nb-"
 KEY_RANDOM_BYTES = 32
-LIST_OWNER = "keys#all"
+LIST_OWNER = KeyRecord.LIST_OWNER
 DEFAULT_TENANT = "default"
 # Tenants end up inside item keys (`<tenant>#file`, `idem#<tenant>#…`), so they may not contain `#`.
 TENANT_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 NAME_RE = re.compile(r"^[\x21-\x7e][\x20-\x7e]{0,63}$")
 SHOWN_PREFIX_CHARS = 11  # "nb-" + 8 characters: enough to tell keys apart, far too few to guess one
-
-
-@dataclass(frozen=True)
-class KeyRecord:
-    pk: str
-    key_id: str
-    tenant: str
-    name: str
-    prefix: str
-    created_at: int
-    revoked_at: int | None
-
-    @property
-    def active(self) -> bool:
-        return self.revoked_at is None
 
 
 def hash_key(key: str) -> str:
@@ -79,14 +63,6 @@ def check_tenant(tenant: str) -> str:
     return tenant
 
 
-def _record(item: dict[str, Any]) -> KeyRecord:
-    return KeyRecord(
-        pk=str(item["pk"]), key_id=str(item["key_id"]), tenant=str(item["tenant"]), name=str(item["name"]),
-        prefix=str(item.get("prefix", "")), created_at=int(item["created_at"]),
-        revoked_at=int(item["revoked_at"]) if item.get("revoked_at") is not None else None,
-    )
-
-
 class KeyStore:
     def __init__(self, table: Table) -> None:
         self.table = table
@@ -106,27 +82,21 @@ class KeyStore:
         key = new_key()
         digest = hash_key(key)
         created = now()
-        item = {
-            "pk": key_pk(digest), "kind": "apikey", "key_id": key_id_of(digest), "tenant": tenant,
-            "name": name, "prefix": key[:SHOWN_PREFIX_CHARS], "created_at": created, "revoked_at": None,
-            "owner": LIST_OWNER, "owner_sk": sort_key(created, key_id_of(digest)),
-        }
-        self.table.put_new(item)
-        return key, _record(item)
+        rec = KeyRecord(pk=key_pk(digest), key_id=key_id_of(digest), tenant=tenant, name=name,
+                        prefix=key[:SHOWN_PREFIX_CHARS], created_at=created)
+        self.table.put_record(rec, new=True)
+        return key, rec
 
     def lookup(self, key: str) -> KeyRecord | None:
         """The active record for a presented key, or None (unknown, revoked or malformed)."""
         if not key.startswith(KEY_PREFIX) or len(key) > 256:
             return None
-        item = self.table.get(key_pk(hash_key(key)))
-        if item is None or item.get("kind") != "apikey":
-            return None
-        rec = _record(item)
-        return rec if rec.active else None
+        rec = self.table.get_record(KeyRecord, key_pk(hash_key(key)))
+        return rec if rec is not None and rec.active else None
 
     def list_keys(self) -> list[KeyRecord]:
-        return [_record(i) for i in self.table.query_owner(LIST_OWNER, ascending=True)
-                if i.get("kind") == "apikey"]
+        return [r for i in self.table.query_owner(LIST_OWNER, ascending=True)
+                if (r := KeyRecord.load(i)) is not None]
 
     def find(self, *, key_id: str | None = None, name: str | None = None,
              prefix: str | None = None) -> list[KeyRecord]:
@@ -145,7 +115,7 @@ class KeyStore:
         return out
 
     def revoke(self, rec: KeyRecord) -> KeyRecord:
-        return _record(self.table.update(rec.pk, set_={"revoked_at": now()}))
+        return self.table.update_record(KeyRecord, rec.pk, set_={"revoked_at": now()})
 
 
 class KeyCache:

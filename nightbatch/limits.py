@@ -25,6 +25,7 @@ from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError, RateLimitError, StorageConflictError
 from nightbatch.settings import Settings, get_settings
 from nightbatch.storage import Table, quota
+from nightbatch.storage.records import BatchRecord, RateCounter, UsageCounters
 from nightbatch.wire import TERMINAL_STATUSES, BatchError
 
 QUEUE_MEMBER = "q#"
@@ -83,11 +84,11 @@ def limits_for(settings: Settings, tenant: str) -> TenantLimits:
 
 
 def usage_pk(tenant: str) -> str:
-    return f"usage#{tenant}"
+    return UsageCounters.pk_of(tenant)
 
 
 def _usage_fields(tenant: str) -> dict[str, Any]:
-    return {"kind": "usage", "tenant": tenant}
+    return {"kind": UsageCounters.KIND, "tenant": tenant}
 
 
 def check_queue_limits(
@@ -173,26 +174,23 @@ def reconcile_usage(table: Table, tenant: str) -> int:
     t = now()
     for prefix in (QUEUE_MEMBER, FLIGHT_MEMBER):
         for member, entry in quota.members(item, prefix).items():
-            batch = table.get(member[len(prefix):])
-            if batch is None or batch.get("kind") != "batch" or batch.get("tenant") != tenant:
+            batch = table.get_owned(BatchRecord, tenant, member[len(prefix):])
+            if batch is None:
                 stale = t - int(entry.get("at", 0)) > ORPHAN_GRACE_SECONDS
             else:
-                stale = batch.get("status") in TERMINAL_STATUSES
+                stale = batch.status in TERMINAL_STATUSES
             if stale and quota.release(table, usage_pk(tenant), member):
                 released += 1
     return released
 
 
 def read_usage(table: Table, tenant: str) -> TenantUsage:
-    item = table.get(usage_pk(tenant)) or {}
-    window = _window(time.time())
-    rate = table.get(_rate_pk(tenant, window)) or {}
+    usage = table.get_record(UsageCounters, usage_pk(tenant)) or UsageCounters(pk=usage_pk(tenant), tenant=tenant)
+    rate = table.get_record(RateCounter, _rate_pk(tenant, _window(time.time())))
     return TenantUsage(
-        queued_requests=max(0, int(item.get("queued_requests", 0))),
-        queued_tokens=max(0, int(item.get("queued_tokens", 0))),
-        batches_in_flight=max(0, int(item.get("batches_in_flight", 0))),
-        requests_this_minute=int(rate.get("requests", 0)),
-        stored_bytes=max(0, int(item.get("stored_bytes", 0))),
+        queued_requests=max(0, usage.queued_requests), queued_tokens=max(0, usage.queued_tokens),
+        batches_in_flight=max(0, usage.batches_in_flight), requests_this_minute=rate.requests if rate else 0,
+        stored_bytes=max(0, usage.stored_bytes),
     )
 
 
@@ -201,7 +199,7 @@ def _window(t: float) -> int:
 
 
 def _rate_pk(tenant: str, window: int) -> str:
-    return f"rate#{tenant}#{window}"
+    return RateCounter.pk_of(tenant, window)
 
 
 def count_request(table: Table, tenant: str, *, settings: Settings) -> None:
@@ -213,7 +211,7 @@ def count_request(table: Table, tenant: str, *, settings: Settings) -> None:
     window = _window(t)
     item = table.update(
         _rate_pk(tenant, window), add={"requests": 1},
-        set_={"kind": "rate", "tenant": tenant, "ttl": window + 2 * WINDOW_SECONDS}, must_exist=False,
+        set_={"kind": RateCounter.KIND, "tenant": tenant, "ttl": window + 2 * WINDOW_SECONDS}, must_exist=False,
     )
     used = int(item.get("requests", 0))
     if used > limit:

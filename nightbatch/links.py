@@ -23,7 +23,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from pydantic import BaseModel
 
@@ -33,6 +32,7 @@ from nightbatch.files import FileService
 from nightbatch.keys import KeyStore
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters
+from nightbatch.storage.records import FileRecord
 from nightbatch.storage.secrets import SecretReader
 
 DOWNLOAD_PATH = "/v1/nightbatch/files/{file_id}/download"
@@ -155,15 +155,15 @@ def verify_link(settings: Settings, file_id: str, expires: str, sig: str, *, kid
 
 
 def open_link(files: FileService, file_id: str, expires: str, sig: str, *, kid: str = "", ak: str = "",
-              keys: LinkKeys | None = None) -> dict[str, Any]:
-    """The file item a valid link points at; NotFoundError if the file was deleted or expired since."""
+              keys: LinkKeys | None = None) -> FileRecord:
+    """The file a valid link points at; NotFoundError if the file was deleted or expired since."""
     verify_link(files.settings, file_id, expires, sig, kid=kid, ak=ak, keys=keys)
     if ak and not KeyStore(files.table).find(key_id=ak):
         raise InvalidLinkError("The API key that made this link was revoked; ask for a new link.",
                                code="link_revoked")
     # The signature stands in for the Bearer key, so the tenant comes from the file itself.
-    item = files.table.get(file_id) if file_id.startswith("file-") else None
-    return files.item(str((item or {}).get("tenant", "")), file_id)
+    rec = files.table.get_record(FileRecord, file_id) if file_id.startswith("file-") else None
+    return files.item(rec.tenant if rec is not None else "", file_id)
 
 
 def link_keys_from(adapters: Adapters) -> LinkKeys:

@@ -22,7 +22,6 @@ _EMPTY: dict[str, str] = {}
 # The default is never mutated: `bind` always sets a fresh dict.
 _context: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("nb_log_context", default=_EMPTY)
 
-CONTEXT_FIELDS = ("request_id", "batch_id", "tenant", "shard_id", "file_id", "upload_id")
 # Never emitted, whatever a caller passes in `extra=`.
 DENIED_FIELDS = frozenset({
     "authorization", "api_key", "apikey", "key", "secret", "signing_secret", "password", "token", "headers",

@@ -1,7 +1,7 @@
 """Phase timings of a shard attempt: container start → weights ready → engine ready → first result → done.
 
 The worker measures them (monotonic seconds since its container started) and writes them into the attempt's
-accounting record (`acct-<attempt>.json`), its shard report and EMF metrics; Finalize summarises every attempt of
+accounting record (layout.AttemptRecord), its shard report and EMF metrics; Finalize summarises every attempt of
 a batch into its `nightbatch.phases` extension, which `nightbatch status` shows.
 """
 

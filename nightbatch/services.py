@@ -1,17 +1,36 @@
-"""The composition of use cases a caller (API, tasks, local stack) is handed."""
+"""The one wiring place: every adapter and service a caller (API, task Lambdas, worker, local stack) is handed.
+
+Modules below this one take their adapters as arguments and never choose one; the choices (Step Functions or
+the local workflow, SQS or a thread for upload composition, SQS or an in-process queue for webhook
+deliveries, SNS and SES when configured) are made here, from the settings.
+"""
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
-from nightbatch.assembly import AssemblyService, UploadJobs
+from nightbatch.assembly import AssemblyService, ThreadUploadJobs, UploadJobs
 from nightbatch.batches import BatchService, Workflow
 from nightbatch.files import FileService
+from nightbatch.notifications import Notifier, transport
+from nightbatch.notifications.delivery import Deliveries, Poster
+from nightbatch.notifications.endpoints import PlainSealer, Sealer, WebhookEndpointService
+from nightbatch.notifications.queues import DeliveryQueue, InProcessQueue
+from nightbatch.notifications.targets import Resolver
 from nightbatch.settings import Settings, get_settings
 from nightbatch.storage import Adapters, make_adapters
+from nightbatch.storage.delivery_queue import SqsDeliveryQueue
+from nightbatch.storage.kms import KmsSealer
+from nightbatch.storage.parts import PartStore
+from nightbatch.storage.ses import Mailer
+from nightbatch.storage.sns import Topic
+from nightbatch.storage.sqs import SqsUploadJobs
 from nightbatch.storage.stepfunctions import StepFunctionsWorkflow
-from nightbatch.uploads import UploadService, build_upload_services
+from nightbatch.uploads import UploadService
+
+log = logging.getLogger("nightbatch.services")
 
 
 @dataclass
@@ -22,6 +41,12 @@ class Services:
     batches: BatchService
     uploads: UploadService
     assembly: AssemblyService
+    webhooks: WebhookEndpointService
+
+    @cached_property
+    def notifier(self) -> Notifier:
+        """Built on first use: only the Notify and delivery steps (and webhook tests) need its clients."""
+        return build_notifier(self.adapters, endpoints=self.webhooks)
 
 
 def build_services(
@@ -34,9 +59,55 @@ def build_services(
         )
     files = FileService(settings=settings, blobs=adapters.blobs, table=adapters.table)
     batches = BatchService(settings=settings, table=adapters.table, files=files, workflow=workflow)
-    uploads, assembly = build_upload_services(adapters, files, upload_jobs)
+    parts = PartStore(adapters.blobs)
+    thread_jobs: ThreadUploadJobs | None = None
+    if upload_jobs is None:
+        if settings.upload_queue_url:
+            upload_jobs = SqsUploadJobs(client=adapters.client("sqs"), queue_url=settings.upload_queue_url)
+        else:
+            if settings.mode == "aws":
+                log.warning("upload_queue_url is not set: uploads compose on a thread of the API process")
+            upload_jobs = thread_jobs = ThreadUploadJobs()
+    assembly = AssemblyService(settings=settings, table=adapters.table, parts=parts, jobs=upload_jobs)
+    if thread_jobs is not None:
+        thread_jobs.bind(assembly)
+    uploads = UploadService(settings=settings, table=adapters.table, files=files, parts=parts, jobs=upload_jobs)
+    webhooks = WebhookEndpointService(settings=settings, table=adapters.table, sealer=sealer_of(adapters))
     return Services(settings=settings, adapters=adapters, files=files, batches=batches, uploads=uploads,
-                    assembly=assembly)
+                    assembly=assembly, webhooks=webhooks)
+
+
+def build_notifier(
+    adapters: Adapters, *, queue: DeliveryQueue | None = None, post: Poster = transport.post,
+    resolver: Resolver | None = None, endpoints: WebhookEndpointService | None = None,
+) -> Notifier:
+    """SQS when a queue URL is configured; in the local mode, an in-process delayed queue feeding the same code."""
+    settings = adapters.settings
+    topic = Topic(client=adapters.sns, topic_arn=settings.topic_arn) if settings.topic_arn else None
+    mailer = None
+    if settings.email_sender:
+        mailer = Mailer(client=adapters.client("ses"), sender=settings.email_sender,
+                        configuration_set=settings.email_configuration_set)
+    if queue is None:
+        if settings.webhook_queue_url:
+            queue = SqsDeliveryQueue(client=adapters.client("sqs"), queue_url=settings.webhook_queue_url)
+        elif settings.mode == "local":
+            # The consumer is the Deliveries made just below (the name is looked up when a message arrives).
+            queue = InProcessQueue(lambda message: deliveries.handle_message(message))
+    sealer = sealer_of(adapters)
+    deliveries = Deliveries(settings=settings, table=adapters.table, queue=queue, post=post, resolver=resolver,
+                            sealer=sealer)
+    if endpoints is None or resolver is not None:
+        endpoints = WebhookEndpointService(settings=settings, table=adapters.table, resolver=resolver,
+                                           sealer=sealer)
+    return Notifier(settings=settings, table=adapters.table, topic=topic, mailer=mailer, endpoints=endpoints,
+                    deliveries=deliveries, adapters=adapters)
+
+
+def sealer_of(adapters: Adapters) -> Sealer:
+    """Webhook signing secrets sealed with the stack's KMS key when one is configured (the AWS mode)."""
+    key = adapters.settings.secrets_kms_key
+    return KmsSealer(client=adapters.client("kms"), key_id=key) if key else PlainSealer()
 
 
 @lru_cache(maxsize=1)

@@ -17,29 +17,31 @@ import binascii
 import hashlib
 import logging
 import re
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, BinaryIO
 
 from pydantic import BaseModel
 
-from nightbatch.assembly import AssemblyService, ThreadUploadJobs, UploadJobs, part_key, upload_prefix
-from nightbatch.clock import now, sort_key
+from nightbatch.assembly import UploadJobs
+from nightbatch.clock import now
 from nightbatch.digests import RunningDigests
 from nightbatch.errors import (
     ConflictError,
     InvalidRequestError,
-    NotFoundError,
     PayloadTooLargeError,
     StorageConflictError,
+    check_supported,
 )
-from nightbatch.files import FileService, check_expiry_seconds, check_name, file_key
+from nightbatch.files import UPLOAD_PURPOSES, FileService, check_expiry_seconds, check_name
 from nightbatch.files import to_wire as file_to_wire
 from nightbatch.ids import new_file_id, new_part_id, new_upload_id
-from nightbatch.limits import QUOTA_ATTR, release_storage, reserve_storage
+from nightbatch.layout import file_key, part_key, parts_prefix, upload_prefix
+from nightbatch.limits import release_storage, reserve_storage
 from nightbatch.settings import Settings
-from nightbatch.storage import Adapters, Table
+from nightbatch.storage import Table
 from nightbatch.storage.parts import PartStore
-from nightbatch.storage.sqs import SqsUploadJobs
+from nightbatch.storage.records import FileRecord, UploadRecord
 from nightbatch.wire import FileObject, Upload, UploadPart
 
 log = logging.getLogger("nightbatch.uploads")
@@ -48,7 +50,7 @@ PART_ID_RE = re.compile(r"^part_[0-9a-f]{24}$")
 HASH_CHUNK_BYTES = 1024 * 1024
 # Expired and cancelled uploads stay answerable for a day, then the table's TTL removes them.
 UPLOAD_ITEM_LINGER_SECONDS = 86_400
-OPEN_STATUS = "upload_pending"
+OPEN_STATUS = UploadRecord.OPEN_STATUS
 
 
 class ExpiresAfter(BaseModel):
@@ -83,10 +85,10 @@ def part_limit_message(limit: int) -> str:
     )
 
 
-def effective_status(item: dict[str, Any]) -> str:
-    if item["status"] == "pending" and now() >= item["expires_at"]:
+def effective_status(rec: UploadRecord) -> str:
+    if rec.status == "pending" and now() >= rec.expires_at:
         return "expired"
-    return str(item["status"])
+    return rec.status
 
 
 def normalize_md5(value: str) -> str:
@@ -106,21 +108,19 @@ def normalize_md5(value: str) -> str:
     )
 
 
+@dataclass(kw_only=True)
 class UploadService:
-    def __init__(
-        self, *, settings: Settings, table: Table, files: FileService, parts: PartStore, jobs: UploadJobs,
-        digests: RunningDigests | None = None,
-    ) -> None:
-        self.settings = settings
-        self.table = table
-        self.files = files
-        self.parts = parts
-        self.jobs = jobs
-        self.digests = digests or RunningDigests()
+    settings: Settings
+    table: Table
+    files: FileService
+    parts: PartStore
+    jobs: UploadJobs
+    digests: RunningDigests = field(default_factory=RunningDigests)
 
     # -- create ---------------------------------------------------------------------------------------------
 
     def create(self, tenant: str, req: CreateUploadRequest) -> Upload:
+        check_supported(req.purpose, UPLOAD_PURPOSES, param="purpose")
         limit = self.settings.max_upload_total_bytes
         if not 0 <= req.bytes <= limit:
             raise InvalidRequestError(
@@ -137,37 +137,27 @@ class UploadService:
         check_name(req.mime_type, "mime_type")
         file_ttl = None
         if req.expires_after is not None:
-            if req.expires_after.anchor != "created_at":
-                raise InvalidRequestError(
-                    f"Invalid value: '{req.expires_after.anchor}'. Supported values are: 'created_at'.",
-                    param="expires_after.anchor", code="invalid_value",
-                )
+            check_supported(req.expires_after.anchor, ("created_at",), param="expires_after.anchor")
             check_expiry_seconds(req.expires_after.seconds, "expires_after.seconds")
             file_ttl = req.expires_after.seconds
         upload_id = new_upload_id()
         created = now()
         # OpenAI: an Upload expires an hour after creation (`hour_seconds` shortens it in tests).
         expires = created + max(1, round(self.settings.hour_seconds))
-        item: dict[str, Any] = {
-            "pk": upload_id, "kind": "upload", "tenant": tenant, "owner": f"{tenant}#upload",
-            "owner_sk": sort_key(created, upload_id), "bytes": req.bytes, "filename": req.filename,
-            "mime_type": req.mime_type, "purpose": req.purpose, "status": "pending", "created_at": created,
-            "expires_at": expires, "ttl": expires + UPLOAD_ITEM_LINGER_SECONDS,
-            "parts_received": 0, "bytes_received": 0, QUOTA_ATTR: req.bytes,
-            # Sparse status index: the sweeper finds pending Uploads past their hour (sweep_uploads).
-            "open_status": OPEN_STATUS, "created_sk": sort_key(created, upload_id),
-        }
-        if file_ttl is not None:
-            item["file_expires_after_seconds"] = file_ttl
+        rec = UploadRecord(
+            pk=upload_id, tenant=tenant, bytes=req.bytes, filename=req.filename, mime_type=req.mime_type,
+            purpose=req.purpose, status="pending", created_at=created, expires_at=expires,
+            ttl=expires + UPLOAD_ITEM_LINGER_SECONDS, file_expires_after_seconds=file_ttl, quota_bytes=req.bytes,
+        )
         # The declared size counts against the tenant's stored bytes until the Upload ends.
         reserve_storage(self.table, tenant, req.bytes, settings=self.settings)
         try:
-            self.table.put_new(item)
+            self.table.put_record(rec, new=True)
         except BaseException:
             release_storage(self.table, tenant, req.bytes)
             raise
         self.digests.start(upload_id)
-        return self.to_wire(item)
+        return self.to_wire(rec)
 
     # -- parts ----------------------------------------------------------------------------------------------
 
@@ -184,28 +174,28 @@ class UploadService:
             self.table.update(upload_id, add={"parts_received": -1, "bytes_received": -size})
             raise
 
-    def _reserve_part(self, tenant: str, item: dict[str, Any], size: int) -> None:
+    def _reserve_part(self, tenant: str, item: UploadRecord, size: int) -> None:
         """Counts the part before any byte reaches S3, in one conditional UpdateItem: still pending, fewer than
         `max_upload_parts` parts, and no more bytes than the Upload declared (concurrent parts cannot race past
         either check)."""
-        upload_id = item["pk"]
+        upload_id = item.pk
         max_parts = self.settings.max_upload_parts
         try:
             self.table.update(upload_id, add={"parts_received": 1, "bytes_received": size},
                               expect_in={"status": ("pending",)},
                               expect_at_most={"parts_received": max_parts - 1,
-                                              "bytes_received": int(item["bytes"]) - size})
+                                              "bytes_received": item.bytes - size})
             return
         except StorageConflictError:
             fresh = self.require_pending(self.item(tenant, upload_id), "no more parts can be added")
-        if int(fresh.get("parts_received", 0)) >= max_parts:
+        if fresh.parts_received >= max_parts:
             raise InvalidRequestError(
                 f"Upload {upload_id} already has {max_parts} parts, the most one Upload "
                 "can hold on this deployment. Use larger parts.", param="data", code="too_many_parts",
             )
         raise InvalidRequestError(
-            f"Upload {upload_id} was created with bytes={item['bytes']} and has received "
-            f"{fresh.get('bytes_received', 0)}; a part of {size} bytes does not fit.",
+            f"Upload {upload_id} was created with bytes={item.bytes} and has received "
+            f"{fresh.bytes_received}; a part of {size} bytes does not fit.",
             param="data", code="upload_size_exceeded")
 
     def _store_part(self, upload_id: str, fileobj: BinaryIO, size: int) -> UploadPart:
@@ -221,12 +211,12 @@ class UploadService:
         fileobj.seek(0)
         self.parts.put(key, fileobj, md5=part_md5.digest())
         created = now()
-        fresh = self.table.get(upload_id)
-        if fresh is None or fresh.get("status") != "pending":
+        fresh = self.table.get_record(UploadRecord, upload_id)
+        if fresh is None or fresh.status != "pending":
             # Cancelled or completed while the bytes were on their way: this part must not linger.
             self.parts.blobs.delete(key)
             raise ConflictError("The Upload changed while the part arrived; it was not added.",
-                                param="upload_id", code=f"upload_{(fresh or {}).get('status', 'cancelled')}")
+                                param="upload_id", code=f"upload_{fresh.status if fresh else 'cancelled'}")
         if running is not None:
             self.digests.advance(upload_id, base, running, part_id)
         return UploadPart(id=part_id, created_at=created, upload_id=upload_id)
@@ -235,14 +225,14 @@ class UploadService:
 
     def complete(self, tenant: str, upload_id: str, req: CompleteUploadRequest) -> Upload:
         item = self.item(tenant, upload_id)
-        if item["status"] == "completed" and item.get("part_ids") == req.part_ids:
+        if item.status == "completed" and item.part_ids == req.part_ids:
             return self._completed_again(item)
         self.require_pending(item, "it cannot be completed")
         keys, total = self._listed_parts(upload_id, req.part_ids)
-        if total != item["bytes"]:
+        if total != item.bytes:
             raise InvalidRequestError(
                 f"The parts listed in 'part_ids' add up to {total} bytes, but the Upload was created with "
-                f"bytes={item['bytes']}. List every part, in order, exactly once.",
+                f"bytes={item.bytes}. List every part, in order, exactly once.",
                 param="part_ids", code="upload_size_mismatch",
             )
         extra: dict[str, Any] = {"upload_id": upload_id}
@@ -255,12 +245,12 @@ class UploadService:
         else:
             self.parts.blobs.put_bytes(file_key(file_id), b"")
         file = self.files.register(
-            tenant, file_id=file_id, key=file_key(file_id), size=total, filename=item["filename"],
-            purpose=item["purpose"], expires_after_seconds=item.get("file_expires_after_seconds"),
-            extra={**extra, QUOTA_ATTR: int(item.get(QUOTA_ATTR, 0))},  # the Upload's share passes to its File
+            tenant, file_id=file_id, key=file_key(file_id), size=total, filename=item.filename,
+            purpose=item.purpose, expires_after_seconds=item.file_expires_after_seconds,
+            extra={**extra, "quota_bytes": item.quota_bytes},  # the Upload's share passes to its File
         )
         try:
-            item = self.table.update(upload_id, set_={
+            item = self.table.update_record(UploadRecord, upload_id, set_={
                 "status": "completed", "completed_at": now(), "file_id": file_id, "part_ids": req.part_ids,
             }, remove=("open_status",), expect_in={"status": ("pending",)})
         except StorageConflictError:
@@ -269,7 +259,7 @@ class UploadService:
             if not keys:
                 self.parts.blobs.delete(file_key(file_id))
             fresh = self.item(tenant, upload_id)
-            if fresh["status"] == "completed" and fresh.get("part_ids") == req.part_ids:
+            if fresh.status == "completed" and fresh.part_ids == req.part_ids:
                 return self._completed_again(fresh)
             self.require_pending(fresh, "it cannot be completed")
             raise ConflictError("The Upload changed while it was being completed; try again.",
@@ -280,11 +270,11 @@ class UploadService:
             self.jobs.compose(file_id, upload_id, delay_seconds=self.settings.upload_compose_delay_seconds)
         return self.to_wire(item, file=file)
 
-    def _completed_again(self, item: dict[str, Any]) -> Upload:
+    def _completed_again(self, item: UploadRecord) -> Upload:
         """A retried complete (the SDK retries POSTs): same answer, and composition is requested again."""
-        file_item = self.table.get(str(item["file_id"]))
-        if file_item is not None and file_item.get("parts"):
-            self.jobs.compose(str(item["file_id"]), str(item["pk"]))
+        file_rec = self.table.get_record(FileRecord, item.file_id)
+        if file_rec is not None and file_rec.parts:
+            self.jobs.compose(file_rec.pk, item.pk)
         return self.to_wire(item)
 
     def _listed_parts(self, upload_id: str, part_ids: list[str]) -> tuple[list[str], int]:
@@ -298,7 +288,7 @@ class UploadService:
             dup = next(p for p in part_ids if part_ids.count(p) > 1)
             raise InvalidRequestError(f"Invalid 'part_ids': part '{dup}' is listed more than once.",
                                       param="part_ids", code="invalid_value")
-        sizes = self.parts.sizes(upload_prefix(upload_id) + "parts/")
+        sizes = self.parts.sizes(parts_prefix(upload_id))
         keys: list[str] = []
         total = 0
         for pid in part_ids:
@@ -337,31 +327,30 @@ class UploadService:
                                 param="upload_id", code="upload_completed")
         if status == "pending":
             try:
-                item = self.table.update(upload_id, set_={"status": "cancelled", "cancelled_at": now()},
-                                         remove=("open_status",), expect_in={"status": ("pending",)})
+                item = self.table.update_record(UploadRecord, upload_id, remove=("open_status",),
+                                                set_={"status": "cancelled", "cancelled_at": now()},
+                                                expect_in={"status": ("pending",)})
             except StorageConflictError:
                 return self.cancel(tenant, upload_id)  # completed or cancelled meanwhile: answer for that
-            release_storage(self.table, tenant, int(item.get(QUOTA_ATTR, 0)))
+            release_storage(self.table, tenant, item.quota_bytes)
             self.parts.blobs.delete_prefix(upload_prefix(upload_id))
             self.digests.forget(upload_id)
         return self.to_wire(item)
 
     # -- shared ---------------------------------------------------------------------------------------------
 
-    def item(self, tenant: str, upload_id: str) -> dict[str, Any]:
-        item = self.table.get(upload_id) if upload_id.startswith("upload_") else None
-        if item is None or item.get("kind") != "upload" or item.get("tenant") != tenant:
-            raise NotFoundError(f"No such Upload object: {upload_id}", param="upload_id")
-        return item
+    def item(self, tenant: str, upload_id: str) -> UploadRecord:
+        return self.table.require_owned(UploadRecord, tenant, upload_id, param="upload_id",
+                                        missing=f"No such Upload object: {upload_id}")
 
-    def require_pending(self, item: dict[str, Any], consequence: str) -> dict[str, Any]:
+    def require_pending(self, item: UploadRecord, consequence: str) -> UploadRecord:
         status = effective_status(item)
         if status == "pending":
             return item
-        upload_id = item["pk"]
+        upload_id = item.pk
         if status == "expired":
             self._expire(item)
-            when = datetime.fromtimestamp(item["expires_at"], UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+            when = datetime.fromtimestamp(item.expires_at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
             message = (f"Upload {upload_id} expired at {when} (an Upload expires 1 hour after it is "
                        f"created); {consequence}. Create a new Upload.")
         elif status == "completed":
@@ -370,55 +359,36 @@ class UploadService:
             message = f"Upload {upload_id} was cancelled; {consequence}."
         raise ConflictError(message, param="upload_id", code=f"upload_{status}")
 
-    def _expire(self, item: dict[str, Any]) -> dict[str, Any]:
+    def _expire(self, item: UploadRecord) -> UploadRecord:
         """Records `expired` (so a late complete cannot slip in) and drops the parts."""
         try:
-            item = self.table.update(item["pk"], set_={"status": "expired"}, remove=("open_status",),
-                                     expect_in={"status": ("pending",)})
+            item = self.table.update_record(UploadRecord, item.pk, set_={"status": "expired"},
+                                            remove=("open_status",), expect_in={"status": ("pending",)})
         except StorageConflictError:
-            return self.table.get(item["pk"]) or item
-        release_storage(self.table, str(item["tenant"]), int(item.get(QUOTA_ATTR, 0)))
-        self.parts.blobs.delete_prefix(upload_prefix(item["pk"]))
-        self.digests.forget(item["pk"])
+            return self.table.get_record(UploadRecord, item.pk) or item
+        release_storage(self.table, item.tenant, item.quota_bytes)
+        self.parts.blobs.delete_prefix(upload_prefix(item.pk))
+        self.digests.forget(item.pk)
         return item
 
     def sweep_expired(self) -> list[str]:
         """Expires pending Uploads past their hour (the sweeper): parts deleted, stored bytes given back."""
         expired: list[str] = []
         for key in self.table.query_open(OPEN_STATUS):
-            item = self.table.get(str(key["pk"]))
-            if item is not None and effective_status(item) == "expired" and item.get("status") == "pending":
+            item = self.table.get_record(UploadRecord, str(key["pk"]))
+            if item is not None and effective_status(item) == "expired" and item.status == "pending":
                 self._expire(item)
-                expired.append(item["pk"])
+                expired.append(item.pk)
         return expired
 
-    def to_wire(self, item: dict[str, Any], *, file: FileObject | None = None) -> Upload:
+    def to_wire(self, item: UploadRecord, *, file: FileObject | None = None) -> Upload:
         status = effective_status(item)
-        if status == "completed" and file is None and item.get("file_id"):
-            file_item = self.table.get(str(item["file_id"]))
-            file = file_to_wire(file_item) if file_item is not None else None
+        if status == "completed" and file is None and item.file_id:
+            file_rec = self.table.get_record(FileRecord, item.file_id)
+            file = file_to_wire(file_rec) if file_rec is not None else None
         return Upload(
-            id=item["pk"], bytes=item["bytes"], created_at=item["created_at"], expires_at=item["expires_at"],
-            filename=item["filename"], purpose=item["purpose"], status=status,
+            id=item.pk, bytes=item.bytes, created_at=item.created_at, expires_at=item.expires_at,
+            filename=item.filename, purpose=item.purpose, status=status,
             file=file if status == "completed" else None,
         )
 
-
-def build_upload_services(
-    adapters: Adapters, files: FileService, jobs: UploadJobs | None = None
-) -> tuple[UploadService, AssemblyService]:
-    settings = adapters.settings
-    parts = PartStore(adapters.blobs)
-    thread_jobs: ThreadUploadJobs | None = None
-    if jobs is None:
-        if settings.upload_queue_url:
-            jobs = SqsUploadJobs(client=adapters.client("sqs"), queue_url=settings.upload_queue_url)
-        else:
-            if settings.mode == "aws":
-                log.warning("upload_queue_url is not set: uploads compose on a thread of the API process")
-            jobs = thread_jobs = ThreadUploadJobs()
-    assembly = AssemblyService(settings=settings, table=adapters.table, parts=parts, jobs=jobs)
-    if thread_jobs is not None:
-        thread_jobs.bind(assembly)
-    uploads = UploadService(settings=settings, table=adapters.table, files=files, parts=parts, jobs=jobs)
-    return uploads, assembly

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-FilePurpose = Literal[
-    "assistants", "assistants_output", "batch", "batch_output", "fine-tune", "fine-tune-results", "vision",
-    "user_data", "evals",
-]
 BatchStatus = Literal[
     "validating", "failed", "in_progress", "finalizing", "completed", "expired", "cancelling", "cancelled"
 ]
@@ -108,6 +104,11 @@ class ListPage(BaseModel, Generic[T]):
     has_more: bool = False
 
 
+def list_page(data: list[T], has_more: bool) -> ListPage[T]:
+    return ListPage(data=data, has_more=has_more, first_id=getattr(data[0], "id", None) if data else None,
+                    last_id=getattr(data[-1], "id", None) if data else None)
+
+
 class Model(BaseModel):
     id: str
     object: Literal["model"] = "model"
@@ -115,17 +116,6 @@ class Model(BaseModel):
     owned_by: str = "nightbatch"
     # Our addition (decision 7): {"task": "generate" | "embed", "endpoints": [...]} — what `nightbatch doctor` probes.
     nightbatch: dict[str, Any] | None = None
-
-
-class BatchRequestInput(BaseModel):
-    """One line of a batch input file, after validation."""
-
-    model_config = ConfigDict(extra="allow")
-
-    custom_id: str
-    method: Literal["POST"]
-    url: str
-    body: dict[str, Any]
 
 
 class ResponseEnvelope(BaseModel):

@@ -5,21 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 from nightbatch.logs import log_context
-from nightbatch.notifications import Notifier, build_notifier, notify_batch
+from nightbatch.notifications import Notifier, notify_batch
 from nightbatch.notifications.models import NotifyInput
-from nightbatch.services import Services, default_services
-
-_built: tuple[Services, Notifier] | None = None
+from nightbatch.services import default_services
 
 
 def default_notifier() -> Notifier:
-    """The process's notifier (SQS delivery queue, SNS topic, SES sender), built over `default_services()` and
-    rebuilt whenever that is (tests clear its cache between environments)."""
-    global _built
-    services = default_services()
-    if _built is None or _built[0] is not services:
-        _built = (services, build_notifier(services.adapters))
-    return _built[1]
+    """The process's notifier (SQS delivery queue, SNS topic, SES sender), wired by nightbatch.services."""
+    return default_services().notifier
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from openai.types import Batch, FileObject
 
 from nightbatch.commands.connection import CommandError, connect, resolve_target
 from nightbatch.commands.progress import follow
-from nightbatch.commands.render import describe, human_bytes, outcome, table
+from nightbatch.commands.render import human_bytes, outcome, show
 
 JSONL = "application/jsonl"
 
@@ -147,7 +147,10 @@ def status(args: argparse.Namespace) -> int:
     if args.wait:
         out = _human_stream(args)
         return _finish(args, follow(client, batch, interval=args.poll_interval, stream=out), out)
-    print(batch.model_dump_json(indent=2) if args.json else describe(batch))
+    if args.json:
+        print(batch.model_dump_json(indent=2))
+    else:
+        show(sys.stdout, batch)
     return 0
 
 
@@ -159,7 +162,7 @@ def list_batches(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([b.model_dump(mode="json") for b in batches], indent=2))
     elif batches:
-        print(table(batches))
+        show(sys.stdout, batches=batches)
     else:
         _say(sys.stderr, "No batches yet. Create one with `nightbatch submit requests.jsonl`.")
     return 0

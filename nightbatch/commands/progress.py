@@ -1,8 +1,7 @@
-"""Following a batch until it ends: a carriage-return progress bar on a terminal, plain lines elsewhere."""
+"""Following a batch until it ends: rich's progress bar on a terminal, plain lines elsewhere."""
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections import deque
 from collections.abc import Callable
@@ -11,9 +10,12 @@ from typing import TextIO
 
 import openai
 from openai.types import Batch
+from rich.console import Console
+from rich.progress import BarColumn, TaskID, TaskProgressColumn, TextColumn
+from rich.progress import Progress as RichProgress
 
 from nightbatch.commands.connection import Interrupted
-from nightbatch.commands.render import clock, live_tokens, rate
+from nightbatch.commands.render import STATUS_STYLE, clock, live_tokens, rate
 from nightbatch.wire import TERMINAL_STATUSES
 
 # Rates come from the last minute of polls, so the ETA follows the current speed rather than the average
@@ -21,7 +23,6 @@ from nightbatch.wire import TERMINAL_STATUSES
 RATE_WINDOW_SECONDS = 60.0
 # Without a terminal, one line per status change and at most one per this many seconds in between.
 LINE_EVERY_SECONDS = 10.0
-TAIL_COLUMNS = 52
 
 
 @dataclass(frozen=True)
@@ -87,40 +88,32 @@ class Progress:
 
 
 class BarView:
-    """Redraws one line in place: `in_progress  [█████░░░░░]  52%  520/1,000 done · 1.2k tok/s · ETA 0:42`."""
+    """One live line on a terminal: `in_progress ━━━━━━╸━━━━━  52% 520/1,000 done · 1.2k tok/s · ETA 0:42`."""
 
     def __init__(self, stream: TextIO) -> None:
-        self.stream = stream
-        self.fancy = "utf" in (getattr(stream, "encoding", "") or "").lower()
-        self.drawn = 0
+        self.bar = RichProgress(
+            TextColumn("[{task.fields[style]}]{task.fields[status]:<11}"),
+            BarColumn(bar_width=30, complete_style="cyan", finished_style="green"),
+            TaskProgressColumn(), TextColumn("{task.fields[info]}"),
+            console=Console(file=stream, highlight=False), auto_refresh=False,
+        )
+        self.task: TaskID | None = None
 
     def show(self, snap: Snapshot) -> None:
-        pct = 100 * snap.done // snap.total if snap.total else 0
-        parts: list[str | None] = [f"{pct:3d}%", snap.counts(), snap.speed(), snap.eta()]
-        head = f"{snap.status:<11}"
-        columns = shutil.get_terminal_size((80, 24)).columns
-        full, empty = ("█", "░") if self.fancy else ("#", "-")
-        # On a narrow terminal: a shorter bar, then no percentage (the bar shows it), then no speed.
-        for drop in (None, 0, 2):
-            if drop is not None:
-                parts[drop] = None
-            tail = "  ".join(p for p in parts if p)
-            # The bar keeps its width while the numbers after it grow, as long as they fit.
-            width = max(10, min(30, columns - 1 - len(head) - 4 - max(len(tail), TAIL_COLUMNS)))
-            filled = width * snap.done // snap.total if snap.total else 0
-            line = f"{head} [{full * filled}{empty * (width - filled)}]  {tail}"
-            if len(line) < columns:
-                break
-        line = line[: max(20, columns - 1)]
-        # Pad over what the previous, possibly longer, line left behind.
-        self.stream.write("\r" + line + " " * max(0, self.drawn - len(line)))
-        self.stream.flush()
-        self.drawn = len(line)
+        status, style = snap.status, STATUS_STYLE.get(snap.status, "")
+        info = "  ".join(p for p in (snap.counts(), snap.speed(), snap.eta()) if p)
+        if self.task is None:
+            self.bar.start()
+            self.task = self.bar.add_task("", total=snap.total or None, completed=snap.done, status=status,
+                                          style=style, info=info)
+        else:
+            self.bar.update(self.task, completed=snap.done, total=snap.total or None, status=status, style=style,
+                            info=info)
+        self.bar.refresh()
 
     def close(self) -> None:
-        if self.drawn:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self.task is not None:
+            self.bar.stop()
 
 
 class LineView:

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, TextIO
 
 from openai.types import Batch
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
 
 from nightbatch.phases import describe as describe_phases
 
+# Colours on a terminal (rich styles); nothing else changes with them.
+STATUS_STYLE = {
+    "validating": "blue", "in_progress": "cyan", "finalizing": "cyan", "completed": "green", "failed": "red",
+    "expired": "yellow", "cancelling": "yellow", "cancelled": "yellow",
+}
 ENDED_AT = {"completed": "completed_at", "failed": "failed_at", "expired": "expired_at",
             "cancelled": "cancelled_at"}
 ERRORS_SHOWN = 5
@@ -184,6 +193,27 @@ def table(batches: list[Batch]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header) - 1)]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=False)) + "  " + r[-1]
                      for r in [header, *rows])
+
+
+def show(stream: TextIO, batch: Batch | None = None, batches: list[Batch] | None = None) -> None:
+    """`status` (one batch) or `list` (a table): coloured with rich on a terminal, the plain text elsewhere."""
+    if not stream.isatty():
+        stream.write((describe(batch) if batch is not None else table(batches or [])) + "\n")
+        return
+    console = Console(file=stream, highlight=False)
+    if batch is not None:
+        _, _, rest = describe(batch).partition("\n")
+        console.print(Text(f"{batch.id}  ") + Text(batch.status, style=STATUS_STYLE.get(batch.status, "")))
+        if rest:
+            console.print(Text(rest))
+        return
+    grid = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in ("ID", "STATUS", "PROGRESS", "CREATED", "ENDPOINT"):
+        grid.add_column(name, no_wrap=True)
+    for b in batches or []:
+        grid.add_row(b.id, Text(b.status, style=STATUS_STYLE.get(b.status, "")), progress(b), ago(b.created_at),
+                     b.endpoint)
+    console.print(grid)
 
 
 def outcome(batch: Batch) -> list[str]:

@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from nightbatch import layout
 from nightbatch.local.engines import EngineHost
-from nightbatch.notifications import Notifier, build_notifier, notify_batch
+from nightbatch.notifications import Notifier, notify_batch
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.services import Services
 from nightbatch.storage import Adapters
@@ -34,7 +34,7 @@ class LocalWorkflow:
     def bind(self, services: Services) -> None:
         self.services = services
         # The Notify step's notifier; its in-process delivery queue lives as long as this workflow (see stop()).
-        self.notifier = build_notifier(services.adapters)
+        self.notifier = services.notifier
 
     def start(self, batch_id: str) -> None:
         self.pool.submit(self._run_logged, batch_id)
@@ -52,9 +52,8 @@ class LocalWorkflow:
         try:
             valid = validate_batch(inp, services).valid
             if valid:
-                plan = plan_batch(inp, services)
-                raw = services.adapters.blobs.get_bytes(plan.manifest_key) or b"[]"
-                for item in json.loads(raw):
+                plan_batch(inp, services)
+                for item in layout.read_manifest(services.adapters.blobs, batch_id):
                     self._run_shard(services, item)
         finally:
             # The state machine catches every failure into Finalize, so Finalize always runs.
@@ -62,14 +61,14 @@ class LocalWorkflow:
                 finalize_batch(inp, services)
         self._notify(services, batch_id)
 
-    def _run_shard(self, services: Services, item: dict[str, Any]) -> None:
+    def _run_shard(self, services: Services, item: layout.ShardItem) -> None:
         if self.host is None:
-            log.warning("engines are off: shard %s of %s not run", item["shard_id"], item["batch_id"])
+            log.warning("engines are off: shard %s of %s not run", item.shard_id, item.batch_id)
             return
         from gpu_worker.runner import ShardJob, run_shard
         from nightbatch.phases import Phases
 
-        job = ShardJob(batch_id=item["batch_id"], shard_id=item["shard_id"])
+        job = ShardJob(batch_id=item.batch_id, shard_id=item.shard_id)
         host = self.host
         for attempt in range(1, SHARD_ATTEMPTS + 1):
             if self.stopping.is_set():
@@ -79,10 +78,11 @@ class LocalWorkflow:
                     # The local stack shares one warm engine between shards: a shard's "weights" and "engine"
                     # phases are the wait for it (the whole load for the first shard after start-up).
                     phases = Phases(weights_source="local")
-                    shard = json.loads(services.adapters.blobs.get_bytes(
-                        f"batches/{job.batch_id}/shards/{job.shard_id}.json") or b"{}")
+                    shard = layout.read_shard(services.adapters.blobs, job.batch_id, job.shard_id)
+                    if shard is None:
+                        raise FileNotFoundError(f"no shard {job.shard_id} of {job.batch_id}")
                     waited = time.monotonic()
-                    engine = await host.engine(shard["model"])  # warm, or still starting (the first batch)
+                    engine = await host.engine(shard.model)  # warm, or still starting (the first batch)
                     phases.mark("weights_ready")
                     phases.mark("engine_ready")
                     # Recorded like the worker's model load, so batch.nightbatch.cost and `nightbatch doctor`

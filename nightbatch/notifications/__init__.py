@@ -1,5 +1,5 @@
 """Completion notifications: OpenAI-compatible signed webhooks, SNS and SES email (docs/NOTIFICATIONS.md)."""
 
-from nightbatch.notifications.notifier import Notifier, NotifyError, NotifyResult, build_notifier, notify_batch
+from nightbatch.notifications.notifier import Notifier, NotifyError, NotifyResult, notify_batch
 
-__all__ = ["Notifier", "NotifyError", "NotifyResult", "build_notifier", "notify_batch"]
+__all__ = ["Notifier", "NotifyError", "NotifyResult", "notify_batch"]

@@ -13,21 +13,23 @@ import math
 import secrets
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from nightbatch.clock import now
-from nightbatch.errors import InvalidRequestError, StorageConflictError
+from nightbatch.errors import InvalidRequestError, StorageConflictError, check_range
 from nightbatch.ids import derived_id
 from nightbatch.notifications import transport
 from nightbatch.notifications.endpoints import PlainSealer, Sealer, signing_secrets
-from nightbatch.notifications.events import event_body, precise_sort_key
+from nightbatch.notifications.events import event_body
 from nightbatch.notifications.models import DeliveryAttempt, DeliveryMessage, WebhookDelivery
 from nightbatch.notifications.queues import DeliveryQueue
 from nightbatch.notifications.signatures import signed_headers
 from nightbatch.notifications.targets import Resolver, TargetRefusedError, resolve_target
 from nightbatch.settings import Settings
 from nightbatch.storage import Table
-from nightbatch.wire import ListPage
+from nightbatch.storage.records import DeliveryRecord, WebhookEndpointRecord
+from nightbatch.wire import ListPage, list_page
 
 log = logging.getLogger("nightbatch.notifications")
 
@@ -38,67 +40,57 @@ EARLY_TOLERANCE_SECONDS = 1.0
 Poster = Callable[..., transport.PostResult]
 
 
-def owner(tenant: str, endpoint_id: str) -> str:
-    return f"{tenant}#webhook_delivery#{endpoint_id}"
-
-
 def delivery_id(event_id: str, endpoint_id: str) -> str:
     """Derived, so that a re-run of Notify finds the delivery it made before."""
     return derived_id("wh_", event_id, endpoint_id, length=32)
 
 
-def to_wire(item: dict[str, Any]) -> WebhookDelivery:
+def to_wire(rec: DeliveryRecord) -> WebhookDelivery:
     return WebhookDelivery(
-        id=item["pk"], webhook_endpoint_id=item["endpoint_id"], event_id=item["event_id"],
-        event_type=item["event_type"], batch_id=item.get("batch_id"), status=item["status"],
-        test=bool(item.get("test")), created_at=item["created_at"], next_attempt_at=item.get("next_attempt_at"),
-        attempts=[DeliveryAttempt.model_validate(a) for a in item.get("attempts", [])],
+        id=rec.pk, webhook_endpoint_id=rec.endpoint_id, event_id=rec.event_id, event_type=rec.event_type,
+        batch_id=rec.batch_id, status=rec.status, test=bool(rec.test), created_at=rec.created_at,
+        next_attempt_at=rec.next_attempt_at, attempts=[DeliveryAttempt.model_validate(a) for a in rec.attempts],
     )
 
 
+@dataclass(kw_only=True)
 class Deliveries:
-    def __init__(
-        self, *, settings: Settings, table: Table, queue: DeliveryQueue | None,
-        post: Poster = transport.post, resolver: Resolver | None = None, sealer: Sealer | None = None,
-    ) -> None:
-        self.settings = settings
-        self.table = table
-        self.queue = queue
-        self.post = post
-        self.resolver = resolver
-        self.sealer: Sealer = sealer or PlainSealer()
+    settings: Settings
+    table: Table
+    queue: DeliveryQueue | None
+    post: Poster = transport.post
+    resolver: Resolver | None = None
+    sealer: Sealer = field(default_factory=PlainSealer)
 
     def backoff(self, attempts_done: int) -> float:
         s = self.settings
         return float(min(s.webhook_retry_base_seconds * 2 ** (attempts_done - 1), s.webhook_retry_max_delay_seconds))
 
-    def create(self, event: dict[str, Any], endpoint: dict[str, Any]) -> dict[str, Any]:
+    def create(self, event: dict[str, Any], endpoint: WebhookEndpointRecord) -> DeliveryRecord:
         """The delivery of `event` to `endpoint` (the existing one when a previous run made it)."""
-        pk = delivery_id(event["event_id"], endpoint["pk"])
+        pk = delivery_id(event["event_id"], endpoint.pk)
         created = now()
-        item: dict[str, Any] = {
-            "pk": pk, "kind": "webhook_delivery", "tenant": event["tenant"],
-            "owner": owner(event["tenant"], endpoint["pk"]), "owner_sk": precise_sort_key(pk),
-            "endpoint_id": endpoint["pk"], "event_id": event["event_id"], "event_type": event["type"],
-            "batch_id": event.get("batch_id"), "body": event["body"], "status": "pending", "created_at": created,
-            "attempt_count": 0, "attempts": [], "next_attempt_at": created, "created_ts": time.time(),
-            "ttl": created + int(self.settings.webhook_max_age_seconds) + RETAIN_SECONDS,
-        }
+        rec = DeliveryRecord(
+            pk=pk, tenant=event["tenant"], endpoint_id=endpoint.pk, event_id=event["event_id"],
+            event_type=event["type"], batch_id=event.get("batch_id"), body=event["body"], status="pending",
+            created_at=created, next_attempt_at=created, created_ts=time.time(),
+            ttl=created + int(self.settings.webhook_max_age_seconds) + RETAIN_SECONDS,
+        )
         try:
-            self.table.put_new(item)
+            self.table.put_record(rec, new=True)
         except StorageConflictError:
-            return self.table.get(pk) or item
-        return item
+            return self.table.get_record(DeliveryRecord, pk) or rec
+        return rec
 
-    def enqueue_first(self, item: dict[str, Any]) -> bool:
-        if item.get("enqueued") or item.get("attempt_count", 0) > 0:
+    def enqueue_first(self, rec: DeliveryRecord) -> bool:
+        if rec.enqueued or rec.attempt_count > 0:
             return False
         if self.queue is None:
-            log.error("no webhook queue configured (NIGHTBATCH_WEBHOOK_QUEUE_URL); %s not sent", item["pk"])
+            log.error("no webhook queue configured (NIGHTBATCH_WEBHOOK_QUEUE_URL); %s not sent", rec.pk)
             return False
-        self.queue.send(DeliveryMessage(delivery_id=item["pk"], attempt=1, not_before=time.time()).model_dump(), 0)
+        self.queue.send(DeliveryMessage(delivery_id=rec.pk, attempt=1, not_before=time.time()).model_dump(), 0)
         # Marked after the send: a crash in between re-sends on the next run (at least once, never zero).
-        self.table.update(item["pk"], set_={"enqueued": True})
+        self.table.update(rec.pk, set_={"enqueued": True})
         return True
 
     def handle_message(self, message: dict[str, Any]) -> DeliveryAttempt | None:
@@ -112,24 +104,24 @@ class Deliveries:
 
     def deliver_once(self, delivery_id: str, *, attempt: int | None = None) -> DeliveryAttempt | None:
         """One attempt; None when there is nothing to do (done already, or a stale duplicate message)."""
-        item = self.table.get(delivery_id)
-        if item is None or item.get("kind") != "webhook_delivery" or item["status"] != "pending":
+        item = self.table.get_record(DeliveryRecord, delivery_id)
+        if item is None or item.status != "pending":
             return None
-        n = int(item["attempt_count"]) + 1
+        n = item.attempt_count + 1
         if attempt is not None and attempt < n:
             return None  # a duplicate of a message whose attempt is recorded
         # attempt > n: the retry was queued but its attempt never recorded (a crash in between); go on as n.
-        endpoint = self.table.get(item["endpoint_id"])
+        endpoint = self.table.get_record(WebhookEndpointRecord, item.endpoint_id)
         at = now()
         final = False
-        if endpoint is None or endpoint.get("kind") != "webhook_endpoint":
+        if endpoint is None:
             result, final = transport.PostResult(None, "the webhook endpoint was deleted", 0), True
         else:
-            result = self._post(delivery_id, item["body"].encode(), endpoint, at)
+            result = self._post(delivery_id, item.body.encode(), endpoint, at)
         status, next_at = "succeeded", None
         if not result.ok:
             delay = self.backoff(n)
-            give_up_at = float(item.get("created_ts", item["created_at"])) + self.settings.webhook_max_age_seconds
+            give_up_at = float(item.created_ts or item.created_at) + self.settings.webhook_max_age_seconds
             if final or time.time() + delay > give_up_at:
                 status = "failed"
             else:
@@ -145,32 +137,32 @@ class Deliveries:
             self.queue.send(msg.model_dump(), next_at - time.time())
         try:
             self.table.update(delivery_id, set_={
-                "attempt_count": n, "attempts": [*item.get("attempts", []), record.model_dump()],
+                "attempt_count": n, "attempts": [*item.attempts, record.model_dump()],
                 "status": status, "next_attempt_at": record.next_attempt_at,
             }, expect_in={"attempt_count": (n - 1,)})
         except StorageConflictError:
             return None  # a duplicate message attempted it too; its retry message makes ours a no-op
-        log.info("webhook %s attempt %d to %s: %s", delivery_id, n, item["endpoint_id"],
+        log.info("webhook %s attempt %d to %s: %s", delivery_id, n, item.endpoint_id,
                  record.status_code or record.error, extra={"delivery_id": delivery_id, "status": status})
         return record
 
-    def _post(self, delivery_id: str, body: bytes, endpoint: dict[str, Any], at: int) -> transport.PostResult:
+    def _post(self, delivery_id: str, body: bytes, endpoint: WebhookEndpointRecord, at: int) -> transport.PostResult:
         try:
-            target = resolve_target(endpoint["url"], allow_private=self.settings.allow_private_targets,
+            target = resolve_target(endpoint.url, allow_private=self.settings.allow_private_targets,
                                     resolver=self.resolver)
         except TargetRefusedError as e:
             return transport.PostResult(None, e.message, 0)
         headers = signed_headers(delivery_id, body, signing_secrets(endpoint, at=at, sealer=self.sealer), at=at)
         return self.post(target, body=body, headers=headers, timeout=self.settings.webhook_timeout_seconds)
 
-    def send_test(self, endpoint: dict[str, Any], event_type: str) -> transport.PostResult:
+    def send_test(self, endpoint: WebhookEndpointRecord, event_type: str) -> transport.PostResult:
         """`webhooks.test`: one signed sample event, sent now, recorded like any delivery, never retried."""
         at = now()
         event_id = f"evt_test_{secrets.token_hex(12)}"
         batch_id = f"batch_test_{secrets.token_hex(12)}"
         body = event_body(event_id, event_type, at, batch_id)
         delivery_id = f"wh_{secrets.token_hex(16)}"
-        target = resolve_target(endpoint["url"], allow_private=self.settings.allow_private_targets,
+        target = resolve_target(endpoint.url, allow_private=self.settings.allow_private_targets,
                                 resolver=self.resolver)
         secrets_ = signing_secrets(endpoint, at=at, sealer=self.sealer)
         headers = signed_headers(delivery_id, body.encode(), secrets_, at=at)
@@ -178,36 +170,21 @@ class Deliveries:
                            timeout=self.settings.webhook_timeout_seconds)
         record = DeliveryAttempt(attempt=1, attempted_at=at, status_code=result.status_code,
                                  error=_error_text(result), duration_ms=result.duration_ms)
-        self.table.put({
-            "pk": delivery_id, "kind": "webhook_delivery", "tenant": endpoint["tenant"],
-            "owner": owner(endpoint["tenant"], endpoint["pk"]), "owner_sk": precise_sort_key(delivery_id),
-            "endpoint_id": endpoint["pk"], "event_id": event_id, "event_type": event_type, "batch_id": batch_id,
-            "body": body, "status": "succeeded" if result.ok else "failed", "test": True, "created_at": at,
-            "attempt_count": 1, "attempts": [record.model_dump()], "next_attempt_at": None,
-            "ttl": at + RETAIN_SECONDS,
-        })
+        self.table.put_record(DeliveryRecord(
+            pk=delivery_id, tenant=endpoint.tenant, endpoint_id=endpoint.pk, event_id=event_id,
+            event_type=event_type, batch_id=batch_id, body=body, status="succeeded" if result.ok else "failed",
+            test=True, created_at=at, attempt_count=1, attempts=[record.model_dump()], ttl=at + RETAIN_SECONDS,
+        ))
         return result
 
     def list(self, tenant: str, endpoint_id: str, *, limit: int, after: str | None) -> ListPage[WebhookDelivery]:
-        if not 1 <= limit <= MAX_LIST_LIMIT:
-            raise InvalidRequestError(f"Invalid 'limit': {limit}. Expected a value between 1 and {MAX_LIST_LIMIT}.",
-                                      param="limit", code="invalid_value")
-        after_sk = None
-        if after:
-            cursor = self.table.get(after) if after.startswith("wh_") else None
-            if cursor is None or cursor.get("owner") != owner(tenant, endpoint_id):
-                raise InvalidRequestError(f"Invalid 'after': no delivery with id '{after}'.", param="after")
-            after_sk = str(cursor["owner_sk"])
-        data: list[WebhookDelivery] = []
-        has_more = False
-        for item in self.table.query_owner(owner(tenant, endpoint_id), ascending=False, after_sk=after_sk,
-                                           page_size=limit + 1):
-            if len(data) == limit:
-                has_more = True
-                break
-            data.append(to_wire(item))
-        return ListPage(data=data, has_more=has_more, first_id=data[0].id if data else None,
-                        last_id=data[-1].id if data else None)
+        check_range(limit, 1, MAX_LIST_LIMIT, param="limit")
+        cursor = self.table.get_owned(DeliveryRecord, tenant, after) if after else None
+        if after and (cursor is None or cursor.endpoint_id != endpoint_id):
+            raise InvalidRequestError(f"Invalid 'after': no delivery with id '{after}'.", param="after")
+        recs, has_more = self.table.page(DeliveryRecord, DeliveryRecord.owner_of_endpoint(tenant, endpoint_id),
+                                         limit=limit, after_sk=cursor.owner_sk if cursor else None)
+        return list_page([to_wire(r) for r in recs], has_more)
 
 
 def _error_text(result: transport.PostResult) -> str | None:

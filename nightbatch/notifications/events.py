@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import secrets
-import time
 from typing import Any
 
 from nightbatch.clock import now, sort_key
 from nightbatch.errors import StorageConflictError
 from nightbatch.storage import Table
+from nightbatch.storage.records import BatchRecord
 
 PENDING = "notify_pending"
 EVENT_TYPES: dict[str, str] = {
@@ -21,11 +21,6 @@ EVENT_TYPES: dict[str, str] = {
 def event_pk(batch_id: str, status: str) -> str:
     # Keyed by the transition, not by the event id: a second Notify finds the first one's event.
     return f"evt#{batch_id}#{status}"
-
-
-def precise_sort_key(item_id: str) -> str:
-    """Creation order to the microsecond (several endpoints or deliveries are often made within one second)."""
-    return f"{time.time_ns() // 1000:017d}#{item_id}"
 
 
 def new_event_id() -> str:
@@ -40,16 +35,16 @@ def event_body(event_id: str, event_type: str, created_at: int, data_id: str) ->
     )
 
 
-def record_event(table: Table, batch: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+def record_event(table: Table, batch: BatchRecord) -> tuple[dict[str, Any], bool]:
     """The event of the batch's terminal status: (item, True) when this call created it, else the existing one."""
-    status = str(batch["status"])
+    status = batch.status
     event_type = EVENT_TYPES[status]
     event_id = new_event_id()
-    created_at = int(batch.get(f"{status}_at") or now())
+    created_at = int(getattr(batch, f"{status}_at", None) or now())
     item: dict[str, Any] = {
-        "pk": event_pk(batch["pk"], status), "kind": "event", "event_id": event_id, "type": event_type,
-        "tenant": batch["tenant"], "batch_id": batch["pk"], "status": status, "created_at": created_at,
-        "body": event_body(event_id, event_type, created_at, batch["pk"]),
+        "pk": event_pk(batch.pk, status), "kind": "event", "event_id": event_id, "type": event_type,
+        "tenant": batch.tenant, "batch_id": batch.pk, "status": status, "created_at": created_at,
+        "body": event_body(event_id, event_type, created_at, batch.pk),
         # Sparse status index: until every channel is done, the sweeper can find the event and re-drive it.
         "open_status": PENDING, "created_sk": sort_key(created_at, event_id),
     }

@@ -8,25 +8,23 @@ sends nothing twice, and a run that failed half-way completes what is missing.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel
 
 from nightbatch.batches import to_wire as batch_to_wire
-from nightbatch.errors import NightbatchError
+from nightbatch.errors import InvalidRequestError, NightbatchError, check_supported
 from nightbatch.links import link_keys, link_keys_from, sign_link
-from nightbatch.notifications import transport
-from nightbatch.notifications.delivery import Deliveries, Poster
+from nightbatch.notifications.delivery import Deliveries
 from nightbatch.notifications.email import compose, recipients
-from nightbatch.notifications.endpoints import Sealer, WebhookEndpointService
+from nightbatch.notifications.endpoints import WebhookEndpointService
 from nightbatch.notifications.events import close_event, mark_event, record_event
-from nightbatch.notifications.models import DeliveryAttempt
-from nightbatch.notifications.queues import DeliveryQueue, InProcessQueue
-from nightbatch.notifications.targets import Resolver
+from nightbatch.notifications.models import BATCH_EVENT_TYPES, DeliveryAttempt, WebhookEndpointTestResult
+from nightbatch.notifications.queues import DeliveryQueue
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, Table
-from nightbatch.storage.delivery_queue import SqsDeliveryQueue
-from nightbatch.storage.kms import KmsSealer
+from nightbatch.storage.records import BatchRecord
 from nightbatch.storage.ses import EmailRejectedError, Mailer
 from nightbatch.storage.sns import Topic
 from nightbatch.wire import TERMINAL_STATUSES
@@ -52,23 +50,17 @@ class NotifyResult(BaseModel):
     emails_sent: int = 0
 
 
+@dataclass(kw_only=True)
 class Notifier:
-    def __init__(
-        self, *, settings: Settings, table: Table, topic: Topic | None, mailer: Mailer | None,
-        queue: DeliveryQueue | None, post: Poster = transport.post, resolver: Resolver | None = None,
-        adapters: Adapters | None = None,
-    ) -> None:
-        self.settings = settings
-        self.adapters = adapters  # for the link-signing keys in Secrets Manager
-        self.table = table
-        self.topic = topic
-        self.mailer = mailer
-        sealer: Sealer | None = None
-        if settings.secrets_kms_key and adapters is not None:
-            sealer = KmsSealer(client=adapters.client("kms"), key_id=settings.secrets_kms_key)
-        self.endpoints = WebhookEndpointService(settings=settings, table=table, resolver=resolver, sealer=sealer)
-        self.deliveries = Deliveries(settings=settings, table=table, queue=queue, post=post, resolver=resolver,
-                                     sealer=sealer)
+    """Its parts are wired by nightbatch.services (SNS and SES only when configured)."""
+
+    settings: Settings
+    table: Table
+    topic: Topic | None
+    mailer: Mailer | None
+    endpoints: WebhookEndpointService
+    deliveries: Deliveries
+    adapters: Adapters | None = None  # for the link-signing keys in Secrets Manager
 
     @property
     def queue(self) -> DeliveryQueue | None:
@@ -81,11 +73,24 @@ class Notifier:
         if self.queue is not None:
             self.queue.close()
 
+    def test_endpoint(self, tenant: str, endpoint_id: str, event_type: str) -> WebhookEndpointTestResult:
+        """`webhooks.test`: one signed sample event to the tenant's endpoint, now; 400 if it cannot be reached."""
+        check_supported(event_type, BATCH_EVENT_TYPES, param="event_type")
+        endpoint = self.endpoints.item(tenant, endpoint_id)
+        result = self.deliveries.send_test(endpoint, event_type)
+        if result.status_code is None:
+            raise InvalidRequestError(
+                f"The test event could not be delivered to {endpoint.url}: {result.error}.",
+                param="webhook_endpoint_id", code="webhook_unreachable",
+            )
+        return WebhookEndpointTestResult(event_type=event_type, status_code=result.status_code,
+                                         webhook_endpoint_id=endpoint_id)
+
     def notify_batch(self, batch_id: str) -> NotifyResult:
-        batch = self.table.get(batch_id)
-        if batch is None or batch.get("kind") != "batch":
+        batch = self.table.get_record(BatchRecord, batch_id)
+        if batch is None:
             return NotifyResult(batch_id=batch_id, status="missing")
-        if batch["status"] not in TERMINAL_STATUSES:
+        if batch.status not in TERMINAL_STATUSES:
             return NotifyResult(batch_id=batch_id, status="not_terminal")
         event, created = record_event(self.table, batch)
         result = NotifyResult(batch_id=batch_id, status="notified", event_id=event["event_id"],
@@ -105,13 +110,13 @@ class Notifier:
             close_event(self.table, event["pk"])
         return result
 
-    def _webhooks(self, batch: dict[str, Any], event: dict[str, Any], result: NotifyResult) -> None:
-        for endpoint in self.endpoints.all_items(batch["tenant"]):
-            if event["type"] in endpoint.get("event_types", []):
+    def _webhooks(self, batch: BatchRecord, event: dict[str, Any], result: NotifyResult) -> None:
+        for endpoint in self.endpoints.all_items(batch.tenant):
+            if event["type"] in endpoint.event_types:
                 delivery = self.deliveries.create(event, endpoint)
                 result.deliveries_enqueued += int(self.deliveries.enqueue_first(delivery))
 
-    def _sns(self, batch: dict[str, Any], event: dict[str, Any], result: NotifyResult) -> None:
+    def _sns(self, batch: BatchRecord, event: dict[str, Any], result: NotifyResult) -> None:
         if self.topic is None or event.get("sns_message_id"):
             return
         wire = batch_to_wire(batch)
@@ -121,17 +126,17 @@ class Notifier:
             wire.errors.data = wire.errors.data[:20]
             message = wire.model_dump_json()
         result.sns_message_id = self.topic.publish(
-            message, subject=f"nightbatch {event['type']} {batch['pk']}",
-            attributes={"tenant": batch["tenant"], "event_type": event["type"], "event_id": event["event_id"],
-                        "batch_id": batch["pk"]},
+            message, subject=f"nightbatch {event['type']} {batch.pk}",
+            attributes={"tenant": batch.tenant, "event_type": event["type"], "event_id": event["event_id"],
+                        "batch_id": batch.pk},
         )
         mark_event(self.table, event["pk"], "sns_message_id", result.sns_message_id)
 
-    def _email(self, batch: dict[str, Any], event: dict[str, Any], result: NotifyResult) -> None:
-        to, refused = recipients(self.settings, batch.get("options"))
+    def _email(self, batch: BatchRecord, event: dict[str, Any], result: NotifyResult) -> None:
+        to, refused = recipients(self.settings, batch.options)
         if refused:
             log.warning("notify %s: not emailing %s (domain not in NIGHTBATCH_EMAIL_ALLOWED_DOMAINS)",
-                        batch["pk"], ", ".join(refused))
+                        batch.pk, ", ".join(refused))
         done = [*event.get("emailed_to", []), *event.get("email_rejected", [])]
         pending = [a for a in to if a not in done]
         if not pending:
@@ -140,9 +145,9 @@ class Notifier:
         links, expires_at = self._links([fid for fid in (wire.output_file_id, wire.error_file_id) if fid])
         subject, text = compose(wire, links, links_expire_at=expires_at)
         # Never the text: its links are credentials for the batch's output (anyone with log access could use them).
-        log.info("notify %s: e-mail to %d recipient(s)", batch["pk"], len(pending), extra={"batch_id": batch["pk"]})
+        log.info("notify %s: e-mail to %d recipient(s)", batch.pk, len(pending), extra={"batch_id": batch.pk})
         if self.mailer is None:
-            log.warning("notify %s: email not sent, no sender identity (NIGHTBATCH_EMAIL_SENDER)", batch["pk"])
+            log.warning("notify %s: email not sent, no sender identity (NIGHTBATCH_EMAIL_SENDER)", batch.pk)
             return
         sent = list(event.get("emailed_to", []))
         rejected = list(event.get("email_rejected", []))
@@ -152,7 +157,7 @@ class Notifier:
                 self.mailer.send_text(address, subject=subject, text=text)
             except EmailRejectedError as e:
                 # Permanent (e.g. an unverified recipient in the SES sandbox): logged, never retried.
-                log.warning("notify %s: SES rejected the e-mail to %s: %s", batch["pk"], address, e)
+                log.warning("notify %s: SES rejected the e-mail to %s: %s", batch.pk, address, e)
                 rejected.append(address)
                 mark_event(self.table, event["pk"], "email_rejected", rejected)
                 continue
@@ -181,25 +186,3 @@ class Notifier:
 def notify_batch(batch_id: str, *, notifier: Notifier) -> NotifyResult:
     """The workflow's Notify step, after any terminal transition (idempotent; see the module docstring)."""
     return notifier.notify_batch(batch_id)
-
-
-def build_notifier(
-    adapters: Adapters, *, queue: DeliveryQueue | None = None, post: Poster = transport.post,
-    resolver: Resolver | None = None,
-) -> Notifier:
-    """SQS when a queue URL is configured; in the local mode, an in-process delayed queue feeding the same code."""
-    settings = adapters.settings
-    topic = Topic(client=adapters.sns, topic_arn=settings.topic_arn) if settings.topic_arn else None
-    mailer = None
-    if settings.email_sender:
-        mailer = Mailer(client=adapters.client("ses"), sender=settings.email_sender,
-                        configuration_set=settings.email_configuration_set)
-    notifier = Notifier(settings=settings, table=adapters.table, topic=topic, mailer=mailer, queue=queue,
-                        post=post, resolver=resolver, adapters=adapters)
-    if queue is None:
-        if settings.webhook_queue_url:
-            notifier.deliveries.queue = SqsDeliveryQueue(client=adapters.client("sqs"),
-                                                         queue_url=settings.webhook_queue_url)
-        elif settings.mode == "local":
-            notifier.deliveries.queue = InProcessQueue(notifier.handle_message)
-    return notifier

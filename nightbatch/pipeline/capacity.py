@@ -22,8 +22,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from nightbatch import layout
 from nightbatch.clock import now
-from nightbatch.pipeline import layout
 from nightbatch.pipeline.sizing import _wall
 from nightbatch.services import Services
 from nightbatch.settings import Settings

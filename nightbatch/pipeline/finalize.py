@@ -8,12 +8,11 @@ Successful lines are not uploaded again: the output file is composed from ranges
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Iterator
 from typing import Any
 
-from nightbatch import lifecycle
+from nightbatch import layout, lifecycle
 from nightbatch.accounting import collect_shard_times, cost_summary
 from nightbatch.clock import now
 from nightbatch.errors import BatchItemTooLargeError, StorageConflictError
@@ -21,7 +20,6 @@ from nightbatch.ids import derived_id
 from nightbatch.jsonl import split_lines
 from nightbatch.metrics import emit
 from nightbatch.phases import summarize as summarize_phases
-from nightbatch.pipeline import layout
 from nightbatch.pipeline.capacity import collect_decisions
 from nightbatch.pipeline.compose import PartComposer
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
@@ -75,7 +73,7 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     writers = _write_files(services, batch, UNRUN_CODE[target])
     out_id, err_id, tally = writers
     usage = tally.usage()
-    times = collect_shard_times(services.adapters.blobs, [layout.batch_prefix(inp.batch_id) + "results/"])
+    times = collect_shard_times(services.adapters.blobs, [layout.all_results_prefix(inp.batch_id)])
     ext = dict(batch.get("ext") or {})
     ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"])
     if times.phases:
@@ -114,20 +112,19 @@ def _fail_unvalidated(services: Services, batch: dict[str, Any]) -> FinalizeOutp
     return FinalizeOutput(batch_id=batch["pk"], status="failed")
 
 
-def _shards(blobs: BlobStore, batch_id: str) -> Iterator[dict[str, Any]]:
-    raw = blobs.get_bytes(layout.manifest_key(batch_id))
-    items = json.loads(raw) if raw else []
+def _shards(blobs: BlobStore, batch_id: str) -> Iterator[tuple[str | None, list[str], int]]:
+    """(shard_id, segment keys, lines) per planned shard; shard_id None for segments no shard took."""
+    items = layout.read_manifest(blobs, batch_id)
     if items:
         for item in items:
-            shard = blobs.get_bytes(layout.shard_key(batch_id, item["shard_id"]))
+            shard = layout.read_shard(blobs, batch_id, item.shard_id)
             if shard is not None:
-                yield json.loads(shard)
+                yield shard.shard_id, shard.segments, shard.lines
         return
     # Never planned, or planned after a cancel/expiry (empty manifest): every validated segment is unrun.
-    index = blobs.get_bytes(layout.segment_index_key(batch_id))
-    if index:
-        segs = json.loads(index)
-        yield {"shard_id": None, "segments": [s["key"] for s in segs], "lines": sum(s["lines"] for s in segs)}
+    segs = layout.read_segment_index(blobs, batch_id)
+    if segs:
+        yield None, [s.key for s in segs], sum(s.lines for s in segs)
 
 
 def _write_files(services: Services, batch: dict[str, Any], unrun_code: str) -> tuple[
@@ -138,12 +135,12 @@ def _write_files(services: Services, batch: dict[str, Any], unrun_code: str) -> 
     out = PartComposer(blobs, layout.output_key(batch_id))
     err = blobs.writer(layout.error_key(batch_id))
     try:
-        for shard in _shards(blobs, batch_id):
+        for shard_id, segments, lines in _shards(blobs, batch_id):
             seen: set[int] = set()
-            if shard["shard_id"] is not None:
-                _merge_results(blobs, batch_id, shard["shard_id"], seen, out, err, tally)
-            if len(seen) < int(shard["lines"]):
-                for key in shard["segments"]:
+            if shard_id is not None:
+                _merge_results(blobs, batch_id, shard_id, seen, out, err, tally)
+            if len(seen) < lines:
+                for key in segments:
                     for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
                         if not raw.data:
                             continue
@@ -180,7 +177,7 @@ def _merge_results(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int
                    err: LineWriter, tally: Tally) -> None:
     prefix = layout.results_prefix(batch_id, shard_id)
     sizes = PartStore(blobs).sizes(prefix)
-    for key in sorted(k for k in sizes if k.endswith(".jsonl")):
+    for key in sorted(k for k in sizes if layout.is_checkpoint(prefix, k)):
         if sizes[key] > READ_WHOLE_BYTES:
             _merge_streamed(blobs, batch_id, key, seen, out, err, tally)
         else:

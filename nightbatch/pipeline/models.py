@@ -6,6 +6,10 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from nightbatch.layout import ShardItem
+
+__all__ = ["BatchTaskInput", "FinalizeOutput", "PlanOutput", "ShardItem", "ValidateOutput"]
+
 
 class BatchTaskInput(BaseModel):
     version: Literal[1] = 1
@@ -24,16 +28,6 @@ class PlanOutput(BaseModel):
     manifest_bucket: str
     manifest_key: str
     shard_count: int
-
-
-class ShardItem(BaseModel):
-    """One item of the shard manifest that the Distributed Map iterates."""
-
-    version: Literal[1] = 1
-    batch_id: str
-    shard_id: str
-    # AWS: the ARN of the batch model's Batch job definition (empty locally).
-    job_definition: str = ""
 
 
 class FinalizeOutput(BaseModel):

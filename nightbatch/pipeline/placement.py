@@ -9,9 +9,7 @@ with its own prefix cache, so a shared prefix is prefilled again in every shard 
 
 from __future__ import annotations
 
-from typing import Any
-
-Segment = dict[str, Any]
+from nightbatch.layout import SegmentEntry as Segment
 
 
 def place_by_prefix(shards: list[list[Segment]]) -> list[list[Segment]]:
@@ -21,14 +19,14 @@ def place_by_prefix(shards: list[list[Segment]]) -> list[list[Segment]]:
     is when no segment carries a prefix group or there is a single shard."""
     n = len(shards)
     segments = [s for shard in shards for s in shard]
-    if n <= 1 or not any(s.get("group") for s in segments):
+    if n <= 1 or not any(s.group for s in segments):
         return shards
-    total = sum(int(s["est"]) for s in segments)
+    total = sum(s.est for s in segments)
     share = total / n
     groups: dict[int, list[Segment]] = {}
     loose: list[Segment] = []
     for s in segments:
-        (groups.setdefault(int(s["group"]), []) if s.get("group") else loose).append(s)
+        (groups.setdefault(s.group, []) if s.group else loose).append(s)
     out: list[list[Segment]] = [[] for _ in range(n)]
     load = [0] * n
 
@@ -37,23 +35,23 @@ def place_by_prefix(shards: list[list[Segment]]) -> list[list[Segment]]:
 
     def put(i: int, s: Segment) -> None:
         out[i].append(s)
-        load[i] += int(s["est"])
+        load[i] += s.est
 
-    for _, members in sorted(groups.items(), key=lambda kv: (-sum(int(s["est"]) for s in kv[1]), kv[0])):
+    for _, members in sorted(groups.items(), key=lambda kv: (-sum(s.est for s in kv[1]), kv[0])):
         target = lightest()
         for s in members:
             if load[target] >= share:
                 target = lightest()
             put(target, s)
-    for s in sorted(loose, key=lambda s: -int(s["est"])):
+    for s in sorted(loose, key=lambda s: -s.est):
         put(lightest(), s)
     # Every shard gets work: an empty one takes a segment from the shard holding the most segments.
     for i in range(n):
         if not out[i]:
             donor = max(range(n), key=lambda j: (len(out[j]), -j))
             s = out[donor].pop()
-            load[donor] -= int(s["est"])
+            load[donor] -= s.est
             put(i, s)
     for shard in out:
-        shard.sort(key=lambda s: str(s["key"]))
+        shard.sort(key=lambda s: s.key)
     return out

@@ -3,24 +3,23 @@
 from __future__ import annotations
 
 import io
-import json
 import logging
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from nightbatch import lifecycle
+from nightbatch import layout, lifecycle
 from nightbatch.clock import now
 from nightbatch.errors import StorageConflictError
 from nightbatch.jsonl import split_lines
 from nightbatch.limits import check_queue_limits
 from nightbatch.metrics import emit
-from nightbatch.pipeline import layout
 from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
 from nightbatch.pipeline.prefixes import prefix_group
 from nightbatch.pipeline.segments import segment_line
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore
+from nightbatch.storage.records import FileRecord
 from nightbatch.validation import MAX_ERRORS_BYTES, LineInvalid, Validator, line_error
 from nightbatch.wire import BatchError
 
@@ -46,7 +45,7 @@ class SegmentWriter:
     max_lines: int
     max_bytes: int
     open: dict[int, _Open] = field(default_factory=dict)
-    index: list[dict[str, Any]] = field(default_factory=list)
+    index: list[layout.SegmentEntry] = field(default_factory=list)
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="segments"))
     pending: list[Future[None]] = field(default_factory=list)
 
@@ -70,10 +69,7 @@ class SegmentWriter:
         while len(self.pending) >= 2:
             self.pending.pop(0).result()
         self.pending.append(self.pool.submit(self.blobs.put_bytes, key, seg.buf.getvalue()))
-        entry: dict[str, Any] = {"key": key, "lines": seg.lines, "est": seg.est}
-        if group:
-            entry["group"] = group
-        self.index.append(entry)
+        self.index.append(layout.SegmentEntry(key=key, lines=seg.lines, est=seg.est, group=group))
 
     def abandon(self) -> None:
         for f in self.pending:
@@ -86,7 +82,7 @@ class SegmentWriter:
         for f in self.pending:
             f.result()
         self.pool.shutdown()
-        self.blobs.put_bytes(layout.segment_index_key(self.batch_id), json.dumps(self.index).encode())
+        layout.write_segment_index(self.blobs, self.batch_id, self.index)
 
 
 def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
@@ -100,15 +96,15 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
         return ValidateOutput(batch_id=inp.batch_id, valid=batch["status"] != "failed")
     # Cancelled before validation: still read the input, so that Finalize can write one `batch_cancelled`
     # line per request (exactly one result line per input line, in every case).
-    file_item = table.get(batch["input_file_id"])
-    if file_item is None or file_item.get("tenant") != batch["tenant"] or file_item.get("kind") != "file":
+    file_item = table.get_owned(FileRecord, batch["tenant"], batch["input_file_id"])
+    if file_item is None:
         return _fail(services, batch, [BatchError(
             code="invalid_request", param="file_id", line=None,
             message=f"Cannot find file {batch['input_file_id']}, or it was deleted before the batch ran.")])
-    if file_item["bytes"] > settings.max_input_bytes:
+    if file_item.bytes > settings.max_input_bytes:
         return _fail(services, batch, [BatchError(
             code="file_too_large", param=None, line=None,
-            message=f"The input file is {file_item['bytes']} bytes, over the limit of "
+            message=f"The input file is {file_item.bytes} bytes, over the limit of "
                     f"{settings.max_input_bytes} bytes per batch.")])
 
     validator = Validator(settings=settings, endpoint=batch["endpoint"])
@@ -145,14 +141,14 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
                                  message="The input file has no requests."))
     if errors:
         writer.abandon()
-        blobs.delete_prefix(layout.batch_prefix(inp.batch_id) + "segments/")
+        blobs.delete_prefix(layout.segments_prefix(inp.batch_id))
         return _fail(services, batch, errors)
     writer.close()
-    est_total = sum(int(s["est"]) for s in writer.index)
+    est_total = sum(s.est for s in writer.index)
     over = check_queue_limits(table, batch["tenant"], inp.batch_id, count, est_total, model=validator.model,
                               settings=settings)
     if over is not None:
-        blobs.delete_prefix(layout.batch_prefix(inp.batch_id) + "segments/")
+        blobs.delete_prefix(layout.segments_prefix(inp.batch_id))
         return _fail(services, batch, [over])
     extra = {"request_counts": {"total": count, "completed": 0, "failed": 0}, "model": validator.model,
              "est_tokens": est_total}

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from botocore.exceptions import ClientError
 
-from nightbatch.errors import StorageConflictError, StorageItemTooLargeError
+from nightbatch.errors import NotFoundError, StorageConflictError, StorageItemTooLargeError
+from nightbatch.storage.records import Record
+
+R = TypeVar("R", bound=Record)
 
 OWNER_INDEX = "by_owner"
 STATUS_INDEX = "by_status"
@@ -98,6 +101,46 @@ class Table:
             raise
         new: dict[str, Any] = _from_ddb(resp["Attributes"])
         return new
+
+    def get_record(self, kind: type[R], pk: str | None) -> R | None:
+        """The record under `pk` if it is of `kind`; None otherwise (internal reads: no tenant to check)."""
+        if not pk or not pk.startswith(kind.ID_PREFIX):
+            return None
+        return kind.load(self.get(pk))
+
+    def get_owned(self, kind: type[R], tenant: str, record_id: str | None) -> R | None:
+        """The tenant's record: another tenant's id is answered exactly like a missing one (None)."""
+        rec = self.get_record(kind, record_id)
+        return rec if rec is not None and rec.tenant == tenant else None
+
+    def require_owned(self, kind: type[R], tenant: str, record_id: str, *, missing: str, param: str) -> R:
+        """`get_owned`, or a 404 saying `missing` (the same for another tenant's id as for none at all)."""
+        rec = self.get_owned(kind, tenant, record_id)
+        if rec is None:
+            raise NotFoundError(missing, param=param)
+        return rec
+
+    def put_record(self, rec: Record, *, new: bool = False) -> None:
+        (self.put_new if new else self.put)(rec.to_item())
+
+    def update_record(self, kind: type[R], pk: str, **kwargs: Any) -> R:
+        """`update`, read back as the record."""
+        return kind.from_item(self.update(pk, **kwargs))
+
+    def page(
+        self, kind: type[R], owner: str, *, limit: int, ascending: bool = False, after_sk: str | None = None,
+        keep: Callable[[R], bool] | None = None,
+    ) -> tuple[list[R], bool]:
+        """Up to `limit` records of one owner (after `after_sk`), and whether more follow."""
+        out: list[R] = []
+        for item in self.query_owner(owner, ascending=ascending, after_sk=after_sk, page_size=min(limit + 1, 1000)):
+            rec = kind.load(item)
+            if rec is None or (keep is not None and not keep(rec)):
+                continue
+            if len(out) == limit:
+                return out, True
+            out.append(rec)
+        return out, False
 
     def delete(self, pk: str) -> None:
         self.table.delete_item(Key={"pk": pk})

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import re
 from typing import Any
 
 import pytest
@@ -12,7 +13,17 @@ from openai.types import Batch
 from nightbatch.commands import key_value, size
 from nightbatch.commands.connection import CommandError, api_root
 from nightbatch.commands.progress import BarView, LineView, Progress, Snapshot
-from nightbatch.commands.render import clock, cost, cost_detail, duration, human_bytes, live_tokens
+from nightbatch.commands.render import (
+    clock,
+    cost,
+    cost_detail,
+    describe,
+    duration,
+    human_bytes,
+    live_tokens,
+    show,
+    table,
+)
 
 
 def batch(
@@ -82,6 +93,12 @@ def snap(status: str, done: int, total: int = 100, failed: int = 0) -> Snapshot:
     return Snapshot(status, done - failed, failed, total, 2.0 if done else None, None, 30.0 if done else None)
 
 
+def plain(rendered: str) -> list[str]:
+    """The lines rich drew, without its control codes, one per redraw."""
+    text = re.sub(r"\x1b\[[0-9;?]*[a-zA-Z]", "", rendered)
+    return [line.rstrip() for line in text.replace("\n", "\r").split("\r") if line.strip()]
+
+
 def test_the_bar_redraws_one_line_in_place(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "120")
     term = Terminal()
@@ -89,20 +106,43 @@ def test_the_bar_redraws_one_line_in_place(monkeypatch: pytest.MonkeyPatch) -> N
     view.show(snap("in_progress", 50, failed=3))
     view.show(snap("completed", 100))
     view.close()
-    first, second = term.getvalue().split("\r")[1:]
-    assert first.startswith("in_progress [###############---------------]   50%  50/100 done · 3 failed")
-    assert first.rstrip().endswith("2.0 req/s  ETA 0:30")
-    assert second.startswith("completed   [##############################]  100%  100/100 done  2.0 req/s")
-    assert len(second) == len(first) + 1  # padded over the longer line before it, then the newline
-    assert second.endswith("\n")
+    lines = plain(term.getvalue())
+    assert lines[0].startswith("in_progress ")
+    assert lines[0].endswith(" 50% 50/100 done · 3 failed  2.0 req/s  ETA 0:30")
+    assert lines[-1].startswith("completed ") and lines[-1].endswith("100% 100/100 done  2.0 req/s")
+    assert term.getvalue().endswith("\n\x1b[?25h")  # a newline after the last redraw, the cursor back
 
 
 def test_the_bar_fits_a_narrow_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "80")
     term = Terminal()
-    BarView(term).show(Snapshot("in_progress", 520_000, 3_000, 1_000_000, 900.0, 12_345.0, 3723.0))
-    line = term.getvalue()[1:]
-    assert line == "in_progress [######------]  523,000/1,000,000 done · 3,000 failed  ETA 1:02:03"
+    view = BarView(term)
+    view.show(Snapshot("in_progress", 520_000, 3_000, 1_000_000, 900.0, 12_345.0, 3723.0))
+    view.close()
+    line = plain(term.getvalue())[-1]
+    assert len(line) <= 80
+    assert line.endswith("52% 523,000/1,000,000 done · 3,000 failed  12k tok/s  ETA 1:02:03")
+
+
+def test_status_and_list_are_plain_text_off_a_terminal() -> None:
+    out = io.StringIO()
+    b = batch(done=5)
+    show(out, b)
+    assert out.getvalue() == describe(b) + "\n"
+    out = io.StringIO()
+    show(out, batches=[b])
+    assert out.getvalue() == table([b]) + "\n"
+    assert "\x1b[" not in out.getvalue()
+
+
+def test_status_and_list_are_coloured_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", "160")
+    term = Terminal()
+    b = batch(done=5)
+    show(term, batches=[b])
+    assert "\x1b[36min_progress" in term.getvalue()  # cyan
+    header = next(line for line in plain(term.getvalue()) if "STATUS" in line)
+    assert re.findall(r"[A-Z]+", header) == ["ID", "STATUS", "PROGRESS", "CREATED", "ENDPOINT"]
 
 
 def test_lines_without_a_terminal_come_on_change_and_not_too_often() -> None:

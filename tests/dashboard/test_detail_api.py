@@ -8,12 +8,14 @@ from typing import TYPE_CHECKING, Any
 
 import requests
 
-from gpu_worker.checkpoints import MAX_SAMPLES, Checkpointer, progress_key, thin
+from gpu_worker.checkpoints import MAX_SAMPLES, Checkpointer, thin
 from gpu_worker.results import ResultLine
+from nightbatch import layout
 from nightbatch.batch_detail import progress_series
+from nightbatch.layout import progress_key
 from nightbatch.notifications.delivery import delivery_id
 from nightbatch.notifications.events import event_pk
-from nightbatch.pipeline import layout
+from nightbatch.storage.records import DeliveryRecord, WebhookEndpointRecord
 from tests.dashboard.test_dashboard_browser import create_batch, put_file
 from tests.support.lifecycle import drive
 
@@ -102,12 +104,12 @@ def test_detail_reports_shards_timings_progress_and_deliveries(api_server: ApiSe
     drive(services, batch_id, "finalizing", "completed")
     table.put({"pk": event_pk(batch_id, "completed"), "kind": "event", "event_id": "evt_1",
                "type": "batch.completed", "created_at": 123, "emailed_to": ["ops@example.com"]})
-    table.put({"pk": "we_1", "kind": "webhook_endpoint", "owner": "default#webhook_endpoint",
-               "owner_sk": "1", "url": "https://example.com/hook"})
-    table.put({"pk": delivery_id("evt_1", "we_1"), "kind": "webhook_delivery", "endpoint_id": "we_1",
-               "event_id": "evt_1", "event_type": "batch.completed", "batch_id": batch_id,
-               "status": "succeeded", "created_at": 124,
-               "attempts": [{"attempt": 1, "attempted_at": 125, "status_code": 200, "duration_ms": 12}]})
+    table.put_record(WebhookEndpointRecord(pk="whep_1", tenant="default", created_at=1, event_types=[],
+                                           name="hook", url="https://example.com/hook", secret="whsec_x"))
+    table.put_record(DeliveryRecord(
+        pk=delivery_id("evt_1", "whep_1"), tenant="default", endpoint_id="whep_1", event_id="evt_1",
+        event_type="batch.completed", batch_id=batch_id, body="{}", status="succeeded", created_at=124,
+        attempts=[{"attempt": 1, "attempted_at": 125, "status_code": 200, "duration_ms": 12}]))
     detail = get(api_server, f"/nightbatch/batches/{batch_id}/detail").json()
     assert [s["state"] for s in detail["shards"]] == ["completed", "not_started"]
     notes: dict[str, Any] = detail["notifications"]

@@ -12,8 +12,8 @@ import pytest
 
 import nightbatch.clock
 from gpu_worker.engines.base import EngineFailedError, EngineReply
+from nightbatch import layout
 from nightbatch.batches import CreateBatchRequest
-from nightbatch.pipeline import layout
 from nightbatch.services import Services, default_services
 from tests.infra.moto_workflow import (
     MOTO_CONFIG,

@@ -20,9 +20,9 @@ from moto import mock_aws
 from openai.types.webhooks import BatchFailedWebhookEvent
 
 from functions.tasks.notify import default_notifier
+from nightbatch import layout
 from nightbatch.batches import CreateBatchRequest
 from nightbatch.notifications.models import CreateWebhookEndpointRequest
-from nightbatch.pipeline import layout
 from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services, default_services
 from nightbatch.settings import get_settings

@@ -152,7 +152,7 @@ def test_file_deleted_before_composition_leaves_nothing_behind(
     ids = [uploads.add_part("default", up.id, io.BytesIO(b"abc"), 3).id for _ in range(2)]
     done = uploads.complete("default", up.id, CompleteUploadRequest(part_ids=ids))
     assert done.file is not None
-    assert b"".join(stack.services.files.chunks(stack.file_item(done.file.id))) == b"abcabc"
+    assert b"".join(stack.services.files.chunks(stack.services.files.item("default", done.file.id))) == b"abcabc"
     stack.services.files.delete("default", done.file.id)
     stack.jobs.drain()
     assert stack.part_keys(up.id) == []

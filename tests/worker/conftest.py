@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from moto import mock_aws
 
-from gpu_worker.shard import CHECKPOINT_RE, done_key, results_prefix, shard_key
 from nightbatch.ids import new_batch_id
+from nightbatch.layout import CHECKPOINT_RE, done_key, results_prefix, shard_key
 from nightbatch.local.aws import FAKE_CREDENTIALS
 from nightbatch.pipeline.segments import segment_line
 from nightbatch.settings import Settings
@@ -109,7 +109,7 @@ class ShardWorld:
         return first, duplicates
 
     def done_marker(self) -> dict[str, Any] | None:
-        raw = self.adapters.blobs.get_bytes(done_key(self.prefix))
+        raw = self.adapters.blobs.get_bytes(done_key(self.batch_id, self.shard_id))
         return None if raw is None else dict(json.loads(raw))
 
 

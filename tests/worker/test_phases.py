@@ -11,8 +11,8 @@ import pytest
 
 from gpu_worker.main import main
 from nightbatch.accounting import collect_shard_times
+from nightbatch.layout import batch_prefix
 from nightbatch.phases import PHASES, Phases, describe, summarize
-from nightbatch.pipeline.layout import batch_prefix
 from nightbatch.settings import get_settings
 
 from .conftest import ShardWorld, chat_requests

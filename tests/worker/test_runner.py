@@ -11,8 +11,8 @@ import pytest
 from gpu_worker.engines.base import EngineFailedError, EngineReply
 from gpu_worker.results import result_line
 from gpu_worker.runner import ShardJob, ShardReport, run_shard
-from gpu_worker.shard import checkpoint_key, done_key
 from nightbatch.ids import batch_request_id
+from nightbatch.layout import checkpoint_key, done_key
 from nightbatch.settings import LOCAL_MODELS, ModelSpec, Settings
 from nightbatch.wire import BatchRequestOutput
 from tests.support.deterministic_engine import DeterministicEngine
@@ -246,7 +246,7 @@ def test_a_stopped_batch_runs_nothing(world: ShardWorld, status: str) -> None:
 
 def test_a_done_shard_is_not_run_again(world: ShardWorld) -> None:
     world.seed(chat_requests(5))
-    world.adapters.blobs.put_bytes(done_key(world.prefix), b"{}")
+    world.adapters.blobs.put_bytes(done_key(world.batch_id, world.shard_id), b"{}")
     engine = DeterministicEngine(CHAT_SPEC)
     report = run(world, engine)
     assert report.finished and report.stopped_reason is None and engine.received == []

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from nightbatch import layout
 from nightbatch.ids import batch_request_id
 from nightbatch.jsonl import dumps_line
-from nightbatch.pipeline import BatchTaskInput, finalize_batch, layout, plan_batch, validate_batch
+from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.pipeline.compose import MIN_PART_BYTES, PartComposer
 from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services

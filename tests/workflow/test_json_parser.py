@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nightbatch import layout
 from nightbatch.jsonl import dumps_line, loads
-from nightbatch.pipeline import BatchTaskInput, layout, validate_batch
+from nightbatch.pipeline import BatchTaskInput, validate_batch
 from nightbatch.pipeline.results import ResultSummary, summarize_result_line
 from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nightbatch import lifecycle
+from nightbatch import layout, lifecycle
 from nightbatch.ids import batch_request_id, new_request_id
 from nightbatch.jsonl import dumps_line
-from nightbatch.pipeline import BatchTaskInput, finalize_batch, layout, plan_batch, validate_batch
+from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services
 from nightbatch.wire import BatchRequestOutput

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from typing import Any
 
-from nightbatch.pipeline import BatchTaskInput, layout, plan_batch, validate_batch
+from nightbatch import layout
+from nightbatch.layout import SegmentEntry
+from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.pipeline.placement import place_by_prefix
 from nightbatch.pipeline.prefixes import prefix_group
 from nightbatch.pipeline.segments import parse_segment_line
@@ -14,18 +15,18 @@ from nightbatch.services import Services
 from tests.workflow.conftest import jsonl, make_batch
 
 
-def seg(i: int, est: int, group: int = 0) -> dict[str, Any]:
-    return {"key": f"s{i:04d}", "lines": 1, "est": est, **({"group": group} if group else {})}
+def seg(i: int, est: int, group: int = 0) -> SegmentEntry:
+    return SegmentEntry(key=f"s{i:04d}", lines=1, est=est, group=group)
 
 
 def test_groups_stay_together_and_shards_stay_balanced() -> None:
     segs = [seg(i, 10, group=1 + i % 3) for i in range(30)] + [seg(100 + i, 10) for i in range(10)]
     contiguous = [segs[i::4] for i in range(4)]
     out = place_by_prefix(contiguous)
-    assert sorted(s["key"] for shard in out for s in shard) == sorted(s["key"] for s in segs)
-    loads = [sum(s["est"] for s in shard) for shard in out]
+    assert sorted(s.key for shard in out for s in shard) == sorted(s.key for s in segs)
+    loads = [sum(s.est for s in shard) for shard in out]
     assert max(loads) - min(loads) <= 10
-    spread = {g: sum(1 for shard in out if any(s.get("group") == g for s in shard)) for g in (1, 2, 3)}
+    spread = {g: sum(1 for shard in out if any(s.group == g for s in shard)) for g in (1, 2, 3)}
     assert sum(spread.values()) <= 3 + 4 - 1  # each group in one shard, plus at most one spill per boundary
 
 

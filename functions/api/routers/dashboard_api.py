@@ -48,7 +48,7 @@ def preview_file(
         close = getattr(chunks, "close", None)
         if close is not None:
             close()  # releases the S3 body early
-    complete = read >= int(item["bytes"])
+    complete = read >= item.bytes
     parts = buf.split(b"\n")
     out: list[dict[str, Any]] = []
     for i, line in enumerate(parts[:lines]):
@@ -66,5 +66,5 @@ def preview_file(
             entry.update(text=text, truncated=cut)
         out.append(entry)
     shown = sum(len(x) + 1 for x in parts[:lines])
-    return {"object": "nightbatch.file_preview", "file_id": file_id, "bytes": item["bytes"], "lines": out,
-            "has_more": shown < int(item["bytes"])}
+    return {"object": "nightbatch.file_preview", "file_id": file_id, "bytes": item.bytes, "lines": out,
+            "has_more": shown < item.bytes}

@@ -10,13 +10,12 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 from functions.api.deps import Principal, PrincipalDep, ServicesDep
 from functions.api.idempotency import IdempotencyDep
 from nightbatch.downloads import locate as locate_download
-from nightbatch.errors import InvalidRequestError, PayloadTooLargeError
 from nightbatch.services import Services
+from nightbatch.storage.records import FileRecord
 from nightbatch.wire import DeletedFile, FileObject, ListPage
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 
-UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
 JSONL_MEDIA_TYPE = "application/jsonl; charset=utf-8"
 
 
@@ -38,31 +37,12 @@ def _create_file(
     principal: Principal, services: Services, purpose: str, file: UploadFile,
     expires_after_anchor: str | None, expires_after_seconds: int | None,
 ) -> FileObject:
-    if purpose not in UPLOAD_PURPOSES:
-        raise InvalidRequestError(
-            f"Invalid value: '{purpose}'. Supported values are: "
-            + ", ".join(f"'{p}'" for p in UPLOAD_PURPOSES) + ".",
-            param="purpose", code="invalid_value",
-        )
-    if expires_after_anchor is not None and expires_after_anchor != "created_at":
-        raise InvalidRequestError(
-            f"Invalid value: '{expires_after_anchor}'. Supported values are: 'created_at'.",
-            param="expires_after[anchor]", code="invalid_value",
-        )
-    limit = services.settings.max_upload_bytes
     file.file.seek(0, 2)
     size = file.file.tell()
     file.file.seek(0)
-    if size > limit:
-        raise PayloadTooLargeError(
-            f"File is {size} bytes, over the {limit} byte limit for POST /v1/files on this deployment. "
-            "Upload larger files with the Uploads API (POST /v1/uploads; in the OpenAI SDK "
-            "client.uploads.upload_file_chunked(..., part_size=4 * 1024 * 1024)).",
-            param="file",
-        )
-    return services.files.create(
+    return services.files.upload(
         principal.tenant, filename=file.filename or "upload", purpose=purpose, fileobj=file.file, size=size,
-        expires_after_seconds=expires_after_seconds,
+        expires_after_seconds=expires_after_seconds, expires_after_anchor=expires_after_anchor,
     )
 
 
@@ -83,7 +63,7 @@ def retrieve_file(file_id: str, request: Request, principal: PrincipalDep, servi
     item = services.files.item(principal.tenant, file_id)
     if (
         services.settings.seed_compat_file_get
-        and item["purpose"] == "batch_output"
+        and item.purpose == "batch_output"
         and "application/json" not in request.headers.get("accept", "")
     ):
         # ARCHITECTURE decision 7: the `requests` quickstart downloads results from this URL.
@@ -101,13 +81,13 @@ def file_content(file_id: str, principal: PrincipalDep, services: ServicesDep) -
     return content_response(services, services.files.item(principal.tenant, file_id))
 
 
-def content_response(services: Services, item: dict[str, Any]) -> Response:
+def content_response(services: Services, item: FileRecord) -> Response:
     # Past what a Lambda response can carry: 307 to a pre-signed S3 URL (nightbatch.downloads).
     target = locate_download(services.settings, services.files.blobs, item)
     if target is not None:
         return RedirectResponse(target.url, status_code=307, headers={"cache-control": "no-store"})
-    media = JSONL_MEDIA_TYPE if item["filename"].endswith(".jsonl") else "application/octet-stream"
+    media = JSONL_MEDIA_TYPE if item.filename.endswith(".jsonl") else "application/octet-stream"
     return StreamingResponse(
         services.files.chunks(item), media_type=media,
-        headers={"content-length": str(item["bytes"])},
+        headers={"content-length": str(item.bytes)},
     )

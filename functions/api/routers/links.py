@@ -32,14 +32,14 @@ def download_file(file_id: str, services: ServicesDep, expires: str = "", sig: s
                   ak: str = "") -> Response:
     item = open_link(services.files, file_id, expires, sig, kid=kid, ak=ak, keys=link_keys_from(services.adapters))
     headers = {"cache-control": "no-store", "referrer-policy": "no-referrer"}
-    if item.get("parts"):
+    if item.parts:
         # A file composed of upload parts has no single S3 object to pre-sign: stream it through.
         response = content_response(services, item)
         response.headers.update(headers)
-        response.headers["content-disposition"] = f'attachment; filename="{_ascii(item["filename"])}"'
+        response.headers["content-disposition"] = f'attachment; filename="{_ascii(item.filename)}"'
         return response
     url = services.adapters.blobs.presign_get(
-        item["s3_key"], expires=PRESIGN_SECONDS, filename=item["filename"]
+        item.s3_key, expires=PRESIGN_SECONDS, filename=item.filename
     )
     return RedirectResponse(url, status_code=307, headers=headers)
 

@@ -8,8 +8,6 @@ from fastapi import APIRouter, File, UploadFile
 
 from functions.api.deps import Principal, PrincipalDep, ServicesDep
 from functions.api.idempotency import IdempotencyDep
-from functions.api.routers.files import UPLOAD_PURPOSES
-from nightbatch.errors import InvalidRequestError
 from nightbatch.services import Services
 from nightbatch.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.wire import Upload, UploadPart
@@ -26,12 +24,6 @@ def create_upload(
 
 
 def _create_upload(body: CreateUploadRequest, principal: Principal, services: Services) -> Upload:
-    if body.purpose not in UPLOAD_PURPOSES:
-        raise InvalidRequestError(
-            f"Invalid value: '{body.purpose}'. Supported values are: "
-            + ", ".join(f"'{p}'" for p in UPLOAD_PURPOSES) + ".",
-            param="purpose", code="invalid_value",
-        )
     return services.uploads.create(principal.tenant, body)
 
 

@@ -7,7 +7,6 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Query
 
 from functions.api.deps import PrincipalDep, ServicesDep
-from nightbatch.errors import InvalidRequestError
 from nightbatch.notifications import Notifier
 from nightbatch.notifications.models import (
     BATCH_EVENT_TYPES,
@@ -28,9 +27,7 @@ router = APIRouter(prefix="/v1", tags=["webhooks"])
 
 
 def get_notifier(services: ServicesDep) -> Notifier:
-    # The API never enqueues (the Notify step does), so it needs no queue, topic or mailer.
-    return Notifier(settings=services.settings, table=services.adapters.table, topic=None, mailer=None, queue=None,
-                    adapters=services.adapters)  # the KMS key that seals signing secrets
+    return services.notifier
 
 
 NotifierDep = Annotated[Notifier, Depends(get_notifier)]
@@ -79,21 +76,7 @@ def rotate_secret(
 def test_endpoint(
     endpoint_id: str, body: TestWebhookRequest, principal: PrincipalDep, notifier: NotifierDep
 ) -> WebhookEndpointTestResult:
-    if body.event_type not in BATCH_EVENT_TYPES:
-        raise InvalidRequestError(
-            f"Invalid value: '{body.event_type}'. Supported values are: "
-            + ", ".join(f"'{t}'" for t in BATCH_EVENT_TYPES) + ".",
-            param="event_type", code="invalid_value",
-        )
-    endpoint = notifier.endpoints.item(principal.tenant, endpoint_id)
-    result = notifier.deliveries.send_test(endpoint, body.event_type)
-    if result.status_code is None:
-        raise InvalidRequestError(
-            f"The test event could not be delivered to {endpoint['url']}: {result.error}.",
-            param="webhook_endpoint_id", code="webhook_unreachable",
-        )
-    return WebhookEndpointTestResult(event_type=body.event_type, status_code=result.status_code,
-                                     webhook_endpoint_id=endpoint_id)
+    return notifier.test_endpoint(principal.tenant, endpoint_id, body.event_type)
 
 
 @router.get("/webhook_event_types", response_model=WebhookEventTypeList)
