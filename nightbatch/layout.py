@@ -97,6 +97,14 @@ def accounting_key(prefix: str, attempt: str) -> str:
     return f"{prefix}acct-{attempt}.json"
 
 
+CAPACITY_PREFIX = "capacity-"
+
+
+def capacity_key(prefix: str, attempt: int) -> str:
+    """Capacity's decision for one attempt of a shard (nightbatch.pipeline.capacity)."""
+    return f"{prefix}{CAPACITY_PREFIX}{attempt:02d}.json"
+
+
 def progress_key(prefix: str, attempt: str) -> str:
     return f"{prefix}progress-{attempt}.json"
 

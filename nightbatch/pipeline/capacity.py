@@ -31,7 +31,6 @@ from nightbatch.settings import Settings
 Capacity = Literal["spot", "on-demand"]
 # statusReason prefixes that mean "Spot could not hold or place this job" (aws-gpu-fleet-notes §1.4, §2.3).
 SPOT_SHORTAGE = ("Host EC2", "CAPACITY:", "MISCONFIGURATION:COMPUTE_ENVIRONMENT_MAX_RESOURCE")
-RECORD_PREFIX = "capacity-"
 
 
 class CapacityDecision(BaseModel):
@@ -68,8 +67,8 @@ def remaining_work_seconds(services: Services, batch_id: str) -> float:
     """Wall seconds the batch's unfinished shards still need on max_gpus GPUs, one cold start each."""
     settings, blobs = services.settings, services.adapters.blobs
     manifest = json.loads(blobs.get_bytes(layout.manifest_key(batch_id)) or b"[]")
-    done = {k.split("/")[-2] for k in blobs.list_keys(layout.batch_prefix(batch_id) + "results/")
-            if k.endswith("/_done.json")}
+    done = {k.split("/")[-2] for k in blobs.list_keys(layout.all_results_prefix(batch_id))
+            if k.endswith("/" + layout.DONE_NAME)}
     tokens, shards = 0, 0
     for item in manifest:
         if item["shard_id"] in done:
@@ -146,7 +145,7 @@ def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
         else:
             decision = choose("spot", f"slack {slack:.0f} s >= margin {settings.capacity_margin_seconds:.0f} s")
     services.adapters.blobs.put_bytes(
-        f"{layout.results_prefix(batch_id, shard_id)}{RECORD_PREFIX}{attempt:02d}.json",
+        layout.capacity_key(layout.results_prefix(batch_id, shard_id), attempt),
         json.dumps({"at": t, **decision.model_dump(exclude={"retry_strategy"})}).encode(),
         content_type="application/json")
     return decision
@@ -155,8 +154,8 @@ def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
 def collect_decisions(services: Services, batch_id: str, limit: int = 50) -> list[dict[str, Any]]:
     """Every shard's decisions, in order, for the batch's extension (at most `limit` entries)."""
     blobs = services.adapters.blobs
-    keys = sorted(k for k in blobs.list_keys(layout.batch_prefix(batch_id) + "results/")
-                  if k.rsplit("/", 1)[-1].startswith(RECORD_PREFIX))
+    keys = sorted(k for k in blobs.list_keys(layout.all_results_prefix(batch_id))
+                  if k.rsplit("/", 1)[-1].startswith(layout.CAPACITY_PREFIX))
     out: list[dict[str, Any]] = []
     for key in keys[:limit]:
         rec = json.loads(blobs.get_bytes(key) or b"{}")

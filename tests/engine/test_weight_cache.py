@@ -15,6 +15,7 @@ from moto import mock_aws
 
 from gpu_worker.weight_cache import READY, STREAMER, cache_prefix, resolve_weights, select_files
 from nightbatch.settings import ModelSpec
+from tests.support.hub import hub_not_offline
 
 BUCKET = "nb-data"
 SPEC = ModelSpec(name="Tiny-1B-Instruct", source="hf:org/tiny@abc123")
@@ -133,6 +134,11 @@ def test_s3_source_with_safetensors_streams_from_it(s3: Any, tmp_path: Path) -> 
 
 
 def test_streamer_path_builds_runai_engine_args() -> None:
+    with hub_not_offline():
+        _streamer_path_builds_runai_engine_args()
+
+
+def _streamer_path_builds_runai_engine_args() -> None:
     from gpu_worker.engines.vllm_engine import _split_args
 
     uri = f"s3://{BUCKET}/models/Tiny-1B-Instruct@abc123/0123/"
