@@ -14,7 +14,7 @@ from nightbatch.batch_detail import progress_series
 from nightbatch.notifications.delivery import delivery_id
 from nightbatch.notifications.events import event_pk
 from nightbatch.pipeline import layout
-from tests.dashboard.test_dashboard_browser import create_batch, put_file
+from tests.dashboard.conftest import create_batch, put_file
 from tests.support.lifecycle import drive
 
 if TYPE_CHECKING:
