@@ -1,8 +1,10 @@
 """Control-plane bench: validate + plan + finalize wall time and peak RSS, next to the floor.
 
-The floor reads the same input object from the same S3 endpoint and parses every line with the same JSON
-parser (the standard library's `json`). S3 is moto's server in another process. Each measurement runs in a
-fresh child process so that its peak RSS is its own.
+The floor reads the same input object from the same S3 endpoint and parses every line. Two floors are
+printed: with the standard library's `json` and with msgspec, the compiled parser nightbatch uses on its hot
+paths; the speed ratio is taken against the msgspec floor (the same parser on both sides). S3 is moto's server
+in another process. Each measurement runs in a fresh child process so that its peak RSS is its own; each size
+runs `--repeat` times (floors and ours alternating) and the table shows medians with the min..max spread.
 
     .venv/bin/python -m bench.control_plane --sizes 10,10000,100000,1000000
 """
@@ -14,6 +16,7 @@ import io
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -132,16 +135,19 @@ def child_ours(batch_id: str) -> dict[str, Any]:
             "total": batch.request_counts.total}
 
 
-def child_floor(file_key: str) -> dict[str, Any]:
+def child_floor(file_key: str, parser: str) -> dict[str, Any]:
+    import msgspec
+
     from nightbatch.jsonl import split_lines
     from nightbatch.storage import make_adapters
 
+    parse = msgspec.json.Decoder().decode if parser == "msgspec" else json.loads
     blobs = make_adapters(settings()).blobs
     t0 = time.perf_counter()
     n = 0
     for raw in split_lines(blobs.iter_chunks(file_key), max_bytes=1 << 20):
         if raw.data:
-            json.loads(raw.data)
+            parse(raw.data)
             n += 1
     return {"seconds": time.perf_counter() - t0, "lines": n}
 
@@ -162,7 +168,11 @@ def run_child(kind: str, arg: str, env: dict[str, str]) -> dict[str, Any]:
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def measure(sizes: list[int]) -> list[dict[str, Any]]:
+def spread(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.2f} ({min(xs):.2f}..{max(xs):.2f})"
+
+
+def measure(sizes: list[int], repeat: int = 1) -> list[dict[str, Any]]:
     proc, url = start_s3()
     env = {**os.environ, "AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
@@ -176,40 +186,58 @@ def measure(sizes: list[int]) -> list[dict[str, Any]]:
         a.client("s3").create_bucket(Bucket=BUCKET)
         create_table(a.client("dynamodb"), TABLE)
         for n in sizes:
-            prep = prepare(n)
-            floor = run_child("floor", prep["file_key"], env)
-            ours = run_child("ours", prep["batch_id"], env)
-            assert ours["total"] == n and ours["completed"] == n, ours
-            rows.append({"lines": n, "mb": prep["bytes"] / 1e6, "floor_s": floor["seconds"],
-                         "floor_rss_mb": floor["rss_mb"], "ours_s": ours["seconds"], "ours_rss_mb": ours["rss_mb"],
-                         "speed_vs_floor": floor["seconds"] / ours["seconds"] if ours["seconds"] else 0.0})
+            runs: dict[str, list[dict[str, Any]]] = {"std": [], "fast": [], "ours": []}
+            for r in range(repeat):
+                prep = prepare(n)  # a fresh batch each run (Validate and Finalize run once per batch)
+                order = ["std", "fast", "ours"] if r % 2 == 0 else ["ours", "fast", "std"]
+                for kind in order:
+                    if kind == "ours":
+                        res = run_child("ours", prep["batch_id"], env)
+                        assert res["total"] == n and res["completed"] == n, res
+                    else:
+                        res = run_child("floor-" + ("msgspec" if kind == "fast" else "stdlib"), prep["file_key"],
+                                        env)
+                    runs[kind].append(res)
+            secs = {k: [x["seconds"] for x in v] for k, v in runs.items()}
+            rows.append({"lines": n, "mb": prep["bytes"] / 1e6, "std_s": spread(secs["std"]),
+                         "fast_s": spread(secs["fast"]), "ours_s": spread(secs["ours"]),
+                         "speed": [f / o for f, o in zip(secs["fast"], secs["ours"], strict=True)],
+                         "speed_std": [f / o for f, o in zip(secs["std"], secs["ours"], strict=True)],
+                         "floor_rss_mb": max(x["rss_mb"] for x in runs["fast"]),
+                         "ours_rss_mb": max(x["rss_mb"] for x in runs["ours"])})
     finally:
         proc.terminate()
         proc.wait()
     return rows
 
 
-def print_table(rows: list[dict[str, Any]]) -> None:
-    print("parser: Python stdlib json.loads (both sides); S3: moto server in another process")
-    print(f"{'lines':>9} {'MB':>8} {'floor s':>9} {'ours s':>9} {'speed/floor':>12} {'floor RSS MB':>13} "
-          f"{'ours RSS MB':>12}")
+def print_table(rows: list[dict[str, Any]], repeat: int) -> None:
+    print(f"S3: moto server in another process; {repeat} runs per size, alternating order; "
+          "median (min..max); RSS = the highest peak")
+    print("| lines | MB | floor, stdlib json (s) | floor, msgspec (s) | nightbatch (s) | speed vs msgspec floor "
+          "(goal >= 50 %) | speed vs stdlib floor | peak RSS floor / ours (MB) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"{r['lines']:>9} {r['mb']:>8.1f} {r['floor_s']:>9.2f} {r['ours_s']:>9.2f} "
-              f"{r['speed_vs_floor']:>11.0%} {r['floor_rss_mb']:>13.0f} {r['ours_rss_mb']:>12.0f}")
+        sp, sd = r["speed"], r["speed_std"]
+        print(f"| {r['lines']} | {r['mb']:.1f} | {r['std_s']} | {r['fast_s']} | {r['ours_s']} | "
+              f"{statistics.median(sp):.0%} ({min(sp):.0%}..{max(sp):.0%}) | "
+              f"{statistics.median(sd):.0%} ({min(sd):.0%}..{max(sd):.0%}) | "
+              f"{r['floor_rss_mb']:.0f} / {r['ours_rss_mb']:.0f} |")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="10,10000,100000,1000000")
+    p.add_argument("--repeat", type=int, default=3, help="runs per size (default 3)")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         kind, arg = args.child
-        result = child_ours(arg) if kind == "ours" else child_floor(arg)
+        result = child_ours(arg) if kind == "ours" else child_floor(arg, kind.removeprefix("floor-"))
         result["rss_mb"] = peak_rss_mb()
         print(json.dumps(result))
         return
-    print_table(measure([int(x) for x in args.sizes.split(",")]))
+    print_table(measure([int(x) for x in args.sizes.split(",")], args.repeat), args.repeat)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from gpu_worker.shard import load_shard
 from gpu_worker.watch import BATCH_REASONS, read_stop_reason
 from nightbatch.logs import configure_logging, log_context
 from nightbatch.metrics import emit
+from nightbatch.phases import Phases
 from nightbatch.pipeline.layout import results_prefix
 from nightbatch.settings import ModelSpec, Settings, get_settings
 from nightbatch.storage import Adapters, make_adapters
@@ -36,6 +37,7 @@ EXIT_INTERRUPTED = 128 + signal.SIGTERM  # the shell's convention for "terminate
 
 
 def main(argv: list[str] | None = None) -> int:
+    phases = Phases()  # the container's start: its process's
     parser = argparse.ArgumentParser(prog="python -m gpu_worker", description="Run one shard of a batch.")
     parser.add_argument("--engine", default=None,
                         help="module:Class of an engine taking a ModelSpec (default: the vLLM engine; "
@@ -59,13 +61,16 @@ def main(argv: list[str] | None = None) -> int:
     engine_path = args.engine or settings.worker_engine
     try:
         with log_context(batch_id=batch_id, shard_id=shard_id):
-            return asyncio.run(serve_shard(job, settings, adapters, engine_path=engine_path))
+            return asyncio.run(serve_shard(job, settings, adapters, engine_path=engine_path, phases=phases))
     except Exception:
         log.exception("shard %s/%s failed", batch_id, shard_id)
         return EXIT_ERROR
 
 
-async def serve_shard(job: ShardJob, settings: Settings, adapters: Adapters, *, engine_path: str) -> int:
+async def serve_shard(
+    job: ShardJob, settings: Settings, adapters: Adapters, *, engine_path: str, phases: Phases | None = None
+) -> int:
+    phases = phases or Phases()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -81,13 +86,14 @@ async def serve_shard(job: ShardJob, settings: Settings, adapters: Adapters, *, 
     if spec is None:
         raise LookupError(f"model {shard.model!r} of shard {job.shard_id} is not in the model registry")
     started = time.monotonic()
-    engine = await build_engine(spec, engine_path, adapters)
+    engine = await build_engine(spec, engine_path, adapters, phases)
     try:
         await engine.start()
+        phases.mark("engine_ready")
         load_seconds = time.monotonic() - started
         report = await run_shard(
             job, engine=engine, blobs=blobs, table=table, settings=settings, stop=stop,
-            model_load_seconds=load_seconds,
+            model_load_seconds=load_seconds, phases=phases,
         )
     finally:
         await engine.stop()
@@ -99,20 +105,31 @@ async def serve_shard(job: ShardJob, settings: Settings, adapters: Adapters, *, 
         "PromptTokens": report.input_tokens, "CompletionTokens": report.output_tokens,
         "ShardDurationSeconds": round(time.monotonic() - started, 3), "ShardAttempt": max(1, attempts),
     }, units={"ShardDurationSeconds": "Seconds"})
+    emit(settings, phases.metrics(), units=dict.fromkeys(phases.metrics(), "Seconds"),
+         dimensions={"WeightsSource": phases.weights_source or "unknown"})
     return await exit_code(report, job, adapters)
 
 
-async def build_engine(spec: ModelSpec, engine_path: str, adapters: Adapters) -> Engine:
+async def build_engine(spec: ModelSpec, engine_path: str, adapters: Adapters, phases: Phases | None = None) -> Engine:
+    phases = phases or Phases()
     if engine_path:
         factory: Callable[[ModelSpec], Any] = load_engine_class(engine_path)
         engine: Engine = factory(spec)
+        phases.weights_source = "engine"  # an engine of its own (tests, benches) loads nothing here
+        phases.mark("weights_ready")
         return engine
     # Imported here: vLLM is heavy and only the engine module may import it.
     from gpu_worker.engines.vllm_engine import VllmEngine  # type: ignore[import-not-found,unused-ignore]
-    from gpu_worker.model_prep import resolve_model_dir  # type: ignore[import-not-found,unused-ignore]
+    from gpu_worker.weight_cache import resolve_weights
 
-    model_dir = await asyncio.to_thread(resolve_model_dir, spec, s3_client=adapters.client("s3"))
-    vllm_engine: Engine = VllmEngine(spec, model_dir=model_dir)
+    settings = get_settings()
+    # In AWS the stack's bucket caches Hugging Face weights (models/<name>@<revision>/); locally nothing does.
+    bucket = settings.bucket if settings.mode == "aws" else ""
+    weights = await asyncio.to_thread(resolve_weights, spec, bucket=bucket, s3=adapters.client("s3"))
+    phases.weights_source = weights.source
+    phases.mark("weights_ready")
+    log.info("weights of %s from %s (%s)", spec.name, weights.source, weights.path)
+    vllm_engine: Engine = VllmEngine(spec, model_dir=weights.path, load_format=weights.load_format)
     return vllm_engine
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from gpu_worker.engines.base import EngineFailedError, EngineReply
 from nightbatch.ids import batch_request_id
+from nightbatch.jsonl import dumps_line
+from nightbatch.pipeline import results
 
 
 @dataclass(frozen=True)
@@ -43,15 +44,21 @@ def result_line(batch_id: str, custom_id: str, request_id: str, reply: EngineRep
         "response": {"status_code": reply.status_code, "request_id": request_id, "body": reply.body},
         "error": None,
     }
-    data = (json.dumps(line, separators=(",", ":"), ensure_ascii=False) + "\n").encode()
+    data = dumps_line(line)
+    if len(data) > results.MAX_RESULT_LINE:
+        # Finalize could not read it back: this request's error, rather than a silently unrun line.
+        return ResultLine(custom_id, results.oversized_result_line(batch_id, custom_id, len(data)), False, 0, 0)
     return ResultLine(custom_id, data, ok, input_tokens, output_tokens)
 
 
 def usage_tokens(body: dict[str, Any]) -> tuple[int, int]:
-    """(prompt, completion) tokens from an OpenAI body's `usage`; embeddings have no completion tokens."""
+    """(prompt, completion) tokens from an OpenAI body's `usage`; embeddings have no completion tokens, and a
+    Responses object names them input_tokens / output_tokens."""
     usage = body.get("usage")
     if not isinstance(usage, dict):
         return 0, 0
+    if "input_tokens" in usage:
+        return _int(usage.get("input_tokens")), _int(usage.get("output_tokens"))
     return _int(usage.get("prompt_tokens")), _int(usage.get("completion_tokens"))
 
 

@@ -30,12 +30,13 @@ from gpu_worker.shard import (
 )
 from gpu_worker.watch import read_stop_reason, watch_batch
 from nightbatch.ids import new_request_id
+from nightbatch.phases import Phases
 from nightbatch.settings import Settings
 from nightbatch.storage import BlobStore, Table
 
 log = logging.getLogger("gpu_worker.runner")
 
-GENERATE_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions"})
+GENERATE_ENDPOINTS = frozenset({"/v1/chat/completions", "/v1/completions", "/v1/responses"})
 # Lines read from S3 per thread hop; the read-ahead is bounded by this plus max_in_flight.
 READ_BLOCK = 256
 
@@ -69,6 +70,8 @@ class ShardReport(BaseModel):
     running_seconds: float = 0.0  # first request submitted -> last result in (bench/worker.py's running phase)
     finished: bool = False  # every line of the shard has a result and `_done.json` is written
     stopped_reason: str | None = None
+    # Seconds from container start to weights ready, engine ready, first result, done; the weights' source.
+    phases: dict[str, Any] = {}
 
 
 def with_default_max_tokens(endpoint: str, body: dict[str, Any], default: int) -> dict[str, Any]:
@@ -76,6 +79,8 @@ def with_default_max_tokens(endpoint: str, body: dict[str, Any], default: int) -
     "the rest of the context", which lets one request hold a GPU for minutes)."""
     if endpoint not in GENERATE_ENDPOINTS or default <= 0:
         return body
+    if endpoint == "/v1/responses":
+        return body if body.get("max_output_tokens") is not None else {**body, "max_output_tokens": default}
     if body.get("max_tokens") is not None or body.get("max_completion_tokens") is not None:
         return body
     return {**body, "max_tokens": default}
@@ -93,7 +98,7 @@ async def preflight(job: ShardJob, *, blobs: BlobStore, table: Table) -> str | N
 
 async def run_shard(
     job: ShardJob, *, engine: Engine, blobs: BlobStore, table: Table, settings: Settings,
-    stop: asyncio.Event | None = None, model_load_seconds: float = 0.0,
+    stop: asyncio.Event | None = None, model_load_seconds: float = 0.0, phases: Phases | None = None,
 ) -> ShardReport:
     """Runs what is left of a shard on a started engine. Returns when every line has a result (`finished`),
     or after a stop (batch cancelling/expired/terminal, or `stop` set) once in-flight requests are drained
@@ -108,7 +113,8 @@ async def run_shard(
     spec = await asyncio.to_thread(load_shard, blobs, job.batch_id, job.shard_id)
     prefix = results_prefix(job.batch_id, job.shard_id)
     progress = await asyncio.to_thread(read_progress, blobs, prefix)
-    run = _ShardRun(job, spec, engine, settings, progress, blobs=blobs, table=table, stop=stop)
+    run = _ShardRun(job, spec, engine, settings, progress, blobs=blobs, table=table, stop=stop,
+                    phases=phases or Phases())
     return await run.execute(report)
 
 
@@ -117,9 +123,10 @@ class _ShardRun:
 
     def __init__(
         self, job: ShardJob, spec: ShardSpec, engine: Engine, settings: Settings, progress: Progress, *,
-        blobs: BlobStore, table: Table, stop: asyncio.Event | None,
+        blobs: BlobStore, table: Table, stop: asyncio.Event | None, phases: Phases,
     ) -> None:
         self.job, self.spec, self.engine, self.settings, self.progress = job, spec, engine, settings, progress
+        self.phases = phases
         self.blobs, self.table, self.stop = blobs, table, stop
         self.attempt = secrets.token_hex(4)
         self.prefix = results_prefix(job.batch_id, job.shard_id)
@@ -247,6 +254,7 @@ class _ShardRun:
         line = result_line(self.job.batch_id, request.custom_id, request_id, reply)
         self.checkpointer.add(line)
         self.last_result = time.monotonic()
+        self.phases.mark("first_result", self.last_result)
         if line.ok:
             self.completed += 1
         else:
@@ -303,11 +311,13 @@ class _ShardRun:
         report.running_seconds = round(max(0.0, self.last_result - self.first_submit), 3)
         report.finished = finished
         report.stopped_reason = None if finished else (self.reason or "error")
+        self.phases.mark("done")
+        report.phases = self.phases.to_dict()
 
     def _write_accounting(self, report: ShardReport) -> None:
         record = {"attempt": self.attempt, "model_load_seconds": round(report.model_load_seconds, 3),
                   "inference_seconds": report.inference_seconds, "idle_seconds": report.idle_seconds,
-                  "finished": report.finished}
+                  "finished": report.finished, "phases": report.phases}
         self.blobs.put_bytes(f"{self.prefix}acct-{self.attempt}.json", json.dumps(record).encode(),
                              content_type="application/json")
 

@@ -57,6 +57,9 @@ def prompt_text(body: dict[str, Any]) -> str:
     tools = body.get("tools")
     if tools:
         parts.append(json.dumps(tools, sort_keys=True, separators=(",", ":")))
+    instructions = body.get("instructions")  # a Responses request's system turn
+    if isinstance(instructions, str):
+        parts.append(f"system\n{instructions}")
     messages = body.get("messages")
     if isinstance(messages, list):
         for message in messages:
@@ -75,6 +78,8 @@ def _content_text(content: Any) -> str:
         # Text parts of a message, a list of prompts, or token ids: all compare the same way as text.
         return "\n".join(_content_text(item) for item in content)
     if isinstance(content, dict):
+        if "content" in content:  # a Responses input item: {"role": …, "content": "…" or [parts]}
+            return f"{content.get('role', '')}\n{_content_text(content['content'])}"
         return str(content.get("text", ""))
     return "" if content is None else str(content)
 

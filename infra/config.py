@@ -7,6 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from infra.gpu_catalog import GPU_SHAPES, check_model_fit, is_fp8, params_billions, weights_gib
 from nightbatch.settings import ModelSpec, Settings
 
 # Context keys this app reads; anything else in the context belongs to the CDK itself.
@@ -22,6 +23,8 @@ CONTEXT_KEYS = (
     "runnableTimeoutMinutes",
     "finalizeMarginHours",
     "workerVolumeGiB",
+    "workerVolumeThroughputMiBps",
+    "workerVolumeIops",
     "limits",
     "notifications",
     "alarms",
@@ -31,16 +34,47 @@ CONTEXT_KEYS = (
 )
 
 
+# Settings `limits` may not set: secrets (CloudFormation parameters and Lambda environments are readable by
+# anyone with describe rights; the stack keeps secrets in Secrets Manager), the safety switch for private
+# webhook targets, resource wiring the stack sets itself, and development-only knobs.
+FORBIDDEN_LIMITS: dict[str, str] = {
+    **dict.fromkeys(("api_keys", "api_key", "link_secret", "api_keys_secret"), "a secret"),
+    "allow_private_targets": "lets webhooks reach the VPC and loopback; never in AWS",
+    **dict.fromkeys(("mode", "region", "bucket", "table", "state_machine_arn", "topic_arn", "job_queue",
+                     "webhook_queue_url", "upload_queue_url", "models_json", "batch_id", "shard_id",
+                     "worker_engine", "email_sender", "email_configuration_set", "base_url"),
+                    "set by the stack"),
+    **dict.fromkeys(("hour_seconds", "upload_compose_delay_seconds"), "development only"),
+}
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
+class ModelFleet(_Strict):
+    """How a model's AWS Batch job definition is shaped (deployment-only keys of a `models` entry)."""
+
+    # Instance types its jobs may run on; empty: the deployment's `gpuInstanceTypes`.
+    instance_types: tuple[str, ...] = Field((), alias="instanceTypes")
+    # /dev/shm of the container (tensor-parallel workers exchange data through it); 0: 2 GiB + 4 GiB per extra GPU.
+    shared_memory_gib: int = Field(0, alias="sharedMemoryGiB", ge=0)
+    # Weights in GPU memory; 0: from the parameter count the name or source states ("8B") and the dtype.
+    weights_gib: float = Field(0.0, alias="weightsGiB", ge=0)
+    # KV cache the model needs beyond its weights to be worth running (a few max-length sequences).
+    min_kv_cache_gib: float = Field(1.0, alias="minKvCacheGiB", ge=0)
+
+
+_FLEET_KEYS = {f.alias or n for n, f in ModelFleet.model_fields.items()} | set(ModelFleet.model_fields)
+
+
 class DeployedModel(_Strict):
-    """A served model as written in `cdk.json`: the runtime `ModelSpec` plus the secret its weights need."""
+    """A served model as written in `cdk.json`: the runtime `ModelSpec`, the secret its weights need, its jobs."""
 
     spec: ModelSpec
     # Name of a Secrets Manager secret holding a Hugging Face token (gated `hf:` models only).
     token_secret: str | None = None
+    fleet: ModelFleet = ModelFleet()
 
     @model_validator(mode="before")
     @classmethod
@@ -48,8 +82,40 @@ class DeployedModel(_Strict):
         if isinstance(data, dict) and "spec" not in data:
             data = dict(data)
             token = data.pop("tokenSecret", None) or data.pop("token_secret", None)
-            return {"spec": data, "token_secret": token}
+            fleet = {k: data.pop(k) for k in list(data) if k in _FLEET_KEYS}
+            return {"spec": data, "token_secret": token, "fleet": fleet}
         return data
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        return int(self.spec.engine_args.get("tensor_parallel_size", 1))
+
+    @property
+    def gpu_memory_utilization(self) -> float:
+        return float(self.spec.engine_args.get("gpu_memory_utilization", 0.9))
+
+    @property
+    def fp8(self) -> bool:
+        return is_fp8(self.spec.dtype, self.spec.engine_args, self.spec.name)
+
+    @property
+    def weights_gib(self) -> float | None:
+        if self.fleet.weights_gib:
+            return self.fleet.weights_gib
+        params = params_billions(self.spec.name, self.spec.source)
+        return None if params is None else weights_gib(params, self.spec.dtype, self.fp8)
+
+    @property
+    def shared_memory_gib(self) -> int:
+        return self.fleet.shared_memory_gib or 2 + 4 * (self.tensor_parallel_size - 1)
+
+    def check_fits(self, instance_types: tuple[str, ...]) -> None:
+        for instance_type in instance_types:
+            check_model_fit(
+                model=self.spec.name, instance_type=instance_type, dtype=self.spec.dtype,
+                tensor_parallel_size=self.tensor_parallel_size, fp8=self.fp8, weights=self.weights_gib,
+                min_kv_cache_gib=self.fleet.min_kv_cache_gib, gpu_memory_utilization=self.gpu_memory_utilization,
+            )
 
     @field_validator("spec")
     @classmethod
@@ -58,6 +124,12 @@ class DeployedModel(_Strict):
             raise ValueError(
                 f"model {spec.name!r}: in AWS the weight source must be 's3://bucket/prefix' or 'hf:org/name'"
                 f" (got {spec.source!r})"
+            )
+        template = spec.chat_template
+        if template is not None and not template.startswith("nightbatch:") and not any(c in template for c in "{}"):
+            raise ValueError(
+                f"model {spec.name!r}: in AWS chat_template must be the template itself or 'nightbatch:<file>'"
+                " (a path on this machine does not exist in the worker image)"
             )
         return spec
 
@@ -82,8 +154,14 @@ class ShardRetry(_Strict):
 
 
 class Notifications(_Strict):
-    # Verified SES identity that batch e-mails come from; empty disables e-mail.
+    # The From address of batch e-mails; empty disables e-mail.
     sender_email: str = Field("", alias="senderEmail")
+    # The SES identity (the address itself, or a domain covering it) that already exists in the account and
+    # region; empty means the address. The stack only refers to it, so stages can share one sender.
+    sender_identity: str = Field("", alias="senderIdentity")
+    # Opt-in: let this stack create that identity (SES then mails a verification link, or a domain needs its
+    # DKIM records). Exactly one stack per account and region may own an identity.
+    create_sender_identity: bool = Field(False, alias="createSenderIdentity")
     # Recipient domains a batch may ask to notify; ["*"] means any domain, empty means none.
     allowed_domains: tuple[str, ...] = Field((), alias="allowedDomains")
     # Operator address subscribed to the alarm topic; empty means no subscription.
@@ -95,6 +173,24 @@ class Notifications(_Strict):
         if value and "@" not in value:
             raise ValueError(f"{value!r} is not an e-mail address")
         return value
+
+    @model_validator(mode="after")
+    def _identity_covers_sender(self) -> Notifications:
+        if not self.sender_email:
+            if self.sender_identity or self.create_sender_identity:
+                raise ValueError("notifications: senderIdentity/createSenderIdentity need a senderEmail")
+            return self
+        identity = self.identity.lower()
+        domain = self.sender_email.rpartition("@")[2].lower()
+        if identity != self.sender_email.lower() and domain != identity and not domain.endswith(f".{identity}"):
+            raise ValueError(f"notifications: senderIdentity {self.sender_identity!r} does not cover "
+                             f"senderEmail {self.sender_email!r} (name the address or its domain)")
+        return self
+
+    @property
+    def identity(self) -> str:
+        """The SES identity e-mails are sent through: senderIdentity, or the sender address itself."""
+        return self.sender_identity or self.sender_email
 
 
 class Alarms(_Strict):
@@ -123,6 +219,10 @@ class DeployConfig(_Strict):
     runnable_timeout_minutes: int = Field(240, alias="runnableTimeoutMinutes", ge=10, le=1440)
     finalize_margin_hours: int = Field(3, alias="finalizeMarginHours", ge=1)
     worker_volume_gib: int = Field(200, alias="workerVolumeGiB", ge=60)
+    # gp3 root volume of GPU hosts: pulling and unpacking the ~20 GB worker image is bound by these (gp3's
+    # 125 MiB/s default makes that minutes). Throughput may be at most IOPS / 4.
+    worker_volume_throughput: int = Field(1000, alias="workerVolumeThroughputMiBps", ge=125, le=2000)
+    worker_volume_iops: int = Field(4000, alias="workerVolumeIops", ge=3000, le=16000)
     # Runtime limits, keyed by `nightbatch.settings.Settings` field name; set on every Lambda and the worker.
     limits: dict[str, Any] = Field(default_factory=dict)
     notifications: Notifications = Notifications()
@@ -145,12 +245,36 @@ class DeployConfig(_Strict):
             raise ValueError(f"models: one Hugging Face token secret per deployment is supported, got {secrets}")
         return models
 
+    @model_validator(mode="after")
+    def _runnable(self) -> DeployConfig:
+        unknown = sorted({t for t in self.gpu_instance_types if t not in GPU_SHAPES})
+        if unknown:
+            raise ValueError(f"gpuInstanceTypes {unknown} are not types nightbatch knows: {sorted(GPU_SHAPES)}")
+        for model in self.models:
+            model.check_fits(self.instance_types_for(model))
+        if self.worker_volume_throughput * 4 > self.worker_volume_iops:
+            raise ValueError(f"workerVolumeThroughputMiBps={self.worker_volume_throughput} needs workerVolumeIops >= "
+                             f"{self.worker_volume_throughput * 4} (gp3 allows 0.25 MiB/s per IOPS)")
+        return self
+
+    def instance_types_for(self, model: DeployedModel) -> tuple[str, ...]:
+        return model.fleet.instance_types or self.gpu_instance_types
+
+    @property
+    def all_instance_types(self) -> tuple[str, ...]:
+        """Every type some model may run on, for the compute environments (Batch picks one a job fits)."""
+        return tuple(dict.fromkeys(t for m in self.models for t in self.instance_types_for(m)))
+
     @field_validator("limits")
     @classmethod
     def _limits_are_settings(cls, limits: dict[str, Any]) -> dict[str, Any]:
         unknown = sorted(set(limits) - set(Settings.model_fields))
         if unknown:
             raise ValueError(f"limits: {unknown} are not fields of nightbatch.settings.Settings")
+        refused = sorted(set(limits) & set(FORBIDDEN_LIMITS))
+        if refused:
+            raise ValueError("limits: " + "; ".join(f"{k!r} may not be set here ({FORBIDDEN_LIMITS[k]})"
+                                                    for k in refused))
         Settings.model_validate(limits)
         return limits
 

@@ -16,12 +16,21 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
+from infra.gpu_catalog import GPU_SHAPES, job_resources
+
 # The host directory the model cache lives in (the instance-store NVMe when the type has one), and where
 # the container sees it. The worker reads the container path from NIGHTBATCH_MODEL_CACHE.
 HOST_CACHE_DIR = "/mnt/nightbatch-cache"
 CONTAINER_CACHE_DIR = "/cache"
 MODEL_CACHE_ENV = "NIGHTBATCH_MODEL_CACHE"
 HF_TOKEN_ENV = "HF_TOKEN"
+# vLLM's caches (torch.compile artifacts, CUDA graphs' inductor/triton kernels, streamer assets) on the NVMe cache,
+# so a second job on the same host skips compilation (aws-gpu-fleet-notes §4.3).
+VLLM_CACHE_ENV = {
+    "VLLM_CACHE_ROOT": f"{CONTAINER_CACHE_DIR}/vllm",
+    "TORCHINDUCTOR_CACHE_DIR": f"{CONTAINER_CACHE_DIR}/torchinductor",
+    "TRITON_CACHE_DIR": f"{CONTAINER_CACHE_DIR}/triton",
+}
 
 # The worker image's own ignore file (BuildKit reads it at build time; CDK does not, so it is merged here).
 WORKER_DOCKERIGNORE = "gpu_worker/Dockerfile.dockerignore"
@@ -39,29 +48,6 @@ def worker_image_excludes(repo_root: Path) -> list[str]:
     return list(dict.fromkeys([*patterns, *WORKER_IMAGE_EXCLUDE]))
 
 
-@dataclass(frozen=True)
-class GpuShape:
-    vcpus: int
-    memory_gib: int
-    gpus: int
-
-
-# Single-GPU types the worker is sized for (one job = one GPU). Multi-GPU types would need tensor parallelism.
-GPU_SHAPES: Mapping[str, GpuShape] = {
-    "g4dn.xlarge": GpuShape(4, 16, 1),
-    "g4dn.2xlarge": GpuShape(8, 32, 1),
-    "g5.xlarge": GpuShape(4, 16, 1),
-    "g5.2xlarge": GpuShape(8, 32, 1),
-    "g5.4xlarge": GpuShape(16, 64, 1),
-    "g6.xlarge": GpuShape(4, 16, 1),
-    "g6.2xlarge": GpuShape(8, 32, 1),
-    "g6.4xlarge": GpuShape(16, 64, 1),
-    "g6e.xlarge": GpuShape(4, 32, 1),
-    "g6e.2xlarge": GpuShape(8, 64, 1),
-}
-# Memory the OS, the ECS agent and the NVIDIA runtime keep for themselves on the host.
-HOST_RESERVED_GIB = 2
-
 # Formats and mounts the first instance-store NVMe as the model cache; without one the cache is on the root EBS.
 _MOUNT_CACHE = f"""set -euo pipefail
 mkdir -p {HOST_CACHE_DIR}
@@ -72,17 +58,23 @@ fi
 chmod 0777 {HOST_CACHE_DIR}"""
 
 
-def job_resources(instance_types: Sequence[str]) -> tuple[int, int]:
-    """vCPUs and memory (GiB) a job may ask for so that it fits every configured instance type."""
-    unknown = [t for t in instance_types if t not in GPU_SHAPES]
-    if unknown:
-        raise ValueError(f"gpuInstanceTypes {unknown} are not single-GPU types nightbatch knows: {sorted(GPU_SHAPES)}")
-    shapes = [GPU_SHAPES[t] for t in instance_types]
-    return min(s.vcpus for s in shapes), min(s.memory_gib for s in shapes) - HOST_RESERVED_GIB
+@dataclass(frozen=True)
+class ModelJob:
+    """What a model's job definition is built from (infra/config.py's DeployedModel, flattened)."""
+
+    name: str
+    instance_types: Sequence[str]
+    gpus: int
+    shared_memory_gib: int
+
+
+def construct_id(model_name: str) -> str:
+    return "Job" + "".join(c for c in model_name.title() if c.isalnum())
 
 
 class GpuCompute(Construct):
-    """VPC (public subnets, no NAT), Batch compute environments and queue, the worker image and job definition."""
+    """VPC (public subnets, no NAT), Batch compute environments and queue, the worker image, a job definition
+    per model."""
 
     def __init__(
         self,
@@ -90,11 +82,13 @@ class GpuCompute(Construct):
         id: str,
         *,
         repo_root: Path,
-        instance_types: Sequence[str],
+        models: Sequence[ModelJob],
         max_gpus: int,
         spot: bool,
         on_demand: bool,
         root_volume_gib: int,
+        root_volume_throughput: int,
+        root_volume_iops: int,
         runnable_timeout: cdk.Duration,
         job_timeout: cdk.Duration,
         environment: Mapping[str, str],
@@ -102,7 +96,7 @@ class GpuCompute(Construct):
         log_retention: logs.RetentionDays,
     ) -> None:
         super().__init__(scope, id)
-        job_vcpus, job_memory_gib = job_resources(instance_types)
+        instance_types = list(dict.fromkeys(t for m in models for t in m.instance_types))
 
         # Public subnets only: GPU hosts pull images and weights directly, and an idle VPC costs nothing.
         self.vpc = ec2.Vpc(
@@ -125,12 +119,17 @@ class GpuCompute(Construct):
             require_imdsv2=True,
             block_devices=[ec2.BlockDevice(
                 device_name="/dev/xvda",
+                # Throughput/IOPS above gp3's baseline: the image pull and unpack of every new host is bound by them.
                 volume=ec2.BlockDeviceVolume.ebs(root_volume_gib, volume_type=ec2.EbsDeviceVolumeType.GP3,
+                                                 throughput=root_volume_throughput, iops=root_volume_iops,
                                                  encrypted=True, delete_on_termination=True),
             )],
         )
 
-        max_vcpus = max_gpus * max(GPU_SHAPES[t].vcpus for t in instance_types)
+        # maxGpus GPUs' worth of vCPUs, and never less than the largest host (a lower cap leaves its jobs RUNNABLE
+        # with COMPUTE_ENVIRONMENT_MAX_RESOURCE).
+        per_gpu = max(GPU_SHAPES[t].vcpus // GPU_SHAPES[t].gpus for t in instance_types)
+        max_vcpus = max(max_gpus * per_gpu, max(GPU_SHAPES[t].vcpus for t in instance_types))
         common = dict(
             vpc=self.vpc,
             vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),
@@ -194,31 +193,38 @@ class GpuCompute(Construct):
             # Injected by ECS from Secrets Manager; huggingface_hub reads HF_TOKEN itself.
             secrets[HF_TOKEN_ENV] = batch.Secret.from_secrets_manager(self.hf_token_secret)
 
-        self.container = batch.EcsEc2ContainerDefinition(
-            self, "Worker",
-            image=ecs.ContainerImage.from_docker_image_asset(self.image),
-            cpu=job_vcpus,
-            memory=cdk.Size.gibibytes(job_memory_gib),
-            gpu=1,
-            job_role=self.job_role,
-            environment={**environment, MODEL_CACHE_ENV: f"{CONTAINER_CACHE_DIR}/models"},
-            secrets=secrets or None,
-            volumes=[batch.EcsVolume.host(name="model-cache", host_path=HOST_CACHE_DIR,
-                                          container_path=CONTAINER_CACHE_DIR)],
-            linux_parameters=batch.LinuxParameters(self, "Linux", shared_memory_size=cdk.Size.gibibytes(2),
-                                                   init_process_enabled=True),
-            logging=ecs.LogDriver.aws_logs(stream_prefix="worker", log_group=self.log_group),
-        )
-        self.job_definition = batch.EcsJobDefinition(
-            self, "Job",
-            container=self.container,
-            propagate_tags=True,
-            timeout=job_timeout,
-            retry_attempts=3,
-            # First retry layer (ARCHITECTURE decision 3): a reclaimed Spot host reruns the job, anything else
-            # ends it and lets the state machine decide.
-            retry_strategies=[
-                batch.RetryStrategy.of(batch.Action.RETRY, batch.Reason.SPOT_INSTANCE_RECLAIMED),
-                batch.RetryStrategy.of(batch.Action.EXIT, batch.Reason.custom(on_reason="*")),
-            ],
-        )
+        self.containers: dict[str, batch.EcsEc2ContainerDefinition] = {}
+        self.job_definitions: dict[str, batch.EcsJobDefinition] = {}
+        for model in models:
+            vcpus, memory_gib = job_resources(model.instance_types, model.gpus)
+            cid = construct_id(model.name)
+            container = batch.EcsEc2ContainerDefinition(
+                self, f"{cid}Worker",
+                image=ecs.ContainerImage.from_docker_image_asset(self.image),
+                cpu=vcpus,
+                memory=cdk.Size.gibibytes(memory_gib),
+                gpu=model.gpus,
+                job_role=self.job_role,
+                environment={**environment, MODEL_CACHE_ENV: f"{CONTAINER_CACHE_DIR}/models", **VLLM_CACHE_ENV},
+                secrets=secrets or None,
+                volumes=[batch.EcsVolume.host(name="model-cache", host_path=HOST_CACHE_DIR,
+                                              container_path=CONTAINER_CACHE_DIR)],
+                linux_parameters=batch.LinuxParameters(
+                    self, f"{cid}Linux", shared_memory_size=cdk.Size.gibibytes(model.shared_memory_gib),
+                    init_process_enabled=True),
+                logging=ecs.LogDriver.aws_logs(stream_prefix="worker", log_group=self.log_group),
+            )
+            self.containers[model.name] = container
+            self.job_definitions[model.name] = batch.EcsJobDefinition(
+                self, cid,
+                container=container,
+                propagate_tags=True,
+                timeout=job_timeout,
+                retry_attempts=3,
+                # First retry layer (ARCHITECTURE decision 3): a reclaimed Spot host reruns the job, anything else
+                # ends it and lets the state machine decide.
+                retry_strategies=[
+                    batch.RetryStrategy.of(batch.Action.RETRY, batch.Reason.SPOT_INSTANCE_RECLAIMED),
+                    batch.RetryStrategy.of(batch.Action.EXIT, batch.Reason.custom(on_reason="*")),
+                ],
+            )

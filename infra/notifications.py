@@ -34,7 +34,8 @@ class Notifications(Construct):
     """SNS topic encrypted with its own key, SQS webhook queue + DLQ (+ its consumer, `add_deliverer`), optional
     SES identity + configuration set."""
 
-    def __init__(self, scope: Construct, id: str, *, sender_email: str, alarm_email: str) -> None:
+    def __init__(self, scope: Construct, id: str, *, sender_email: str, alarm_email: str,
+                 sender_identity: str = "", create_sender_identity: bool = False) -> None:
         super().__init__(scope, id)
         # A customer managed key, because CloudWatch alarms cannot publish to a topic under aws/sns.
         self.key = kms.Key(
@@ -61,17 +62,25 @@ class Notifications(Construct):
         )
 
         self.configuration_set: ses.ConfigurationSet | None = None
+        # Created only on request: an identity is one per account and region, so a second stage (or an address
+        # verified by hand) would fail its deploy with AlreadyExists. By default the stack sends through the
+        # existing identity by name.
         self.email_identity: ses.EmailIdentity | None = None
         self.sender_email = sender_email
+        self.sender_identity = sender_identity or sender_email
         if sender_email:
+            # Named by CloudFormation (unique per stack), so stages sharing a sender deploy side by side.
             self.configuration_set = ses.ConfigurationSet(
                 self, "EmailConfig", reputation_metrics=True,
                 suppression_reasons=ses.SuppressionReasons.BOUNCES_AND_COMPLAINTS,
             )
-            # An address identity: SES mails a verification link to it after deploy (see docs/DEPLOY.md).
-            self.email_identity = ses.EmailIdentity(
-                self, "Sender", identity=ses.Identity.email(sender_email), configuration_set=self.configuration_set
-            )
+            if create_sender_identity:
+                # An address: SES mails a verification link after deploy; a domain: publish its DKIM records.
+                identity = (ses.Identity.email(self.sender_identity) if "@" in self.sender_identity
+                            else ses.Identity.domain(self.sender_identity))
+                self.email_identity = ses.EmailIdentity(
+                    self, "Sender", identity=identity, configuration_set=self.configuration_set
+                )
 
     def add_deliverer(self, *, code: lambda_.Code, environment: Mapping[str, str],
                       log_retention: logs.RetentionDays) -> LambdaFunction:
@@ -91,16 +100,18 @@ class Notifications(Construct):
         return deliverer
 
     def grant_send_email(self, grantee: iam.IGrantable) -> None:
-        if self.email_identity is None or self.configuration_set is None:
+        if self.configuration_set is None:
             return
         stack = cdk.Stack.of(self)
         config_set_arn = stack.format_arn(
             service="ses", resource="configuration-set",
             resource_name=self.configuration_set.configuration_set_name,
         )
-        identity_arn = stack.format_arn(
-            service="ses", resource="identity", resource_name=self.email_identity.email_identity_name,
-        )
+        # SES authorizes against the identity it sends through: the address's own when it is verified, else
+        # its domain's. Both are named, so either setup works.
+        identities = dict.fromkeys([self.sender_identity, self.sender_email])
+        identity_arns = [stack.format_arn(service="ses", resource="identity", resource_name=name)
+                         for name in identities]
         grantee.grant_principal.add_to_principal_policy(iam.PolicyStatement(
-            actions=["ses:SendEmail", "ses:SendRawEmail"], resources=[identity_arn, config_set_arn],
+            actions=["ses:SendEmail", "ses:SendRawEmail"], resources=[*identity_arns, config_set_arn],
         ))

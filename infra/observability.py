@@ -30,6 +30,9 @@ EMF_METRICS: Mapping[str, tuple[str | None, str, str]] = {
     "CompletionTokens": (None, "worker", "count: completion tokens, per checkpoint"),
     "ShardDurationSeconds": (None, "worker", "value: wall time of one shard run, at its end"),
     "ShardAttempt": (None, "worker", "value: 1-based attempt number of the shard run starting now"),
+    "WeightsReadySeconds": ("WeightsSource", "worker", "value: container start -> weights ready, per attempt"),
+    "EngineReadySeconds": ("WeightsSource", "worker", "value: container start -> engine ready, per attempt"),
+    "FirstResultSeconds": ("WeightsSource", "worker", "value: container start -> first result, per attempt"),
     "QueueJobs": ("JobStatus", "sweep", "gauge: jobs in the Batch queue per status"),
     "OldestRunnableJobAgeSeconds": (None, "sweep", "gauge: seconds the oldest RUNNABLE job has waited"),
     "GpuInstancesRunning": (None, "sweep", "gauge: GPU instances in the compute environments"),
@@ -131,6 +134,13 @@ class Observability(Construct):
                 emf_metric("ShardDurationSeconds", statistic=s, label=s) for s in ("Average", "p90", "Maximum")
             ]),
         )
+        # Cold start by phase and by where the weights came from (gpu_worker/weight_cache.py sources).
+        self.dashboard.add_widgets(cloudwatch.GraphWidget(title="Cold start p90 (s from container start)", width=24,
+                                                          left=[
+            emf_metric(name, statistic="p90", dimension_value=source, label=f"{name[:-7]} ({source})")
+            for name in ("WeightsReadySeconds", "EngineReadySeconds", "FirstResultSeconds")
+            for source in ("hub", "s3-cache", "nvme-cache")
+        ]))
         self.dashboard.add_widgets(
             cloudwatch.GraphWidget(title="GPU instances running", width=8,
                                    left=[emf_metric("GpuInstancesRunning", statistic="Maximum")]),

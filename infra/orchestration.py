@@ -58,7 +58,6 @@ class Orchestration(Construct):
         sweeper_environment: Mapping[str, str],
         bucket: s3.IBucket,
         job_queue: batch.IJobQueue,
-        job_definition: batch.IJobDefinition,
         max_concurrency: int,
         shard_retry_attempts: int,
         shard_retry_interval: cdk.Duration,
@@ -96,7 +95,8 @@ class Orchestration(Construct):
             job_name=sfn.JsonPath.format("{}-{}", sfn.JsonPath.string_at("$.batch_id"),
                                          sfn.JsonPath.string_at("$.shard_id")),
             job_queue_arn=job_queue.job_queue_arn,
-            job_definition_arn=job_definition.job_definition_arn,
+            # The model's job definition (GPUs, memory, shared memory), named by Plan in the shard's manifest item.
+            job_definition_arn=sfn.JsonPath.string_at("$.job_definition"),
             container_overrides=tasks.BatchContainerOverrides(environment={
                 "NIGHTBATCH_BATCH_ID": sfn.JsonPath.string_at("$.batch_id"),
                 "NIGHTBATCH_SHARD_ID": sfn.JsonPath.string_at("$.shard_id"),

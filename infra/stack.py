@@ -17,11 +17,11 @@ from infra.api import Api
 from infra.bundling import lambda_code
 from infra.config import DeployConfig
 from infra.environment import env_name, settings_environment
-from infra.gpu_compute import GpuCompute
+from infra.gpu_compute import GpuCompute, ModelJob
 from infra.notifications import Notifications
 from infra.observability import Observability
 from infra.orchestration import Orchestration
-from infra.storage import BATCHES_PREFIX, FILES_PREFIX, UPLOADS_PREFIX, Storage
+from infra.storage import BATCHES_PREFIX, FILES_PREFIX, MODELS_PREFIX, UPLOADS_PREFIX, Storage
 from infra.uploads import UploadComposer
 
 _READ = ("s3:GetObject",)
@@ -50,7 +50,8 @@ class NightbatchStack(cdk.Stack):
         bucket, table = self.storage.bucket, self.storage.table
         self.notifications = Notifications(
             self, "Notifications", sender_email=config.notifications.sender_email,
-            alarm_email=config.notifications.alarm_email,
+            alarm_email=config.notifications.alarm_email, sender_identity=config.notifications.sender_identity,
+            create_sender_identity=config.notifications.create_sender_identity,
         )
         runtime = settings_environment({
             "mode": "aws",
@@ -70,11 +71,15 @@ class NightbatchStack(cdk.Stack):
         self.gpu = GpuCompute(
             self, "Gpu",
             repo_root=repo_root,
-            instance_types=config.gpu_instance_types,
+            models=[ModelJob(name=m.spec.name, instance_types=config.instance_types_for(m),
+                             gpus=m.tensor_parallel_size, shared_memory_gib=m.shared_memory_gib)
+                    for m in config.models],
             max_gpus=config.max_gpus,
             spot=config.capacity.spot,
             on_demand=config.capacity.on_demand,
             root_volume_gib=config.worker_volume_gib,
+            root_volume_throughput=config.worker_volume_throughput,
+            root_volume_iops=config.worker_volume_iops,
             runnable_timeout=cdk.Duration.minutes(config.runnable_timeout_minutes),
             job_timeout=cdk.Duration.hours(config.max_window_hours),
             environment=runtime,
@@ -113,11 +118,15 @@ class NightbatchStack(cdk.Stack):
             self, "Orchestration",
             code=code,
             environment=runtime,
-            task_environment={"notify": {**email_policy, **settings_environment(notify_env), **link_env}},
+            task_environment={
+                "notify": {**email_policy, **settings_environment(notify_env), **link_env},
+                # Plan names each shard's job definition (the model's) in the Map's manifest.
+                "plan": settings_environment({"job_definitions_json": cdk.Stack.of(self).to_json_string({
+                    name: jd.job_definition_arn for name, jd in self.gpu.job_definitions.items()})}),
+            },
             sweeper_environment=settings_environment({"job_queue": self.gpu.queue.job_queue_arn}),
             bucket=bucket,
             job_queue=self.gpu.queue,
-            job_definition=self.gpu.job_definition,
             max_concurrency=config.max_gpus,
             shard_retry_attempts=config.shard_retry.max_attempts,
             shard_retry_interval=cdk.Duration.seconds(config.shard_retry.interval_seconds),
@@ -165,7 +174,8 @@ class NightbatchStack(cdk.Stack):
         self.grant_objects(composer, (FILES_PREFIX, UPLOADS_PREFIX), write=True)
         for sender in (api_role, composer):
             self.uploads.queue.grant_send_messages(sender)
-        self.grant_objects(self.gpu.job_role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
+        # models/: the first job of a Hugging Face model writes its weights through; later jobs stream them.
+        self.grant_objects(self.gpu.job_role, (FILES_PREFIX, BATCHES_PREFIX, MODELS_PREFIX), write=True)
         for principal in (api_role, sweeper.role, composer, self.deliverer.role, self.gpu.job_role,
                           *(t.role for t in tasks.values())):
             self.grant_table(principal)

@@ -12,10 +12,16 @@ FILES_PREFIX = "files/"
 BATCHES_PREFIX = "batches/"
 UPLOADS_PREFIX = "uploads/"
 PREFIXES = (FILES_PREFIX, BATCHES_PREFIX, UPLOADS_PREFIX)
+# Model weights the GPU worker writes through from Hugging Face (gpu_worker/weight_cache.py); never expired.
+MODELS_PREFIX = "models/"
 
 # Files expire after 30 days by default (decision 11); the extra day lets the TTL delete metadata first.
-# uploads/ too: a file still made of its Upload's parts (composition pending or failed) is served from them.
 OBJECT_EXPIRY_DAYS = 31
+# Upload parts: an Upload lives an hour and its File is composed into files/ within minutes, so parts left
+# after two days belong to abandoned Uploads (the sweeper deletes those sooner) and only cost storage.
+UPLOADS_EXPIRY_DAYS = 2
+EXPIRY_DAYS = {FILES_PREFIX: OBJECT_EXPIRY_DAYS, BATCHES_PREFIX: OBJECT_EXPIRY_DAYS,
+               UPLOADS_PREFIX: UPLOADS_EXPIRY_DAYS}
 
 
 class Storage(Construct):
@@ -38,7 +44,7 @@ class Storage(Construct):
                     s3.LifecycleRule(
                         id=f"expire-{prefix.rstrip('/')}",
                         prefix=prefix,
-                        expiration=cdk.Duration.days(OBJECT_EXPIRY_DAYS),
+                        expiration=cdk.Duration.days(EXPIRY_DAYS[prefix]),
                     )
                     for prefix in PREFIXES
                 ),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from nightbatch.settings import Settings
@@ -29,6 +29,8 @@ class ShardTime:
     model_load_seconds: float = 0.0
     inference_seconds: float = 0.0
     idle_seconds: float = 0.0
+    # Every attempt's phase timings (nightbatch/phases.py), with its shard id.
+    phases: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def total(self) -> float:
@@ -51,6 +53,8 @@ def collect_shard_times(blobs: BlobStore, results_prefixes: list[str]) -> ShardT
             t.model_load_seconds += float(rec.get("model_load_seconds", 0.0))
             t.inference_seconds += float(rec.get("inference_seconds", 0.0))
             t.idle_seconds += float(rec.get("idle_seconds", 0.0))
+            if isinstance(rec.get("phases"), dict) and rec["phases"]:
+                t.phases.append({"shard_id": key.rstrip("/").split("/")[-2], **rec["phases"]})
     return t
 
 

@@ -12,6 +12,7 @@ from nightbatch.clock import now, sort_key
 from nightbatch.errors import ConflictError, InvalidRequestError, NotFoundError, StorageConflictError
 from nightbatch.files import FileService, check_expiry_seconds, page
 from nightbatch.ids import new_batch_id
+from nightbatch.options import check_options
 from nightbatch.settings import ENDPOINTS, Settings
 from nightbatch.storage import Table
 from nightbatch.wire import Batch, BatchErrors, ListPage, RequestCounts, Usage
@@ -142,11 +143,8 @@ class BatchService:
             )
         hours = window_hours(req.completion_window, self.settings.max_completion_window_hours)
         check_metadata(req.metadata)
-        # A bad or disallowed e-mail address is a 400 now, rather than an e-mail silently dropped at Notify.
-        # Imported here: the notifications package imports this module (batch_to_wire) at its import time.
-        from nightbatch.notifications.email import check_notify_options
-
-        check_notify_options(req.nightbatch, self.settings)
+        # Known keys only, a few KB at most; a bad e-mail address is a 400 now rather than a dropped e-mail later.
+        check_options(req.nightbatch, self.settings)
         if req.output_expires_after is not None:
             if req.output_expires_after.anchor != "created_at":
                 raise InvalidRequestError(
@@ -183,6 +181,12 @@ class BatchService:
             ok = f.purpose == "batch" and f.status != "error"  # "error": an upload that failed its md5 check
         except NotFoundError:
             ok = False
+        if ok and f.status != "processed":
+            # Only a fully processed file: "uploaded" is an Upload whose md5 is still being checked.
+            raise InvalidRequestError(
+                f"Invalid 'input_file_id': '{file_id}'. The file is still being processed (status "
+                f"'{f.status}'); create the batch once its status is 'processed'.",
+                param="input_file_id", code="file_not_ready")
         if not ok:
             raise InvalidRequestError(
                 f"Invalid 'input_file_id': '{file_id}'. The file does not exist or was not uploaded "

@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     local.add_argument("--no-engines", action="store_true",
                        help="do not start model engines (batches stay in_progress); for API-only work")
     cli_keys.register(sub)
-    register_batch_commands(sub)  # submit, status, list, cancel, results
+    register_batch_commands(sub)  # submit, status, list, cancel, results, doctor
     args = parser.parse_args(argv)
     if getattr(args, "handler", None):  # commands that set a handler print for people, not log lines
         return int(args.handler(args))

@@ -75,3 +75,13 @@ class RateLimitError(NightbatchError):
 
 class StorageConflictError(Exception):
     """A conditional write lost: the item was not in the expected state (raised by the table adapter)."""
+
+
+class StorageItemTooLargeError(Exception):
+    """DynamoDB refused a write because the item would exceed its 400 KB limit (raised by the table adapter)."""
+
+
+class BatchItemTooLargeError(ConflictError):
+    """A batch whose stored record outgrew DynamoDB's item limit: it has been failed, for good."""
+
+    default_code = "batch_item_too_large"

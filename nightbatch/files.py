@@ -8,6 +8,7 @@ from typing import Any, BinaryIO
 from nightbatch.clock import now, sort_key
 from nightbatch.errors import InvalidRequestError, NotFoundError
 from nightbatch.ids import new_file_id
+from nightbatch.limits import QUOTA_ATTR, release_storage, reserve_storage
 from nightbatch.settings import Settings
 from nightbatch.storage import BlobStore, Table
 from nightbatch.wire import DeletedFile, FileObject, ListPage
@@ -15,6 +16,7 @@ from nightbatch.wire import DeletedFile, FileObject, ListPage
 MIN_EXPIRY_SECONDS = 3600
 MAX_EXPIRY_SECONDS = 2_592_000
 MAX_FILES_LIMIT = 10_000
+MAX_NAME_CHARS = 255
 
 
 def file_key(file_id: str) -> str:
@@ -28,6 +30,15 @@ def to_wire(item: dict[str, Any]) -> FileObject:
         # "uploaded" while an upload's md5 awaits its check, "error" when it failed (nightbatch.assembly).
         status=item.get("status", "processed"), status_details=item.get("status_details"),
     )
+
+
+def check_name(value: str, param: str) -> None:
+    """`filename` / `mime_type`: stored in the item and echoed in every listing, so bounded (checked before any
+    byte reaches S3, so a refused request leaves nothing behind)."""
+    if len(value) > MAX_NAME_CHARS:
+        raise InvalidRequestError(
+            f"Invalid '{param}': string too long. Expected a string with maximum length {MAX_NAME_CHARS}, "
+            f"but got a string with length {len(value)} instead.", param=param, code="string_above_max_length")
 
 
 def check_expiry_seconds(seconds: int | None, param: str) -> None:
@@ -45,24 +56,31 @@ class FileService:
         self.blobs = blobs
         self.table = table
 
-    def default_ttl(self, purpose: str) -> int | None:
-        if purpose == "batch":
-            return self.settings.input_file_ttl_seconds
+    def default_ttl(self, purpose: str) -> int:
+        """Every purpose expires, no later than the bucket's 31-day lifecycle removes its bytes (infra/storage.py):
+        an item must never outlive its object."""
         if purpose == "batch_output":
-            return self.settings.output_file_ttl_seconds
-        return None
+            return min(self.settings.output_file_ttl_seconds, MAX_EXPIRY_SECONDS)
+        return min(self.settings.input_file_ttl_seconds, MAX_EXPIRY_SECONDS)
 
     def create(
         self, tenant: str, *, filename: str, purpose: str, fileobj: BinaryIO, size: int,
         expires_after_seconds: int | None = None, file_id: str | None = None,
     ) -> FileObject:
         check_expiry_seconds(expires_after_seconds, "expires_after[seconds]")
+        check_name(filename, "filename")
+        reserve_storage(self.table, tenant, size, settings=self.settings)
         file_id = file_id or new_file_id()
-        self.blobs.put_fileobj(file_key(file_id), fileobj)
-        return self.register(
-            tenant, file_id=file_id, key=file_key(file_id), size=size, filename=filename, purpose=purpose,
-            expires_after_seconds=expires_after_seconds,
-        )
+        try:
+            self.blobs.put_fileobj(file_key(file_id), fileobj)
+            return self.register(
+                tenant, file_id=file_id, key=file_key(file_id), size=size, filename=filename, purpose=purpose,
+                expires_after_seconds=expires_after_seconds, extra={QUOTA_ATTR: size},
+            )
+        except BaseException:
+            self.blobs.delete(file_key(file_id))  # no object without its item
+            release_storage(self.table, tenant, size)
+            raise
 
     def register(
         self, tenant: str, *, file_id: str, key: str, size: int, filename: str, purpose: str,
@@ -136,6 +154,7 @@ class FileService:
         item = self.item(tenant, file_id)
         self.table.delete(file_id)
         self.delete_bytes(item)
+        release_storage(self.table, tenant, int(item.get(QUOTA_ATTR, 0)))
         return DeletedFile(id=file_id)
 
     def delete_bytes(self, item: dict[str, Any]) -> None:

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from nightbatch.clock import now
+from nightbatch.errors import BatchItemTooLargeError, StorageConflictError, StorageItemTooLargeError
 from nightbatch.limits import release_queue_usage
 from nightbatch.storage import Table
 from nightbatch.wire import TERMINAL_STATUSES
@@ -36,8 +37,36 @@ def transition(
         remove = ("open_status",)
     else:
         fields["open_status"] = to
-    item = table.update(batch_id, set_=fields, remove=remove, expect_in={"status": allowed})
+    try:
+        item = table.update(batch_id, set_=fields, remove=remove, expect_in={"status": allowed})
+    except StorageItemTooLargeError:
+        fail_oversized(table, batch_id)
+        raise BatchItemTooLargeError(OVERSIZED_MESSAGE.format(batch_id=batch_id)) from None
     if to in TERMINAL_STATUSES:
         # A finished batch gives back its queued requests/tokens and its in-flight slot (per-tenant limits).
         release_queue_usage(table, str(item["tenant"]), batch_id)
+    return item
+
+
+OVERSIZED_MESSAGE = ("Batch {batch_id} failed: its stored record grew past DynamoDB's 400 KB item limit, so its "
+                     "status can no longer be updated. Its results, if any, are not available; please resubmit.")
+# What may grow an item: dropped so the failure itself can be written.
+_BULKY = ("options", "errors", "ext", "metadata")
+_OPEN = ("validating", "in_progress", "cancelling", "finalizing")
+
+
+def fail_oversized(table: Table, batch_id: str) -> dict[str, Any] | None:
+    """Terminal for a batch whose item DynamoDB refuses to update (ValidationException): drop the bulky
+    attributes, then mark it failed with a clear error. None if it was already terminal."""
+    try:
+        # Two writes: the first shrinks the item, so the second (the failure) fits whatever filled it.
+        table.update(batch_id, remove=_BULKY, expect_in={"status": _OPEN})
+        item = table.update(batch_id, set_={
+            "status": "failed", "failed_at": now(), "errors": {"object": "list", "data": [{
+                "code": "batch_item_too_large", "line": None, "param": None,
+                "message": OVERSIZED_MESSAGE.format(batch_id=batch_id)}]}},
+            remove=("open_status",), expect_in={"status": _OPEN})
+    except StorageConflictError:
+        return None
+    release_queue_usage(table, str(item["tenant"]), batch_id)
     return item

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from nightbatch.clock import now
-from nightbatch.errors import RateLimitError
+from nightbatch.errors import InvalidRequestError, RateLimitError, StorageConflictError
 from nightbatch.settings import Settings, get_settings
 from nightbatch.storage import Table, quota
 from nightbatch.wire import TERMINAL_STATUSES, BatchError
@@ -43,6 +43,7 @@ class TenantLimits(BaseModel):
     queued_tokens: int
     batches_in_flight: int
     requests_per_minute: int
+    stored_bytes: int
 
 
 class TenantUsage(BaseModel):
@@ -50,6 +51,7 @@ class TenantUsage(BaseModel):
     queued_tokens: int = 0
     batches_in_flight: int = 0
     requests_this_minute: int = 0
+    stored_bytes: int = 0
 
 
 @lru_cache(maxsize=8)
@@ -73,6 +75,7 @@ def limits_for(settings: Settings, tenant: str) -> TenantLimits:
         "queued_tokens": settings.limit_queued_tokens,
         "batches_in_flight": settings.limit_batches_in_flight,
         "requests_per_minute": settings.limit_requests_per_minute,
+        "stored_bytes": settings.limit_stored_bytes,
     }
     overrides = _overrides(settings.tenant_limits_json)
     base.update(overrides.get(tenant, overrides.get("*", {})))
@@ -189,6 +192,7 @@ def read_usage(table: Table, tenant: str) -> TenantUsage:
         queued_tokens=max(0, int(item.get("queued_tokens", 0))),
         batches_in_flight=max(0, int(item.get("batches_in_flight", 0))),
         requests_this_minute=int(rate.get("requests", 0)),
+        stored_bytes=max(0, int(item.get("stored_bytes", 0))),
     )
 
 
@@ -219,3 +223,48 @@ def count_request(table: Table, tenant: str, *, settings: Settings) -> None:
             f"Please try again in {wait}s.",
             headers={"retry-after": str(wait)},
         )
+
+
+# --- Stored bytes: what a tenant's uploaded files and open Uploads hold in S3 (batch outputs are not counted:
+# they derive from inputs that were). The item counted carries `quota_bytes`; the total is a plain counter,
+# recounted from those items whenever it would refuse, so a missed release (an item gone by TTL) heals itself.
+
+QUOTA_ATTR = "quota_bytes"
+
+
+def reserve_storage(table: Table, tenant: str, amount: int, *, settings: Settings) -> None:
+    """Adds `amount` to the tenant's stored bytes, or 400 `storage_quota_exceeded` past `stored_bytes`."""
+    cap = limits_for(settings, tenant).stored_bytes
+    for attempt in range(2 if not cap or amount <= cap else 0):
+        try:
+            table.update(usage_pk(tenant), add={"stored_bytes": amount}, set_=_usage_fields(tenant),
+                         expect_at_most={"stored_bytes": cap - amount} if cap else None, must_exist=False)
+            return
+        except StorageConflictError:
+            if attempt == 0:
+                recount_storage(table, tenant)
+    used = read_usage(table, tenant).stored_bytes
+    raise InvalidRequestError(
+        f"Storage limit reached for tenant '{tenant}': {used:,} of {cap:,} bytes are held by files and open "
+        f"Uploads; this needs {amount:,} more. Delete files you no longer need, then try again.",
+        code="storage_quota_exceeded")
+
+
+def release_storage(table: Table, tenant: str, amount: int) -> None:
+    if amount:
+        table.update(usage_pk(tenant), add={"stored_bytes": -amount}, must_exist=False)
+
+
+def recount_storage(table: Table, tenant: str) -> int:
+    """Sets the counter to what the tenant's live files and pending Uploads hold; returns it."""
+    t = now()
+    total = 0
+    for kind in ("file", "upload"):
+        for item in table.query_owner(f"{tenant}#{kind}", ascending=True, page_size=1000):
+            if item.get("expires_at") is not None and int(item["expires_at"]) <= t and kind == "file":
+                continue
+            if kind == "upload" and (item.get("status") != "pending" or int(item["expires_at"]) <= t):
+                continue
+            total += int(item.get(QUOTA_ATTR, 0))
+    table.update(usage_pk(tenant), set_={"stored_bytes": total, **_usage_fields(tenant)}, must_exist=False)
+    return total

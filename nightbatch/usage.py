@@ -15,7 +15,7 @@ def tenant_usage(table: Table, tenant: str, *, start: int | None, end: int | Non
     if start >= end:
         raise InvalidRequestError("'start' must be before 'end'.", param="start", code="invalid_value")
     totals: dict[str, Any] = {"batches": 0, "completed_requests": 0, "failed_requests": 0, "input_tokens": 0,
-                              "output_tokens": 0, "total_tokens": 0, "gpu_seconds": 0.0,
+                              "output_tokens": 0, "reasoning_tokens": 0, "total_tokens": 0, "gpu_seconds": 0.0,
                               "estimated_cost_usd": 0.0}
     by_status: dict[str, int] = {}
     # Newest first from `end` back to `start`: the owner index is ordered by creation time.
@@ -30,6 +30,8 @@ def tenant_usage(table: Table, tenant: str, *, start: int | None, end: int | Non
         usage = item.get("usage") or {}
         for k in ("input_tokens", "output_tokens", "total_tokens"):
             totals[k] += int(usage.get(k, 0))
+        # Part of output_tokens (and so of the cost), as in OpenAI's usage objects.
+        totals["reasoning_tokens"] += int((usage.get("output_tokens_details") or {}).get("reasoning_tokens", 0))
         cost = (item.get("ext") or {}).get("cost") or {}
         totals["gpu_seconds"] += float(cost.get("gpu_seconds", 0.0))
         totals["estimated_cost_usd"] += float(cost.get("estimated_cost_usd", 0.0))

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from nightbatch.settings import Settings
+import msgspec
+
+from nightbatch.settings import ModelSpec, Settings
 from nightbatch.wire import BatchError
 
 MAX_CUSTOM_ID = 512
+_decode = msgspec.json.Decoder().decode
+MAX_ECHO = 64
+# `[[[[…` a few thousand deep hits either parser's recursion limit: one bad line rather than a crashed step.
+_TOO_DEEP = "This line nests JSON too deeply to be parsed."
+# A batch's stored `errors` stop growing here (besides max_reported_errors), so 100 failed batches in one list
+# response stay far under the ~6 MB a Lambda may answer, and the batch item under DynamoDB's 400 KB.
+MAX_ERRORS_BYTES = 32 * 1024
 
 
 class LineInvalid(Exception):
@@ -35,6 +45,7 @@ class Validator:
     settings: Settings
     endpoint: str
     model: str | None = None
+    spec: ModelSpec | None = None
     seen: set[int] = field(default_factory=set)
     embedding_inputs: int = 0
 
@@ -44,13 +55,13 @@ class Validator:
             raise LineInvalid("line_too_long", f"Line {number} is {size} bytes, over the limit of "
                               f"{s.max_line_bytes} bytes per line.")
         try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise LineInvalid("invalid_encoding", f"Line {number} is not valid UTF-8 (byte {e.start}).") from e
-        try:
-            obj = json.loads(text)
-        except ValueError as e:
-            raise LineInvalid("invalid_json_line", "This line is not parseable as valid JSON.") from e
+            # Compiled fast path: a line it parses is valid UTF-8 (bytes outside strings can only be JSON
+            # syntax) and means what json.loads says it means.
+            obj = _decode(data)
+        except msgspec.MsgspecError:
+            obj = _stdlib_parse(number, data)
+        except RecursionError:
+            raise LineInvalid("invalid_json_line", _TOO_DEEP) from None
         if not isinstance(obj, dict):
             raise LineInvalid("invalid_json_line", "This line is not a JSON object.")
         for name in ("custom_id", "method", "url", "body"):
@@ -61,7 +72,7 @@ class Validator:
             raise LineInvalid("invalid_request", f"'custom_id' must be a non-empty string of at most "
                               f"{MAX_CUSTOM_ID} characters.", "custom_id")
         if obj["method"] != "POST":
-            raise LineInvalid("invalid_method", f"Invalid method {obj['method']!r}: only 'POST' is supported.",
+            raise LineInvalid("invalid_method", f"Invalid method {echo(obj['method'])}: only 'POST' is supported.",
                               "method")
         if obj["url"] != self.endpoint:
             raise LineInvalid("invalid_url", "The URL provided for this request does not match the batch "
@@ -78,19 +89,24 @@ class Validator:
         self.seen.add(digest)
         return ValidRequest(number, custom_id, body, est, data)
 
+    def _check_model(self, model: str) -> ModelSpec:
+        spec = self.settings.model(model)
+        if spec is None or self.endpoint not in spec.endpoints:
+            served = ", ".join(m.name for m in self.settings.models if self.endpoint in m.endpoints)
+            raise LineInvalid("model_not_found", f"The provided model {echo(model)} is not supported by the Batch "
+                              f"API for {self.endpoint}. Served models: {served or 'none'}.", "body.model")
+        return spec
+
     def _check_body(self, body: dict[str, Any], line_bytes: int) -> int:
         model = body.get("model")
         if not isinstance(model, str) or not model:
             raise LineInvalid("invalid_request", "Model parameter is required.", "body.model")
-        spec = self.settings.model(model)
-        if spec is None or self.endpoint not in spec.endpoints:
-            served = ", ".join(m.name for m in self.settings.models if self.endpoint in m.endpoints)
-            raise LineInvalid("model_not_found", f"The provided model '{model}' is not supported by the Batch "
-                              f"API for {self.endpoint}. Served models: {served or 'none'}.", "body.model")
+        # The batch's model was checked on its first line.
+        spec = self.spec if model == self.model and self.spec is not None else self._check_model(model)
         if self.model is None:
-            self.model = model
+            self.model, self.spec = model, spec
         elif model != self.model:
-            raise LineInvalid("mismatched_model", f"The model '{model}' for this request does not match the "
+            raise LineInvalid("mismatched_model", f"The model {echo(model)} for this request does not match the "
                               "rest of the batch. Each batch must contain requests for a single model.",
                               "body.model")
         if body.get("stream"):
@@ -102,20 +118,177 @@ class Validator:
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 raise LineInvalid("invalid_request", "Messages parameter is required.", "body.messages")
-            return _estimate(line_bytes) + out
+            check_tools(spec, body)
+            check_template_kwargs(body)
+            check_media(self.settings, messages)
+            return _estimate(line_bytes) + out * _choices(self.settings, body)
+        if self.endpoint == "/v1/responses":
+            return _estimate(line_bytes) + check_responses(spec, body, self.settings.default_max_tokens)
         if self.endpoint == "/v1/completions":
             if "prompt" not in body:
                 raise LineInvalid("invalid_request", "Prompt parameter is required.", "body.prompt")
-            return _estimate(line_bytes) + out
+            return _estimate(line_bytes) + out * _choices(self.settings, body)
         inputs = body.get("input")
         if inputs is None or inputs == "" or inputs == []:
             raise LineInvalid("invalid_request", "Input parameter is required.", "body.input")
         n = len(inputs) if isinstance(inputs, list) and inputs and not isinstance(inputs[0], int) else 1
+        cap = self.settings.max_embedding_inputs_per_request
+        if cap and n > cap:
+            raise LineInvalid("too_many_inputs", f"This request has {n} inputs; at most {cap} are allowed per "
+                              "embeddings request.", "body.input")
         self.embedding_inputs += n
         if self.embedding_inputs > self.settings.max_embedding_inputs:
             raise LineInvalid("too_many_inputs", f"The batch has more than {self.settings.max_embedding_inputs}"
                               " embedding inputs across its requests.", "body.input")
         return _estimate(line_bytes)
+
+
+def _stdlib_parse(number: int, data: bytes) -> Any:
+    """What the standard library accepts (NaN, 1e400, lone surrogates) and its errors, as before msgspec."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise LineInvalid("invalid_encoding", f"Line {number} is not valid UTF-8 (byte {e.start}).") from e
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise LineInvalid("invalid_json_line", "This line is not parseable as valid JSON.") from e
+    except RecursionError:
+        raise LineInvalid("invalid_json_line", _TOO_DEEP) from None
+
+
+MEDIA_PARTS = ("image_url", "video_url", "audio_url")
+
+
+def check_media(settings: Settings, messages: list[Any]) -> None:
+    """Multimodal parts: inline `data:` URLs only, unless NIGHTBATCH_MEDIA_ALLOWED_DOMAINS names https hosts
+    the engine may fetch from (a GPU worker fetching any URL a tenant names would reach its VPC and the
+    instance metadata service)."""
+    allowed = {d.strip().lower() for d in settings.media_allowed_domains.split(",") if d.strip()}
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if not isinstance(part, dict):
+                continue
+            for kind in MEDIA_PARTS:
+                ref = part.get(kind)
+                url = ref.get("url") if isinstance(ref, dict) else ref
+                if url is None:
+                    continue
+                if isinstance(url, str) and url.startswith("data:"):
+                    continue
+                m = re.match(r"^https://([^/:?#@]+)(?::443)?(?:[/?#]|$)", url) if isinstance(url, str) else None
+                if m is None or m.group(1).lower() not in allowed:
+                    raise LineInvalid(
+                        "invalid_value", f"Invalid '{kind}.url': only data: URLs are accepted"
+                        + (f", or https URLs on {', '.join(sorted(allowed))}" if allowed else "") + ".",
+                        f"body.messages[{i}].content[{j}].{kind}.url")
+
+
+def _choices(settings: Settings, body: dict[str, Any]) -> int:
+    """How many completions one request asks for: `n` (and `best_of`, which the engine generates and then
+    discards) multiply the GPU work, so they multiply the token estimate the queue limits count."""
+    n, best_of = _choices_param(body, "n"), _choices_param(body, "best_of")
+    cap = settings.max_choices_per_request
+    if cap and max(n, best_of) > cap:
+        name = "n" if n >= best_of else "best_of"
+        raise LineInvalid("invalid_value", f"Invalid '{name}': {max(n, best_of)}. At most {cap} completions per "
+                          "request on this deployment.", f"body.{name}")
+    return max(n, best_of)
+
+
+def _choices_param(body: dict[str, Any], name: str) -> int:
+    value = body.get(name)
+    if value is None:
+        return 1
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise LineInvalid("invalid_value", f"Invalid '{name}': expected an integer of at least 1.", f"body.{name}")
+    return value
+
+
+def echo(value: Any, limit: int = MAX_ECHO) -> str:
+    """A user value quoted in an error message, cut short: errors are stored and listed, lines are 4 MiB."""
+    if isinstance(value, dict | list):
+        return "an object" if isinstance(value, dict) else "an array"  # never re-serialised: may be deep
+    text = value if isinstance(value, str) else json.dumps(value)
+    return "'" + (text if len(text) <= limit else text[:limit] + "…") + "'"
+
+
+def check_tools(spec: ModelSpec, body: dict[str, Any]) -> None:
+    """A line with `tools` needs a model configured for tool calls; say which setting, not vLLM's flag."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice", "auto" if tools else "none")
+    if not tools or choice == "none":
+        return
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name") or choice.get("name")
+        asked = f"tool_choice naming function {echo(name)}" if isinstance(name, str) else "a named tool_choice"
+    else:
+        asked = f"tool_choice {choice!r}"
+    where = "its entry in NIGHTBATCH_MODELS_JSON or cdk.json `models`"
+    if not spec.tool_call_parser:
+        raise LineInvalid("tools_unsupported", f"The model '{spec.name}' is not configured for tool calls, so "
+                          f"this request's `tools` with {asked} cannot be answered: set the model's "
+                          f"`tool_call_parser` setting ({where}; e.g. \"hermes\" for Qwen2.5) or remove "
+                          "`tools`.", "body.tools")
+    if choice == "auto" and not spec.enable_auto_tool_choice:
+        raise LineInvalid("tools_unsupported", f"The model '{spec.name}' does not choose tools on its own "
+                          "(tool_choice 'auto', the default when `tools` are given): set the model's "
+                          f"`enable_auto_tool_choice` setting ({where}), or send tool_choice 'required' or "
+                          "a named function.", "body.tool_choice")
+
+
+# Responses API parameters that read or write state kept between requests: a batch line stands alone.
+_STATEFUL = {
+    "previous_response_id": "continues a stored response",
+    "conversation": "continues a stored conversation",
+    "prompt": "names a stored prompt template",
+}
+
+
+def check_responses(spec: ModelSpec, body: dict[str, Any], default_max_tokens: int) -> int:
+    """A /v1/responses line: `input` required, no stored state, function tools only. Returns its output cap."""
+    inputs = body.get("input")
+    if not isinstance(inputs, (str, list)) or not inputs:
+        raise LineInvalid("invalid_request", "Input parameter is required.", "body.input")
+    for name, what in _STATEFUL.items():
+        if body.get(name) is not None:
+            raise LineInvalid("unsupported_parameter", f"'{name}' {what}, which the Batch API does not keep: "
+                              "each line must carry its whole conversation in `input` (and `instructions`).",
+                              f"body.{name}")
+    if body.get("background"):
+        raise LineInvalid("unsupported_parameter", "'background' is not supported in the Batch API: every "
+                          "line already runs in the background.", "body.background")
+    if isinstance(inputs, list) and any(isinstance(i, dict) and i.get("type") == "item_reference" for i in inputs):
+        raise LineInvalid("unsupported_parameter", "Input items of type 'item_reference' point at stored items, "
+                          "which the Batch API does not keep: send the items themselves.", "body.input")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise LineInvalid("invalid_request", "'tools' must be a list.", "body.tools")
+    for tool in tools or []:
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise LineInvalid("unsupported_parameter", f"Tool type {echo(kind)} is not supported in the Batch API: "
+                              "only 'function' tools, which the model calls and you run.", "body.tools")
+    check_tools(spec, body)
+    check_template_kwargs(body)
+    cap = body.get("max_output_tokens")
+    if cap is None:
+        return default_max_tokens
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+        raise LineInvalid("invalid_request", "'max_output_tokens' must be a positive integer.",
+                          "body.max_output_tokens")
+    return cap
+
+
+def check_template_kwargs(body: dict[str, Any]) -> None:
+    """`chat_template_kwargs` (vLLM's extension, e.g. {"enable_thinking": false}) go to the template as-is."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise LineInvalid("invalid_request", "'chat_template_kwargs' must be a JSON object, e.g. "
+                          '{"enable_thinking": false}.', "body.chat_template_kwargs")
 
 
 def _estimate(line_bytes: int) -> int:

@@ -295,6 +295,8 @@ def batch_line(
         body: dict[str, Any] = {"model": model, "input": f"sentence {i}"}
     elif endpoint == "/v1/completions":
         body = {"model": model, "prompt": f"Say {i}", "max_tokens": 8}
+    elif endpoint == "/v1/responses":
+        body = {"model": model, "input": f"Say {i}", "max_output_tokens": 8}
     else:
         body = {"model": model, "messages": [{"role": "user", "content": f"Say {i}"}], "max_tokens": 8}
     return {"custom_id": f"request-{i}", "method": "POST", "url": endpoint, "body": body}

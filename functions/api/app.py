@@ -7,7 +7,7 @@ from collections.abc import Callable
 from fastapi import FastAPI
 
 from functions.api import errors
-from functions.api.middleware import BodyLimitMiddleware, RequestIdMiddleware
+from functions.api.middleware import BodyLimitMiddleware, RequestIdMiddleware, SchemaGateMiddleware
 from functions.api.routers import (
     batches,
     dashboard,
@@ -24,7 +24,8 @@ from nightbatch.services import Services, default_services
 
 
 def create_app(services: Callable[[], Services] = default_services) -> FastAPI:
-    app = FastAPI(title="nightbatch", version="0.1.0", description="OpenAI-compatible Batch API")
+    app = FastAPI(title="nightbatch", version="0.1.0", description="OpenAI-compatible Batch API",
+                  docs_url=None, redoc_url=None)
     app.state.services = services
     errors.install(app)
     for r in (files.router, batches.router, models.router, usage.router, limits.router, uploads.router,
@@ -32,5 +33,6 @@ def create_app(services: Callable[[], Services] = default_services) -> FastAPI:
         app.include_router(r)
     app.add_middleware(BodyLimitMiddleware, upload_limit=lambda: services().settings.max_upload_bytes,
                        part_limit=lambda: services().settings.max_upload_part_bytes)
+    app.add_middleware(SchemaGateMiddleware, enabled=lambda: services().settings.mode == "local")
     app.add_middleware(RequestIdMiddleware)
     return app

@@ -1,4 +1,5 @@
-"""ASGI middleware: an `x-request-id` on every response, and request-body limits enforced while reading."""
+"""ASGI middleware: an `x-request-id` on every response, request-body limits enforced while reading, and the
+OpenAPI schema hidden in AWS."""
 
 from __future__ import annotations
 
@@ -151,3 +152,24 @@ async def _send_413(send: Any, message: str, scope: Scope) -> None:
         headers.append((b"x-request-id", request_id.encode()))
     await send({"type": "http.response.start", "status": 413, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+
+
+class SchemaGateMiddleware:
+    """`/openapi.json` only in the local mode: a deployment does not publish a map of its routes. (/docs and
+    /redoc are off everywhere: they load scripts from a CDN onto the dashboard's origin.)"""
+
+    def __init__(self, app: ASGIApp, *, enabled: Callable[[], bool], path: str = "/openapi.json") -> None:
+        self.app = app
+        self.enabled = enabled
+        self.path = path
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("path") == self.path and not self.enabled():
+            # The same answer as any unknown route (functions/api/errors.py).
+            body = json.dumps({"error": {"message": f"Invalid URL ({scope.get('method')} {self.path})",
+                                         "type": "invalid_request_error", "param": None, "code": None}}).encode()
+            await send({"type": "http.response.start", "status": 404, "headers": [
+                (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+            await send({"type": "http.response.body", "body": body})
+            return
+        await self.app(scope, receive, send)

@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gpu_worker.engines.base import EngineFailedError, EngineReply
 from gpu_worker.model_prep import resolve_model_dir
+from nightbatch.local.templates import resolve_chat_template
 from nightbatch.settings import ModelSpec
 
 # vLLM reads these when its EngineCore process starts. Defaults for a small CPU box (local-engines.md §2):
@@ -34,6 +35,7 @@ CPU_ENV_DEFAULTS = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 EMBEDDINGS_URL = "/v1/embeddings"
+RESPONSES_URL = "/v1/responses"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,17 +43,22 @@ class _Route:
     parse: Callable[[dict[str, Any]], Any]
     serve: Callable[[Any], Awaitable[Any]] | None
     missing: str  # what vLLM's router says when the model has no handler for this endpoint
+    id_prefix: str = ""  # vLLM uses a Responses request id as the response id as-is: give it OpenAI's "resp_"
+    by_alias: bool = False  # the Responses router renders its models with model_dump(mode="json", by_alias=True)
 
 
 class VllmEngine:
     """One model served by an in-process vLLM AsyncLLM; `handle` may be called concurrently without limit."""
 
     def __init__(
-        self, spec: ModelSpec, *, model_dir: Path | None = None, cache_dir: Path | None = None
+        self, spec: ModelSpec, *, model_dir: Path | str | None = None, cache_dir: Path | None = None,
+        load_format: str | None = None,
     ) -> None:
         self.spec = spec
         self.model_name = spec.name
+        # A local directory, or an s3:// URI with load_format="runai_streamer" (gpu_worker/weight_cache.py).
         self._model_dir = model_dir
+        self._load_format = load_format
         self._cache_dir = cache_dir
         self._stack: AsyncExitStack | None = None
         self._state: State | None = None
@@ -59,6 +66,7 @@ class VllmEngine:
         self.start_seconds: float | None = None
         # The engine's sequence slots, read by the runner to keep enough requests in flight (scheduling.py).
         self.max_num_seqs: int | None = None
+        self.max_logprobs: int = -1  # the model's limit on log probabilities per token (-1: none)
 
     async def start(self) -> None:
         if self._stack is not None:
@@ -73,7 +81,7 @@ class VllmEngine:
         from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client_from_engine_args
         from vllm.usage.usage_lib import UsageContext
 
-        engine_args, frontend = _split_args(self.spec, model_dir, on_cpu=on_cpu)
+        engine_args, frontend = _split_args(self.spec, model_dir, on_cpu=on_cpu, load_format=self._load_format)
         stack = AsyncExitStack()
         try:
             client = await stack.enter_async_context(
@@ -92,6 +100,7 @@ class VllmEngine:
         self._stack, self._state = stack, state
         self._routes = _routes(state)
         self.max_num_seqs = int(client.vllm_config.scheduler_config.max_num_seqs)
+        self.max_logprobs = int(client.vllm_config.model_config.max_logprobs)
         # vLLM's first imports run under this frame and a module keeps one of their tracebacks, which
         # pins this frame; without the del its locals would keep the AsyncLLM alive after stop().
         del client, state, stack, args
@@ -137,10 +146,13 @@ class VllmEngine:
             return _error_reply(
                 create_error_response("Request must not be sent in stream mode", param="stream")
             )
+        over = logprobs_over_limit(url, body, self.max_logprobs)
+        if over is not None:
+            return _error_reply(create_error_response(over[0], param=over[1]))
         try:
             # Engine request ids must be unique among in-flight requests, so ours replaces any the user sent;
             # vLLM turns it into the response id (chatcmpl-<id>, cmpl-<id>, embd-<id>).
-            request = route.parse({**body, "request_id": request_id})
+            request = route.parse({**body, "request_id": route.id_prefix + request_id})
         except pydantic.ValidationError as exc:
             return await self._validation_reply(exc)
         except Exception as exc:
@@ -151,7 +163,7 @@ class VllmEngine:
             raise EngineFailedError(f"the vLLM engine for {self.model_name} has died") from exc
         except Exception as exc:  # the server's exception handlers turn these into error envelopes
             result = create_error_response(exc)
-        reply = await _reply(result)
+        reply = await _reply(result, by_alias=route.by_alias)
         if reply.status_code >= 500:
             # The serving layer answers a dead engine with a 500 like any other failure; tell them apart.
             self._raise_if_dead()
@@ -197,6 +209,23 @@ class VllmEngine:
         return _response_reply(response)
 
 
+def logprobs_over_limit(url: str, body: dict[str, Any], limit: int) -> tuple[str, str] | None:
+    """(message, param) when a request asks for more log probabilities per token than the model returns; vLLM
+    refuses it too, but in terms of its own sampling parameters rather than the field the line sent."""
+    if url == COMPLETIONS_URL:
+        param, asked = "logprobs", body.get("logprobs")
+    elif url == CHAT_URL:
+        param, asked = "top_logprobs", body.get("top_logprobs") if body.get("logprobs") else None
+    elif url == RESPONSES_URL:
+        param, asked = "top_logprobs", body.get("top_logprobs")
+    else:
+        return None
+    if limit < 0 or not isinstance(asked, int) or isinstance(asked, bool) or asked <= limit:
+        return None
+    return (f"'{param}' is {asked}, over this model's limit of {limit} log probabilities per token (the model's "
+            "`max_logprobs` engine argument).", param)
+
+
 def _prepare_platform() -> bool:
     from vllm.platforms import current_platform
 
@@ -207,7 +236,9 @@ def _prepare_platform() -> bool:
     return on_cpu
 
 
-def _split_args(spec: ModelSpec, model_dir: Path, *, on_cpu: bool) -> tuple[Any, Any]:
+def _split_args(
+    spec: ModelSpec, model_dir: Path | str, *, on_cpu: bool, load_format: str | None = None
+) -> tuple[Any, Any]:
     """AsyncEngineArgs and the server's frontend args; `spec.engine_args` keys may belong to either."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.cli_args import BaseFrontendArgs
@@ -222,13 +253,20 @@ def _split_args(spec: ModelSpec, model_dir: Path, *, on_cpu: bool) -> tuple[Any,
     }
     if spec.task == "embed":
         engine_kwargs["runner"] = "pooling"
+    if load_format:
+        # Run:ai streamer: safetensors read from S3 straight into GPU memory, config/tokenizer copied locally.
+        engine_kwargs["load_format"] = load_format
+    if spec.reasoning_parser:
+        engine_kwargs["reasoning_parser"] = spec.reasoning_parser
     if on_cpu:
         # torch.compile costs 60-80 s per start on CPU for a 10-17 % gain (local-engines.md §2).
         engine_kwargs["enforce_eager"] = True
     engine_names = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     frontend_names = {f.name for f in dataclasses.fields(BaseFrontendArgs)}
-    frontend_kwargs: dict[str, Any] = {}
+    frontend_kwargs = _model_frontend_args(spec)
     for key, value in spec.engine_args.items():
+        if key in frontend_kwargs or (key == "reasoning_parser" and spec.reasoning_parser):
+            raise ValueError(f"model {spec.name!r}: set {key!r} as the model's own setting, not in engine_args")
         if key in engine_names:
             engine_kwargs[key] = value
         elif key in frontend_names:
@@ -238,6 +276,33 @@ def _split_args(spec: ModelSpec, model_dir: Path, *, on_cpu: bool) -> tuple[Any,
     return AsyncEngineArgs(**engine_kwargs), BaseFrontendArgs(**frontend_kwargs)
 
 
+def _model_frontend_args(spec: ModelSpec) -> dict[str, Any]:
+    """vLLM server flags that a model's own settings name (tool calling, chat template)."""
+    _check_parser_names(spec)
+    kwargs: dict[str, Any] = {}
+    if spec.tool_call_parser:
+        kwargs["tool_call_parser"] = spec.tool_call_parser
+    if spec.enable_auto_tool_choice:
+        kwargs["enable_auto_tool_choice"] = True
+    if spec.chat_template is not None:
+        kwargs["chat_template"] = resolve_chat_template(spec.chat_template)
+    if spec.default_chat_template_kwargs:
+        kwargs["default_chat_template_kwargs"] = dict(spec.default_chat_template_kwargs)
+    return kwargs
+
+
+def _check_parser_names(spec: ModelSpec) -> None:
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    for setting, name, known in (
+        ("tool_call_parser", spec.tool_call_parser, ToolParserManager.list_registered),
+        ("reasoning_parser", spec.reasoning_parser, ReasoningParserManager.list_registered),
+    ):
+        if name and name not in known():
+            raise ValueError(f"model {spec.name!r}: {setting} {name!r} is not one of vLLM's: {', '.join(known())}")
+
+
 def _fields(obj: Any) -> dict[str, Any]:
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
@@ -245,11 +310,13 @@ def _fields(obj: Any) -> dict[str, Any]:
 def _routes(state: State) -> dict[str, _Route]:
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
     from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
 
     chat = getattr(state, "openai_serving_chat", None)
     completion = getattr(state, "openai_serving_completion", None)
     embedding = getattr(state, "serving_embedding", None)
+    responses = getattr(state, "openai_serving_responses", None)
     embedding_adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(EmbeddingRequest)
     return {
         CHAT_URL: _Route(
@@ -267,10 +334,17 @@ def _routes(state: State) -> dict[str, _Route]:
             embedding,
             "The model does not support Embeddings API",
         ),
+        RESPONSES_URL: _Route(
+            ResponsesRequest.model_validate,
+            responses.create_responses if responses is not None else None,
+            "The model does not support Responses API",
+            id_prefix="resp_",
+            by_alias=True,
+        ),
     }
 
 
-async def _reply(result: Any) -> EngineReply:
+async def _reply(result: Any, *, by_alias: bool = False) -> EngineReply:
     from vllm.entrypoints.serve import create_error_response
     from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
@@ -290,7 +364,8 @@ async def _reply(result: Any) -> EngineReply:
     if isinstance(result, pydantic.BaseModel):
         # The routers answer with JSONResponse(content=model_dump()); rendering through it keeps the
         # server's JSON exactly (for example non-finite logprobs).
-        return _response_reply(JSONResponse(content=result.model_dump()))
+        dumped = result.model_dump(mode="json", by_alias=True) if by_alias else result.model_dump()
+        return _response_reply(JSONResponse(content=dumped))
     aclose = getattr(result, "aclose", None)
     if aclose is not None:  # a streaming generator: close it so vLLM aborts the request
         await aclose()

@@ -1,4 +1,4 @@
-"""The batch commands of the `nightbatch` console script: submit, status, list, cancel, results.
+"""The batch commands of the `nightbatch` console script: submit, status, list, cancel, results (and doctor).
 
 They talk to any nightbatch server through the stock OpenAI SDK, so they double as a worked example.
 `register` adds them to the console script's parser; each sets `handler`, which returns the exit status.
@@ -13,6 +13,8 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
+
+from nightbatch.doctor import register as register_doctor
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -77,7 +79,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        help="upload a JSONL file of requests and create a batch",
                        description="Upload a JSONL file of requests and create a batch from it.")
     p.add_argument("file", type=Path, help="the requests, one JSON object per line (OpenAI's batch format)")
-    p.add_argument("--endpoint", help="/v1/chat/completions, /v1/completions or /v1/embeddings "
+    p.add_argument("--endpoint", help="/v1/chat/completions, /v1/completions, /v1/embeddings or /v1/responses "
                                       "(default: the url of the first request in the file)")
     p.add_argument("--window", default="24h", help="completion window, e.g. 24h or 72h (default 24h)")
     p.add_argument("--metadata", nargs="+", action="extend", type=key_value, default=[], metavar="KEY=VALUE",
@@ -110,3 +112,4 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write to FILE instead of stdout")
     p.add_argument("--errors", action="store_true", help="the error file instead of the output file")
     p.set_defaults(handler=command("results"))
+    register_doctor(sub, server)

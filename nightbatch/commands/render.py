@@ -7,6 +7,8 @@ from typing import Any
 
 from openai.types import Batch
 
+from nightbatch.phases import describe as describe_phases
+
 ENDED_AT = {"completed": "completed_at", "failed": "failed_at", "expired": "expired_at",
             "cancelled": "cancelled_at"}
 ERRORS_SHOWN = 5
@@ -124,7 +126,9 @@ def counts(batch: Batch) -> str:
 def tokens(batch: Batch) -> str | None:
     if batch.usage is not None:
         u = batch.usage
-        return f"{u.total_tokens:,} (input {u.input_tokens:,}, output {u.output_tokens:,})"
+        reasoning = u.output_tokens_details.reasoning_tokens
+        extra = f", of which reasoning {reasoning:,}" if reasoning else ""
+        return f"{u.total_tokens:,} (input {u.input_tokens:,}, output {u.output_tokens:,}{extra})"
     n = live_tokens(batch)
     return f"{n:,} so far" if n is not None else None
 
@@ -150,6 +154,7 @@ def describe(batch: Batch) -> str:
         ("requests", counts(batch)),
         ("tokens", tokens(batch)),
         ("cost", cost_detail(batch)),
+        ("phases", describe_phases(_ext(batch).get("phases") or {})),
         ("created", timestamp(batch.created_at)),
         ("started", timestamp(batch.in_progress_at) if batch.in_progress_at else None),
     ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -66,6 +67,7 @@ class LocalWorkflow:
             log.warning("engines are off: shard %s of %s not run", item["shard_id"], item["batch_id"])
             return
         from gpu_worker.runner import ShardJob, run_shard
+        from nightbatch.phases import Phases
 
         job = ShardJob(batch_id=item["batch_id"], shard_id=item["shard_id"])
         host = self.host
@@ -74,11 +76,20 @@ class LocalWorkflow:
                 return
             try:
                 async def run() -> Any:
+                    # The local stack shares one warm engine between shards: a shard's "weights" and "engine"
+                    # phases are the wait for it (the whole load for the first shard after start-up).
+                    phases = Phases(weights_source="local")
                     shard = json.loads(services.adapters.blobs.get_bytes(
                         f"batches/{job.batch_id}/shards/{job.shard_id}.json") or b"{}")
-                    engine = await host.engine(shard["model"])
+                    waited = time.monotonic()
+                    engine = await host.engine(shard["model"])  # warm, or still starting (the first batch)
+                    phases.mark("weights_ready")
+                    phases.mark("engine_ready")
+                    # Recorded like the worker's model load, so batch.nightbatch.cost and `nightbatch doctor`
+                    # show a batch that waited for its engine.
                     return await run_shard(job, engine=engine, blobs=services.adapters.blobs,
-                                           table=services.adapters.table, settings=services.settings)
+                                           table=services.adapters.table, settings=services.settings,
+                                           model_load_seconds=time.monotonic() - waited, phases=phases)
 
                 host.submit(run()).result()
                 return

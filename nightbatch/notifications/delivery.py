@@ -115,8 +115,9 @@ class Deliveries:
         if item is None or item.get("kind") != "webhook_delivery" or item["status"] != "pending":
             return None
         n = int(item["attempt_count"]) + 1
-        if attempt is not None and attempt != n:
-            return None
+        if attempt is not None and attempt < n:
+            return None  # a duplicate of a message whose attempt is recorded
+        # attempt > n: the retry was queued but its attempt never recorded (a crash in between); go on as n.
         endpoint = self.table.get(item["endpoint_id"])
         at = now()
         final = False
@@ -136,16 +137,18 @@ class Deliveries:
             attempt=n, attempted_at=at, status_code=result.status_code, error=_error_text(result),
             duration_ms=result.duration_ms, next_attempt_at=math.ceil(next_at) if next_at else None,
         )
+        if next_at is not None and self.queue is not None:
+            # Queued before the attempt is recorded: a crash in between costs one extra attempt, never the
+            # delivery (recorded first, a lost send would leave it `pending` with nothing left to retry it).
+            msg = DeliveryMessage(delivery_id=delivery_id, attempt=n + 1, not_before=next_at)
+            self.queue.send(msg.model_dump(), next_at - time.time())
         try:
             self.table.update(delivery_id, set_={
                 "attempt_count": n, "attempts": [*item.get("attempts", []), record.model_dump()],
                 "status": status, "next_attempt_at": record.next_attempt_at,
             }, expect_in={"attempt_count": (n - 1,)})
         except StorageConflictError:
-            return None  # a duplicate message attempted it too; that one recorded and scheduled
-        if next_at is not None and self.queue is not None:
-            msg = DeliveryMessage(delivery_id=delivery_id, attempt=n + 1, not_before=next_at)
-            self.queue.send(msg.model_dump(), next_at - time.time())
+            return None  # a duplicate message attempted it too; its retry message makes ours a no-op
         log.info("webhook %s attempt %d to %s: %s", delivery_id, n, item["endpoint_id"],
                  record.status_code or record.error, extra={"delivery_id": delivery_id, "status": status})
         return record

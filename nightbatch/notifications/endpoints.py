@@ -88,10 +88,22 @@ class WebhookEndpointService:
         resolve_target(url, allow_private=self.settings.allow_private_targets, resolver=self.resolver)
         return url
 
+    def _check_room(self, tenant: str, url: str, *, exclude: str | None = None) -> None:
+        """At most `max_webhook_endpoints` per tenant (each event fans out to all of them), one per URL."""
+        existing = [i for i in self.all_items(tenant) if i["pk"] != exclude]
+        if any(i["url"] == url for i in existing):
+            raise InvalidRequestError("Invalid 'url': another webhook endpoint of this project already has this "
+                                      "URL.", param="url", code="duplicate_url")
+        cap = self.settings.max_webhook_endpoints
+        if exclude is None and cap and len(existing) >= cap:
+            raise InvalidRequestError(f"This project already has {len(existing)} webhook endpoints, the most "
+                                      "allowed on this deployment; delete one first.", code="too_many_endpoints")
+
     def create(self, tenant: str, req: CreateWebhookEndpointRequest) -> WebhookEndpointWithSecret:
         event_types = check_event_types(req.event_types)
         name = check_name(req.name)
         url = self._check_url(req.url)
+        self._check_room(tenant, url)
         endpoint_id = ENDPOINT_PREFIX + secrets.token_hex(12)
         created = now()
         item: dict[str, Any] = {
@@ -143,6 +155,8 @@ class WebhookEndpointService:
             fields["name"] = check_name(req.name)
         if req.url is not None:
             fields["url"] = self._check_url(req.url)
+            if fields["url"] != item["url"]:
+                self._check_room(tenant, fields["url"], exclude=endpoint_id)
         changed = {k: v for k, v in fields.items() if item.get(k) != v}
         if not changed:
             return to_wire(item)  # the SDK documents that unchanged updates do not advance updated_at

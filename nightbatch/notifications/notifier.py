@@ -129,7 +129,8 @@ class Notifier:
         wire = batch_to_wire(batch)
         links, expires_at = self._links([fid for fid in (wire.output_file_id, wire.error_file_id) if fid])
         subject, text = compose(wire, links, links_expire_at=expires_at)
-        log.info("email for %s to %s\nSubject: %s\n\n%s", batch["pk"], ", ".join(pending), subject, text)
+        # Never the text: its links are credentials for the batch's output (anyone with log access could use them).
+        log.info("notify %s: e-mail to %d recipient(s)", batch["pk"], len(pending), extra={"batch_id": batch["pk"]})
         if self.mailer is None:
             log.warning("notify %s: email not sent, no sender identity (NIGHTBATCH_EMAIL_SENDER)", batch["pk"])
             return

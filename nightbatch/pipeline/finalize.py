@@ -2,6 +2,8 @@
 
 Idempotent: file ids derive from the batch id, a second run writes the same bytes (shards, checkpoints and
 lines are read in key order; the first result per custom_id wins) and finds the batch already terminal.
+Successful lines are not uploaded again: the output file is composed from ranges of the checkpoint objects
+(nightbatch/pipeline/compose.py); S3 copies every range of at least 5 MiB server-side.
 """
 
 from __future__ import annotations
@@ -14,21 +16,24 @@ from typing import Any
 from nightbatch import lifecycle
 from nightbatch.accounting import collect_shard_times, cost_summary
 from nightbatch.clock import now
-from nightbatch.errors import StorageConflictError
+from nightbatch.errors import BatchItemTooLargeError, StorageConflictError
 from nightbatch.ids import derived_id
 from nightbatch.jsonl import split_lines
 from nightbatch.metrics import emit
+from nightbatch.phases import summarize as summarize_phases
 from nightbatch.pipeline import layout
+from nightbatch.pipeline.compose import PartComposer
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
-from nightbatch.pipeline.results import Tally, digest, summarize_result_line, unrun_line
+from nightbatch.pipeline.results import MAX_RESULT_LINE, Tally, digest, summarize_result_line, unrun_line
 from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore, LineWriter
+from nightbatch.storage.parts import PartStore
 from nightbatch.wire import TERMINAL_STATUSES
 
 log = logging.getLogger("nightbatch.finalize")
 UNRUN_CODE = {"cancelled": "batch_cancelled", "expired": "batch_expired", "completed": "shard_failed"}
-MAX_RESULT_LINE = 64 * 1024 * 1024
+READ_WHOLE_BYTES = 64 * 1024 * 1024  # checkpoint objects up to this size are read in one GET, larger streamed
 
 
 def decide_target(batch: dict[str, Any]) -> str:
@@ -43,6 +48,15 @@ def decide_target(batch: dict[str, Any]) -> str:
 
 
 def finalize_batch(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
+    try:
+        return _finalize(inp, services)
+    except BatchItemTooLargeError:
+        # lifecycle failed the batch for good (its item outgrew DynamoDB's limit); nothing is left to retry.
+        log.error("batch item too large; failed", extra={"batch_id": inp.batch_id})
+        return FinalizeOutput(batch_id=inp.batch_id, status="failed")
+
+
+def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     table = services.adapters.table
     batch = table.get(inp.batch_id)
     if batch is None:
@@ -63,6 +77,8 @@ def finalize_batch(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     times = collect_shard_times(services.adapters.blobs, [layout.batch_prefix(inp.batch_id) + "results/"])
     ext = dict(batch.get("ext") or {})
     ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"])
+    if times.phases:
+        ext["phases"] = summarize_phases(times.phases)
     fields: dict[str, Any] = {
         "request_counts": {"total": tally.completed + tally.failed, "completed": tally.completed,
                            "failed": tally.failed},
@@ -115,7 +131,7 @@ def _write_files(services: Services, batch: dict[str, Any], unrun_code: str) -> 
     blobs = services.adapters.blobs
     batch_id = batch["pk"]
     tally = Tally()
-    out = blobs.writer(layout.output_key(batch_id))
+    out = PartComposer(blobs, layout.output_key(batch_id))
     err = blobs.writer(layout.error_key(batch_id))
     try:
         for shard in _shards(blobs, batch_id):
@@ -156,22 +172,77 @@ def _write_files(services: Services, batch: dict[str, Any], unrun_code: str) -> 
         layout.error_key(batch_id), err_bytes, "error"), tally
 
 
-def _merge_results(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], out: LineWriter,
+def _merge_results(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], out: PartComposer,
                    err: LineWriter, tally: Tally) -> None:
     prefix = layout.results_prefix(batch_id, shard_id)
-    for key in sorted(k for k in blobs.list_keys(prefix) if k.endswith(".jsonl")):
-        for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
-            if not raw.data:
-                continue
-            summary = summarize_result_line(raw.data)
+    sizes = PartStore(blobs).sizes(prefix)
+    for key in sorted(k for k in sizes if k.endswith(".jsonl")):
+        if sizes[key] > READ_WHOLE_BYTES:
+            _merge_streamed(blobs, batch_id, key, seen, out, err, tally)
+        else:
+            _merge_object(batch_id, key, blobs.get_bytes(key) or b"", seen, out, err, tally)
+
+
+def _unreadable(batch_id: str, key: str, number: int, size: int) -> None:
+    # Workers never write one (gpu_worker.results); its request ends as shard_failed, so say why.
+    log.error("result line %d of %s is %d bytes, over %d: its request is reported unrun", number, key, size,
+              MAX_RESULT_LINE, extra={"batch_id": batch_id})
+
+
+def _merge_object(batch_id: str, key: str, data: bytes, seen: set[int], out: PartComposer, err: LineWriter,
+                  tally: Tally) -> None:
+    """Runs of successful lines that need no rewrite go to the output as ranges of `key` (copied by S3 when
+    big enough); everything else is written line by line."""
+    view = memoryview(data)
+    run = -1  # start of the current run of lines kept as they are
+    pos = 0
+    for number, line in enumerate(data.split(b"\n"), 1):
+        nxt = pos + len(line) + 1
+        keep = False
+        rewrite: bytes | None = None
+        if len(line) > MAX_RESULT_LINE:
+            _unreadable(batch_id, key, number, len(line))
+        if line and len(line) <= MAX_RESULT_LINE:
+            clean = line[:-1] if line[-1] == 13 else line  # CRLF: the CR is dropped, as split_lines does
+            summary = summarize_result_line(clean)
             d = digest(summary.custom_id)
-            if d in seen:
-                continue  # a zombie attempt's duplicate: the first result wins
-            seen.add(d)
-            data = raw.data + b"\n"
-            if summary.ok:
-                out.write(data)
-                tally.add_success(summary.usage)
-            else:
-                err.write(data)
-                tally.failed += 1
+            if d not in seen:  # else a zombie attempt's duplicate: the first result wins
+                seen.add(d)
+                if summary.ok:
+                    tally.add_success(summary.usage)
+                    keep = clean is line and nxt <= len(data)
+                    rewrite = None if keep else clean + b"\n"
+                else:
+                    err.write(clean + b"\n")
+                    tally.failed += 1
+        if keep:
+            run = pos if run < 0 else run
+        elif run >= 0:
+            out.add_range(key, run, view[run:pos])
+            run = -1
+        if rewrite is not None:
+            out.add_bytes(rewrite)
+        pos = nxt
+    if run >= 0:
+        out.add_range(key, run, view[run:min(pos, len(data))])
+
+
+def _merge_streamed(blobs: BlobStore, batch_id: str, key: str, seen: set[int], out: PartComposer, err: LineWriter,
+                    tally: Tally) -> None:
+    for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
+        if raw.data is None:
+            _unreadable(batch_id, key, raw.number, raw.size)
+            continue
+        if not raw.data:
+            continue
+        summary = summarize_result_line(raw.data)
+        d = digest(summary.custom_id)
+        if d in seen:
+            continue
+        seen.add(d)
+        if summary.ok:
+            out.add_bytes(raw.data + b"\n")
+            tally.add_success(summary.usage)
+        else:
+            err.write(raw.data + b"\n")
+            tally.failed += 1

@@ -32,6 +32,8 @@ class ShardItem(BaseModel):
     version: Literal[1] = 1
     batch_id: str
     shard_id: str
+    # AWS: the ARN of the batch model's Batch job definition (empty locally).
+    job_definition: str = ""
 
 
 class FinalizeOutput(BaseModel):

@@ -3,22 +3,24 @@
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
+from nightbatch.clock import now
 from nightbatch.pipeline import layout
 from nightbatch.pipeline.models import BatchTaskInput, PlanOutput, ShardItem
+from nightbatch.pipeline.sizing import plan_shards
 from nightbatch.services import Services
 from nightbatch.settings import Settings
 
 
-def group_segments(segments: list[dict[str, Any]], settings: Settings) -> list[list[dict[str, Any]]]:
-    """Contiguous groups of whole segments, each near total/n estimated tokens."""
+def group_segments(
+    segments: list[dict[str, Any]], settings: Settings, window_seconds: float | None = None
+) -> list[list[dict[str, Any]]]:
+    """Contiguous groups of whole segments, each near total/n estimated tokens; n from sizing.plan_shards."""
     if not segments:
         return []
     total = sum(int(s["est"]) for s in segments)
-    cap = max(1, settings.max_gpus * settings.shards_per_gpu)
-    n = max(1, min(cap, math.ceil(total / max(1, settings.shard_target_tokens)), len(segments)))
+    n = plan_shards(total, len(segments), settings, window_seconds).shards
     target = total / n
     groups: list[list[dict[str, Any]]] = [[]]
     acc = 0
@@ -41,7 +43,10 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
     if batch is not None and batch["status"] == "in_progress":
         raw = blobs.get_bytes(layout.segment_index_key(inp.batch_id))
         segments: list[dict[str, Any]] = json.loads(raw) if raw else []
-        for i, group in enumerate(group_segments(segments, settings)):
+        job_definitions: dict[str, str] = json.loads(settings.job_definitions_json or "{}")
+        job_definition = job_definitions.get(batch["model"], "")
+        window = max(0.0, float(batch.get("expires_at") or 0) - now()) if batch.get("expires_at") else None
+        for i, group in enumerate(group_segments(segments, settings, window)):
             shard_id = f"{i:05d}"
             blobs.put_bytes(layout.shard_key(inp.batch_id, shard_id), json.dumps({
                 "version": 1, "batch_id": inp.batch_id, "shard_id": shard_id,
@@ -49,7 +54,8 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
                 "segments": [s["key"] for s in group], "lines": sum(int(s["lines"]) for s in group),
                 "est_tokens": sum(int(s["est"]) for s in group),
             }).encode())
-            items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id).model_dump())
+            items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id,
+                                   job_definition=job_definition).model_dump())
     # Cancelled or expired before planning: an empty manifest sends the workflow straight to Finalize.
     blobs.put_bytes(manifest_key, json.dumps(items).encode(), content_type="application/json")
     if batch is not None:

@@ -3,19 +3,33 @@
 from __future__ import annotations
 
 import hashlib
-import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from nightbatch.ids import batch_request_id
-from nightbatch.jsonl import dumps_line
+from nightbatch.jsonl import dumps_line, loads
 
 UNRUN_MESSAGES = {
     "batch_cancelled": "This request was not executed because the batch was cancelled.",
     "batch_expired": "This request could not be executed before the completion window expired.",
     "shard_failed": "This request was not executed: its shard failed after all retries.",
 }
+
+
+# The longest result line Finalize reads back (and so the longest a worker may write): bounded memory per line.
+MAX_RESULT_LINE = 64 * 1024 * 1024
+
+
+def oversized_result_line(batch_id: str, custom_id: str, size: int) -> bytes:
+    """What a worker writes instead of a result line over MAX_RESULT_LINE: that request's own error."""
+    return dumps_line({
+        "id": batch_request_id(batch_id, custom_id), "custom_id": custom_id, "response": None,
+        "error": {"code": "result_too_large", "message": (
+            f"The response to this request is {size} bytes, over the {MAX_RESULT_LINE}-byte limit of one "
+            "result line; ask for fewer tokens, choices or inputs.")},
+    })
 
 
 def unrun_line(batch_id: str, custom_id: str, code: str) -> bytes:
@@ -25,11 +39,23 @@ def unrun_line(batch_id: str, custom_id: str, code: str) -> bytes:
     })
 
 
-# Our workers write `{"id":…,"custom_id":…,"response":{"status_code":N,…` in this key order; a line that
-# doesn't match (written by anything else) is parsed in full instead.
-_HEAD = re.compile(r'^\{"id":"[^"\\]*","custom_id":("(?:[^"\\]|\\.)*"),"response":(?:null|\{"status_code":(\d+))')
-_USAGE = '"usage":{'
-_decoder = json.JSONDecoder()
+class _Body(msgspec.Struct):
+    usage: dict[str, Any] | None = None
+
+
+class _Response(msgspec.Struct):
+    status_code: int
+    body: _Body | None = None
+
+
+class _Line(msgspec.Struct):
+    """The fields Finalize needs from a result line; msgspec skips the rest without building it."""
+
+    custom_id: str
+    response: _Response | None = None
+
+
+_decode_line = msgspec.json.Decoder(_Line).decode
 
 
 @dataclass(frozen=True)
@@ -40,26 +66,23 @@ class ResultSummary:
 
 
 def summarize_result_line(data: bytes) -> ResultSummary:
-    """custom_id, success and usage of one result line without parsing the whole response body."""
-    text = data.decode()
-    m = _HEAD.match(text)
-    if m is None:
-        line = json.loads(text)
-        response = line.get("response")
-        ok = response is not None and 200 <= int(response.get("status_code", 0)) < 300
-        body = (response or {}).get("body") or {}
-        return ResultSummary(str(line["custom_id"]), ok, body.get("usage") or {} if ok else {})
-    quoted = m.group(1)
-    custom_id = json.loads(quoted) if "\\" in quoted else quoted[1:-1]
-    ok = m.group(2) is not None and 200 <= int(m.group(2)) < 300
-    usage: dict[str, Any] = {}
-    if ok:
-        # An unescaped `"usage":{` can only be a key (quotes inside strings are escaped); the body's own
-        # usage is the last one.
-        at = text.rfind(_USAGE)
-        if at >= 0:
-            usage, _ = _decoder.raw_decode(text, at + len(_USAGE) - 1)
-    return ResultSummary(custom_id, ok, usage)
+    """custom_id, success and usage of one result line, decoding only those fields."""
+    try:
+        line = _decode_line(data)
+    except msgspec.MsgspecError:
+        return _summarize_any(data)  # not shaped as our workers write it: the general path decides
+    r = line.response
+    ok = r is not None and 200 <= r.status_code < 300
+    usage = (r.body.usage if r is not None and r.body is not None else None) or {}
+    return ResultSummary(line.custom_id, ok, usage if ok else {})
+
+
+def _summarize_any(data: bytes) -> ResultSummary:
+    line = loads(data)
+    response = line.get("response")
+    ok = response is not None and 200 <= int(response.get("status_code", 0)) < 300
+    body = (response or {}).get("body") or {}
+    return ResultSummary(str(line["custom_id"]), ok, body.get("usage") or {} if ok else {})
 
 
 def digest(custom_id: str) -> int:
@@ -80,6 +103,12 @@ class Tally:
 
     def add_success(self, usage: dict[str, Any]) -> None:
         self.completed += 1
+        if "input_tokens" in usage:  # a Responses object's usage has the batch's own field names
+            self.input_tokens += int(usage.get("input_tokens") or 0)
+            self.output_tokens += int(usage.get("output_tokens") or 0)
+            self.cached_tokens += int((usage.get("input_tokens_details") or {}).get("cached_tokens") or 0)
+            self.reasoning_tokens += int((usage.get("output_tokens_details") or {}).get("reasoning_tokens") or 0)
+            return
         self.input_tokens += int(usage.get("prompt_tokens") or 0)
         self.output_tokens += int(usage.get("completion_tokens") or 0)
         details = usage.get("prompt_tokens_details") or {}

@@ -6,9 +6,10 @@ the request keeps its own bytes, so Validate parses every line once and re-seria
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from nightbatch.jsonl import loads
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,6 @@ def segment_line(number: int, est: int, raw: bytes) -> bytes:
 
 
 def parse_segment_line(data: bytes) -> SegmentRequest:
-    obj = json.loads(data)
+    obj = loads(data)
     req = obj["req"]
     return SegmentRequest(number=int(obj["n"]), est=int(obj["est"]), custom_id=req["custom_id"], body=req["body"])

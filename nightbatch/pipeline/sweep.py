@@ -30,22 +30,36 @@ def sweep(services: Services, *, stale_seconds: int = STALE_SECONDS,
     finalized: list[str] = []
     open_counts: dict[str, int] = {}
     oldest: dict[str, int] = {}
+    skipped: list[str] = []
     for status in OPEN_STATUSES:
         for key in table.query_open(status):
-            batch = table.get(key["pk"])
-            if batch is None or batch["status"] != status:
-                continue
-            open_counts[status] = open_counts.get(status, 0) + 1
-            age = t - int(batch.get(f"{status}_at") or batch["created_at"])
-            oldest[status] = max(oldest.get(status, 0), age)
-            if t > int(batch["expires_at"]) + expiry_grace_seconds:
-                # Finalize is idempotent: safe even if the workflow is in fact still finishing.
-                finalized.append(finalize_batch(BatchTaskInput(batch_id=batch["pk"]), services).batch_id)
-            elif status == "validating" and batch["created_at"] <= t - stale_seconds:
-                # Executions are named after the batch: starting one that exists is a no-op.
-                services.batches.workflow.start(batch["pk"])
-                redriven.append(batch["pk"])
+            # One batch that cannot be handled (a corrupt or oversized item, a throttled call) is logged and
+            # skipped: it must not stop the sweep re-driving and finalizing every other batch.
+            try:
+                batch = table.get(key["pk"])
+                if batch is None or batch["status"] != status:
+                    continue
+                open_counts[status] = open_counts.get(status, 0) + 1
+                age = t - int(batch.get(f"{status}_at") or batch["created_at"])
+                oldest[status] = max(oldest.get(status, 0), age)
+                if t > int(batch["expires_at"]) + expiry_grace_seconds:
+                    # Finalize is idempotent: safe even if the workflow is in fact still finishing.
+                    finalized.append(finalize_batch(BatchTaskInput(batch_id=batch["pk"]), services).batch_id)
+                elif status == "validating" and batch["created_at"] <= t - stale_seconds:
+                    # Executions are named after the batch: starting one that exists is a no-op.
+                    services.batches.workflow.start(batch["pk"])
+                    redriven.append(batch["pk"])
+            except Exception:
+                log.exception("sweep: batch %s skipped", key.get("pk"), extra={"batch_id": str(key.get("pk"))})
+                skipped.append(str(key.get("pk")))
     cancelled_jobs = _sweep_jobs(services, t) if settings.job_queue else []
+    try:
+        expired_uploads = services.uploads.sweep_expired()
+    except Exception:
+        log.exception("sweep: expiring uploads failed")
+        expired_uploads = []
+    if skipped:
+        emit(settings, {"SweepBatchesSkipped": len(skipped)})
     if open_counts:
         for status, n in open_counts.items():
             emit(settings, {"BatchesOpen": n}, dimensions={"Status": status})
@@ -53,7 +67,8 @@ def sweep(services: Services, *, stale_seconds: int = STALE_SECONDS,
             if status in oldest:
                 emit(settings, {"OldestBatchAgeSeconds": oldest[status]}, units={"OldestBatchAgeSeconds": "Seconds"},
                      dimensions={"Status": status})
-    return {"redriven": redriven, "finalized": finalized, "cancelled_jobs": cancelled_jobs}
+    return {"redriven": redriven, "finalized": finalized, "cancelled_jobs": cancelled_jobs, "skipped": skipped,
+            "expired_uploads": expired_uploads}
 
 
 def _sweep_jobs(services: Services, t: int) -> list[str]:
@@ -69,12 +84,15 @@ def _sweep_jobs(services: Services, t: int) -> list[str]:
                 oldest_runnable = max(oldest_runnable, t - int(job.get("createdAt", t * 1000)) // 1000)
             if status not in UNSTARTED:
                 continue
-            # Job names are "<batch_id>-<shard_id>" (infra/orchestration.py).
-            batch = table.get(str(job.get("jobName", "")).rsplit("-", 1)[0])
-            if batch is not None and (batch["status"] in TERMINAL_STATUSES or batch["status"] == "cancelling"
-                                      or t >= int(batch["expires_at"])):
-                jobs.cancel(job["jobId"], "nightbatch: batch cancelled or expired")
-                cancelled.append(job["jobId"])
+            try:
+                # Job names are "<batch_id>-<shard_id>" (infra/orchestration.py).
+                batch = table.get(str(job.get("jobName", "")).rsplit("-", 1)[0])
+                if batch is not None and (batch["status"] in TERMINAL_STATUSES or batch["status"] == "cancelling"
+                                          or t >= int(batch["expires_at"])):
+                    jobs.cancel(job["jobId"], "nightbatch: batch cancelled or expired")
+                    cancelled.append(job["jobId"])
+            except Exception:
+                log.exception("sweep: job %s skipped", job.get("jobId"))
     if counts:
         for status, n in counts.items():
             emit(settings, {"QueueJobs": n}, dimensions={"JobStatus": status})

@@ -20,7 +20,7 @@ from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
 from nightbatch.pipeline.segments import segment_line
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore
-from nightbatch.validation import LineInvalid, Validator, line_error
+from nightbatch.validation import MAX_ERRORS_BYTES, LineInvalid, Validator, line_error
 from nightbatch.wire import BatchError
 
 log = logging.getLogger("nightbatch.validate")
@@ -100,6 +100,7 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
     validator = Validator(settings=settings, endpoint=batch["endpoint"])
     writer = SegmentWriter(blobs, inp.batch_id, settings.segment_max_lines, settings.segment_max_bytes)
     errors: list[BatchError] = []
+    errors_bytes = 0
     count = 0
     for raw in split_lines(services.files.chunks(file_item, read_ahead=True), max_bytes=settings.max_line_bytes):
         if raw.data is not None and not raw.data.strip():
@@ -115,7 +116,8 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
             req = validator.check(raw.number, raw.data, raw.size)
         except LineInvalid as e:
             errors.append(line_error(raw.number, e))
-            if len(errors) >= settings.max_reported_errors:
+            errors_bytes += len(errors[-1].model_dump_json())
+            if len(errors) >= settings.max_reported_errors or errors_bytes >= MAX_ERRORS_BYTES:
                 break
             continue
         if not errors:

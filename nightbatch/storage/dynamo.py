@@ -8,7 +8,7 @@ from typing import Any
 
 from botocore.exceptions import ClientError
 
-from nightbatch.errors import StorageConflictError
+from nightbatch.errors import StorageConflictError, StorageItemTooLargeError
 
 OWNER_INDEX = "by_owner"
 STATUS_INDEX = "by_status"
@@ -44,6 +44,7 @@ class Table:
         remove: tuple[str, ...] = (),
         expect_in: Mapping[str, tuple[Any, ...]] | None = None,
         expect_absent: tuple[str, ...] = (),
+        expect_at_most: Mapping[str, int] | None = None,
         must_exist: bool = True,
     ) -> dict[str, Any]:
         """One UpdateItem; raises StorageConflictError when a condition fails. Returns the new item."""
@@ -74,6 +75,9 @@ class Table:
             conds.append(f"{name(attr)} IN ({', '.join(value(v) for v in allowed)})")
         for attr in expect_absent:
             conds.append(f"attribute_not_exists({name(attr)})")
+        for attr, most in (expect_at_most or {}).items():
+            n = name(attr)
+            conds.append(f"(attribute_not_exists({n}) OR {n} <= {value(most)})")
         kwargs: dict[str, Any] = {
             "Key": {"pk": pk},
             "UpdateExpression": " ".join(clauses),
@@ -89,6 +93,8 @@ class Table:
         except ClientError as e:
             if _conditional(e):
                 raise StorageConflictError(pk) from e
+            if _too_large(e):
+                raise StorageItemTooLargeError(pk) from e
             raise
         new: dict[str, Any] = _from_ddb(resp["Attributes"])
         return new
@@ -169,6 +175,11 @@ def create_table(client: Any, name: str) -> None:
 
 def _conditional(e: ClientError) -> bool:
     return str(e.response.get("Error", {}).get("Code")) == "ConditionalCheckFailedException"
+
+
+def _too_large(e: ClientError) -> bool:
+    err = e.response.get("Error", {})
+    return str(err.get("Code")) == "ValidationException" and "size" in str(err.get("Message", "")).lower()
 
 
 def _to_ddb(v: Any) -> Any:

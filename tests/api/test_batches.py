@@ -96,7 +96,7 @@ def test_expires_at_is_created_at_plus_the_window(
     assert b.expires_at == b.created_at + hours * 3600
 
 
-@pytest.mark.parametrize("endpoint", ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"])
+@pytest.mark.parametrize("endpoint", ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"])
 def test_every_supported_endpoint(openai_client: OpenAI, input_file_id: str, endpoint: str) -> None:
     assert create(openai_client, input_file_id, endpoint=endpoint).endpoint == endpoint
 

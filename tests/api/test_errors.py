@@ -165,7 +165,7 @@ def test_a_batch_id_is_not_a_file_id(api_server: ApiServer, input_file_id: str) 
 
 
 @pytest.mark.parametrize(
-    "endpoint", ["/v1/responses", "/v1/chat/completions/", "v1/embeddings", "", "/v1/invalid"]
+    "endpoint", ["/v1/responses/", "/v1/chat/completions/", "v1/embeddings", "", "/v1/invalid"]
 )
 def test_bad_endpoint(api_server: ApiServer, input_file_id: str, endpoint: str) -> None:
     err = assert_error(

@@ -44,7 +44,9 @@ def test_upload_returns_a_file_object(openai_client: OpenAI, make_jsonl: Callabl
 def test_upload_bytes_without_a_name_is_called_upload(openai_client: OpenAI) -> None:
     f = openai_client.files.create(file=io.BytesIO(b"{}\n"), purpose="user_data")
     assert f.filename == "upload"
-    assert f.expires_at is None  # only batch files expire by default
+    # L5: every purpose expires (OpenAI keeps non-batch files): the bucket lifecycle removes bytes after 31 days,
+    # so an item must not outlive its object.
+    assert f.expires_at == f.created_at + 30 * 86400
 
 
 def test_upload_with_expires_after(openai_client: OpenAI) -> None:

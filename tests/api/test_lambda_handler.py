@@ -113,3 +113,13 @@ def test_errors_through_api_gateway(handler: Any) -> None:
     resp = handler(event("GET", "/v1/files", headers={"authorization": "Bearer wrong"}), None)
     assert resp["statusCode"] == 401
     assert json.loads(body_of(resp))["error"]["code"] == "invalid_api_key"
+
+
+def test_no_schema_or_docs_pages_in_aws(handler: Any) -> None:
+    """L9: the deployed API publishes no route map and serves no page that loads third-party scripts."""
+    for path in ("/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect"):
+        resp = handler(event("GET", path), None)
+        assert resp["statusCode"] == 404, path
+        assert json.loads(body_of(resp))["error"]["message"] == f"Invalid URL (GET {path})"
+    page = body_of(handler(event("GET", "/dashboard"), None)).decode()
+    assert "<script src" not in page and "cdn" not in page.lower()

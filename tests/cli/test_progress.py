@@ -157,3 +157,13 @@ def test_arguments() -> None:
     assert api_root("http://h/v1/") == "http://h/v1"
     with pytest.raises(CommandError):
         api_root("localhost:8000")
+
+
+def test_status_shows_phase_timings() -> None:
+    from nightbatch.commands.render import describe
+
+    phases = {"attempts": 1, "median_s": {"weights_ready": 0.1, "engine_ready": 2.0, "first_result": 2.5,
+                                          "done": 9.0}, "max_s": {}, "weights_sources": {"local": 1}}
+    block = describe(batch(status="completed", nightbatch={"phases": phases}, completed_at=1_700_000_100))
+    assert "weights 0.1 s → engine 2.0 s → first result 2.5 s → done 9.0 s (median of 1 attempt; " \
+           "weights from local)" in block

@@ -153,6 +153,10 @@ def test_usage_and_cost_are_reported(local_stack: LocalStack) -> None:
     extra = batch.model_extra or {}
     cost = (extra.get("nightbatch") or {}).get("cost")
     assert cost and cost["gpu_seconds"] > 0 and cost["estimate"] is True
+    # Phase timings of the shard's attempt (the local stack's engine is shared, so weights come from "local").
+    phases = (extra.get("nightbatch") or {}).get("phases")
+    assert phases and phases["attempts"] >= 1 and phases["weights_sources"] == {"local": phases["attempts"]}
+    assert 0 <= phases["median_s"]["engine_ready"] <= phases["median_s"]["first_result"] <= phases["median_s"]["done"]
     r = httpx.get(f"{local_stack.base_url}/nightbatch/usage",
                   headers={"Authorization": f"Bearer {local_stack.api_key}"})
     assert r.status_code == 200 and r.json()["batches"] >= 1 and r.json()["output_tokens"] > 0

@@ -150,7 +150,8 @@ def test_prompt_longer_than_max_model_len_is_a_400_reply(chat_engine: VllmEngine
 
 @pytest.mark.parametrize(
     ("extra", "param"),
-    [({"temperature": "hot"}, "body.temperature"), ({"max_tokens": 10**6}, "max_tokens")],
+    [({"temperature": "hot"}, "body.temperature"), ({"max_tokens": 10**6}, "max_tokens"),
+     ({"logprobs": True, "top_logprobs": 25}, "top_logprobs")],
 )
 def test_bad_parameters_are_400_replies(
     chat_engine: VllmEngine, run: Any, extra: dict[str, Any], param: str

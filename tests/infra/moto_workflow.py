@@ -151,13 +151,13 @@ def create_resources(template: dict[str, Any]) -> Deployment:
     d.state_machine_arn = f"arn:aws:states:{REGION}:{ACCOUNT}:stateMachine:nightbatch-test"
     d.refs[machine_id] = d.state_machine_arn
 
-    job_id, job = one_of_type(template, "AWS::Batch::JobDefinition")
-    container = job["Properties"]["ContainerProperties"]
-    env = [{"name": e["Name"], "value": str(d.render(e["Value"]))} for e in container["Environment"]]
-    d.refs[job_id] = batch.register_job_definition(
-        jobDefinitionName="nb-worker", type="container",
-        containerProperties={"image": "worker", "vcpus": 4, "memory": 14336, "environment": env},
-    )["jobDefinitionArn"]
+    for job_id, job in of_type(template, "AWS::Batch::JobDefinition").items():
+        container = job["Properties"]["ContainerProperties"]
+        env = [{"name": e["Name"], "value": str(d.render(e["Value"]))} for e in container["Environment"]]
+        d.refs[job_id] = batch.register_job_definition(
+            jobDefinitionName=f"nb-{job_id}"[:120], type="container",
+            containerProperties={"image": "worker", "vcpus": 4, "memory": 14336, "environment": env},
+        )["jobDefinitionArn"]
 
     for fn in functions.values():
         d.lambda_env[fn["Properties"]["Handler"]] = {
@@ -243,7 +243,7 @@ def patch_batch(monkeypatch: pytest.MonkeyPatch, d: Deployment) -> None:
 
 # Per-job variables: the state machine's overrides, Batch's own, and the worker's container-only path.
 JOB_ONLY_ENV = {"NIGHTBATCH_BATCH_ID", "NIGHTBATCH_SHARD_ID", "NIGHTBATCH_MODEL_CACHE", "AWS_BATCH_JOB_ID",
-                "MANAGED_BY_AWS"}
+                "MANAGED_BY_AWS", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
 
 
 def worker_in_process(monkeypatch: pytest.MonkeyPatch, *, engine: str) -> Callable[[dict[str, str]], None]:

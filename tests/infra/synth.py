@@ -40,7 +40,8 @@ def synthesize(context_overrides: dict[str, Any], outdir: Path) -> Synth:
     if outdir.exists():
         shutil.rmtree(outdir)
     application = cdk.App(context=context, outdir=str(outdir))
-    stack = cdk_app.build(application)
+    # Environment-agnostic, as `cdk synth` without credentials: a developer's CDK_DEFAULT_* do not leak in.
+    stack = cdk_app.build(application, environ={})
     error: str | None = None
     try:
         application.synth()

@@ -11,8 +11,8 @@ from cfnlint.api import ManualArgs, lint
 
 from tests.infra.cfn import one_of_type, resolve
 
-# W3005: CDK's redundant DependsOn on roles; W3010: the AZs pinned by cdk.context.json.
-IGNORED = ["W3005", "W3010"]
+# W3005: CDK's redundant DependsOn on roles.
+IGNORED = ["W3005"]
 
 
 class _Names(dict[str, str]):

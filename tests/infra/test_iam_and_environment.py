@@ -21,7 +21,7 @@ STAR_ALLOWED = {
     "batch:ListJobs",
 }
 # The worker reads these two outside Settings (gpu_worker/model_prep.py): the model cache dir and HF's token.
-WORKER_ONLY_ENV = {"NIGHTBATCH_MODEL_CACHE"}
+WORKER_ONLY_ENV = {"NIGHTBATCH_MODEL_CACHE", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
 REQUIRED = {"mode", "region", "bucket", "table"}
 
 
@@ -118,6 +118,8 @@ def _s3_grants(template: dict[str, Any], handler: str) -> dict[str, set[str]]:
     """Key prefix -> S3 object actions the handler's role holds on it."""
     grants: dict[str, set[str]] = {}
     for statement in _role_statements(template, handler):
+        if not all(a.startswith("s3:") for a in _list(statement["Action"])):
+            continue
         for resource in _list(statement["Resource"]):
             parts = resource.get("Fn::Join", ["", []])[1] if isinstance(resource, dict) else []
             if parts and isinstance(parts[-1], str) and parts[-1].endswith("/*"):
@@ -151,8 +153,10 @@ def _lambda_envs(template: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def _job_env(template: dict[str, Any]) -> dict[str, Any]:
-    job = one_of_type(template, "AWS::Batch::JobDefinition")[1]["Properties"]
-    return {e["Name"]: e["Value"] for e in job["ContainerProperties"]["Environment"]}
+    envs = [{e["Name"]: e["Value"] for e in job["Properties"]["ContainerProperties"]["Environment"]}
+            for job in of_type(template, "AWS::Batch::JobDefinition").values()]
+    assert envs and all(env == envs[0] for env in envs), "every model's job gets the same environment"
+    return envs[0]
 
 
 def _field(env_name: str) -> str:
@@ -219,7 +223,9 @@ def test_job_definition_variables_are_settings_fields_or_worker_constants(templa
     if importlib.util.find_spec("gpu_worker.model_prep") is None:
         pytest.skip("gpu_worker/model_prep.py is not on this branch yet: cannot check NIGHTBATCH_MODEL_CACHE")
     model_prep = importlib.import_module("gpu_worker.model_prep")
-    assert {model_prep.CACHE_ENV} == WORKER_ONLY_ENV
+    from infra.gpu_compute import VLLM_CACHE_ENV
+
+    assert {model_prep.CACHE_ENV, *VLLM_CACHE_ENV} == WORKER_ONLY_ENV
 
 
 class _Placeholder(dict[str, str]):

@@ -40,13 +40,13 @@ def test_every_acknowledgement_has_a_reason_and_matches_a_finding(synth: Synth) 
 
 @pytest.mark.slow
 def test_other_configuration_also_passes(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """No account pinned, S3 and gated HF weights, e-mail on, Spot only: config-dependent grants are covered."""
+    """S3 and gated HF weights, e-mail on (identity created here), Spot only: config-dependent grants."""
     variant = synthesize({
         "account": None, "region": None, "stage": "dev",
         "models": [{"name": "llama", "source": "s3://my-weights/llama/8b/"},
                    {"name": "gated", "source": "hf:meta-llama/Llama-3.1-8B-Instruct", "tokenSecret": "nb/hf"}],
         "notifications": {"senderEmail": "batch@example.com", "allowedDomains": ["example.com"],
-                          "alarmEmail": "ops@example.com"},
+                          "alarmEmail": "ops@example.com", "createSenderIdentity": True},
         "capacity": {"spot": True, "onDemand": False},
     }, tmp_path_factory.mktemp("variant") / "cdk.out")
     assert _unacknowledged(variant) == [], variant.error
@@ -54,5 +54,5 @@ def test_other_configuration_also_passes(tmp_path_factory: pytest.TempPathFactor
     types = [r["Type"] for r in resources]
     assert types.count("AWS::Batch::ComputeEnvironment") == 1
     assert "AWS::SES::ConfigurationSet" in types and "AWS::SES::EmailIdentity" in types
-    job = next(r for r in resources if r["Type"] == "AWS::Batch::JobDefinition")
-    assert [s["Name"] for s in job["Properties"]["ContainerProperties"]["Secrets"]] == ["HF_TOKEN"]
+    for job in (r for r in resources if r["Type"] == "AWS::Batch::JobDefinition"):
+        assert [s["Name"] for s in job["Properties"]["ContainerProperties"]["Secrets"]] == ["HF_TOKEN"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import time
 
 import openai
 import pytest
@@ -62,7 +63,11 @@ def test_email_goes_to_opted_in_and_configured_recipients_with_links_that_resolv
                      "Cost:      ~$0.0263 (estimate), $2.1900 per 1M output tokens",
                      f'client.batches.retrieve("{batch_id}")'):
         assert expected in body
-    assert body in caplog.text, "the email text is also written to the log"
+    # H1: the links are credentials; the log has the batch id and the recipient count, never the text.
+    assert f"notify {batch_id}: e-mail to 2 recipient(s)" in caplog.text
+    assert "sig=" not in caplog.text and "/download?" not in caplog.text and "Tokens:" not in caplog.text
+    expires = [int(x) for x in re.findall(r"expires=(\d+)", body)]
+    assert expires and all(e - time.time() <= 24 * 3600 for e in expires), "e-mailed links live a day at most"
 
     batch = stack.client().batches.retrieve(batch_id)
     links = dict(re.findall(r"(file-\w+): (http\S+)", body))
@@ -103,13 +108,15 @@ def test_failed_batch_email_lists_the_errors_and_has_no_links(stack):
     assert "http" not in mail.body
 
 
-def test_without_a_sender_nothing_is_sent_but_the_text_is_logged(make_stack, caplog):
+def test_without_a_sender_nothing_is_sent_and_only_the_count_is_logged(make_stack, caplog):
     caplog.set_level(logging.INFO, logger="nightbatch.notifications")
     stack = make_stack(email_sender="")
-    batch_id = make_batch(stack, "cancelled", email="carol@example.com")
+    batch_id = make_batch(stack, "completed", email="carol@example.com")
     assert stack.notifier.notify_batch(batch_id).emails_sent == 0
     assert _email_to("carol@example.com", batch_id) == []
-    assert f"Batch {batch_id} is cancelled." in caplog.text
+    assert f"notify {batch_id}: e-mail to 2 recipient(s)" in caplog.text
+    assert "no sender identity" in caplog.text
+    assert "sig=" not in caplog.text and "carol@" not in caplog.text
 
 
 def test_notify_options_are_checkable_at_batch_create(stack):

@@ -127,3 +127,43 @@ def test_a_deleted_endpoint_stops_its_retries(make_stack, receiver_factory):
     assert len(receiver.received) == 1
     item = stack.adapters.table.get(delivery_id(result.event_id, ep.id))
     assert item["status"] == "failed" and item["attempts"][-1]["error"] == "the webhook endpoint was deleted"
+
+
+class _RecordingQueue:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, message, delay):
+        self.sent.append(message)
+
+    def close(self):
+        pass
+
+
+def test_a_retry_is_queued_before_its_attempt_is_recorded(stack, receiver_factory, monkeypatch):
+    """L10: a crash between the attempt and its record must not strand the delivery as `pending`."""
+    receiver = receiver_factory([500, 200])
+    ep = stack.client().webhooks.create(name="flaky", url=receiver.url, event_types=["batch.completed"])
+    deliveries_ = stack.notifier.deliveries
+    queue = _RecordingQueue()
+    monkeypatch.setattr(deliveries_, "queue", queue)
+    result = stack.notifier.notify_batch(make_batch(stack))
+    [first] = queue.sent
+    did = delivery_id(result.event_id, ep.id)
+    real_update = deliveries_.table.update
+
+    def crash(pk, **kw):
+        if pk == did:
+            raise RuntimeError("the process died before recording the attempt")
+        return real_update(pk, **kw)
+
+    monkeypatch.setattr(deliveries_.table, "update", crash)
+    with pytest.raises(RuntimeError):
+        deliveries_.handle_message(first)
+    monkeypatch.setattr(deliveries_.table, "update", real_update)
+    assert len(queue.sent) == 2 and queue.sent[1]["attempt"] == 2, "the retry was queued first"
+    retry = {**queue.sent[1], "not_before": 0}
+    attempt = deliveries_.handle_message(retry)
+    assert attempt is not None and attempt.status_code == 200
+    assert stack.adapters.table.get(did)["status"] == "succeeded"
+    assert len(receiver.received) == 2

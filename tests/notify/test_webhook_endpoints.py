@@ -28,7 +28,8 @@ def test_crud_through_the_sdk(stack, receiver_factory):
     assert got.url == url and got.name == "ops"
     assert "signing_secret" not in got.model_dump(), "the secret leaves the server only at create and rotation"
 
-    others = [client.webhooks.create(name=f"n{i}", url=url, event_types=["batch.expired"]) for i in range(2)]
+    others = [client.webhooks.create(name=f"n{i}", url=f"{url}?n={i}", event_types=["batch.expired"])
+              for i in range(2)]
     page = client.webhooks.list(limit=2)
     assert [e.id for e in page.data] == [others[1].id, others[0].id]  # newest first
     assert page.has_more is True
@@ -115,3 +116,24 @@ def test_endpoints_are_tenant_scoped(stack):
     client = stack.client()  # the API key's tenant ("default") sees neither
     with pytest.raises(openai.NotFoundError):
         client.webhooks.retrieve(mine.id)
+
+
+def test_endpoints_are_capped_per_tenant_and_urls_unique(make_stack, receiver_factory):
+    """L1: every event fans out to each endpoint, so a tenant gets a bounded number, one per URL."""
+    stack = make_stack(max_webhook_endpoints=3)
+    client = stack.client()
+    url = receiver_factory().url
+    first = client.webhooks.create(name="a", url=url, event_types=["batch.completed"])
+    with pytest.raises(openai.BadRequestError) as err:
+        client.webhooks.create(name="b", url=url, event_types=["batch.failed"])
+    assert (err.value.code, err.value.param) == ("duplicate_url", "url")
+    second = client.webhooks.create(name="b", url=url + "?b", event_types=["batch.failed"])
+    with pytest.raises(openai.BadRequestError) as err:
+        client.webhooks.update(second.id, url=url)
+    assert err.value.code == "duplicate_url"
+    client.webhooks.create(name="c", url=url + "?c", event_types=["batch.failed"])
+    with pytest.raises(openai.BadRequestError) as err:
+        client.webhooks.create(name="d", url=url + "?d", event_types=["batch.failed"])
+    assert err.value.code == "too_many_endpoints"
+    client.webhooks.delete(first.id)
+    client.webhooks.create(name="d", url=url + "?d", event_types=["batch.failed"])

@@ -158,6 +158,7 @@ def test_https_delivery_to_the_pinned_address_verifies_the_certificate_for_the_h
                 result = notifier.notify_batch(make_batch(stack))
                 assert notifier.queue.wait_idle(20)
                 attempt = stack.adapters.table.get(delivery_id(result.event_id, ep.id))["attempts"][0]
+                notifier.endpoints.delete("default", ep.id)  # one endpoint per URL
             finally:
                 notifier.close()
             if expect_ok:

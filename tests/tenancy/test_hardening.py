@@ -115,6 +115,11 @@ def test_the_formatter_drops_and_masks_secrets() -> None:
         assert field not in out
     assert key not in json.dumps(out)
     assert "whsec_***" in scrub("secret whsec_" + "b" * 32)
+    # H1: a signed link or a pre-signed S3 URL in any message loses its signature.
+    link = "https://api.example/v1/nightbatch/files/file-1/download?expires=1700000000&sig=AbC-_9xyz"
+    assert scrub(f"sent {link} ok") == "sent " + link.replace("AbC-_9xyz", "***") + " ok"
+    presigned = "https://b.s3.amazonaws.com/k?X-Amz-Credential=x&X-Amz-Signature=deadbeef&X-Amz-Security-Token=tok"
+    assert "deadbeef" not in scrub(presigned) and "tok" not in scrub(presigned).split("Token=")[1]
     try:
         raise ValueError(f"bad key {key}")
     except ValueError:

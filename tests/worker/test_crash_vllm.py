@@ -16,12 +16,15 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 VLLM_ENGINE = "gpu_worker.engines.vllm_engine:VllmEngine"
 LINES = 40
-# Long enough that 40 lines cannot all finish between the first checkpoint and the kill: every line is in
-# flight at once (the slot floor is off below), and with 16 tokens the shard finished ~1 s after its first
-# checkpoint, so on an idle machine the SIGKILL landed during engine shutdown, after the done marker.
-MAX_TOKENS = 128
+# Long enough that the shard cannot finish between its first checkpoint and the kill. With 16 tokens and the
+# in-flight floor (slots x max_num_seqs) putting all 40 lines in flight at once, the shard finished ~1 s after
+# its first checkpoint, so on an idle machine the SIGKILL landed in engine shutdown, after the done marker.
+# Now 8 in flight (floor off below) x 48 forced tokens: >= 4 more rounds of 48 decode steps after a checkpoint.
+MAX_TOKENS = 48
 # An engine start is ~30 s on the 2-core dev machine (local-engines.md §2); leave room for a loaded one.
 START_TIMEOUT = 300.0
+# The final attempt starts an engine and runs the remaining lines; on a loaded 2-core machine both are slow.
+FINISH_TIMEOUT = 540.0
 
 
 def _vllm_engine_missing() -> str | None:
@@ -67,7 +70,7 @@ def test_vllm_worker_killed_twice_then_restarted_loses_and_duplicates_nothing(
     assert 0 < len(partial) < LINES, "the shard finished before the second kill"
 
     final = spawn(env, tmp_path / "final.log", engine=VLLM_ENGINE)
-    assert final.wait(timeout=START_TIMEOUT) == 0, final.stderr()
+    assert final.wait(timeout=FINISH_TIMEOUT) == 0, final.stderr()
     results, duplicates = world.results()
     assert sorted(results) == sorted(ids)
     assert duplicates == 0

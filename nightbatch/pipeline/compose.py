@@ -1,0 +1,90 @@
+"""The output file assembled server-side: ranges of checkpoint objects copied by S3 (UploadPartCopy) where
+they are big enough to be parts of their own, the rest merged into uploaded parts.
+
+Every part but the last is at least 5 MiB (S3's floor). A range of at least 5 MiB is copied without its
+bytes passing through this process; when a smaller merged part is pending, it is first topped up from the
+head of the range (whose bytes the caller already holds, since it read them to count usage). The part layout
+depends only on the sequence of ranges, so a re-run writes the same object.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nightbatch.storage import BlobStore
+
+MIN_PART_BYTES = 5 * 1024 * 1024
+MERGED_PART_BYTES = 8 * 1024 * 1024
+
+
+class PartComposer:
+    def __init__(self, blobs: BlobStore, key: str) -> None:
+        self.client = blobs.client
+        self.blobs = blobs
+        self.bucket = blobs.bucket
+        self.key = key
+        self.buf = bytearray()
+        self.upload_id: str | None = None
+        self.etags: list[str] = []
+        self.size = 0
+        self.copied = 0  # bytes S3 copied server-side
+
+    def add_bytes(self, data: bytes | memoryview) -> None:
+        self.buf += data
+        self.size += len(data)
+        while len(self.buf) >= MERGED_PART_BYTES:
+            self._upload(bytes(self.buf[:MERGED_PART_BYTES]))
+            del self.buf[:MERGED_PART_BYTES]
+
+    def add_range(self, source: str, start: int, data: bytes | memoryview) -> None:
+        """`data` is the bytes [start, start + len(data)) of object `source`."""
+        if self.buf:
+            top = max(0, MIN_PART_BYTES - len(self.buf))
+            if len(data) - top < MIN_PART_BYTES:
+                self.add_bytes(data)  # too small to copy after topping up: merged
+                return
+            self.buf += data[:top]
+            self.size += top
+            self._upload(bytes(self.buf))
+            self.buf.clear()
+            start += top
+            data = data[top:]
+        if len(data) < MIN_PART_BYTES:
+            self.add_bytes(data)
+            return
+        self._start()
+        resp = self.client.upload_part_copy(
+            Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=len(self.etags) + 1,
+            CopySource={"Bucket": self.bucket, "Key": source},
+            CopySourceRange=f"bytes={start}-{start + len(data) - 1}")
+        self.etags.append(str(resp["CopyPartResult"]["ETag"]))
+        self.size += len(data)
+        self.copied += len(data)
+
+    def close(self) -> int:
+        """Completes the object and returns its size (0: nothing was written, no object is left)."""
+        if self.upload_id is None:
+            if self.size:
+                self.blobs.put_bytes(self.key, bytes(self.buf))
+            return self.size
+        if self.buf:
+            self._upload(bytes(self.buf))
+            self.buf.clear()
+        self.client.complete_multipart_upload(
+            Bucket=self.bucket, Key=self.key, UploadId=self.upload_id,
+            MultipartUpload={"Parts": [{"ETag": e, "PartNumber": n} for n, e in enumerate(self.etags, 1)]})
+        return self.size
+
+    def abort(self) -> None:
+        if self.upload_id is not None:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=self.key, UploadId=self.upload_id)
+
+    def _start(self) -> None:
+        if self.upload_id is None:
+            self.upload_id = str(self.client.create_multipart_upload(Bucket=self.bucket, Key=self.key)["UploadId"])
+
+    def _upload(self, body: bytes) -> None:
+        self._start()
+        common: dict[str, Any] = {"Bucket": self.bucket, "Key": self.key, "UploadId": self.upload_id}
+        resp = self.client.upload_part(Body=body, PartNumber=len(self.etags) + 1, **common)
+        self.etags.append(str(resp["ETag"]))

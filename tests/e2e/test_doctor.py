@@ -1,0 +1,55 @@
+"""`nightbatch doctor` against a real `nightbatch local` (the session's stack, real CPU engines), run as a user
+runs it: every phase is printed with its time, and every check passes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nightbatch.doctor.report import PHASES
+from tests.e2e.conftest import ROOT, LocalStack
+
+pytestmark = pytest.mark.e2e
+
+
+def run_doctor(local_stack: LocalStack, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NIGHTBATCH_", "AWS_ENDPOINT_URL"))}
+    env.update({"PYTHONPATH": str(ROOT), "XDG_STATE_HOME": str(tmp_path / "state")})
+    return subprocess.run([sys.executable, "-m", "nightbatch", "doctor", "--base-url", local_stack.base_url,
+                           "--api-key", local_stack.api_key, "--timeout", "300", "--poll-interval", "0.5", *extra],
+                          env=env, capture_output=True, text=True, timeout=400, cwd=ROOT)
+
+
+def test_doctor_against_nightbatch_local_passes_every_phase(local_stack: LocalStack, tmp_path: Path) -> None:
+    done = run_doctor(local_stack, tmp_path)
+    print(done.stdout)  # the report, as a user sees it (`pytest -s`)
+    assert done.returncode == 0, done.stdout + done.stderr
+    out = done.stdout
+    assert "✓ API key" in out and "✓ models" in out and "✓ webhook" in out
+    for probe in ("SmolLM2-135M-Instruct /v1/chat/completions", "SmolLM2-135M-Instruct /v1/completions",
+                  "all-MiniLM-L6-v2 /v1/embeddings"):
+        assert probe in out
+    for phase in PHASES:
+        assert out.count(f" {phase} ") >= 3, phase
+    assert out.count("✓ notification") == 3 and "webhook batch.completed received" in out
+    assert "✗" not in out and out.rstrip().endswith("All checks passed.")
+
+    report = json.loads(run_doctor(local_stack, tmp_path, "--json").stdout)
+    assert report["passed"] is True and len(report["probes"]) == 3
+    for probe in report["probes"]:
+        assert probe["status"] == "completed"
+        phases = {p["name"]: p for p in probe["phases"]}
+        for name in ("validate", "first result", "finalize", "notification"):
+            assert phases[name]["status"] == "ok" and phases[name]["at"] is not None, (name, phases[name])
+        assert phases["model loaded"]["status"] == "ok"
+        assert {phases[n]["status"] for n in ("job queued", "job RUNNABLE", "job STARTING", "job RUNNING")} == {
+            "skipped"}  # AWS Batch only, with --stack
+        ats = [phases[n]["at"] for n in ("validate", "first result", "finalize", "notification")]
+        assert ats == sorted(ats)
+    # The temporary webhook endpoint is gone again.
+    assert local_stack.client().get("/webhook_endpoints", cast_to=dict)["data"] == []  # type: ignore[type-arg]

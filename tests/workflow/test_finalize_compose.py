@@ -1,0 +1,91 @@
+"""Finalize composes the output file from ranges of the checkpoint objects (S3 copies parts of >= 5 MiB):
+same lines as reading them through, first result per custom_id wins, and a re-run writes the same file."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from nightbatch.ids import batch_request_id
+from nightbatch.jsonl import dumps_line
+from nightbatch.pipeline import BatchTaskInput, finalize_batch, layout, plan_batch, validate_batch
+from nightbatch.pipeline.compose import MIN_PART_BYTES, PartComposer
+from nightbatch.pipeline.segments import parse_segment_line
+from nightbatch.services import Services
+from tests.workflow.conftest import chat_line, jsonl, make_batch
+
+PAD = "x" * 30_000  # ~30 KB per result line: a few hundred lines pass S3's 5 MiB part floor
+
+
+def result(batch_id: str, custom_id: str, status: int, attempt: str = "a") -> bytes:
+    body: dict[str, Any] = (
+        {"object": "chat.completion", "choices": [{"message": {"content": PAD + attempt}}],
+         "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
+        if status == 200 else {"error": {"message": "bad", "type": "BadRequestError", "param": None, "code": 400}})
+    return dumps_line({"id": batch_request_id(batch_id, custom_id), "custom_id": custom_id,
+                       "response": {"status_code": status, "request_id": f"req_{custom_id}", "body": body},
+                       "error": None})
+
+
+def test_composer_copies_big_ranges_and_merges_small_ones(services: Services) -> None:
+    blobs = services.adapters.blobs
+    big = bytes(range(256)) * (6 * 1024 * 1024 // 256)
+    blobs.put_bytes("src/big", big)
+    c = PartComposer(blobs, "dst")
+    c.add_bytes(b"head\n")
+    c.add_range("src/big", 0, big)          # topped-up merged part, then a server-side copy
+    c.add_range("src/big", 10, big[10:20])  # too small: merged
+    c.add_range("src/big", 0, big)          # merged tail >= 5 MiB? no: 10 bytes pending, topped up again
+    assert c.close() == 5 + 2 * len(big) + 10
+    assert blobs.get_bytes("dst") == b"head\n" + big + big[10:20] + big
+    assert c.copied >= 2 * (len(big) - MIN_PART_BYTES)
+    small = PartComposer(blobs, "dst-small")
+    small.add_range("src/big", 0, big[:100])
+    assert small.close() == 100 and blobs.get_bytes("dst-small") == big[:100]
+    assert PartComposer(blobs, "dst-empty").close() == 0 and blobs.get_bytes("dst-empty") is None
+
+
+def test_finalize_rerun_writes_the_same_files(services: Services) -> None:
+    services.settings.segment_max_lines = 300
+    services.settings.shard_target_tokens = 2_000  # a few shards
+    n = 900
+    batch_id = make_batch(services, jsonl([chat_line(i) for i in range(n)]))
+    inp = BatchTaskInput(batch_id=batch_id)
+    assert validate_batch(inp, services).valid
+    blobs = services.adapters.blobs
+    items = json.loads(blobs.get_bytes(plan_batch(inp, services).manifest_key) or b"[]")
+    assert len(items) > 1
+    expected_ok: list[bytes] = []
+    expected_err: list[bytes] = []
+    for item in items:
+        shard = json.loads(blobs.get_bytes(layout.shard_key(batch_id, item["shard_id"])) or b"{}")
+        ids = [parse_segment_line(r).custom_id for k in shard["segments"]
+               for r in (blobs.get_bytes(k) or b"").splitlines()]
+        objects: list[list[bytes]] = [[], [], []]
+        for j, cid in enumerate(ids):
+            line = result(batch_id, cid, 400 if j % 97 == 5 else 200)
+            # Most lines in one big checkpoint, the rest in small ones; a zombie re-run repeats a few.
+            objects[0 if j < len(ids) * 0.8 else 1 + j % 2].append(line)
+            (expected_ok if j % 97 != 5 else expected_err).append(line)
+        objects[2][:0] = [result(batch_id, ids[0], 200, attempt="zombie")]  # read after object 0: loses
+        objects[1].append(objects[1][0].rstrip(b"\n") + b"\r\n")  # a CRLF duplicate: loses too
+        objects[1][1] = objects[1][1].rstrip(b"\n") + b"\r\n"  # CRLF: written without the CR
+        prefix = layout.results_prefix(batch_id, item["shard_id"])
+        for k, lines in enumerate(objects):
+            blobs.put_bytes(f"{prefix}{k:06d}-a.jsonl", b"".join(lines))
+        blobs.put_bytes(layout.done_key(batch_id, item["shard_id"]), b"{}")
+    assert finalize_batch(inp, services).status == "completed"
+    out1 = blobs.get_bytes(layout.output_key(batch_id))
+    err1 = blobs.get_bytes(layout.error_key(batch_id))
+    assert out1 is not None and len(out1) > 2 * MIN_PART_BYTES
+    assert sorted(out1.splitlines(keepends=True)) == sorted(expected_ok)
+    assert err1 is not None and sorted(err1.splitlines(keepends=True)) == sorted(expected_err)
+    batch = services.batches.get("default", batch_id)
+    assert batch.request_counts.model_dump() == {"total": n, "completed": len(expected_ok),
+                                                 "failed": len(expected_err)}
+    # Finalize crashed after writing the files, before its transition: the retry writes the same bytes.
+    services.adapters.table.update(batch_id, set_={"status": "finalizing", "finalize_target": "completed"})
+    blobs.delete(layout.output_key(batch_id))
+    assert finalize_batch(inp, services).status == "completed"
+    assert blobs.get_bytes(layout.output_key(batch_id)) == out1
+    assert blobs.get_bytes(layout.error_key(batch_id)) == err1

@@ -1,0 +1,109 @@
+"""The compiled JSON parser keeps the standard library's behaviour where it matters: what is accepted, the
+error reported (code, message, byte position), and the exact bytes of every request kept in segments."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nightbatch.jsonl import dumps_line, loads
+from nightbatch.pipeline import BatchTaskInput, layout, validate_batch
+from nightbatch.pipeline.results import ResultSummary, summarize_result_line
+from nightbatch.pipeline.segments import parse_segment_line
+from nightbatch.services import Services
+from nightbatch.settings import Settings
+from nightbatch.validation import LineInvalid, Validator
+from tests.workflow.conftest import make_batch
+
+CHAT = "/v1/chat/completions"
+HEAD = b'{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":'
+BODY = b'{"model":"SmolLM2-135M-Instruct","messages":[{"role":"user","content":"hi"}]'
+
+
+def check(data: bytes) -> Any:
+    return Validator(settings=Settings(mode="local"), endpoint=CHAT).check(3, data, len(data))
+
+
+@pytest.mark.parametrize(("data", "error"), [
+    (b'{"custom_id":"\xff"}', ("invalid_encoding", "Line 3 is not valid UTF-8 (byte 14).", None)),
+    (b'{"a":1,"b":"\xc3\x28"}', ("invalid_encoding", "Line 3 is not valid UTF-8 (byte 12).", None)),
+    (b"\xef\xbb\xbf{}", ("invalid_json_line", "This line is not parseable as valid JSON.", None)),
+    (b'{"a":1,}', ("invalid_json_line", "This line is not parseable as valid JSON.", None)),
+    (b'{"a":"x\x01"}', ("invalid_json_line", "This line is not parseable as valid JSON.", None)),
+    (b"[1]", ("invalid_json_line", "This line is not a JSON object.", None)),
+], ids=["bad byte", "bad sequence", "bom mid-file", "trailing comma", "control char", "array"])
+def test_errors_and_positions_are_the_stdlib_ones(data: bytes, error: tuple[str, str, str | None]) -> None:
+    with pytest.raises(LineInvalid) as e:
+        check(data)
+    assert e.value.error == error
+
+
+@pytest.mark.parametrize("extra", [b',"temperature":NaN', b',"temperature":-Infinity', b',"seed":1e400',
+                                   b',"user":"\\ud800"', b',"seed":123456789012345678901234567890123'])
+def test_what_stdlib_accepts_is_still_accepted(extra: bytes) -> None:
+    data = HEAD + BODY + extra + b"}}"
+    req = check(data)
+    expected = json.loads(data)["body"]
+    assert req.raw == data
+    assert repr(req.body) == repr(expected)  # NaN != NaN; repr compares the values exactly
+
+
+def test_duplicate_keys_last_wins_as_in_stdlib() -> None:
+    data = HEAD + BODY + b',"max_tokens":5,"max_tokens":7}}'
+    assert check(data).body["max_tokens"] == 7
+    assert loads(b'{"a":1,"a":2}') == json.loads(b'{"a":1,"a":2}')
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=True) | st.text(),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=5), kids, max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(json_values, st.integers(0, 40), st.binary(max_size=3))
+def test_loads_equals_stdlib_on_valid_and_mangled_text(value: Any, cut: int, junk: bytes) -> None:
+    text = json.dumps(value).encode()
+    for data in (text, text[:cut] + junk + text[cut:]):
+        try:
+            expected: Any = repr(json.loads(data))
+        except ValueError as e:
+            expected = type(e)
+        try:
+            got: Any = repr(loads(data))
+        except ValueError as e:
+            got = type(e)
+        assert got == expected, data
+
+
+def test_segments_keep_each_request_byte_for_byte(services: Services) -> None:
+    lines = [
+        HEAD + BODY + b',"temperature":NaN}}',
+        b'  {"method" : "POST", "custom_id":"b","url":"/v1/chat/completions",  "body":' + BODY +
+        b',"seed":123456789012345678901234567890,"x":"\\u00e9\\n\xc3\xa9"}}  ',
+        HEAD.replace(b'"a"', b'"c"') + BODY + b',"max_tokens":1,"max_tokens":2}}',
+    ]
+    batch_id = make_batch(services, b"\n".join(lines) + b"\r\n")
+    assert validate_batch(BatchTaskInput(batch_id=batch_id), services).valid
+    seg = services.adapters.blobs.get_bytes(layout.segment_key(batch_id, 0)) or b""
+    kept = [line for line in seg.split(b"\n") if line]
+    assert [k[k.index(b'"req":') + 6:-1] for k in kept] == [x.strip() for x in lines]
+    parsed = [parse_segment_line(k) for k in kept]
+    assert [p.custom_id for p in parsed] == ["a", "b", "c"]
+    assert math.isnan(parsed[0].body["temperature"]) and parsed[2].body["max_tokens"] == 2
+
+
+def test_result_summary_and_written_lines() -> None:
+    line = dumps_line({"id": "x", "custom_id": "é\"", "response": {"status_code": 200, "body": {
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2}}}, "error": None})
+    assert line == json.dumps(json.loads(line), separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+    s = summarize_result_line(line.rstrip(b"\n"))
+    assert (s.custom_id, s.ok, s.usage) == ('é"', True, {"prompt_tokens": 3, "completion_tokens": 2})
+    odd = b'{"custom_id":7,"response":{"status_code":"500"}}'
+    assert summarize_result_line(odd) == ResultSummary("7", False, {})  # the general path decides
+    assert summarize_result_line(b'{"custom_id":"z","response":null,"error":{}}').ok is False
