@@ -133,7 +133,9 @@ def seed_worker_records(services: Services, batch_id: str, started: int) -> None
             blobs.put_bytes(f"{prefix}{n:06d}-{attempt}.jsonl", b"{}\n")
             blobs.put_bytes(f"{prefix}acct-{attempt}.json", json.dumps(
                 {"attempt": attempt, "model_load_seconds": 2.1, "inference_seconds": 3.4, "idle_seconds": 0.3,
-                 "finished": n == len(attempts) - 1}).encode())
+                 "finished": n == len(attempts) - 1,
+                 "phases": {"container_start": started + 20 * n, "weights_source": "cache", "weights_ready_s": 1.2,
+                            "engine_ready_s": 2.1, "first_result_s": 3.0, "done_s": 6.5}}).encode())
             t = started + 30 + 20 * n + (5 if sid == "00001" else 0)
             blobs.put_bytes(f"{prefix}progress-{attempt}.json", json.dumps({"attempt": attempt, "samples": [
                 [t, 1, 0, 5], [t + 6, 1, 0 if sid == "00000" else 1, 8]]}).encode())

@@ -43,6 +43,7 @@ def test_a_finished_batch_tells_its_story(page: Any, api_server: ApiServer, seed
     expect(shards.nth(0)).to_contain_text("completed")
     expect(shards.nth(0).locator("td").nth(3)).to_have_text("2")  # attempts
     expect(page.locator("#b-shards thead")).to_contain_text("model load")
+    expect(page.locator("#b-shards thead")).to_contain_text("engine ready at")
 
     out = page.locator('.preview[data-file="file-dashboardOutput000000"] li.pline')
     expect(out).to_have_count(3)

@@ -67,7 +67,13 @@ function shardsTable(b, d) {
   for (const s of d.shards) for (const a of s.attempts) for (const k of Object.keys(a)) {
     if (k.endsWith("_seconds") && !keys.includes(k)) keys.push(k);
   }
-  const head = ["Shard", "State", "Lines", "Attempts", ...keys.map(timingName), "First result", "Checkpoints"];
+  // Phases of the latest attempt that reported them: seconds from its container start (nightbatch.phases).
+  const phaseKeys = [];
+  for (const s of d.shards) for (const a of s.attempts) for (const k of Object.keys(a.phases || {})) {
+    if (k.endsWith("_s") && !phaseKeys.includes(k)) phaseKeys.push(k);
+  }
+  const head = ["Shard", "State", "Lines", "Attempts", ...keys.map(timingName),
+    ...phaseKeys.map((k) => k.replace(/_s$/, "").replace(/_/g, " ") + " at"), "First result", "Checkpoints"];
   const rows = d.shards.map((s) => {
     const sum = (k) => s.attempts.reduce((acc, a) => acc + (typeof a[k] === "number" ? a[k] : 0), 0);
     const first = s.attempts.map((a) => a.first_result_at).filter(Boolean).sort()[0];
@@ -77,6 +83,11 @@ function shardsTable(b, d) {
       h("td", { class: "num" }, s.lines === null || s.lines === undefined ? "—" : num(s.lines)),
       h("td", { class: "num" }, String(s.attempts.length || (s.done && s.done.attempts) || 0)),
       keys.map((k) => h("td", { class: "num" }, s.attempts.some((a) => k in a) ? secs(sum(k)) : "—")),
+      phaseKeys.map((k) => {
+        const a = s.attempts.filter((x) => x.phases && typeof x.phases[k] === "number").pop();
+        return h("td", { class: "num", title: a && a.phases.weights_source ? "weights from " + a.phases.weights_source : null },
+          a ? secs(a.phases[k]) : "—");
+      }),
       h("td", { class: "num" }, first && b.in_progress_at ? "+" + duration(first - b.in_progress_at) : "—"),
       h("td", { class: "num" }, num(s.checkpoints)));
   });
