@@ -41,6 +41,7 @@ def test_submit_in_the_browser_and_watch_it_finish(page: Any, local_stack: Local
 
     base = local_stack.base_url.removesuffix("/v1")
     sign_in(page, base, local_stack.api_key)
+    expect(page.locator("#board")).to_be_visible()
     submit(page, base, "colours.jsonl", chat_lines(6))
     expect(page.locator("#b-status")).to_have_text("completed", timeout=600_000)
     batch_id = page.url.rsplit("/", 1)[-1]

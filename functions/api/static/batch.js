@@ -92,7 +92,7 @@ function shardsTable(b, d) {
       h("td", { class: "num" }, num(s.checkpoints)));
   });
   return [
-    h("div", { class: "scroll" }, h("table", { class: "plain" },
+    h("div", { class: "scroll", tabindex: "0", role: "region", "aria-label": "Shards" }, h("table", { class: "plain" },
       h("thead", {}, h("tr", {}, head.map((t, i) => h("th", { scope: "col", class: i > 1 ? "num" : null }, t)))),
       h("tbody", {}, rows))),
     d.shards_truncated ? h("p", { class: "small muted" }, `Showing ${d.shards.length} of ${d.shard_count} shards.`) : null,
@@ -120,7 +120,7 @@ function notifications(b, d) {
   }
   const out = [h("p", {}, h("code", {}, n.event.type), " ", n.event.created_at ? at(n.event.created_at) : "")];
   if (n.webhooks.length) {
-    out.push(h("div", { class: "scroll" }, h("table", { class: "plain" },
+    out.push(h("div", { class: "scroll", tabindex: "0", role: "region", "aria-label": "Webhook deliveries" }, h("table", { class: "plain" },
       h("thead", {}, h("tr", {}, ["Webhook", "Status", "Attempts"].map((t) => h("th", { scope: "col" }, t)))),
       h("tbody", {}, n.webhooks.map((w) => h("tr", {},
         h("td", { class: "mono" }, w.url || w.webhook_endpoint_id),
