@@ -53,8 +53,12 @@ def _shard(blobs: BlobStore, batch_id: str, shard_id: str, terminal: bool) -> di
             record = _json(blobs, key) or {}
             # Phase timings as the worker reports them (load, inference, idle and any it adds later).
             timings = {k: v for k, v in record.items() if k.endswith("_seconds") and isinstance(v, int | float)}
-            attempts.setdefault(m.group(1), {"attempt": m.group(1)}).update(
-                timings, finished=bool(record.get("finished")))
+            entry = attempts.setdefault(m.group(1), {"attempt": m.group(1)})
+            entry.update(timings, finished=bool(record.get("finished")))
+            phases = record.get("phases")
+            if isinstance(phases, dict):  # seconds from container start to each phase (nightbatch.phases)
+                entry["phases"] = {k: v for k, v in phases.items()
+                                   if isinstance(v, int | float) or k == "weights_source"}
         elif m := layout.PROGRESS_RE.match(name):
             record = _json(blobs, key) or {}
             points = [p for p in record.get("samples", []) if isinstance(p, list) and len(p) == 4]

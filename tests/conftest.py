@@ -30,6 +30,7 @@ from nightbatch.services import Services, build_services
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, make_adapters
 from nightbatch.storage.dynamo import create_table
+from tests.support.local_stack import local_stack  # noqa: F401  (the session's one `nightbatch local`)
 
 TEST_API_KEY = "nb-test-key"
 REGION = "us-east-1"

@@ -16,7 +16,7 @@ from nightbatch.layout import progress_key
 from nightbatch.notifications.delivery import delivery_id
 from nightbatch.notifications.events import event_pk
 from nightbatch.storage.records import DeliveryRecord, WebhookEndpointRecord
-from tests.dashboard.test_dashboard_browser import create_batch, put_file
+from tests.dashboard.conftest import create_batch, put_file
 from tests.support.lifecycle import drive
 
 if TYPE_CHECKING:
@@ -81,8 +81,10 @@ def test_detail_reports_shards_timings_progress_and_deliveries(api_server: ApiSe
     p0 = layout.results_prefix(batch_id, "00000")
     blobs.put_bytes(p0 + "000000-a1.jsonl", b"{}\n")
     blobs.put_bytes(p0 + "000001-b2.jsonl", b"{}\n")
-    blobs.put_bytes(p0 + "acct-a1.json", json.dumps({"attempt": "a1", "model_load_seconds": 4.5,
-                                                     "inference_seconds": 1.0, "finished": False}).encode())
+    blobs.put_bytes(p0 + "acct-a1.json", json.dumps({
+        "attempt": "a1", "model_load_seconds": 4.5, "inference_seconds": 1.0, "finished": False,
+        "phases": {"container_start": 90.0, "weights_source": "s3", "weights_ready_s": 2.5,
+                   "engine_ready_s": 4.0, "first_result_s": 9.0}}).encode())
     blobs.put_bytes(p0 + "progress-a1.json", json.dumps({"samples": [[100.0, 1, 0, 10]]}).encode())
     blobs.put_bytes(p0 + "progress-b2.json", json.dumps({"samples": [[110.0, 2, 0, 25]]}).encode())
 
@@ -95,6 +97,8 @@ def test_detail_reports_shards_timings_progress_and_deliveries(api_server: ApiSe
     assert [a["attempt"] for a in first["attempts"]] == ["a1", "b2"]
     assert first["attempts"][0]["model_load_seconds"] == 4.5
     assert first["attempts"][0]["first_result_at"] == 100.0
+    assert first["attempts"][0]["phases"]["engine_ready_s"] == 4.0
+    assert first["attempts"][0]["phases"]["weights_source"] == "s3"
     assert (second["state"], second["attempts"]) == ("pending", [])
     assert detail["progress"]["points"] == [[100.0, 1, 0, 10], [110.0, 3, 0, 35]]
     assert detail["notifications"]["webhooks"] == []

@@ -124,7 +124,7 @@ def test_a_file_made_of_upload_parts_streams_through(api_server: ApiServer) -> N
 
 
 def test_the_page_is_served_without_a_key_under_a_strict_policy(api_server: ApiServer) -> None:
-    for path in ("/", "/dashboard"):
+    for path in ("/", "/dashboard", "/dashboard/batches/batch_abc"):
         r = requests.get(api_server.base_url + path, timeout=10)
         assert r.status_code == 200
         assert r.headers["content-type"].startswith("text/html")

@@ -1,0 +1,78 @@
+"""One `nightbatch local` for the whole session, started as a user starts it; the e2e and the dashboard's
+end-to-end browser test share it (registered in tests/conftest.py, so that a session starts one engine)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from nightbatch.local.aws import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+API_KEY = "sk-e2e-test-key"
+# One "hour" of a completion window lasts this many seconds in the e2e stack, so `1h` batches expire in
+# the test while `24h` ones (8 minutes) never do.
+HOUR_SECONDS = 20
+
+
+@dataclass
+class LocalStack:
+    base_url: str
+    api_key: str
+    log: Path
+
+    def client(self, **kw: object) -> OpenAI:
+        return OpenAI(base_url=self.base_url, api_key=self.api_key, **kw)  # type: ignore[arg-type]
+
+
+def _wait_ready(proc: subprocess.Popen[bytes], base_url: str, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"nightbatch local exited early:\n{log.read_text()[-4000:]}")
+        try:
+            r = httpx.get(f"{base_url}/models", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=2)
+            if r.status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"nightbatch local not ready in {timeout} s:\n{log.read_text()[-4000:]}")
+
+
+@pytest.fixture(scope="session")
+def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("local") / "nightbatch-local.log"
+    env = {**os.environ, "NIGHTBATCH_API_KEY": API_KEY, "NIGHTBATCH_HOUR_SECONDS": str(HOUR_SECONDS),
+           "NIGHTBATCH_WORKER_POLL_SECONDS": "1", "NIGHTBATCH_CHECKPOINT_EVERY_SECONDS": "1",
+           "NIGHTBATCH_WORKER_DRAIN_SECONDS": "5", "PYTHONPATH": str(ROOT),
+           "XDG_STATE_HOME": str(tmp_path_factory.mktemp("state"))}
+    env.pop("AWS_ENDPOINT_URL", None)
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "nightbatch", "local", "--port", str(port)], env=env,
+                                stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        _wait_ready(proc, base_url, log, timeout=120)
+        yield LocalStack(base_url=base_url, api_key=API_KEY, log=log)
+    finally:
+        proc.terminate()  # SIGTERM, as a user's Ctrl-C or a service manager would
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # nothing of the stack may outlive the session
