@@ -13,7 +13,7 @@ import pytest
 
 from nightbatch.doctor.report import PHASES
 from nightbatch.settings import LOCAL_MODELS
-from tests.e2e.conftest import ROOT, LocalStack
+from tests.support.local_stack import ROOT, LocalStack
 
 pytestmark = pytest.mark.e2e
 

@@ -21,7 +21,7 @@ from openai import OpenAI
 from openai.types import Batch
 
 from nightbatch.local.aws import free_port
-from tests.e2e.conftest import API_KEY, ROOT, LocalStack, _wait_ready
+from tests.support.local_stack import API_KEY, ROOT, LocalStack, _wait_ready
 
 pytestmark = pytest.mark.e2e
 CHAT = "SmolLM2-135M-Instruct"
