@@ -162,6 +162,11 @@ def create_resources(template: dict[str, Any]) -> Deployment:
         url = sqs.create_queue(QueueName=queue_id[:70])["QueueUrl"]
         d.refs[queue_id] = url
         d.attrs[(queue_id, "Arn")] = f"arn:aws:sqs:{REGION}:{ACCOUNT}:{queue_id[:70]}"
+    kms = boto3.client("kms", region_name=REGION)
+    for key_id in of_type(template, "AWS::KMS::Key"):
+        key = kms.create_key(Description=key_id)["KeyMetadata"]
+        d.refs[key_id] = key["KeyId"]
+        d.attrs[(key_id, "Arn")] = key["Arn"]
     for secret_id in of_type(template, "AWS::SecretsManager::Secret"):
         d.refs[secret_id] = boto3.client("secretsmanager", region_name=REGION).create_secret(
             Name=secret_id, SecretString=f"test-secret-{secret_id}")["ARN"]

@@ -147,9 +147,17 @@ def test_every_handler_in_the_template_answers_from_the_asset_alone(
     step = {"version": 1, "batch_id": batch_id}
     events: dict[str, Any] = {
         "functions.tasks.validate.handler": step, "functions.tasks.plan.handler": step,
+        # A shard's first Capacity call: the NewShard state's document.
+        "functions.tasks.capacity.handler": {**step, "shard_id": "00000", "job_definition": "worker-job",
+                                             "capacity": {}, "shard_error": {}},
         "functions.tasks.finalize.handler": step, "functions.tasks.notify.handler": step,
         "functions.tasks.sweep.handler": {"version": 1},
-        "functions.tasks.deliver.handler": {"Records": []},
+        # An SQS batch as Lambda's event source delivers it (Powertools' batch processor checks the shape);
+        # the body is no webhook event, so it is dropped or reported as that message's failure.
+        "functions.tasks.deliver.handler": {"Records": [{
+            "messageId": "m1", "receiptHandle": "r1", "body": "{}", "attributes": {}, "messageAttributes": {},
+            "md5OfBody": "99914b932bd37a50b983c5e7c90ae93b", "eventSource": "aws:sqs",
+            "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:webhooks", "awsRegion": "us-east-1"}]},
         "functions.tasks.compose_upload.handler": {"Records": []},
     }
     assert set(d.handlers.values()) == {api_handler, *events}, "a handler in the template is not driven here"
@@ -163,7 +171,8 @@ def test_every_handler_in_the_template_answers_from_the_asset_alone(
     by_handler = {a["handler"]: a["result"] for a in answers}
     assert by_handler["functions.tasks.validate.handler"]["valid"] is True
     assert by_handler["functions.tasks.plan.handler"]["shard_count"] == 1
-    assert by_handler["functions.tasks.deliver.handler"] == {"batchItemFailures": []}
+    assert by_handler["functions.tasks.capacity.handler"]["action"] == "run"
+    assert set(by_handler["functions.tasks.deliver.handler"]) == {"batchItemFailures"}
     batch = json.loads(retrieved["result"]["body"])
     assert batch["status"] == "completed", batch
     assert batch["request_counts"] == {"total": 1, "completed": 0, "failed": 1}
