@@ -170,11 +170,6 @@ def create_resources(template: dict[str, Any]) -> Deployment:
     for secret_id in of_type(template, "AWS::SecretsManager::Secret"):
         d.refs[secret_id] = boto3.client("secretsmanager", region_name=REGION).create_secret(
             Name=secret_id, SecretString=f"test-secret-{secret_id}")["ARN"]
-    kms = boto3.client("kms", region_name=REGION)
-    for key_id in of_type(template, "AWS::KMS::Key"):
-        meta = kms.create_key(Description=key_id)["KeyMetadata"]
-        d.refs[key_id] = meta["KeyId"]
-        d.attrs[(key_id, "Arn")] = meta["Arn"]
     for api_id in of_type(template, "AWS::ApiGatewayV2::Api"):
         d.refs[api_id] = "nbapi"
 
