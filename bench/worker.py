@@ -1,6 +1,6 @@
 """Worker bench: our shard worker against vLLM's own `run_batch`, same input, model, engine args and machine.
 
-    .venv/bin/python -m bench.worker                       # CPU here: SmolLM2-135M, ~7 min when quiet
+    .venv/bin/python -m bench.worker                       # CPU here: SmolLM2-135M, ~20 min when quiet
     .venv/bin/python -m bench.worker --model hf:meta-llama/Llama-3.1-8B-Instruct --served-name llama-8b \\
         --max-model-len 4096 --max-tokens 128 --requests 5000 --engine-arg max_num_seqs=512
 
@@ -10,7 +10,13 @@ worker (`python -m gpu_worker`) on the same requests planned as one shard throug
 pipeline (S3 and DynamoDB are moto's server in another process), checks that both produced the same token
 counts line by line, and prints output and total tokens/s for the running phase and the whole process, with
 the ratio ours / run_batch. Then an ablation on the mixed input: our worker with each technique switched on
-in turn. How each phase is timed: bench/worker_sides.py. There are no assertions on speed anywhere.
+in turn, starting from the all-off control. How each phase is timed: bench/worker_sides.py.
+
+Every configuration runs `--repeat` times (default 3) after one discarded warm-up run of each side; the two
+sides alternate who goes first; the tables show medians with the min..max spread, and the ratio is the
+median of the per-repeat ratios (run i of ours over run i of run_batch). The scheduler's sizes
+(max_num_seqs, max_num_batched_tokens, prefix caching) are passed explicitly to both sides. A line whose
+token counts differ between the sides fails the run (exit status 1). There are no assertions on speed.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -32,7 +40,7 @@ PER_SLOT = "NIGHTBATCH_WORKER_IN_FLIGHT_PER_SLOT"
 ALL_OFF = {WINDOW: "0", GROUP: "false", LENGTH: "none", PER_SLOT: "0"}
 # Cumulative: each step adds one technique to the one before; the last is our default configuration.
 ABLATION: list[tuple[str, dict[str, str]]] = [
-    ("input order, everything off", ALL_OFF),
+    ("control: input order, everything off", ALL_OFF),
     ("+ prefix grouping (4096-line window, read ahead)", {**ALL_OFF, WINDOW: "4096", GROUP: "true"}),
     ("+ longest first", {**ALL_OFF, WINDOW: "4096", GROUP: "true", LENGTH: "longest"}),
     ("+ in flight >= 2 x max_num_seqs (= ours, defaults)", {}),
@@ -59,7 +67,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-tokens", type=int, default=16, help="every request generates exactly this many")
-    p.add_argument("--requests", type=int, default=300)
+    p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--max-num-seqs", type=int, default=64, help="scheduler slots, both sides")
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens per engine step, both sides")
+    p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
+                   help="vLLM automatic prefix caching, both sides (default on)")
     p.add_argument("--engine-arg", action="append", type=parse_engine_arg, default=[], metavar="KEY=VALUE",
                    help="vLLM engine/frontend argument for both sides (repeatable), e.g. max_num_seqs=256")
     p.add_argument("--inputs", default="mixed,uniform", help="comma-separated: mixed, uniform")
@@ -69,8 +81,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ablation", action=argparse.BooleanOptionalAction, default=True,
                    help="run the ablation on the mixed input (default on)")
     p.add_argument("--alternative", action="store_true", help="also run longest-first without grouping")
-    p.add_argument("--repeat", type=int, default=1,
-                   help="runs of every configuration (sides alternate who goes first); the fastest is shown")
+    p.add_argument("--repeat", type=int, default=3,
+                   help="runs of every configuration after a discarded warm-up (sides alternate who goes first); "
+                        "medians and spreads are shown")
     p.add_argument("--workdir", type=Path, default=None, help="keep inputs, outputs and logs here")
     return p.parse_args(argv)
 
@@ -80,7 +93,9 @@ def model_spec(args: argparse.Namespace) -> tuple[Any, Path]:
     from nightbatch.settings import ModelSpec
 
     # prompt_tokens_details makes both sides report cached prompt tokens: the prefix cache's hits.
-    engine_args = {"enable_prompt_tokens_details": True, **dict(args.engine_arg)}
+    engine_args = {"enable_prompt_tokens_details": True, "max_num_seqs": args.max_num_seqs,
+                   "max_num_batched_tokens": args.max_num_batched_tokens,
+                   "enable_prefix_caching": args.prefix_caching, **dict(args.engine_arg)}
     spec = ModelSpec(name=args.served_name, source=args.model, dtype=args.dtype, max_model_len=args.max_model_len,
                      engine_args=engine_args)
     model_dir = resolve_model_dir(spec)
@@ -116,53 +131,49 @@ def rates(r: RunResult) -> dict[str, float]:
             "total_tps_process": (prompt + completion) / r.process_seconds}
 
 
-def best_rates(runs: list[RunResult]) -> dict[str, float]:
-    """The fastest of repeated runs: on a shared machine other load only ever slows a run down, so the
-    minimum is the least disturbed measurement (each phase taken from its own fastest run)."""
-    best_running = min(runs, key=lambda r: r.running_seconds)
-    best_process = min(runs, key=lambda r: r.process_seconds)
-    running, process = rates(best_running), rates(best_process)
-    return {**{k: v for k, v in running.items() if "process" not in k},
-            **{k: v for k, v in process.items() if "process" in k}}
+def med(xs: list[float]) -> str:
+    return f"{statistics.median(xs):.1f} ({min(xs):.1f}..{max(xs):.1f})"
+
+
+def ratio(ours: list[RunResult], base: list[RunResult], key: str) -> str:
+    """Median (min..max) of the per-repeat ratios ours / base."""
+    rs = [rates(o)[key] / rates(b)[key] for o, b in zip(ours, base, strict=False)]
+    return f"**{statistics.median(rs):.2f}x** ({min(rs):.2f}..{max(rs):.2f})" if rs else "n/a"
 
 
 def print_tables(pairs: dict[str, tuple[list[RunResult], list[RunResult]]], checks: dict[str, dict[str, Any]],
-                 ablation: list[tuple[str, list[RunResult]]], rb_mixed: dict[str, float] | None) -> None:
-    print("\n### Running phase (first request in -> last result out)\n")
-    print("| input | run_batch out tok/s | ours out tok/s | **ratio** | run_batch total tok/s | ours total tok/s "
-          "| ratio | run_batch s | ours s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name, (rb, ours) in pairs.items():
-        a, b = best_rates(rb), best_rates(ours)
-        print(f"| {name} | {a['out_tps']:.1f} | {b['out_tps']:.1f} | **{b['out_tps'] / a['out_tps']:.2f}x** "
-              f"| {a['total_tps']:.1f} | {b['total_tps']:.1f} | {b['total_tps'] / a['total_tps']:.2f}x "
-              f"| {a['running_s']:.1f} | {b['running_s']:.1f} |")
-    print("\n### Whole process (spawn -> exit: imports, engine start, run, shutdown)\n")
-    print("| input | run_batch out tok/s | ours out tok/s | **ratio** | run_batch total tok/s | ours total tok/s "
-          "| ratio | run_batch s | ours s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name, (rb, ours) in pairs.items():
-        a, b = best_rates(rb), best_rates(ours)
-        print(f"| {name} | {a['out_tps_process']:.1f} | {b['out_tps_process']:.1f} "
-              f"| **{b['out_tps_process'] / a['out_tps_process']:.2f}x** | {a['total_tps_process']:.1f} "
-              f"| {b['total_tps_process']:.1f} | {b['total_tps_process'] / a['total_tps_process']:.2f}x "
-              f"| {a['process_s']:.1f} | {b['process_s']:.1f} |")
-    print("\n### Token counts (run_batch / ours; successful lines)\n")
+                 ablation: list[tuple[str, list[RunResult]]]) -> None:
+    for title, key, secs in (("Running phase (first request in -> last result out)", "out_tps", "running_s"),
+                             ("Whole process (spawn -> exit: imports, engine start, run, shutdown)",
+                              "out_tps_process", "process_s")):
+        print(f"\n### {title}; median (min..max)\n")
+        print("| input | run_batch out tok/s | ours out tok/s | ratio ours / run_batch | run_batch s | ours s "
+              "| cached prompt tokens run_batch / ours |")
+        print("|---|---:|---:|---:|---:|---:|---:|")
+        for name, (rb, ours) in pairs.items():
+            print(f"| {name} | {med([rates(r)[key] for r in rb])} | {med([rates(r)[key] for r in ours])} "
+                  f"| {ratio(ours, rb, key)} | {med([rates(r)[secs] for r in rb])} "
+                  f"| {med([rates(r)[secs] for r in ours])} "
+                  f"| {statistics.median(r.tokens()[2] for r in rb):.0f} / "
+                  f"{statistics.median(r.tokens()[2] for r in ours):.0f} |")
+    print("\n### Token counts (run_batch / ours; successful lines; the run fails if any line differs)\n")
     print("| input | lines | lines that differ | prompt tokens | output tokens | cached prompt tokens |")
     print("|---|---:|---:|---:|---:|---:|")
     for name, c in checks.items():
         (pa, ca, ka), (pb, cb, kb) = c["a"], c["b"]
         print(f"| {name} | {c['lines']} | {c['mismatched']} | {pa} / {pb} | {ca} / {cb} | {ka} / {kb} |")
-    if ablation and rb_mixed is not None:
-        print("\n### Ablation (mixed input; each step adds one technique)\n")
-        print("| configuration | running s | out tok/s | total tok/s | cached prompt tokens | vs run_batch |")
-        print("|---|---:|---:|---:|---:|---:|")
-        print(f"| run_batch | {rb_mixed['running_s']:.1f} | {rb_mixed['out_tps']:.1f} | {rb_mixed['total_tps']:.1f} "
-              f"| | 1.00x |")
+    if ablation and "mixed" in pairs:
+        rb = pairs["mixed"][0]
+        print("\n### Ablation (mixed input; the first row is the all-off control, each next row adds one "
+              "technique); median (min..max)\n")
+        print("| configuration | running s | out tok/s | cached prompt tokens | vs run_batch |")
+        print("|---|---:|---:|---:|---:|")
+        print(f"| run_batch | {med([rates(r)['running_s'] for r in rb])} | {med([rates(r)['out_tps'] for r in rb])} "
+              f"| {statistics.median(r.tokens()[2] for r in rb):.0f} | 1.00x |")
         for label, runs in ablation:
-            r = best_rates(runs)
-            print(f"| {label} | {r['running_s']:.1f} | {r['out_tps']:.1f} | {r['total_tps']:.1f} "
-                  f"| {runs[0].tokens()[2]} | {r['out_tps'] / rb_mixed['out_tps']:.2f}x |")
+            print(f"| {label} | {med([rates(r)['running_s'] for r in runs])} "
+                  f"| {med([rates(r)['out_tps'] for r in runs])} "
+                  f"| {statistics.median(r.tokens()[2] for r in runs):.0f} | {ratio(runs, rb, 'out_tps')} |")
 
 
 def say(r: RunResult, label: str = "") -> None:
@@ -183,7 +194,21 @@ def main(argv: list[str] | None = None) -> None:
     pairs: dict[str, tuple[list[RunResult], list[RunResult]]] = {}
     checks: dict[str, dict[str, Any]] = {}
     ablation: list[tuple[str, list[RunResult]]] = []
+    mismatches: list[str] = []
+
+    def check(name: str, base: RunResult, other: RunResult) -> None:
+        c = compare_tokens(base, other)
+        if name not in checks or c["mismatched"] > checks[name]["mismatched"]:
+            checks[name] = c
+        if c["mismatched"]:
+            mismatches.append(f"{other.label}: {c['mismatched']} lines differ in token counts from {base.label}")
+            print(f"  MISMATCH: {mismatches[-1]}", flush=True)
+
     try:
+        first = next(iter(inputs.values()))
+        for side in ("run_batch", "ours"):  # warm-up (page cache, compiled kernels): discarded
+            say(run_vllm_batch(spec, model_dir, first, workdir, "warmup-run_batch") if side == "run_batch"
+                else ours_side.run(first, "warmup-ours", {}), "warm-up, discarded")
         for i in range(args.repeat):
             for name, path in inputs.items():
                 # Alternate who goes first, so that a drift in the machine's load favours neither side.
@@ -196,9 +221,7 @@ def main(argv: list[str] | None = None) -> None:
                     say(r)
                 pairs.setdefault(name, ([], []))[0].append(got["run_batch"])
                 pairs[name][1].append(got["ours"])
-                check = compare_tokens(got["run_batch"], got["ours"])
-                if name not in checks or check["mismatched"] > checks[name]["mismatched"]:
-                    checks[name] = check
+                check(name, got["run_batch"], got["ours"])
         if args.ablation and "mixed" in inputs:
             steps = ABLATION[:-1] + ([ALTERNATIVE] if args.alternative else [])
             for n, (label, overrides) in enumerate(steps):
@@ -206,18 +229,18 @@ def main(argv: list[str] | None = None) -> None:
                 for i in range(args.repeat):
                     runs.append(ours_side.run(inputs["mixed"], f"ablation-{n}-{i}", overrides))
                     say(runs[-1], label)
-                    check = compare_tokens(pairs["mixed"][0][0], runs[-1])
-                    if check["mismatched"]:
-                        print(f"  WARNING: {check['mismatched']} lines differ in token counts from run_batch")
+                    check("mixed", pairs["mixed"][0][0], runs[-1])
                 ablation.append((label, runs))
             ablation.insert(len(ABLATION) - 1, (ABLATION[-1][0], pairs["mixed"][1]))
     finally:
         ours_side.close()
     load_after = os.getloadavg()
-    rb_mixed = best_rates(pairs["mixed"][0]) if "mixed" in pairs else None
-    print_tables(pairs, checks, ablation, rb_mixed)
+    print_tables(pairs, checks, ablation)
     print(f"\nload average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}; "
-          f"{os.cpu_count()} CPUs; repeat {args.repeat}")
+          f"{os.cpu_count()} CPUs; {args.repeat} repeats after one warm-up; engine args {spec.engine_args}")
+    if mismatches:
+        print(f"FAILED: {len(mismatches)} runs produced different token counts per line", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -181,10 +181,14 @@ class OurSide:
         return str(batch.id)
 
     def run(self, input_path: Path, label: str, overrides: dict[str, str]) -> RunResult:
-        batch_id = self.plan(input_path)
+        return self.run_planned(self.plan(input_path), "00000", label, overrides)
+
+    def run_planned(self, batch_id: str, shard_id: str, label: str,
+                    overrides: dict[str, str] | None = None) -> RunResult:
+        """`python -m gpu_worker` on one planned shard: a fresh process and engine (an empty prefix cache)."""
         env = {**engine_env(), **self.aws_env, "NIGHTBATCH_BUCKET": BUCKET, "NIGHTBATCH_TABLE": TABLE,
                "NIGHTBATCH_MODELS_JSON": self.settings.models_json, "NIGHTBATCH_BATCH_ID": batch_id,
-               "NIGHTBATCH_SHARD_ID": "00000", **overrides}
+               "NIGHTBATCH_SHARD_ID": shard_id, **(overrides or {})}
         log = self.workdir / f"{label}.log"
         load = os.getloadavg()[0]
         started = time.monotonic()
@@ -201,14 +205,14 @@ class OurSide:
         report = reports[-1]
         if not report.get("finished"):
             raise RuntimeError(f"worker did not finish the shard: {report}")
-        return RunResult(label, float(report["running_seconds"]), process, self.results(batch_id),
+        return RunResult(label, float(report["running_seconds"]), process, self.results(batch_id, shard_id),
                          {"report": report, "log": str(log), "load": load})
 
-    def results(self, batch_id: str) -> dict[str, Usage]:
+    def results(self, batch_id: str, shard_id: str = "00000") -> dict[str, Usage]:
         from gpu_worker.shard import CHECKPOINT_RE, iter_object_lines, results_prefix
 
         blobs = self.adapters.blobs
-        prefix = results_prefix(batch_id, "00000")
+        prefix = results_prefix(batch_id, shard_id)
         usage: dict[str, Usage] = {}
         for key in sorted(blobs.list_keys(prefix)):
             if CHECKPOINT_RE.match(key[len(prefix):]):

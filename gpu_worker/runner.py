@@ -91,7 +91,10 @@ async def preflight(job: ShardJob, *, blobs: BlobStore, table: Table) -> str | N
     reason = await read_stop_reason(table, job.batch_id)
     if reason is not None:
         return reason
-    if await asyncio.to_thread(blobs.exists, done_key(results_prefix(job.batch_id, job.shard_id))):
+    done = done_key(results_prefix(job.batch_id, job.shard_id))
+    # Listed, not HEADed: the worker may list only under batches/ (infra/stack.py), and S3 may then answer a
+    # HEAD of a missing key with 403 rather than 404.
+    if any(key == done for key in await asyncio.to_thread(lambda: list(blobs.list_keys(done)))):
         return "already_done"
     return None
 

@@ -12,14 +12,14 @@ Every knob is a setting (docs/PERF.md), so that the worker bench can show what e
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from gpu_worker.shard import PendingRequest
+from nightbatch.pipeline.prefixes import prompt_text
 from nightbatch.settings import Settings
 
 LengthOrder = Literal["longest", "shortest", "none"]
@@ -48,40 +48,6 @@ class OrderPolicy:
     @property
     def reorders(self) -> bool:
         return self.window_lines > 0 and (self.group_prefixes or self.length_order != "none")
-
-
-def prompt_text(body: dict[str, Any]) -> str:
-    """The prompt as the chat template will lay it out, near enough to compare prefixes and lengths: tools
-    first (templates render them into the system turn), then each message's role and text."""
-    parts: list[str] = []
-    tools = body.get("tools")
-    if tools:
-        parts.append(json.dumps(tools, sort_keys=True, separators=(",", ":")))
-    instructions = body.get("instructions")  # a Responses request's system turn
-    if isinstance(instructions, str):
-        parts.append(f"system\n{instructions}")
-    messages = body.get("messages")
-    if isinstance(messages, list):
-        for message in messages:
-            if isinstance(message, dict):
-                parts.append(f"{message.get('role', '')}\n{_content_text(message.get('content'))}")
-    for key in ("prompt", "input"):
-        if key in body:
-            parts.append(_content_text(body[key]))
-    return "\n".join(parts)
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        # Text parts of a message, a list of prompts, or token ids: all compare the same way as text.
-        return "\n".join(_content_text(item) for item in content)
-    if isinstance(content, dict):
-        if "content" in content:  # a Responses input item: {"role": …, "content": "…" or [parts]}
-            return f"{content.get('role', '')}\n{_content_text(content['content'])}"
-        return str(content.get("text", ""))
-    return "" if content is None else str(content)
 
 
 @dataclass(frozen=True)

@@ -137,6 +137,10 @@ def _through_bucket(spec: ModelSpec, bucket: str, s3: Any, cache: Path, fetch: F
 
 
 def read_ready(s3: Any, bucket: str, base: str) -> dict[str, Any] | None:
+    # Listed first: the worker may list only its prefixes (infra/stack.py), and S3 may then answer a GET of a
+    # missing key with 403 rather than NoSuchKey.
+    if not s3.list_objects_v2(Bucket=bucket, Prefix=base + READY, MaxKeys=1).get("KeyCount", 0):
+        return None
     try:
         body = s3.get_object(Bucket=bucket, Key=base + READY)["Body"].read()
     except s3.exceptions.NoSuchKey:

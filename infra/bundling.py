@@ -17,28 +17,24 @@ from aws_cdk import aws_lambda as lambda_
 
 # The packages Lambda runs; gpu_worker, infra and tests never ship in the Lambda bundle.
 LAMBDA_PACKAGES = ("nightbatch", "functions")
-# Project dependencies that only the local stack or the SDK examples use.
-NOT_IN_LAMBDA = frozenset({"moto", "uvicorn", "openai"})
+# The pyproject extra the Lambdas install on top of the core dependencies.
+LAMBDA_EXTRA = "api"
 _SKIP_PARTS = frozenset({"__pycache__", "tests"})
 # The local stack (moto server, CPU engines) never runs in Lambda.
 _SKIP_DIRS = ("nightbatch/local/",)
+# ... except the chat templates the settings resolve (nightbatch.settings imports nightbatch.local.templates).
+_KEEP = ("nightbatch/local/__init__.py", "nightbatch/local/templates/")
 
 RUNTIME = lambda_.Runtime.PYTHON_3_14
 ARCHITECTURE = lambda_.Architecture.ARM_64
 PIP_PLATFORM = "manylinux2014_aarch64"
 
 
-def _dist_name(requirement: str) -> str:
-    name = requirement
-    for sep in ("[", "=", "<", ">", "!", "~", ";", " "):
-        name = name.split(sep, 1)[0]
-    return name.strip().lower().replace("_", "-")
-
-
 def lambda_requirements(pyproject: Path) -> list[str]:
-    """The project's runtime dependencies minus those only the local mode needs."""
-    deps: list[str] = tomllib.loads(pyproject.read_text())["project"]["dependencies"]
-    return [d for d in deps if _dist_name(d) not in NOT_IN_LAMBDA]
+    """The core dependencies plus the `api` extra: exactly what the Lambdas import (tests/infra/test_lambda_asset.py
+    imports and runs every handler from an asset built with these and nothing else)."""
+    project = tomllib.loads(pyproject.read_text())["project"]
+    return [*project["dependencies"], *project["optional-dependencies"][LAMBDA_EXTRA]]
 
 
 def _code_files(root: Path) -> Iterable[Path]:
@@ -49,7 +45,8 @@ def _code_files(root: Path) -> Iterable[Path]:
         for path in sorted(base.rglob("*")):
             relative = path.relative_to(root)
             if (path.is_file() and not _SKIP_PARTS.intersection(relative.parts)
-                    and not relative.as_posix().startswith(_SKIP_DIRS) and path.suffix not in (".pyc", ".pyo")):
+                    and (not relative.as_posix().startswith(_SKIP_DIRS) or relative.as_posix().startswith(_KEEP))
+                    and path.suffix not in (".pyc", ".pyo")):
                 yield path
 
 

@@ -21,6 +21,9 @@ CONTEXT_KEYS = (
     "maxGpus",
     "shardRetry",
     "runnableTimeoutMinutes",
+    "spotRunnableMinutes",
+    "capacityMarginMinutes",
+    "fairShare",
     "finalizeMarginHours",
     "workerVolumeGiB",
     "workerVolumeThroughputMiBps",
@@ -30,6 +33,7 @@ CONTEXT_KEYS = (
     "alarms",
     "api",
     "logRetentionDays",
+    "concurrency",
     "retainData",
 )
 
@@ -145,6 +149,31 @@ class Capacity(_Strict):
         return self
 
 
+class FairShare(_Strict):
+    """AWS Batch fair-share scheduling between tenants (share identifier = tenant id, alphanumerics only)."""
+
+    # Relative weights: a lower weight gets more of the GPUs (0.5 gets twice what 1.0 gets). Tenants not
+    # listed get `defaultWeight`.
+    weights: dict[str, float] = Field(default_factory=dict)
+    default_weight: float = Field(1.0, alias="defaultWeight", gt=0)
+    share_decay_seconds: int = Field(3600, alias="shareDecaySeconds", ge=0, le=604800)
+    compute_reservation: int = Field(0, alias="computeReservation", ge=0, le=99)
+
+    @field_validator("weights")
+    @classmethod
+    def _weights(cls, weights: dict[str, float]) -> dict[str, float]:
+        for tenant, weight in weights.items():
+            if not tenant.isalnum() or len(tenant) > 255:
+                raise ValueError(f"fairShare.weights: {tenant!r} is not a share identifier (alphanumerics, <= 255)")
+            if not 0 < weight < 1000:
+                raise ValueError(f"fairShare.weights[{tenant!r}]: {weight} is outside 0.0001..999.9999")
+        return weights
+
+    def policy_weights(self) -> dict[str, float]:
+        """Batch gives unlisted shares 1.0; weights are relative, so listed ones are scaled by the default."""
+        return {t: max(0.0001, min(999.9999, w / self.default_weight)) for t, w in self.weights.items()}
+
+
 class ShardRetry(_Strict):
     """Step Functions retry of a shard's Batch job (ARCHITECTURE decision 3, second layer)."""
 
@@ -205,6 +234,16 @@ class ApiOptions(_Strict):
     memory_mb: int = Field(1024, alias="memoryMb", ge=128)
 
 
+class Concurrency(_Strict):
+    """Reserved concurrency (0 = none): the workflow's Lambdas always have room, and the API, which anyone with a
+    key (or none) can call, cannot take the whole account's concurrency from them. Needs the account's limit to
+    exceed the sum by 100 (AWS keeps 100 unreserved)."""
+
+    api: int = Field(50, ge=0)
+    workflow: int = Field(10, ge=0)  # each of validate, plan, finalize, notify, deliver, compose_upload
+    sweep: int = Field(1, ge=0)
+
+
 class DeployConfig(_Strict):
     """Everything per stage that shapes the stack; nothing here is looked up from AWS at synth."""
 
@@ -217,6 +256,11 @@ class DeployConfig(_Strict):
     max_gpus: int = Field(4, alias="maxGpus", ge=1, le=256)
     shard_retry: ShardRetry = Field(ShardRetry(), alias="shardRetry")
     runnable_timeout_minutes: int = Field(240, alias="runnableTimeoutMinutes", ge=10, le=1440)
+    # A Spot job RUNNABLE this long (Spot shortage) is cancelled by its queue and resubmitted on-demand.
+    spot_runnable_minutes: int = Field(30, alias="spotRunnableMinutes", ge=10, le=1440)
+    # A batch moves to on-demand when its slack (time left - estimated remaining work) falls below this.
+    capacity_margin_minutes: int = Field(30, alias="capacityMarginMinutes", ge=0)
+    fair_share: FairShare = Field(FairShare(), alias="fairShare")
     finalize_margin_hours: int = Field(3, alias="finalizeMarginHours", ge=1)
     worker_volume_gib: int = Field(200, alias="workerVolumeGiB", ge=60)
     # gp3 root volume of GPU hosts: pulling and unpacking the ~20 GB worker image is bound by these (gp3's
@@ -228,6 +272,7 @@ class DeployConfig(_Strict):
     notifications: Notifications = Notifications()
     alarms: Alarms = Alarms()
     api: ApiOptions = ApiOptions()
+    concurrency: Concurrency = Concurrency()
     log_retention_days: int = Field(30, alias="logRetentionDays")
     # Keep the bucket and table on `cdk destroy` (the user's files and batch history).
     retain_data: bool = Field(True, alias="retainData")

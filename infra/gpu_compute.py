@@ -32,20 +32,26 @@ VLLM_CACHE_ENV = {
     "TRITON_CACHE_DIR": f"{CONTAINER_CACHE_DIR}/triton",
 }
 
-# The worker image's own ignore file (BuildKit reads it at build time; CDK does not, so it is merged here).
+# The worker image's own ignore file, an allow-list (BuildKit reads it at build time; CDK does not, so it is
+# passed as the asset's exclude: the staged context and the asset hash cover exactly what the image needs).
 WORKER_DOCKERIGNORE = "gpu_worker/Dockerfile.dockerignore"
-# Kept out of the build context cdk.out copies, beyond the ignore file: the CDK app and model weights.
-WORKER_IMAGE_EXCLUDE = [
-    ".git", ".venv*", "venv*", "cdk.out", "node_modules", "tests", "bench", "docs", "infra", "app.py",
-    "cdk.json", "cdk.context.json", "**/__pycache__", "**/*.pyc", "**/*.gguf", "**/*.safetensors",
-]
 
 
 def worker_image_excludes(repo_root: Path) -> list[str]:
-    ignore = repo_root / WORKER_DOCKERIGNORE
-    lines = ignore.read_text().splitlines() if ignore.exists() else []
-    patterns = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
-    return list(dict.fromkeys([*patterns, *WORKER_IMAGE_EXCLUDE]))
+    lines = (repo_root / WORKER_DOCKERIGNORE).read_text().splitlines()
+    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+
+
+def worker_image_asset(scope: Construct, id: str, repo_root: Path) -> ecr_assets.DockerImageAsset:
+    """The worker image: its hash (hence a rebuild and push) follows only the files the ignore file lets in."""
+    return ecr_assets.DockerImageAsset(
+        scope, id,
+        directory=str(repo_root),
+        file="gpu_worker/Dockerfile",
+        platform=ecr_assets.Platform.LINUX_AMD64,
+        exclude=worker_image_excludes(repo_root),
+        ignore_mode=cdk.IgnoreMode.DOCKER,
+    )
 
 
 # Formats and mounts the first instance-store NVMe as the model cache; without one the cache is on the root EBS.
@@ -90,6 +96,10 @@ class GpuCompute(Construct):
         root_volume_throughput: int,
         root_volume_iops: int,
         runnable_timeout: cdk.Duration,
+        spot_runnable_timeout: cdk.Duration,
+        share_weights: Mapping[str, float],
+        share_decay_seconds: int,
+        compute_reservation: int,
         job_timeout: cdk.Duration,
         environment: Mapping[str, str],
         hf_token_secret_name: str | None,
@@ -141,47 +151,49 @@ class GpuCompute(Construct):
             launch_template=self.launch_template,
             update_to_latest_image_version=True,
         )
-        self.compute_environments: list[batch.ManagedEc2EcsComputeEnvironment] = []
-        if spot:
-            self.compute_environments.append(batch.ManagedEc2EcsComputeEnvironment(
-                self, "Spot", spot=True, allocation_strategy=batch.AllocationStrategy.SPOT_PRICE_CAPACITY_OPTIMIZED,
-                **common,
-            ))
-        if on_demand:
-            self.compute_environments.append(batch.ManagedEc2EcsComputeEnvironment(
-                self, "OnDemand", spot=False, allocation_strategy=batch.AllocationStrategy.BEST_FIT_PROGRESSIVE,
-                **common,
-            ))
-
-        # Jobs that can never be placed (no capacity, or a misconfiguration) end instead of waiting forever;
-        # the state machine's retry and catch then turn the shard into `shard_failed` lines.
-        self.queue = batch.JobQueue(
-            self, "Queue",
-            compute_environments=[
-                batch.OrderedComputeEnvironment(compute_environment=ce, order=order)
-                for order, ce in enumerate(self.compute_environments, start=1)
-            ],
-            job_state_time_limit_actions=[
-                batch.JobStateTimeLimitAction(
-                    max_time=runnable_timeout,
-                    reason=batch.JobStateTimeLimitActionsReason.INSUFFICIENT_INSTANCE_CAPACITY,
-                ),
-                batch.JobStateTimeLimitAction(
-                    max_time=cdk.Duration.minutes(10),
-                    reason=batch.JobStateTimeLimitActionsReason.COMPUTE_ENVIRONMENT_MAX_RESOURCE),
-                batch.JobStateTimeLimitAction(
-                    max_time=cdk.Duration.minutes(10),
-                    reason=batch.JobStateTimeLimitActionsReason.JOB_RESOURCE_REQUIREMENT),
-            ],
+        # Fair share between tenants (share id = tenant) on both queues; a queue created without a policy can never
+        # get one, so it is there from the start (aws-gpu-fleet-notes §1.1).
+        self.scheduling_policy = batch.FairshareSchedulingPolicy(
+            self, "FairShare", share_decay=cdk.Duration.seconds(share_decay_seconds),
+            compute_reservation=compute_reservation,
+            shares=[batch.Share(share_identifier=t, weight_factor=w) for t, w in share_weights.items()],
         )
+        # One queue per capacity type (a job cannot choose its compute environment inside one queue): the workflow
+        # submits to Spot first and moves a batch to on-demand (nightbatch/pipeline/capacity.py).
+        self.compute_environments: dict[str, batch.ManagedEc2EcsComputeEnvironment] = {}
+        self.queues: dict[str, batch.JobQueue] = {}
+        kinds = [k for k, on in (("spot", spot), ("on-demand", on_demand)) if on]
+        for kind in kinds:
+            ce_id, queue_id = ("Spot", "SpotQueue") if kind == "spot" else ("OnDemand", "OnDemandQueue")
+            ce = batch.ManagedEc2EcsComputeEnvironment(
+                self, ce_id, spot=kind == "spot",
+                allocation_strategy=(batch.AllocationStrategy.SPOT_PRICE_CAPACITY_OPTIMIZED if kind == "spot"
+                                     else batch.AllocationStrategy.BEST_FIT_PROGRESSIVE),
+                **common,
+            )
+            self.compute_environments[kind] = ce
+            # Jobs that can never be placed (no capacity, or a misconfiguration) end instead of waiting forever.
+            # A Spot job waiting past its bound comes back to the workflow, which resubmits it on-demand.
+            capacity_wait = spot_runnable_timeout if kind == "spot" else runnable_timeout
+            self.queues[kind] = batch.JobQueue(
+                self, queue_id,
+                compute_environments=[batch.OrderedComputeEnvironment(compute_environment=ce, order=1)],
+                scheduling_policy=self.scheduling_policy,
+                job_state_time_limit_actions=[
+                    batch.JobStateTimeLimitAction(
+                        max_time=capacity_wait,
+                        reason=batch.JobStateTimeLimitActionsReason.INSUFFICIENT_INSTANCE_CAPACITY,
+                    ),
+                    batch.JobStateTimeLimitAction(
+                        max_time=cdk.Duration.minutes(10),
+                        reason=batch.JobStateTimeLimitActionsReason.COMPUTE_ENVIRONMENT_MAX_RESOURCE),
+                    batch.JobStateTimeLimitAction(
+                        max_time=cdk.Duration.minutes(10),
+                        reason=batch.JobStateTimeLimitActionsReason.JOB_RESOURCE_REQUIREMENT),
+                ],
+            )
 
-        self.image = ecr_assets.DockerImageAsset(
-            self, "WorkerImage",
-            directory=str(repo_root),
-            file="gpu_worker/Dockerfile",
-            platform=ecr_assets.Platform.LINUX_AMD64,
-            exclude=worker_image_excludes(repo_root),
-        )
+        self.image = worker_image_asset(self, "WorkerImage", repo_root)
         self.log_group = logs.LogGroup(self, "WorkerLogs", retention=log_retention,
                                        removal_policy=cdk.RemovalPolicy.DESTROY)
         self.job_role = iam.Role(self, "JobRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),

@@ -5,12 +5,27 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import aws_cdk as cdk
+import constructs
+import jsii
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from infra.bundling import ARCHITECTURE, RUNTIME
+from infra.limits import environment_problems
+
+
+@jsii.implements(constructs.IValidation)
+class _EnvironmentLimit:
+    """Fails the synth when a function's environment could exceed Lambda's 4 KB once deployed."""
+
+    def __init__(self, owner: LambdaFunction) -> None:
+        self.owner = owner
+
+    def validate(self) -> list[str]:
+        variables = cdk.Stack.of(self.owner).resolve(self.owner.environment)
+        return environment_problems(self.owner.node.path, variables)
 
 
 class LambdaFunction(Construct):
@@ -33,6 +48,7 @@ class LambdaFunction(Construct):
         log_retention: logs.RetentionDays = logs.RetentionDays.ONE_MONTH,
     ) -> None:
         super().__init__(scope, id)
+        self.environment = dict(environment)
         self.log_group = logs.LogGroup(
             self, "Logs", retention=log_retention, removal_policy=cdk.RemovalPolicy.DESTROY
         )
@@ -58,3 +74,8 @@ class LambdaFunction(Construct):
             log_group=self.log_group,
             logging_format=lambda_.LoggingFormat.JSON,
         )
+        self.node.add_validation(_EnvironmentLimit(self))
+
+    def add_environment(self, name: str, value: str) -> None:
+        self.environment[name] = value
+        self.function.add_environment(name, value)

@@ -5,9 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import aws_cdk as cdk
+import constructs
+import jsii
 from aws_cdk import aws_batch as batch
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
+from aws_cdk import aws_iam as iam
 from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
@@ -17,11 +20,14 @@ from constructs import Construct
 
 from infra.environment import settings_environment
 from infra.lambdas import LambdaFunction
+from infra.limits import definition_problems
 
 # Version of the task input/output documents; handlers accept the versions they know, so a deploy
 # during running batches does not break executions started by the previous definition.
 TASK_VERSION = 1
 SWEEP_EVERY = cdk.Duration.minutes(5)
+# Where the shard Map writes its iterations' results (Step Functions adds <map run id>/); expired by lifecycle.
+MAP_RESULTS_PREFIX = "workflow-results"
 
 # Entry points on the Lambda bundle, by workflow step.
 TASK_HANDLERS: Mapping[str, str] = {
@@ -29,15 +35,30 @@ TASK_HANDLERS: Mapping[str, str] = {
     "plan": "functions.tasks.plan.handler",
     "finalize": "functions.tasks.finalize.handler",
     "notify": "functions.tasks.notify.handler",
+    "capacity": "functions.tasks.capacity.handler",
 }
 SWEEP_HANDLER = "functions.tasks.sweep.handler"
+NOTIFY_RETRY_ATTEMPTS = 5
 TASK_TIMEOUTS: Mapping[str, cdk.Duration] = {
     # Validate and Finalize stream whole files (up to 200 MB) through the function.
     "validate": cdk.Duration.minutes(15),
     "plan": cdk.Duration.minutes(5),
     "finalize": cdk.Duration.minutes(15),
     "notify": cdk.Duration.minutes(2),
+    "capacity": cdk.Duration.minutes(1),
 }
+
+
+@jsii.implements(constructs.IValidation)
+class _DefinitionLimit:
+    """Fails the synth when the definition could exceed Step Functions' 1 MiB once deployed."""
+
+    def __init__(self, machine: sfn.StateMachine) -> None:
+        self.machine = machine
+
+    def validate(self) -> list[str]:
+        definition = cdk.Stack.of(self.machine).resolve(self.machine.node.default_child.definition_string)
+        return definition_problems(self.machine.node.path, definition)
 
 
 def _batch_ref() -> dict[str, object]:
@@ -57,11 +78,8 @@ class Orchestration(Construct):
         task_environment: Mapping[str, Mapping[str, str]],
         sweeper_environment: Mapping[str, str],
         bucket: s3.IBucket,
-        job_queue: batch.IJobQueue,
+        job_queues: list[batch.IJobQueue],
         max_concurrency: int,
-        shard_retry_attempts: int,
-        shard_retry_interval: cdk.Duration,
-        shard_retry_backoff: float,
         execution_timeout: cdk.Duration,
         log_retention: logs.RetentionDays,
     ) -> None:
@@ -90,25 +108,55 @@ class Orchestration(Construct):
         finalize = invoke("finalize", result_path=sfn.JsonPath.DISCARD)
         notify = invoke("notify", result_path=sfn.JsonPath.DISCARD)
 
-        run_shard = tasks.BatchSubmitJob(
-            self, "RunShard",
-            job_name=sfn.JsonPath.format("{}-{}", sfn.JsonPath.string_at("$.batch_id"),
-                                         sfn.JsonPath.string_at("$.shard_id")),
-            job_queue_arn=job_queue.job_queue_arn,
-            # The model's job definition (GPUs, memory, shared memory), named by Plan in the shard's manifest item.
-            job_definition_arn=sfn.JsonPath.string_at("$.job_definition"),
-            container_overrides=tasks.BatchContainerOverrides(environment={
-                "NIGHTBATCH_BATCH_ID": sfn.JsonPath.string_at("$.batch_id"),
-                "NIGHTBATCH_SHARD_ID": sfn.JsonPath.string_at("$.shard_id"),
-            }),
-            integration_pattern=sfn.IntegrationPattern.RUN_JOB,
-            result_path=sfn.JsonPath.DISCARD,
+        # Per shard: Capacity decides the queue (Spot first, on-demand when the batch's slack runs out or Spot fails
+        # it), priority (earliest deadline first) and share (tenant); RunShard submits the model's job there. A
+        # failed attempt goes back to Capacity, which moves it, retries it with backoff, or gives it up: then
+        # Finalize finds no done marker and writes its unrun lines as `shard_failed`, so the iteration succeeds.
+        fields = ("batch_id", "shard_id", "job_definition", "capacity", "shard_error")
+        new_shard = sfn.Pass(self, "NewShard", parameters={
+            "version": 1, **{f"{f}.$": f"$.{f}" for f in fields[:3]}, "capacity": {}, "shard_error": {}})
+        capacity = tasks.LambdaInvoke(
+            self, "Capacity", lambda_function=self.tasks["capacity"].function,
+            payload=sfn.TaskInput.from_object({"version": 1, **{f"{f}.$": f"$.{f}" for f in fields}}),
+            payload_response_only=True, result_path="$.capacity",
         )
-        # Second retry layer; after it the shard is given up: Finalize finds no done marker for it and writes
-        # its unrun lines as `shard_failed`, so the iteration must succeed rather than fail the workflow.
-        run_shard.add_retry(errors=["States.TaskFailed"], max_attempts=shard_retry_attempts,
-                            interval=shard_retry_interval, backoff_rate=shard_retry_backoff)
-        run_shard.add_catch(sfn.Pass(self, "ShardGivenUp"), errors=["States.ALL"], result_path="$.shard_error")
+        # A caught failure's Cause is the whole Batch job description (kilobytes): the given-up iteration keeps
+        # only the shard id and Capacity's decision, so its result stays bounded whatever the number of shards.
+        given_up = sfn.Pass(self, "ShardGivenUp", parameters={
+            "shard_id": sfn.JsonPath.string_at("$.shard_id"),
+            "capacity": sfn.JsonPath.object_at("$.capacity"),
+        })
+        wait = sfn.Wait(self, "Backoff", time=sfn.WaitTime.seconds_path("$.capacity.wait_seconds"))
+        # CustomState: CDK's BatchSubmitJob cannot pass ShareIdentifier / SchedulingPriorityOverride, which a
+        # fair-share queue requires (aws-gpu-fleet-notes §1.2).
+        run_shard = sfn.CustomState(self, "RunShard", state_json={
+            "Type": "Task",
+            "Resource": f"arn:{cdk.Aws.PARTITION}:states:::batch:submitJob.sync",
+            "Parameters": {
+                "JobName.$": "States.Format('{}-{}', $.batch_id, $.shard_id)",
+                "JobQueue.$": "$.capacity.queue",
+                # The model's job definition (GPUs, memory, shared memory), named by Plan in the manifest item.
+                "JobDefinition.$": "$.job_definition",
+                "ShareIdentifier.$": "$.capacity.share",
+                "SchedulingPriorityOverride.$": "$.capacity.priority",
+                "RetryStrategy.$": "$.capacity.retry_strategy",
+                "ContainerOverrides": {"Environment": [
+                    {"Name": "NIGHTBATCH_BATCH_ID", "Value.$": "$.batch_id"},
+                    {"Name": "NIGHTBATCH_SHARD_ID", "Value.$": "$.shard_id"},
+                ]},
+            },
+            # Keep the iteration's output small (CDK drops a null ResultPath from a CustomState).
+            "ResultSelector": {"JobId.$": "$.JobId", "Status.$": "$.Status"},
+            "ResultPath": "$.job",
+        })
+        # Transient Batch API errors (e.g. "Failed to create shareIdentifier") are retried in place.
+        run_shard.add_retry(errors=["Batch.ServerException", "Batch.AWSBatchException"], max_attempts=3,
+                            interval=cdk.Duration.seconds(5), backoff_rate=2.0)
+        run_shard.add_catch(capacity, errors=["States.ALL"], result_path="$.shard_error")
+        capacity.next(sfn.Choice(self, "RunOrGiveUp")
+                      .when(sfn.Condition.string_equals("$.capacity.action", "give_up"), given_up)
+                      .otherwise(wait.next(run_shard)))
+        self._job_queues = job_queues
 
         shards = sfn.DistributedMap(
             self, "Shards",
@@ -116,14 +164,23 @@ class Orchestration(Construct):
             item_reader=sfn.S3JsonItemReader(bucket=bucket, key=sfn.JsonPath.string_at("$.plan.manifest_key")),
             max_concurrency=max_concurrency,
             map_execution_type=sfn.StateMachineType.STANDARD,
+            # The iterations' results go to S3, never into the state: a Distributed Map's output otherwise holds
+            # every child's result and, past 256 KiB, fails the execution with States.DataLimitExceeded (which
+            # no Catch can catch) before Finalize. ResultPath alone does not prevent it.
+            result_writer_v2=sfn.ResultWriterV2(bucket=bucket, prefix=MAP_RESULTS_PREFIX),
             result_path=sfn.JsonPath.DISCARD,
         )
-        shards.item_processor(run_shard)
+        shards.item_processor(new_shard.next(capacity))
 
         # Finalize is idempotent (conditional writes from the expected status), so a transient failure of its
         # own is retried rather than leaving the batch open for the sweeper.
         finalize.add_retry(errors=["States.TaskFailed"], max_attempts=2, interval=cdk.Duration.seconds(10),
                            backoff_rate=3.0)
+        # Notify is idempotent (each channel marks what it sent), so any failure of its own — an SES throttle, an
+        # SQS send — is retried with backoff for about a quarter of an hour; after that the sweeper re-drives the
+        # event, which stays open until every channel is done (nightbatch.pipeline.sweep).
+        notify.add_retry(errors=["States.TaskFailed"], max_attempts=NOTIFY_RETRY_ATTEMPTS,
+                         interval=cdk.Duration.seconds(30), backoff_rate=2.0, max_delay=cdk.Duration.minutes(5))
         # Finalize always runs: any unexpected failure before it is caught into it.
         for state in (validate, plan, shards):
             state.add_catch(finalize, errors=["States.ALL"], result_path="$.error")
@@ -146,12 +203,15 @@ class Orchestration(Construct):
             logs=sfn.LogOptions(destination=self.log_group, level=sfn.LogLevel.ALL, include_execution_data=True),
         )
 
+        self.node.add_validation(_DefinitionLimit(self.state_machine))
+
         self.sweeper = LambdaFunction(
             self, "Sweeper", code=code, handler=SWEEP_HANDLER,
             description="nightbatch sweeper: re-drives stuck batches, finalizes abandoned ones, cancels their "
                         "queued jobs, emits gauges",
             environment={**environment, **sweeper_environment,
-                         **settings_environment({"state_machine_arn": self.state_machine.state_machine_arn})},
+                         **settings_environment({"state_machine_arn": self.state_machine.state_machine_arn,
+                                                 "notify_function": self.tasks["notify"].function.function_name})},
             # It finalizes abandoned batches inline (finalize_batch), so it gets Finalize's time.
             timeout=TASK_TIMEOUTS["finalize"], log_retention=log_retention,
         )
@@ -161,3 +221,13 @@ class Orchestration(Construct):
                                             event=events.RuleTargetInput.from_object({"version": TASK_VERSION}))],
         )
         self.state_machine.grant_start_execution(self.sweeper.role)
+        # What CDK's BatchSubmitJob would grant for .sync (the CustomState grants nothing itself).
+        stack = cdk.Stack.of(self)
+        self.state_machine.add_to_role_policy(iam.PolicyStatement(actions=["batch:SubmitJob"], resources=[
+            stack.format_arn(service="batch", resource="job-definition", resource_name="*"),
+            *(q.job_queue_arn for q in self._job_queues)]))
+        self.state_machine.add_to_role_policy(iam.PolicyStatement(
+            actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
+            resources=[stack.format_arn(service="events", resource="rule",
+                                        resource_name="StepFunctionsGetEventsForBatchJobsRule")]))
+        self.tasks["notify"].function.grant_invoke(self.sweeper.role)

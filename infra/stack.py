@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_kms as kms
+from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
@@ -26,10 +29,25 @@ from infra.uploads import UploadComposer
 
 _READ = ("s3:GetObject",)
 _WRITE = ("s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts")
-_TABLE_RW = (
-    "dynamodb:GetItem", "dynamodb:BatchGetItem", "dynamodb:Query", "dynamodb:ConditionCheckItem",
-    "dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem", "dynamodb:BatchWriteItem",
-)
+# The table actions each principal's code calls (nightbatch/storage/dynamo.py and quota.py), and no more.
+_GET, _QUERY, _PUT, _UPDATE, _DELETE = ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem",
+                                        "dynamodb:UpdateItem", "dynamodb:DeleteItem")
+TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
+    "api": (_GET, _QUERY, _PUT, _UPDATE, _DELETE),  # every resource's CRUD, keys, limits, idempotency
+    "validate": (_GET, _UPDATE),  # batch and file items, queue quota
+    "plan": (_GET, _UPDATE),
+    "capacity": (_GET, _UPDATE),  # reads the batch's window and tenant, records a move to on-demand
+    "finalize": (_GET, _UPDATE, _PUT),  # registers the output and error File items
+    "notify": (_GET, _UPDATE, _PUT, _QUERY),  # events, deliveries; the tenant's endpoints by owner
+    "deliver": (_GET, _UPDATE),
+    "sweep": (_GET, _UPDATE, _PUT, _QUERY),  # open batches and Uploads by status; finalizes like Finalize
+    "compose_upload": (_GET, _UPDATE),
+    # The GPU worker: only `batch_*` items (dynamodb:LeadingKeys), read for cancel/expiry, live counters added.
+    "worker": (_GET, _UPDATE),
+}
+# Only what the worker reads and writes: its shard definitions, segments, results and checkpoints, and the
+# models/ weight cache (the first job of a Hugging Face model writes its weights through; later jobs stream them).
+WORKER_PREFIXES = (BATCHES_PREFIX, MODELS_PREFIX)
 
 
 def _retention(days: int) -> logs.RetentionDays:
@@ -81,6 +99,10 @@ class NightbatchStack(cdk.Stack):
             root_volume_throughput=config.worker_volume_throughput,
             root_volume_iops=config.worker_volume_iops,
             runnable_timeout=cdk.Duration.minutes(config.runnable_timeout_minutes),
+            spot_runnable_timeout=cdk.Duration.minutes(config.spot_runnable_minutes),
+            share_weights=config.fair_share.policy_weights(),
+            share_decay_seconds=config.fair_share.share_decay_seconds,
+            compute_reservation=config.fair_share.compute_reservation,
             job_timeout=cdk.Duration.hours(config.max_window_hours),
             environment=runtime,
             hf_token_secret_name=config.hf_token_secret,
@@ -88,15 +110,21 @@ class NightbatchStack(cdk.Stack):
         )
 
         code = lambda_code(repo_root)
-        # Signs download links; the API signs and verifies, Notify signs links it mails. Resolved by
-        # CloudFormation into the functions' configuration, never written into the template.
+        # Seals webhook signing secrets in the table; kept as long as the table, which holds what it sealed.
+        self.secrets_key = kms.Key(self, "SecretsKey", enable_key_rotation=True, removal_policy=removal,
+                                   description="nightbatch: seals webhook signing secrets stored in the table")
+        # Signs download links; the API signs and verifies, Notify signs links it mails. Read from Secrets Manager
+        # at run time (nightbatch/links.py), so no key sits in a function's configuration, where anyone with
+        # lambda:GetFunctionConfiguration could read it. {"current": "k1", "k1": …}: rotate by adding k2.
         self.link_secret = secretsmanager.Secret(
             self, "LinkSecret",
-            description="nightbatch: HMAC key of signed download links (shared by the API and Notify)",
-            generate_secret_string=secretsmanager.SecretStringGenerator(exclude_punctuation=True, password_length=64),
+            description="nightbatch: HMAC keys of signed download links (shared by the API and Notify)",
+            generate_secret_string=secretsmanager.SecretStringGenerator(
+                secret_string_template=json.dumps({"current": "k1"}), generate_string_key="k1",
+                exclude_punctuation=True, password_length=64),
             removal_policy=cdk.RemovalPolicy.DESTROY,
         )
-        link_env = settings_environment({"link_secret": self.link_secret.secret_value.unsafe_unwrap()})
+        link_env = settings_environment({"link_keys_secret": self.link_secret.secret_arn})
         self.uploads = UploadComposer(self, "Uploads", code=code, environment=runtime, log_retention=retention)
         upload_env = settings_environment({"upload_queue_url": self.uploads.queue.queue_url})
         # The API refuses a batch naming an address outside these domains; Notify skips one that slipped through.
@@ -104,6 +132,8 @@ class NightbatchStack(cdk.Stack):
         notify_env: dict[str, Any] = {
             "topic_arn": self.notifications.topic.topic_arn,
             "webhook_queue_url": self.notifications.webhook_queue.queue_url,
+            # Webhook signing secrets are sealed with the stack's key (nightbatch/storage/kms.py).
+            "secrets_kms_key": self.secrets_key.key_arn,
         }
         if self.notifications.configuration_set is not None:
             notify_env["email_sender"] = config.notifications.sender_email
@@ -123,14 +153,21 @@ class NightbatchStack(cdk.Stack):
                 # Plan names each shard's job definition (the model's) in the Map's manifest.
                 "plan": settings_environment({"job_definitions_json": cdk.Stack.of(self).to_json_string({
                     name: jd.job_definition_arn for name, jd in self.gpu.job_definitions.items()})}),
+                # Capacity picks each submission's queue (Spot, then on-demand), priority and share.
+                "capacity": settings_environment({
+                    "job_queues_json": cdk.Stack.of(self).to_json_string({
+                        kind: q.job_queue_arn for kind, q in self.gpu.queues.items()}),
+                    "capacity_margin_seconds": config.capacity_margin_minutes * 60,
+                    "shard_retry_attempts": config.shard_retry.max_attempts,
+                    "shard_retry_interval_seconds": config.shard_retry.interval_seconds,
+                    "shard_retry_backoff": config.shard_retry.backoff_rate,
+                }),
             },
-            sweeper_environment=settings_environment({"job_queue": self.gpu.queue.job_queue_arn}),
+            sweeper_environment=settings_environment({"job_queue": cdk.Fn.join(",", [
+                q.job_queue_arn for q in self.gpu.queues.values()])}),
             bucket=bucket,
-            job_queue=self.gpu.queue,
+            job_queues=list(self.gpu.queues.values()),
             max_concurrency=config.max_gpus,
-            shard_retry_attempts=config.shard_retry.max_attempts,
-            shard_retry_interval=cdk.Duration.seconds(config.shard_retry.interval_seconds),
-            shard_retry_backoff=config.shard_retry.backoff_rate,
             execution_timeout=cdk.Duration.hours(config.max_window_hours + config.finalize_margin_hours),
             log_retention=retention,
         )
@@ -148,6 +185,7 @@ class NightbatchStack(cdk.Stack):
             environment={**runtime, **link_env, **upload_env, **email_policy, **settings_environment({
                 "state_machine_arn": state_machine.state_machine_arn,
                 "api_keys_secret": self.api_keys.secret_arn,
+                "secrets_kms_key": self.secrets_key.key_arn,
             })},
             memory_mb=config.api.memory_mb,
             rate_limit=config.api.rate_limit,
@@ -158,14 +196,14 @@ class NightbatchStack(cdk.Stack):
         # Notify signs download links into its e-mails; they point at this API, unless `limits` names another
         # public URL (a custom domain). No cycle: the HTTP API does not depend on the workflow, its Lambda does.
         if "public_base_url" not in config.limits:
-            self.orchestration.tasks["notify"].function.add_environment(env_name("public_base_url"), self.api.url)
+            self.orchestration.tasks["notify"].add_environment(env_name("public_base_url"), self.api.url)
 
         # Grants: each principal gets its prefixes, the table, and the one thing it drives.
         tasks = self.orchestration.tasks
         sweeper = self.orchestration.sweeper
         api_role = self.api.handler.role
         self.grant_objects(api_role, (FILES_PREFIX, BATCHES_PREFIX, UPLOADS_PREFIX), write=True)
-        for name in ("validate", "plan", "finalize"):
+        for name in ("validate", "plan", "finalize", "capacity"):
             self.grant_objects(tasks[name].role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
         # An uploaded input is read through its parts until composition finishes.
         self.grant_objects(tasks["validate"].role, (UPLOADS_PREFIX,), write=False)
@@ -174,13 +212,19 @@ class NightbatchStack(cdk.Stack):
         self.grant_objects(composer, (FILES_PREFIX, UPLOADS_PREFIX), write=True)
         for sender in (api_role, composer):
             self.uploads.queue.grant_send_messages(sender)
-        # models/: the first job of a Hugging Face model writes its weights through; later jobs stream them.
-        self.grant_objects(self.gpu.job_role, (FILES_PREFIX, BATCHES_PREFIX, MODELS_PREFIX), write=True)
-        for principal in (api_role, sweeper.role, composer, self.deliverer.role, self.gpu.job_role,
-                          *(t.role for t in tasks.values())):
-            self.grant_table(principal)
+        self.grant_objects(self.gpu.job_role, WORKER_PREFIXES, write=True, list_only_prefixes=True)
+        roles = {"api": api_role, "sweep": sweeper.role, "compose_upload": composer,
+                 "deliver": self.deliverer.role, **{name: t.role for name, t in tasks.items()}}
+        for name, principal in roles.items():
+            self.grant_table(principal, TABLE_ACTIONS[name])
+        self.grant_table(self.gpu.job_role, TABLE_ACTIONS["worker"], leading_keys=("batch_*",))
         state_machine.grant_start_execution(api_role)
         self.api_keys.grant_read(api_role)
+        for reader in (api_role, tasks["notify"].role):
+            self.link_secret.grant_read(reader)
+        # The API seals new signing secrets and opens them for `webhooks.test`; Deliver opens them to sign.
+        self.secrets_key.grant(api_role, "kms:Encrypt", "kms:Decrypt")
+        self.secrets_key.grant(self.deliverer.role, "kms:Decrypt")
         self.notifications.topic.grant_publish(tasks["notify"].role)
         self.notifications.webhook_queue.grant_send_messages(tasks["notify"].role)
         self.notifications.grant_send_email(tasks["notify"].role)
@@ -198,6 +242,14 @@ class NightbatchStack(cdk.Stack):
         functions = {name: t.function for name, t in tasks.items()}
         functions.update(sweep=sweeper.function, api=self.api.handler.function,
                          compose_upload=self.uploads.composer.function, deliver=self.deliverer.function)
+        # Floods (M5): the workflow keeps its own room; the API is capped so one key cannot starve it.
+        limits = config.concurrency
+        for name, function in functions.items():
+            reserved = limits.api if name == "api" else limits.sweep if name == "sweep" else limits.workflow
+            if reserved:
+                cfn = function.node.default_child
+                assert isinstance(cfn, lambda_.CfnFunction)
+                cfn.reserved_concurrent_executions = reserved
         self.observability = Observability(
             self, "Observability",
             topic=self.notifications.topic,
@@ -216,27 +268,38 @@ class NightbatchStack(cdk.Stack):
         cdk.CfnOutput(self, "BucketName", value=bucket.bucket_name)
         cdk.CfnOutput(self, "TableName", value=table.table_name)
         cdk.CfnOutput(self, "StateMachineArn", value=state_machine.state_machine_arn)
-        cdk.CfnOutput(self, "JobQueueArn", value=self.gpu.queue.job_queue_arn)
+        for kind, queue in self.gpu.queues.items():
+            cdk.CfnOutput(self, "SpotQueueArn" if kind == "spot" else "OnDemandQueueArn", value=queue.job_queue_arn)
         cdk.CfnOutput(self, "TopicArn", value=self.notifications.topic.topic_arn)
         cdk.CfnOutput(self, "DashboardName", value=self.observability.dashboard.dashboard_name)
 
         nag.acknowledge(self)
 
-    def grant_objects(self, role: iam.IRole, prefixes: Sequence[str], *, write: bool) -> None:
+    def grant_objects(self, role: iam.IRole, prefixes: Sequence[str], *, write: bool,
+                      list_only_prefixes: bool = False) -> None:
         bucket = self.storage.bucket
         actions = [*_READ, *(_WRITE if write else ())]
         role.add_to_principal_policy(iam.PolicyStatement(
             actions=actions, resources=[bucket.arn_for_objects(f"{p}*") for p in prefixes],
         ))
-        # ListBucket turns a missing key into 404 rather than 403 on GetObject/HeadObject.
-        role.add_to_principal_policy(iam.PolicyStatement(actions=["s3:ListBucket"], resources=[bucket.bucket_arn]))
-
-    def grant_table(self, role: iam.IRole) -> None:
-        table = self.storage.table
+        # ListBucket turns a missing key into 404 rather than 403 on GetObject/HeadObject (the Lambdas rely on
+        # that). `list_only_prefixes` limits listing to the granted prefixes (s3:prefix); such a principal must
+        # test existence by listing (gpu_worker.runner), as a missing key may then answer 403.
+        conditions = {"StringLike": {"s3:prefix": [f"{p}*" for p in prefixes]}} if list_only_prefixes else None
         role.add_to_principal_policy(iam.PolicyStatement(
-            actions=list(_TABLE_RW),
-            resources=[table.table_arn, *(f"{table.table_arn}/index/{i}" for i in self.storage.index_names)],
+            actions=["s3:ListBucket"], resources=[bucket.bucket_arn], conditions=conditions,
         ))
+
+    def grant_table(self, role: iam.IRole, actions: Sequence[str], *,
+                    leading_keys: Sequence[str] | None = None) -> None:
+        table = self.storage.table
+        resources = [table.table_arn]
+        if _QUERY in actions:
+            resources += [f"{table.table_arn}/index/{i}" for i in self.storage.index_names]
+        conditions = ({"ForAllValues:StringLike": {"dynamodb:LeadingKeys": list(leading_keys)}}
+                      if leading_keys else None)
+        role.add_to_principal_policy(iam.PolicyStatement(actions=list(actions), resources=resources,
+                                                         conditions=conditions))
 
     def grant_model_weights(self, source: str) -> None:
         bucket_name, _, prefix = source.removeprefix("s3://").partition("/")

@@ -48,6 +48,9 @@ class Storage(Construct):
                     )
                     for prefix in PREFIXES
                 ),
+                # The shard Map's result files (infra/orchestration.py MAP_RESULTS_PREFIX): diagnostics only.
+                s3.LifecycleRule(id="expire-workflow-results", prefix="workflow-results/",
+                                 expiration=cdk.Duration.days(OBJECT_EXPIRY_DAYS)),
                 s3.LifecycleRule(
                     id="abort-incomplete-multipart",
                     abort_incomplete_multipart_upload_after=cdk.Duration.days(1),

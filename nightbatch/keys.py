@@ -62,6 +62,10 @@ def key_id_of(key_hash: str) -> str:
     return f"key_{key_hash[:16]}"
 
 
+# What new_key() makes: the prefix and token_urlsafe's unpadded base64 of KEY_RANDOM_BYTES.
+STORED_KEY_RE = re.compile(rf"^{re.escape(KEY_PREFIX)}[A-Za-z0-9_-]{{{(KEY_RANDOM_BYTES * 4 + 2) // 3}}}$")
+
+
 def new_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(KEY_RANDOM_BYTES)
 

@@ -122,6 +122,12 @@ class Settings(BaseSettings):
     # > 0: a fixed number of estimated tokens per shard instead (tests and benches use it).
     shard_target_tokens: int = 0
     shards_per_gpu: int = 3
+    # Prefix-aware placement (nightbatch/pipeline/placement.py): prompts of at least `plan_prefix_chars`
+    # characters are grouped by the hash of that head into `plan_prefix_groups` groups (0 = off), and Plan
+    # keeps each group in as few shards as balance allows, so a shared system prompt is prefilled once per
+    # shard it lands in rather than in every shard. Costs one open segment buffer per group in Validate.
+    plan_prefix_groups: int = 8
+    plan_prefix_chars: int = 1024
     max_gpus: int = 4
     # Estimated tokens (prompt + expected output) one GPU processes per second, and one shard's cold start.
     # Defaults: an 8B model on one L40S/L4-class GPU (bench/cost: ~1.6k-5k output tok/s at 1:1 in/out) and
@@ -176,7 +182,17 @@ class Settings(BaseSettings):
     # Resources the deployed stack wires in (infra/ sets them; empty in the local mode until it needs them).
     # Plan: {"<model>": "<job definition ARN>"}, the job definition each shard of a model's batch runs with.
     job_definitions_json: str = ""
-    job_queue: str = ""  # AWS Batch queue ARN: the sweeper cancels a cancelled/expired batch's unstarted jobs
+    # Capacity (nightbatch/pipeline/capacity.py): {"spot": "<queue ARN>", "on-demand": "<queue ARN>"}; a batch
+    # moves to on-demand when its slack (time left - estimated remaining work) drops below the margin.
+    job_queues_json: str = ""
+    capacity_margin_seconds: float = 1800.0
+    # Failed attempts of a shard (other than a Spot shortage) retried on the same capacity, with backoff.
+    shard_retry_attempts: int = 2
+    shard_retry_interval_seconds: float = 60.0
+    shard_retry_backoff: float = 2.0
+    # AWS Batch queue ARNs (comma-separated): the sweeper cancels a cancelled/expired batch's unstarted jobs.
+    job_queue: str = ""
+    notify_function: str = ""  # the Notify Lambda: the sweeper re-invokes it for events with channels pending
     webhook_queue_url: str = ""  # SQS queue Notify puts webhook deliveries on
     email_sender: str = ""  # verified SES sender address; empty disables e-mail notifications
     email_configuration_set: str = ""
@@ -208,6 +224,9 @@ class Settings(BaseSettings):
     # HMAC key for signed download links (/v1/nightbatch/files/{id}/download). Unset: a random key per
     # process, fine for `nightbatch local`; in AWS set it, since every Lambda (API, notify) must share it.
     link_secret: str = ""
+    # Secrets Manager secret (ARN) holding the link-signing keys, read at run time (nightbatch/links.py); the
+    # stack sets it and no key sits in any environment. Wins over link_secret.
+    link_keys_secret: str = ""
     link_ttl_seconds: int = 300
     # The server the CLI talks to (`--base-url`); unset: the running `nightbatch local`, if there is one.
     base_url: str = ""
@@ -225,6 +244,8 @@ class Settings(BaseSettings):
     allow_private_targets: bool = False
     # Webhook endpoints one tenant may register (every event fans out to each); 0 = no cap.
     max_webhook_endpoints: int = 20
+    # KMS key (ARN) sealing webhook signing secrets in the table; empty stores them as they are (the local mode).
+    secrets_kms_key: str = ""
     # Comma-separated addresses e-mailed about every terminal batch (the operator's own; not domain-checked).
     email_recipients: str = ""
     # Download links in e-mails: how long they stay valid (a mailbox is not a vault: a day, then the dashboard

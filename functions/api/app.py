@@ -12,6 +12,7 @@ from functions.api.routers import (
     batches,
     dashboard,
     dashboard_api,
+    estimate,
     files,
     limits,
     links,
@@ -29,7 +30,7 @@ def create_app(services: Callable[[], Services] = default_services) -> FastAPI:
     app.state.services = services
     errors.install(app)
     for r in (files.router, batches.router, models.router, usage.router, limits.router, uploads.router,
-              links.router, dashboard.router, dashboard_api.router, webhooks.router):
+              links.router, dashboard.router, dashboard_api.router, webhooks.router, estimate.router):
         app.include_router(r)
     app.add_middleware(BodyLimitMiddleware, upload_limit=lambda: services().settings.max_upload_bytes,
                        part_limit=lambda: services().settings.max_upload_part_bytes)

@@ -11,7 +11,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from nightbatch.errors import AuthenticationError
-from nightbatch.keys import DEFAULT_TENANT, BootstrapKeys, KeyCache, KeyStore
+from nightbatch.keys import DEFAULT_TENANT, STORED_KEY_RE, BootstrapKeys, KeyCache, KeyStore
 from nightbatch.limits import count_request
 from nightbatch.services import Services
 from nightbatch.storage import Table
@@ -22,6 +22,7 @@ from nightbatch.storage.secrets import SecretReader
 class Principal:
     tenant: str
     key_name: str
+    key_id: str = ""  # a stored key's public id (signed links name it); empty for the configured keys
 
 
 def get_services(request: Request) -> Services:
@@ -79,10 +80,11 @@ def authenticate(request: Request, services: ServicesDep) -> Principal:
     for accepted in caches.bootstrap.current():
         if hmac.compare_digest(accepted.encode(), key.encode()):
             principal = Principal(tenant=DEFAULT_TENANT, key_name="configured")
-    if principal is None:
+    if principal is None and STORED_KEY_RE.match(key):
+        # Only a key shaped like one we issue costs a table read: junk is refused before any AWS call.
         rec = caches.stored.lookup(key)
         if rec is not None:
-            principal = Principal(tenant=rec.tenant, key_name=rec.name)
+            principal = Principal(tenant=rec.tenant, key_name=rec.name, key_id=rec.key_id)
     if principal is None:
         raise AuthenticationError(
             "Incorrect API key provided. You can find your API key in your deployment's configuration or "

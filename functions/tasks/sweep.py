@@ -1,4 +1,4 @@
-"""Sweeper Lambda (scheduled): re-drives batches left in `validating` when StartExecution failed."""
+"""Sweeper Lambda (scheduled): re-drives stuck batches and Notify events whose channels are still pending."""
 
 from __future__ import annotations
 
@@ -6,7 +6,17 @@ from typing import Any
 
 from nightbatch.pipeline.sweep import sweep
 from nightbatch.services import default_services
+from nightbatch.storage.functions import AsyncInvoker
 
 
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return sweep(default_services())
+    services = default_services()
+    name = services.settings.notify_function
+    notify = None
+    if name:
+        invoker = AsyncInvoker(client=services.adapters.client("lambda"), function_name=name)
+
+        def notify(batch_id: str) -> None:
+            invoker.invoke({"version": 1, "batch_id": batch_id})
+
+    return sweep(services, notify=notify)

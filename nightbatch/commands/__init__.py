@@ -86,6 +86,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                    help="metadata to attach to the batch (up to 16 pairs)")
     p.add_argument("--wait", action="store_true", help="show progress until the batch ends; exit 0 if it "
                                                        "completed, 1 otherwise")
+    p.add_argument("--estimate", action="store_true", help="upload and validate the file, print tokens, "
+                   "GPU-seconds, cost and the shard plan (POST /v1/nightbatch/estimate); create no batch")
     p.add_argument("--part-size", type=size, default=4 * MIB, metavar="SIZE",
                    help="files larger than this go through the Uploads API in parts of this size "
                         "(default 4MiB, what fits through API Gateway; up to 64MiB on `nightbatch local`)")

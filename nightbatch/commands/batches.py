@@ -49,6 +49,8 @@ def submit(args: argparse.Namespace) -> int:
     uploaded = upload(client, path, size, part_size=args.part_size, out=out)
     took = time.monotonic() - started
     _say(out, f"Uploaded {path.name} ({human_bytes(size)}) as {uploaded.id} in {took:.1f}s")
+    if getattr(args, "estimate", False):
+        return _estimate(args, client, uploaded.id, endpoint, out)
     batch = client.batches.create(
         input_file_id=uploaded.id,
         # Typed as OpenAI's own lists; a nightbatch server answers other values with a clear 400.
@@ -65,6 +67,30 @@ def submit(args: argparse.Namespace) -> int:
         return 0
     batch = follow(client, batch, interval=args.poll_interval, stream=out)
     return _finish(args, batch, out)
+
+
+def _estimate(args: argparse.Namespace, client: openai.OpenAI, file_id: str, endpoint: str, out: TextIO) -> int:
+    """The dry run: what a batch of the uploaded file would take; exit 0 when it is valid and fits its window."""
+    est: dict[str, Any] = client.post("/nightbatch/estimate", cast_to=cast(Any, object), body={
+        "input_file_id": file_id, "endpoint": endpoint, "completion_window": args.window})
+    if args.json:
+        print(json.dumps(est, indent=2))
+    plan = est["shard_plan"]
+    validity = "valid" if est["valid"] else f"{len(est['errors'])} errors"
+    for line in (
+        f"Requests     {est['requests']:,} ({validity})",
+        f"Tokens       {est['input_tokens']:,} input + {est['expected_output_tokens']:,} output (approximate)",
+        f"GPU time     {est['gpu_seconds'] / 3600:,.2f} GPU-hours on {est['instance_type']}",
+        f"Cost         ${est['cost_usd']['spot']:,.4f} Spot / ${est['cost_usd']['on-demand']:,.4f} on-demand",
+        f"Shards       {plan['shards']} on {plan['gpus']} GPUs, cold start {100 * plan['cold_start_share']:.0f} %"
+        f" of GPU time, about {plan['wall_seconds'] / 3600:,.2f} h",
+        f"Window       {args.window}: {'fits' if est['window_feasible'] else 'does NOT fit'}"
+        f" (queue ahead {est['queue_ahead_seconds'] / 3600:,.2f} h)",
+    ):
+        _say(out, line)
+    for err in est["errors"][:5]:
+        _say(out, f"  line {err.get('line')}: {err['code']}: {err['message']}")
+    return 0 if est["valid"] and est["window_feasible"] else 1
 
 
 def _finish(args: argparse.Namespace, batch: Batch, out: TextIO) -> int:

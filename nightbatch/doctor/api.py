@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from typing import Any
 
 import openai
@@ -74,12 +75,13 @@ def request_line(model: str, endpoint: str) -> dict[str, Any]:
         body = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": MAX_TOKENS,
                 "temperature": 0}
     else:  # e.g. /v1/responses
-        body = {"model": model, "input": PROMPT, "max_output_tokens": 16}
+        body = {"model": model, "input": PROMPT, "max_output_tokens": MAX_TOKENS, "temperature": 0}
     return {"custom_id": "doctor-1", "method": "POST", "url": endpoint, "body": body}
 
 
 def create_probe(client: openai.OpenAI, probe: Probe) -> Batch:
     data = (json.dumps(request_line(probe.model, probe.endpoint)) + "\n").encode()
+    probe.created_at = time.time()
     f = client.files.create(file=("nightbatch-doctor.jsonl", io.BytesIO(data)), purpose="batch")
     batch = client.batches.create(input_file_id=f.id, endpoint=probe.endpoint,  # type: ignore[arg-type]
                                   completion_window="24h", metadata={"nightbatch_doctor": "1"})
@@ -114,17 +116,9 @@ def observe(client: openai.OpenAI, probe: Probe, batch: Batch, at: float) -> Non
 
 
 def _finished(client: openai.OpenAI, probe: Probe, batch: Batch, at: float) -> None:
-    cost = extension(batch).get("cost")
-    load = cost.get("model_load_seconds") if isinstance(cost, dict) else None
-    loaded = probe.phase("model loaded")
-    if load is None:
-        probe.skip("model loaded", "the server does not report it (batch.nightbatch.cost)")
-    elif loaded.status == "pending" and isinstance(load, int | float):
-        running = probe.phase("job RUNNING").at
-        loaded.status, loaded.took = "ok", round(float(load), 2)
-        loaded.at = round(running + float(load), 2) if running is not None else None
-        warm = load < 0.05
-        loaded.detail = "engine already warm" if warm else f"{load:.1f} s loading the model (the worker's record)"
+    if probe.phase("model loaded").status == "pending":
+        _model_loaded(probe, extension(batch))
+        probe.settle()
     counts = batch.request_counts
     if batch.status != "completed" or counts is None:
         if counts and counts.completed:
@@ -140,6 +134,37 @@ def _finished(client: openai.OpenAI, probe: Probe, batch: Batch, at: float) -> N
         probe.reach("first result", at, detail="1 line completed")
     usage = batch.usage.total_tokens if batch.usage else 0
     probe.reach("finalize", at, detail=f"completed, {usage} tokens")
+
+
+def _model_loaded(probe: Probe, ext: dict[str, Any]) -> None:
+    """From the worker's own clock: `nightbatch.phases` (container start → weights → engine ready, per attempt),
+    else the load seconds in `nightbatch.cost` (older servers)."""
+    loaded = probe.phase("model loaded")
+    phases = ext.get("phases")
+    shards = phases.get("shards") if isinstance(phases, dict) else None
+    first = min((a for a in shards or [] if isinstance(a, dict) and isinstance(a.get("engine_ready_s"), int | float)
+                 and isinstance(a.get("container_start"), int | float)), key=lambda a: a["container_start"],
+                default=None)
+    if first is not None:
+        engine, start = float(first["engine_ready_s"]), float(first["container_start"])
+        loaded.status = "ok"
+        # Wall clocks of this machine and the worker's: fine to a second with NTP on both.
+        loaded.at = round(max(0.0, start + engine - probe.created_at), 2) if probe.created_at else None
+        weights = first.get("weights_ready_s")
+        source = first.get("weights_source") or "?"
+        loaded.detail = (f"engine ready {engine:.1f} s after the shard started" +
+                         (f" (weights {float(weights):.1f} s, from {source})" if isinstance(weights, int | float)
+                          else ""))
+        return
+    cost = ext.get("cost")
+    load = cost.get("model_load_seconds") if isinstance(cost, dict) else None
+    if not isinstance(load, int | float):
+        probe.skip("model loaded", "the server does not report it (batch.nightbatch.phases)")
+        return
+    running = probe.phase("job RUNNING").at
+    loaded.status = "ok"
+    loaded.at = round(running + float(load), 2) if running is not None else None
+    loaded.detail = "engine already warm" if load < 0.05 else f"{load:.1f} s loading the model (the worker's record)"
 
 
 def _error_line(client: openai.OpenAI, batch: Batch) -> str:

@@ -86,7 +86,8 @@ class StackWatcher:
                 detail = f"{kind} environment {ce.name} is {ce.state}/{ce.status}: {ce.status_reason}".rstrip(": ")
                 remedy = ("fix what statusReason names, then `aws batch update-compute-environment "
                           f"--compute-environment {ce.name} --state ENABLED`")
-                if ce.spot and "spot" in ce.status_reason.lower() and "role" in ce.status_reason.lower():
+                reason = ce.status_reason.lower()
+                if ce.spot and ("servicelinkedrole" in reason or ("spot" in reason and "role" in reason)):
                     remedy = spot_role_missing()
                 report.add(Check("compute", "failed", detail, remedy))
                 self.blocked.append((detail, remedy))

@@ -27,7 +27,7 @@ class Phase:
     name: str
     status: Status = "pending"
     at: float | None = None  # seconds after the batch was created
-    took: float | None = None  # seconds since the phase before it (or its own duration where known)
+    took: float | None = None  # seconds since the phase before it was reached (`Probe.settle`)
     detail: str = ""
     remedy: str = ""
 
@@ -39,6 +39,7 @@ class Probe:
     model: str
     endpoint: str
     batch_id: str | None = None
+    created_at: float | None = None  # this machine's clock when the batch was created (epoch seconds)
     status: str | None = None  # the batch's last status
     phases: dict[str, Phase] = field(default_factory=lambda: {name: Phase(name) for name in PHASES})
 
@@ -51,9 +52,17 @@ class Probe:
         if p.status not in ("pending", "stalled"):
             return False
         p.status, p.at, p.detail, p.remedy = status, round(at, 2), detail, ""
-        earlier = [q.at for q in self.phases.values() if q.at is not None and q is not p and q.at <= at]
-        p.took = round(at - max(earlier), 2) if earlier else round(at, 2)
+        self.settle()
         return True
+
+    def settle(self) -> None:
+        """`took` = the time from the previous phase on the timeline (phases may be placed after the fact: model
+        loaded comes from the worker's record when the batch ends)."""
+        previous = 0.0
+        for p in self.phases.values():
+            if p.at is not None:
+                p.took = round(max(0.0, p.at - previous), 2)
+                previous = max(previous, p.at)
 
     def skip(self, name: str, detail: str) -> None:
         p = self.phases[name]

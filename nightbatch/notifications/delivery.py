@@ -19,7 +19,7 @@ from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError, StorageConflictError
 from nightbatch.ids import derived_id
 from nightbatch.notifications import transport
-from nightbatch.notifications.endpoints import signing_secrets
+from nightbatch.notifications.endpoints import PlainSealer, Sealer, signing_secrets
 from nightbatch.notifications.events import event_body, precise_sort_key
 from nightbatch.notifications.models import DeliveryAttempt, DeliveryMessage, WebhookDelivery
 from nightbatch.notifications.queues import DeliveryQueue
@@ -59,13 +59,14 @@ def to_wire(item: dict[str, Any]) -> WebhookDelivery:
 class Deliveries:
     def __init__(
         self, *, settings: Settings, table: Table, queue: DeliveryQueue | None,
-        post: Poster = transport.post, resolver: Resolver | None = None,
+        post: Poster = transport.post, resolver: Resolver | None = None, sealer: Sealer | None = None,
     ) -> None:
         self.settings = settings
         self.table = table
         self.queue = queue
         self.post = post
         self.resolver = resolver
+        self.sealer: Sealer = sealer or PlainSealer()
 
     def backoff(self, attempts_done: int) -> float:
         s = self.settings
@@ -159,7 +160,7 @@ class Deliveries:
                                     resolver=self.resolver)
         except TargetRefusedError as e:
             return transport.PostResult(None, e.message, 0)
-        headers = signed_headers(delivery_id, body, signing_secrets(endpoint, at=at), at=at)
+        headers = signed_headers(delivery_id, body, signing_secrets(endpoint, at=at, sealer=self.sealer), at=at)
         return self.post(target, body=body, headers=headers, timeout=self.settings.webhook_timeout_seconds)
 
     def send_test(self, endpoint: dict[str, Any], event_type: str) -> transport.PostResult:
@@ -171,7 +172,8 @@ class Deliveries:
         delivery_id = f"wh_{secrets.token_hex(16)}"
         target = resolve_target(endpoint["url"], allow_private=self.settings.allow_private_targets,
                                 resolver=self.resolver)
-        headers = signed_headers(delivery_id, body.encode(), signing_secrets(endpoint, at=at), at=at)
+        secrets_ = signing_secrets(endpoint, at=at, sealer=self.sealer)
+        headers = signed_headers(delivery_id, body.encode(), secrets_, at=at)
         result = self.post(target, body=body.encode(), headers=headers,
                            timeout=self.settings.webhook_timeout_seconds)
         record = DeliveryAttempt(attempt=1, attempted_at=at, status_code=result.status_code,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import builtins
 import secrets
-from typing import Any
+from typing import Any, Protocol
 
 from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError, NotFoundError
@@ -34,22 +34,40 @@ def owner(tenant: str) -> str:
     return f"{tenant}#webhook_endpoint"
 
 
+class Sealer(Protocol):
+    """Encrypts a signing secret for the table (nightbatch.storage.kms); the identity when no key is set."""
+
+    def seal(self, plaintext: str, context: str) -> str: ...
+
+    def open(self, value: str, context: str) -> str: ...
+
+
+class PlainSealer:
+    def seal(self, plaintext: str, context: str) -> str:
+        return plaintext
+
+    def open(self, value: str, context: str) -> str:
+        return value
+
+
 def to_wire(item: dict[str, Any]) -> WebhookEndpoint:
+    hint = item.get("secret_hint") or secret_hint(str(item["secret"]))
     return WebhookEndpoint(
         id=item["pk"], created_at=item["created_at"], event_types=list(item["event_types"]), name=item["name"],
-        signing_secret_hint=secret_hint(item["secret"]), url=item["url"], updated_at=item.get("updated_at"),
+        signing_secret_hint=hint, url=item["url"], updated_at=item.get("updated_at"),
     )
 
 
-def with_secret(item: dict[str, Any]) -> WebhookEndpointWithSecret:
-    return WebhookEndpointWithSecret(**to_wire(item).model_dump(), signing_secret=item["secret"])
+def with_secret(item: dict[str, Any], secret: str) -> WebhookEndpointWithSecret:
+    return WebhookEndpointWithSecret(**to_wire(item).model_dump(), signing_secret=secret)
 
 
-def signing_secrets(item: dict[str, Any], *, at: int) -> list[str]:
-    """The current secret, plus the previous one while its rotation overlap lasts."""
-    out = [str(item["secret"])]
+def signing_secrets(item: dict[str, Any], *, at: int, sealer: Sealer | None = None) -> list[str]:
+    """The current secret, plus the previous one while its rotation overlap lasts (opened from the table)."""
+    sealer = sealer or PlainSealer()
+    out = [sealer.open(str(item["secret"]), item["pk"])]
     if item.get("previous_secret") and int(item.get("previous_secret_expires_at", 0)) > at:
-        out.append(str(item["previous_secret"]))
+        out.append(sealer.open(str(item["previous_secret"]), item["pk"]))
     return out
 
 
@@ -78,10 +96,12 @@ def check_name(name: str) -> str:
 
 
 class WebhookEndpointService:
-    def __init__(self, *, settings: Settings, table: Table, resolver: Resolver | None = None) -> None:
+    def __init__(self, *, settings: Settings, table: Table, resolver: Resolver | None = None,
+                 sealer: Sealer | None = None) -> None:
         self.settings = settings
         self.table = table
         self.resolver = resolver
+        self.sealer: Sealer = sealer or PlainSealer()
 
     def _check_url(self, url: str) -> str:
         # Checked again at every delivery: DNS may change after creation.
@@ -109,10 +129,13 @@ class WebhookEndpointService:
         item: dict[str, Any] = {
             "pk": endpoint_id, "kind": "webhook_endpoint", "tenant": tenant, "owner": owner(tenant),
             "owner_sk": precise_sort_key(endpoint_id), "created_at": created, "updated_at": created,
-            "event_types": event_types, "name": name, "url": url, "secret": new_secret(),
+            "event_types": event_types, "name": name, "url": url,
         }
+        secret = new_secret()
+        # Sealed with the stack's KMS key: table read access alone does not reveal it.
+        item.update(secret=self.sealer.seal(secret, endpoint_id), secret_hint=secret_hint(secret))
         self.table.put_new(item)
-        return with_secret(item)
+        return with_secret(item, secret)
 
     def item(self, tenant: str, endpoint_id: str) -> dict[str, Any]:
         item = self.table.get(endpoint_id) if endpoint_id.startswith(ENDPOINT_PREFIX) else None
@@ -166,14 +189,16 @@ class WebhookEndpointService:
     def rotate_secret(self, tenant: str, endpoint_id: str, *, keep_old: bool) -> WebhookEndpointWithSecret:
         item = self.item(tenant, endpoint_id)
         at = now()
-        fields: dict[str, Any] = {"secret": new_secret(), "updated_at": at}
+        secret = new_secret()
+        fields: dict[str, Any] = {"secret": self.sealer.seal(secret, endpoint_id), "secret_hint": secret_hint(secret),
+                                  "updated_at": at}
         remove: tuple[str, ...] = ()
         if keep_old:
             fields["previous_secret"] = item["secret"]
             fields["previous_secret_expires_at"] = at + ROTATION_OVERLAP_SECONDS
         else:
             remove = ("previous_secret", "previous_secret_expires_at")
-        return with_secret(self.table.update(endpoint_id, set_=fields, remove=remove))
+        return with_secret(self.table.update(endpoint_id, set_=fields, remove=remove), secret)
 
     def delete(self, tenant: str, endpoint_id: str) -> DeletedWebhookEndpoint:
         self.item(tenant, endpoint_id)

@@ -7,10 +7,11 @@ import secrets
 import time
 from typing import Any
 
-from nightbatch.clock import now
+from nightbatch.clock import now, sort_key
 from nightbatch.errors import StorageConflictError
 from nightbatch.storage import Table
 
+PENDING = "notify_pending"
 EVENT_TYPES: dict[str, str] = {
     "completed": "batch.completed", "failed": "batch.failed", "expired": "batch.expired",
     "cancelled": "batch.cancelled",
@@ -49,6 +50,8 @@ def record_event(table: Table, batch: dict[str, Any]) -> tuple[dict[str, Any], b
         "pk": event_pk(batch["pk"], status), "kind": "event", "event_id": event_id, "type": event_type,
         "tenant": batch["tenant"], "batch_id": batch["pk"], "status": status, "created_at": created_at,
         "body": event_body(event_id, event_type, created_at, batch["pk"]),
+        # Sparse status index: until every channel is done, the sweeper can find the event and re-drive it.
+        "open_status": PENDING, "created_sk": sort_key(created_at, event_id),
     }
     try:
         table.put_new(item)
@@ -63,3 +66,8 @@ def record_event(table: Table, batch: dict[str, Any]) -> tuple[dict[str, Any], b
 
 def mark_event(table: Table, pk: str, field: str, value: Any) -> None:
     table.update(pk, set_={field: value})
+
+
+def close_event(table: Table, pk: str) -> None:
+    """Every channel of the event is done: the sweeper stops re-driving it."""
+    table.update(pk, remove=("open_status", "created_sk"))

@@ -14,18 +14,19 @@ from pydantic import BaseModel
 
 from nightbatch.batches import to_wire as batch_to_wire
 from nightbatch.errors import NightbatchError
-from nightbatch.links import sign_link
+from nightbatch.links import link_keys, link_keys_from, sign_link
 from nightbatch.notifications import transport
 from nightbatch.notifications.delivery import Deliveries, Poster
 from nightbatch.notifications.email import compose, recipients
-from nightbatch.notifications.endpoints import WebhookEndpointService
-from nightbatch.notifications.events import mark_event, record_event
+from nightbatch.notifications.endpoints import Sealer, WebhookEndpointService
+from nightbatch.notifications.events import close_event, mark_event, record_event
 from nightbatch.notifications.models import DeliveryAttempt
 from nightbatch.notifications.queues import DeliveryQueue, InProcessQueue
 from nightbatch.notifications.targets import Resolver
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, Table
 from nightbatch.storage.delivery_queue import SqsDeliveryQueue
+from nightbatch.storage.kms import KmsSealer
 from nightbatch.storage.ses import EmailRejectedError, Mailer
 from nightbatch.storage.sns import Topic
 from nightbatch.wire import TERMINAL_STATUSES
@@ -55,13 +56,19 @@ class Notifier:
     def __init__(
         self, *, settings: Settings, table: Table, topic: Topic | None, mailer: Mailer | None,
         queue: DeliveryQueue | None, post: Poster = transport.post, resolver: Resolver | None = None,
+        adapters: Adapters | None = None,
     ) -> None:
         self.settings = settings
+        self.adapters = adapters  # for the link-signing keys in Secrets Manager
         self.table = table
         self.topic = topic
         self.mailer = mailer
-        self.endpoints = WebhookEndpointService(settings=settings, table=table, resolver=resolver)
-        self.deliveries = Deliveries(settings=settings, table=table, queue=queue, post=post, resolver=resolver)
+        sealer: Sealer | None = None
+        if settings.secrets_kms_key and adapters is not None:
+            sealer = KmsSealer(client=adapters.client("kms"), key_id=settings.secrets_kms_key)
+        self.endpoints = WebhookEndpointService(settings=settings, table=table, resolver=resolver, sealer=sealer)
+        self.deliveries = Deliveries(settings=settings, table=table, queue=queue, post=post, resolver=resolver,
+                                     sealer=sealer)
 
     @property
     def queue(self) -> DeliveryQueue | None:
@@ -92,7 +99,10 @@ class Notifier:
                 log.exception("notify %s: %s failed", batch_id, channel)
                 failed.append(channel)
         if failed:
+            # The step retries with backoff; past that the sweeper re-drives the still-open event.
             raise NotifyError(f"Notifying {batch_id} failed for: {', '.join(failed)}.")
+        if event.get("open_status"):
+            close_event(self.table, event["pk"])
         return result
 
     def _webhooks(self, batch: dict[str, Any], event: dict[str, Any], result: NotifyResult) -> None:
@@ -161,9 +171,10 @@ class Notifier:
         base = s.public_base_url.rstrip("/").removesuffix("/v1")
         # Without a shared key each process signs with its own, and only the local mode (one process) could
         # verify what the Notify Lambda signs.
-        if not file_ids or not base or (s.mode != "local" and not s.link_secret):
+        if not file_ids or not base or (s.mode != "local" and not (s.link_secret or s.link_keys_secret)):
             return {}, None
-        signed = [sign_link(s, fid, ttl_seconds=s.email_link_ttl_seconds) for fid in file_ids]
+        keys = link_keys_from(self.adapters) if self.adapters is not None else link_keys(s)
+        signed = [sign_link(s, fid, ttl_seconds=s.email_link_ttl_seconds, keys=keys) for fid in file_ids]
         return {link.file_id: base + link.path for link in signed}, signed[0].expires_at
 
 
@@ -184,7 +195,7 @@ def build_notifier(
         mailer = Mailer(client=adapters.client("ses"), sender=settings.email_sender,
                         configuration_set=settings.email_configuration_set)
     notifier = Notifier(settings=settings, table=adapters.table, topic=topic, mailer=mailer, queue=queue,
-                        post=post, resolver=resolver)
+                        post=post, resolver=resolver, adapters=adapters)
     if queue is None:
         if settings.webhook_queue_url:
             notifier.deliveries.queue = SqsDeliveryQueue(client=adapters.client("sqs"),

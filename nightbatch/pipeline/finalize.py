@@ -22,6 +22,7 @@ from nightbatch.jsonl import split_lines
 from nightbatch.metrics import emit
 from nightbatch.phases import summarize as summarize_phases
 from nightbatch.pipeline import layout
+from nightbatch.pipeline.capacity import collect_decisions
 from nightbatch.pipeline.compose import PartComposer
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
 from nightbatch.pipeline.results import MAX_RESULT_LINE, Tally, digest, summarize_result_line, unrun_line
@@ -79,6 +80,9 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"])
     if times.phases:
         ext["phases"] = summarize_phases(times.phases)
+    decisions = collect_decisions(services, inp.batch_id)
+    if decisions:  # where each shard's jobs ran, and why (nightbatch/pipeline/capacity.py)
+        ext["capacity"] = decisions
     fields: dict[str, Any] = {
         "request_counts": {"total": tally.completed + tally.failed, "completed": tally.completed,
                            "failed": tally.failed},
@@ -183,7 +187,7 @@ def _merge_results(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int
             _merge_object(batch_id, key, blobs.get_bytes(key) or b"", seen, out, err, tally)
 
 
-def _unreadable(batch_id: str, key: str, number: int, size: int) -> None:
+def _too_long(batch_id: str, key: str, number: int, size: int) -> None:
     # Workers never write one (gpu_worker.results); its request ends as shard_failed, so say why.
     log.error("result line %d of %s is %d bytes, over %d: its request is reported unrun", number, key, size,
               MAX_RESULT_LINE, extra={"batch_id": batch_id})
@@ -201,8 +205,8 @@ def _merge_object(batch_id: str, key: str, data: bytes, seen: set[int], out: Par
         keep = False
         rewrite: bytes | None = None
         if len(line) > MAX_RESULT_LINE:
-            _unreadable(batch_id, key, number, len(line))
-        if line and len(line) <= MAX_RESULT_LINE:
+            _too_long(batch_id, key, number, len(line))
+        elif line:
             clean = line[:-1] if line[-1] == 13 else line  # CRLF: the CR is dropped, as split_lines does
             summary = summarize_result_line(clean)
             d = digest(summary.custom_id)
@@ -227,11 +231,11 @@ def _merge_object(batch_id: str, key: str, data: bytes, seen: set[int], out: Par
         out.add_range(key, run, view[run:min(pos, len(data))])
 
 
-def _merge_streamed(blobs: BlobStore, batch_id: str, key: str, seen: set[int], out: PartComposer, err: LineWriter,
-                    tally: Tally) -> None:
+def _merge_streamed(blobs: BlobStore, batch_id: str, key: str, seen: set[int], out: PartComposer,
+                    err: LineWriter, tally: Tally) -> None:
     for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
         if raw.data is None:
-            _unreadable(batch_id, key, raw.number, raw.size)
+            _too_long(batch_id, key, raw.number, raw.size)
             continue
         if not raw.data:
             continue

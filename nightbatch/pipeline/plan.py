@@ -8,6 +8,7 @@ from typing import Any
 from nightbatch.clock import now
 from nightbatch.pipeline import layout
 from nightbatch.pipeline.models import BatchTaskInput, PlanOutput, ShardItem
+from nightbatch.pipeline.placement import place_by_prefix
 from nightbatch.pipeline.sizing import plan_shards
 from nightbatch.services import Services
 from nightbatch.settings import Settings
@@ -46,7 +47,8 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
         job_definitions: dict[str, str] = json.loads(settings.job_definitions_json or "{}")
         job_definition = job_definitions.get(batch["model"], "")
         window = max(0.0, float(batch.get("expires_at") or 0) - now()) if batch.get("expires_at") else None
-        for i, group in enumerate(group_segments(segments, settings, window)):
+        # fleet's sizing decides how many shards; placement decides which segments go in each.
+        for i, group in enumerate(place_by_prefix(group_segments(segments, settings, window))):
             shard_id = f"{i:05d}"
             blobs.put_bytes(layout.shard_key(inp.batch_id, shard_id), json.dumps({
                 "version": 1, "batch_id": inp.batch_id, "shard_id": shard_id,

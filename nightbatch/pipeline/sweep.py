@@ -5,10 +5,12 @@ gauges the alarms watch."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from nightbatch.clock import now
 from nightbatch.metrics import emit
+from nightbatch.notifications.events import PENDING as EVENT_PENDING
 from nightbatch.pipeline.finalize import finalize_batch
 from nightbatch.pipeline.models import BatchTaskInput
 from nightbatch.services import Services
@@ -20,10 +22,13 @@ STALE_SECONDS = 300
 OPEN_STATUSES = ("validating", "in_progress", "cancelling", "finalizing")
 # The execution's own timeout is the window plus a finalize margin; past this the workflow is gone.
 EXPIRY_GRACE_SECONDS = 1800
+# Notify retries for ~15 minutes (infra/orchestration.py); the sweeper takes over after that.
+NOTIFY_GRACE_SECONDS = 1200
 
 
 def sweep(services: Services, *, stale_seconds: int = STALE_SECONDS,
-          expiry_grace_seconds: int = EXPIRY_GRACE_SECONDS) -> dict[str, Any]:
+          expiry_grace_seconds: int = EXPIRY_GRACE_SECONDS, notify: Callable[[str], object] | None = None,
+          notify_grace_seconds: int = NOTIFY_GRACE_SECONDS) -> dict[str, Any]:
     table, settings = services.adapters.table, services.settings
     t = now()
     redriven: list[str] = []
@@ -67,17 +72,37 @@ def sweep(services: Services, *, stale_seconds: int = STALE_SECONDS,
             if status in oldest:
                 emit(settings, {"OldestBatchAgeSeconds": oldest[status]}, units={"OldestBatchAgeSeconds": "Seconds"},
                      dimensions={"Status": status})
-    return {"redriven": redriven, "finalized": finalized, "cancelled_jobs": cancelled_jobs, "skipped": skipped,
+    renotified = _renotify(services, t, notify, notify_grace_seconds) if notify is not None else []
+    return {"redriven": redriven, "finalized": finalized, "renotified": renotified,
+            "cancelled_jobs": cancelled_jobs, "skipped": skipped,
             "expired_uploads": expired_uploads}
+
+
+def _renotify(services: Services, t: int, notify: Callable[[str], object], grace: int) -> list[str]:
+    """Events whose channels are still pending once Notify's own retries are over: Notify again (idempotent:
+    it sends only what is missing)."""
+    table = services.adapters.table
+    out: list[str] = []
+    for key in table.query_open(EVENT_PENDING):
+        try:
+            event = table.get(str(key["pk"]))
+            if event is None or event.get("open_status") != EVENT_PENDING or int(event["created_at"]) > t - grace:
+                continue
+            notify(str(event["batch_id"]))
+            out.append(str(event["batch_id"]))
+        except Exception:
+            log.exception("sweep: re-notifying %s failed", key.get("pk"))
+    return out
 
 
 def _sweep_jobs(services: Services, t: int) -> list[str]:
     settings, table = services.settings, services.adapters.table
-    jobs = BatchJobs(client=services.adapters.client("batch"), queue=settings.job_queue)
+    every = [BatchJobs(client=services.adapters.client("batch"), queue=q.strip())
+             for q in settings.job_queue.split(",") if q.strip()]  # the Spot and on-demand queues
     cancelled: list[str] = []
     counts: dict[str, int] = {}
     oldest_runnable = 0
-    for status in ACTIVE:
+    for status, jobs in ((s, j) for s in ACTIVE for j in every):
         for job in jobs.jobs(status):
             counts[status] = counts.get(status, 0) + 1
             if status == "RUNNABLE":

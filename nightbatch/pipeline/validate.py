@@ -17,6 +17,7 @@ from nightbatch.limits import check_queue_limits
 from nightbatch.metrics import emit
 from nightbatch.pipeline import layout
 from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
+from nightbatch.pipeline.prefixes import prefix_group
 from nightbatch.pipeline.segments import segment_line
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore
@@ -27,40 +28,52 @@ log = logging.getLogger("nightbatch.validate")
 
 
 @dataclass
+class _Open:
+    """The segment being filled for one prefix group."""
+
+    buf: io.BytesIO = field(default_factory=io.BytesIO)
+    lines: int = 0
+    est: int = 0
+
+
+@dataclass
 class SegmentWriter:
-    """Buffers at most one segment of valid lines, then PUTs it; records (key, lines, est) for Plan."""
+    """Buffers at most one segment of valid lines per prefix group, then PUTs it; records (key, lines, est,
+    group) for Plan. Group 0 holds the lines in input order; groups 1..n the long prompts by prefix hash."""
 
     blobs: BlobStore
     batch_id: str
     max_lines: int
     max_bytes: int
-    buf: io.BytesIO = field(default_factory=io.BytesIO)
-    lines: int = 0
-    est: int = 0
+    open: dict[int, _Open] = field(default_factory=dict)
     index: list[dict[str, Any]] = field(default_factory=list)
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="segments"))
     pending: list[Future[None]] = field(default_factory=list)
 
-    def add(self, number: int, raw: bytes, est: int) -> None:
+    def add(self, number: int, raw: bytes, est: int, group: int = 0) -> None:
         # The request's own bytes, not a re-serialisation: one JSON parse per line is the floor to stay near.
-        self.buf.write(segment_line(number, est, raw))
-        self.lines += 1
-        self.est += est
-        if self.lines >= self.max_lines or self.buf.tell() >= self.max_bytes:
-            self.flush()
+        seg = self.open.get(group)
+        if seg is None:
+            seg = self.open[group] = _Open()
+        seg.buf.write(segment_line(number, est, raw))
+        seg.lines += 1
+        seg.est += est
+        if seg.lines >= self.max_lines or seg.buf.tell() >= self.max_bytes:
+            self.flush(group)
 
-    def flush(self) -> None:
-        if not self.lines:
+    def flush(self, group: int) -> None:
+        seg = self.open.pop(group, None)
+        if seg is None or not seg.lines:
             return
         key = layout.segment_key(self.batch_id, len(self.index))
         # At most two segment PUTs in flight while validation goes on (overlapped I/O, bounded memory).
         while len(self.pending) >= 2:
             self.pending.pop(0).result()
-        self.pending.append(self.pool.submit(self.blobs.put_bytes, key, self.buf.getvalue()))
-        self.index.append({"key": key, "lines": self.lines, "est": self.est})
-        self.buf = io.BytesIO()
-        self.lines = 0
-        self.est = 0
+        self.pending.append(self.pool.submit(self.blobs.put_bytes, key, seg.buf.getvalue()))
+        entry: dict[str, Any] = {"key": key, "lines": seg.lines, "est": seg.est}
+        if group:
+            entry["group"] = group
+        self.index.append(entry)
 
     def abandon(self) -> None:
         for f in self.pending:
@@ -68,7 +81,8 @@ class SegmentWriter:
         self.pool.shutdown()
 
     def close(self) -> None:
-        self.flush()
+        for group in sorted(self.open):
+            self.flush(group)
         for f in self.pending:
             f.result()
         self.pool.shutdown()
@@ -121,7 +135,11 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
                 break
             continue
         if not errors:
-            writer.add(req.number, req.raw, req.est_tokens)
+            # A line shorter than plan_prefix_chars bytes cannot hold a prompt that long: no need to look.
+            long_enough = settings.plan_prefix_groups and len(req.raw) >= settings.plan_prefix_chars
+            group = prefix_group(req.body, groups=settings.plan_prefix_groups,
+                                 min_chars=settings.plan_prefix_chars) if long_enough else 0
+            writer.add(req.number, req.raw, req.est_tokens, group)
     if not errors and count == 0:
         errors.append(BatchError(code="empty_file", param=None, line=None,
                                  message="The input file has no requests."))

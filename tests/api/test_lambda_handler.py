@@ -123,3 +123,17 @@ def test_no_schema_or_docs_pages_in_aws(handler: Any) -> None:
         assert json.loads(body_of(resp))["error"]["message"] == f"Invalid URL (GET {path})"
     page = body_of(handler(event("GET", "/dashboard"), None)).decode()
     assert "<script src" not in page and "cdn" not in page.lower()
+
+
+def test_unauthenticated_requests_cost_no_table_or_s3_call(handler: Any) -> None:
+    """M5: junk credentials are refused before any DynamoDB or S3 request (only key-shaped keys are looked up)."""
+    assert handler(event("GET", "/v1/batches"), None)["statusCode"] == 200  # cold start: services built
+    calls: list[str] = []
+    adapters = default_services().adapters
+    for client in (adapters.table.table.meta.client, adapters.client("s3")):
+        client.meta.events.register("before-call.*.*", lambda model, **kw: calls.append(model.name))
+    adapters.blobs.client.meta.events.register("before-call.*.*", lambda model, **kw: calls.append(model.name))
+    for auth in ("", "Bearer ", "Basic abc", "Bearer sk-not-ours", "Bearer nb-short", "Bearer " + "x" * 5000):
+        resp = handler(event("GET", "/v1/files", headers={"authorization": auth}), None)
+        assert resp["statusCode"] == 401, auth
+    assert calls == []

@@ -19,10 +19,10 @@ SETTINGS = Settings(link_secret="s3cret", link_ttl_seconds=300)
 def test_a_signed_link_verifies_until_it_expires() -> None:
     link = sign_link(SETTINGS, "file-abc", at=1_000)
     assert link.expires_at == 1_300
-    assert link.path == f"/v1/nightbatch/files/file-abc/download?expires=1300&sig={link.sig}"
-    verify_link(SETTINGS, "file-abc", "1300", link.sig, at=1_299)
+    assert link.path == f"/v1/nightbatch/files/file-abc/download?expires=1300&kid=k1&sig={link.sig}"
+    verify_link(SETTINGS, "file-abc", "1300", link.sig, kid=link.kid, at=1_299)
     with pytest.raises(InvalidLinkError) as expired:
-        verify_link(SETTINGS, "file-abc", "1300", link.sig, at=1_300)
+        verify_link(SETTINGS, "file-abc", "1300", link.sig, kid=link.kid, at=1_300)
     assert (expired.value.status, expired.value.code) == (403, "link_expired")
 
 
@@ -35,17 +35,18 @@ def test_a_signed_link_verifies_until_it_expires() -> None:
 def test_a_changed_link_is_refused(file_id: str, expires: str, sig_change: str) -> None:
     link = sign_link(SETTINGS, "file-abc", at=1_000)
     with pytest.raises(InvalidLinkError) as refused:
-        verify_link(SETTINGS, file_id, expires, link.sig + sig_change, at=1_001)
+        verify_link(SETTINGS, file_id, expires, link.sig + sig_change, kid=link.kid, at=1_001)
     assert refused.value.code == "invalid_link"
 
 
 def test_links_are_bound_to_the_secret() -> None:
     link = sign_link(SETTINGS, "file-abc", at=1_000)
     with pytest.raises(InvalidLinkError):
-        verify_link(Settings(link_secret="another"), "file-abc", "1300", link.sig, at=1_001)
+        verify_link(Settings(link_secret="another"), "file-abc", "1300", link.sig, kid=link.kid, at=1_001)
     # Without a configured secret, one process signs and verifies with its own random key.
     unset = Settings()
-    verify_link(unset, "file-abc", "1300", sign_link(unset, "file-abc", at=1_000).sig, at=1_001)
+    own = sign_link(unset, "file-abc", at=1_000)
+    verify_link(unset, "file-abc", "1300", own.sig, kid=own.kid, at=1_001)
 
 
 @pytest.fixture

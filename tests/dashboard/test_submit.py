@@ -38,7 +38,7 @@ def test_pick_a_file_fill_the_form_and_create(page: Any, api_server: ApiServer) 
         files=[{"name": "texts.jsonl", "mimeType": "application/jsonl", "buffer": data}])
     expect(page.locator("#upload-text")).to_contain_text("Uploaded as file-")
     expect(page.get_by_label("Endpoint")).to_have_value("/v1/embeddings")  # from the first line
-    expect(page.locator("#estimate")).to_be_hidden()  # no estimate endpoint on this deployment
+    expect(page.locator("#estimate")).to_contain_text("Requests3")  # POST /v1/nightbatch/estimate
     page.get_by_label("Completion window").select_option("72h")
     page.get_by_label("Metadata key 1").fill("job")
     page.get_by_label("Metadata value 1").fill("from-the-browser")

@@ -12,11 +12,14 @@ from typing import Any
 import pytest
 
 from nightbatch.cli import main
-from nightbatch.doctor.api import probe_pairs
+from nightbatch.doctor.api import _model_loaded, probe_pairs
 from nightbatch.doctor.report import Check, Phase, Probe, Report
 from nightbatch.doctor.run import Doctor
 from nightbatch.doctor.webhook import WebhookWatcher
+from nightbatch.settings import ENDPOINTS, LOCAL_MODELS
 from tests.conftest import ApiServer
+
+CHAT = LOCAL_MODELS[0]
 
 
 def doctor(api_server: ApiServer, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str, str]:
@@ -28,8 +31,8 @@ def doctor(api_server: ApiServer, capsys: pytest.CaptureFixture[str], *extra: st
 
 def test_models_say_which_endpoints_they_serve(api_server: ApiServer) -> None:
     models = {m.id: (m.model_extra or {})["nightbatch"] for m in api_server.openai().models.list()}
-    assert models["SmolLM2-135M-Instruct"] == {"task": "generate",
-                                               "endpoints": ["/v1/chat/completions", "/v1/completions"]}
+    assert models["SmolLM2-135M-Instruct"] == {"task": "generate", "endpoints": list(CHAT.endpoints)}
+    assert "/v1/chat/completions" in CHAT.endpoints and "/v1/completions" in CHAT.endpoints
     assert models["all-MiniLM-L6-v2"] == {"task": "embed", "endpoints": ["/v1/embeddings"]}
     one = api_server.openai().models.retrieve("all-MiniLM-L6-v2")
     assert (one.model_extra or {})["nightbatch"]["endpoints"] == ["/v1/embeddings"]
@@ -40,11 +43,12 @@ def test_a_stuck_batch_is_reported_with_its_phase_and_remedy(api_server: ApiServ
     code, out, err = doctor(api_server, capsys)
     assert code == 1
     assert "✓ API key" in out and "a wrong key is refused" in out
-    assert "SmolLM2-135M-Instruct (chat/completions, completions), all-MiniLM-L6-v2 (embeddings)" in out
-    for probe in ("SmolLM2-135M-Instruct /v1/chat/completions", "SmolLM2-135M-Instruct /v1/completions",
-                  "all-MiniLM-L6-v2 /v1/embeddings"):
-        assert probe in out
-    assert out.count("✗ validate") == 3 and "gave up after 1.5 s" in out
+    chat = ", ".join(e.removeprefix("/v1/") for e in CHAT.endpoints)
+    assert f"SmolLM2-135M-Instruct ({chat}), all-MiniLM-L6-v2 (embeddings)" in out
+    pairs = [(m.name, e) for m in LOCAL_MODELS for e in m.endpoints]
+    for model, endpoint in pairs:  # one probe per model and endpoint
+        assert f"{model} {endpoint}  batch_" in out
+    assert out.count("✗ validate") == len(pairs) and "gave up after 1.5 s" in out
     assert "the workflow has not run Validate" in out
     assert "validate stalled" in err  # said while waiting, not only at the end
     assert api_server.workflow.started  # the probes are real batches
@@ -80,8 +84,7 @@ def test_a_server_that_does_not_list_endpoints_gets_every_endpoint_tried() -> No
     """Older servers answer /v1/models without `nightbatch.endpoints`: every endpoint is tried (uncertain), and a
     probe refused at validation as model_not_found is then dropped (Doctor.run)."""
     pairs = probe_pairs([("old-model", None), ("SmolLM2-135M-Instruct", ("/v1/completions",))])
-    assert pairs == [("old-model", "/v1/chat/completions", False), ("old-model", "/v1/completions", False),
-                     ("old-model", "/v1/embeddings", False), ("SmolLM2-135M-Instruct", "/v1/completions", True)]
+    assert pairs == [*(("old-model", e, False) for e in ENDPOINTS), ("SmolLM2-135M-Instruct", "/v1/completions", True)]
 
 
 
@@ -130,3 +133,26 @@ def test_a_watchers_diagnosis_replaces_the_generic_remedy(api_server: ApiServer)
     assert validate.detail == "the execution is RUNNING, last state Validate (gave up after 1.2 s)"
     assert "validate stalled: the execution is RUNNING" in progress.getvalue()
     assert not report.passed and [c.name for c in report.checks] == ["API key", "models", "stack"]
+
+
+def test_model_loaded_comes_from_the_workers_phase_clock() -> None:
+    """`batch.nightbatch.phases` (the worker's container start and its seconds to weights and engine) places the
+    phase on the doctor's timeline; older servers only have the load seconds in `nightbatch.cost`."""
+    probe = Probe(model="m", endpoint="/v1/completions", batch_id="batch_x", created_at=1_000.0)
+    attempts = [{"shard_id": "s1", "container_start": 1_020.0, "weights_source": "s3-cache",
+                 "weights_ready_s": 9.5, "engine_ready_s": 41.25, "first_result_s": 43.0},
+                {"shard_id": "s0", "container_start": 1_012.0, "weights_source": "hf",
+                 "weights_ready_s": 30.0, "engine_ready_s": 70.0}]
+    _model_loaded(probe, {"phases": {"attempts": 2, "shards": attempts}})
+    loaded = probe.phase("model loaded")
+    assert (loaded.status, loaded.at) == ("ok", 82.0)  # the first container: 12 s + 70 s
+    probe.reach("first result", 85.0)
+    assert (loaded.took, probe.phase("first result").took) == (82.0, 3.0)  # each from the phase before
+    assert loaded.detail == "engine ready 70.0 s after the shard started (weights 30.0 s, from hf)"
+
+    older = Probe(model="m", endpoint="/v1/completions")
+    _model_loaded(older, {"cost": {"model_load_seconds": 12.5}})
+    assert older.phase("model loaded").at is None and "12.5 s loading the model" in older.phase("model loaded").detail
+    unknown = Probe(model="m", endpoint="/v1/completions")
+    _model_loaded(unknown, {})
+    assert unknown.phase("model loaded").status == "skipped"

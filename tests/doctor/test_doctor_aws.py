@@ -267,3 +267,21 @@ def test_the_command_reads_the_stack_and_says_where_the_key_is(world: World, mon
     assert f"the stack's first key is in {world.secret_arn}" in err and "get-secret-value" in err
     assert main(["doctor", "--stack", "nightbatch-nope", "--api-key", "k"]) == 1
     assert "cloudformation describe_stacks: ValidationError" in capsys.readouterr().err
+
+
+def test_a_disabled_compute_environment_is_why_jobs_wait(world: World) -> None:
+    spot_role()
+    batch = boto3.client("batch", region_name=REGION)
+    name = batch.describe_compute_environments()["computeEnvironments"][0]["computeEnvironmentName"]
+    batch.update_compute_environment(computeEnvironment=name, state="DISABLED")
+    watcher = world.watcher()
+    report = Report(base_url="", stack=STACK)
+    watcher.preflight(report)
+    compute = checks(report)["compute"][0]
+    assert compute.status == "failed" and f"Spot environment {name} is DISABLED" in compute.detail
+    assert f"--compute-environment {name} --state ENABLED" in compute.remedy
+    submit_job(watcher, status="RUNNABLE")
+    probe = probe_in_progress()
+    watcher.observe(probe, 5.0)
+    detail, _ = watcher.diagnose(probe, probe.phase("job STARTING")) or ("", "")
+    assert "is DISABLED" in detail

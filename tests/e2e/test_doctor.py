@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from nightbatch.doctor.report import PHASES
+from nightbatch.settings import LOCAL_MODELS
 from tests.e2e.conftest import ROOT, LocalStack
 
 pytestmark = pytest.mark.e2e
@@ -31,16 +32,16 @@ def test_doctor_against_nightbatch_local_passes_every_phase(local_stack: LocalSt
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "✓ API key" in out and "✓ models" in out and "✓ webhook" in out
-    for probe in ("SmolLM2-135M-Instruct /v1/chat/completions", "SmolLM2-135M-Instruct /v1/completions",
-                  "all-MiniLM-L6-v2 /v1/embeddings"):
-        assert probe in out
+    pairs = [(m.name, e) for m in LOCAL_MODELS for e in m.endpoints]  # every model on every endpoint it serves
+    for model, endpoint in pairs:
+        assert f"{model} {endpoint}  batch_" in out
     for phase in PHASES:
-        assert out.count(f" {phase} ") >= 3, phase
-    assert out.count("✓ notification") == 3 and "webhook batch.completed received" in out
+        assert out.count(f" {phase} ") >= len(pairs), phase
+    assert out.count("✓ notification") == len(pairs) and "webhook batch.completed received" in out
     assert "✗" not in out and out.rstrip().endswith("All checks passed.")
 
     report = json.loads(run_doctor(local_stack, tmp_path, "--json").stdout)
-    assert report["passed"] is True and len(report["probes"]) == 3
+    assert report["passed"] is True and len(report["probes"]) == len(pairs)
     for probe in report["probes"]:
         assert probe["status"] == "completed"
         phases = {p["name"]: p for p in probe["phases"]}

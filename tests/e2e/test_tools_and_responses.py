@@ -1,5 +1,6 @@
 """Tool calls, structured outputs and the Responses API through `nightbatch local` with the OpenAI SDK: one batch
-mixes named and `required` tool choices, JSON-schema lines and plain lines; a /v1/responses batch returns
+mixes named, `required`, `auto` and `none` tool choices, JSON-schema lines, plain lines and one line over the
+logprobs limit; a /v1/responses batch returns
 Responses objects with counted usage; a model without a tool-call parser refuses `tools` lines by name."""
 
 from __future__ import annotations
@@ -88,6 +89,9 @@ def test_tool_calls_json_schemas_and_plain_lines_in_one_batch(local_stack: Local
              parallel_tool_calls=False),
         chat("required-2", "Weather in Lima, in fahrenheit?", tools=TOOLS, tool_choice="required",
              parallel_tool_calls=False),
+        # The model decides (auto), or may not call (none): either way the answer is well formed.
+        chat("auto-1", "What is the weather in Rome, in celsius?", tools=TOOLS, max_tokens=64),
+        chat("none-1", "What is the weather in Rome?", tools=TOOLS, tool_choice="none", max_tokens=12),
         chat("schema-1", "Invent a person.", response_format={"type": "json_schema", "json_schema": {
             "name": "person", "schema": PERSON, "strict": True}}),
         chat("schema-2", "Describe a pilot.", response_format={"type": "json_schema", "json_schema": {
@@ -120,12 +124,18 @@ def test_tool_calls_json_schemas_and_plain_lines_in_one_batch(local_stack: Local
                 assert finish == "tool_calls"
             arguments = json.loads(call["function"]["arguments"])
             assert matches(schemas[call["function"]["name"]], arguments), arguments
+        elif custom_id == "auto-1":
+            for call in message.get("tool_calls") or []:
+                assert matches(schemas[call["function"]["name"]], json.loads(call["function"]["arguments"]))
+            assert message.get("tool_calls") or message["content"]
         elif custom_id.startswith("schema"):
             assert matches(PERSON, json.loads(message["content"])), message["content"]
         else:
             assert message["content"] and not message.get("tool_calls")
     assert batch.usage is not None
     assert batch.usage.output_tokens == sum(r["response"]["body"]["usage"]["completion_tokens"] for r in out.values())
+    for custom_id in ("named-1", "required-1", "schema-1"):  # one line of each kind, for the record (-s)
+        print(f"\nSAMPLE {custom_id} line:", json.dumps(out[custom_id]))
 
 
 def test_responses_batch_returns_responses_objects_with_usage(local_stack: LocalStack) -> None:
@@ -149,12 +159,15 @@ def test_responses_batch_returns_responses_objects_with_usage(local_stack: Local
     for custom_id, row in out.items():
         body = row["response"]["body"]
         assert row["response"]["status_code"] == 200
-        assert body["object"] == "response" and body["id"].startswith("resp_") and body["status"] == "completed"
+        assert body["object"] == "response" and body["id"].startswith("resp_")
+        # A reply cut at max_output_tokens is "incomplete", as OpenAI reports it.
+        assert body["status"] == "completed" or body["incomplete_details"] == {"reason": "max_output_tokens"}
         usage = body["usage"]
         assert usage["input_tokens"] > 0 and usage["output_tokens"] > 0
         assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
         kinds = [item["type"] for item in body["output"]]
         if custom_id == "r-3":
+            assert body["status"] == "completed"
             call = next(item for item in body["output"] if item["type"] == "function_call")
             assert call["name"] == "get_weather" and call["call_id"]
             assert matches(WEATHER["parameters"], json.loads(call["arguments"]))
@@ -166,6 +179,7 @@ def test_responses_batch_returns_responses_objects_with_usage(local_stack: Local
     assert batch.usage.input_tokens == sum(r["response"]["body"]["usage"]["input_tokens"] for r in out.values())
     assert batch.usage.output_tokens == sum(r["response"]["body"]["usage"]["output_tokens"] for r in out.values())
     assert batch.request_counts is not None and batch.request_counts.completed == 3
+    print("\nSAMPLE responses line:", json.dumps(out["r-1"]))
 
 
 @pytest.fixture(scope="module")

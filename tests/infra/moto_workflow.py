@@ -1,7 +1,9 @@
 """The synthesized state machine on moto's Step Functions interpreter, with the real handlers in-process.
 
 - moto 5.2.5 cannot run `batch:submitJob.sync` (getmoto/moto#10076): the ASL's PascalCase parameters reach
-  botocore unconverted. `patch_task_normalisation` restores LocalStack's conversion (the fix of moto PR #10094).
+  botocore unconverted. `patch_task_normalisation` restores LocalStack's conversion (the fix of moto PR #10094),
+  and lets ShareIdentifier / SchedulingPriorityOverride through (moto drops them; moto's Batch then ignores them,
+  so `patch_batch` records them per job).
 - `LambdaSimpleBackend.invoke` is replaced by a dispatcher that calls the handler named in the template.
 - `BatchSimpleBackend._mark_job_as_finished` is replaced by a hook that runs the shard in-process with the job's
   environment (job definition environment plus the state machine's overrides), or fails it on request.
@@ -64,6 +66,27 @@ def patch_task_normalisation(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(StateTaskService, "_normalise_parameters", normalise_parameters)
     monkeypatch.setattr(StateTaskService, "_normalise_response", normalise_response)
+    # moto 5.2.5's list of submitJob parameters Step Functions passes lacks the fair-share ones, which AWS's
+    # Batch integration accepts; without them moto drops the fields silently.
+    from moto.stepfunctions.parser.asl.component.state.exec.state_task.service import state_task_service_batch
+
+    bindings = state_task_service_batch._SUPPORTED_API_PARAM_BINDINGS
+    monkeypatch.setitem(bindings, "submitjob", {*bindings["submitjob"], "ShareIdentifier",
+                                                "SchedulingPriorityOverride"})
+
+
+def patch_backend_lookup(monkeypatch: pytest.MonkeyPatch) -> None:
+    """moto looks its per-account backend up under one global lock, with a linear scan of every backend, on each
+    request: a Map with many concurrent iterations spends its time queueing there. Known accounts skip it."""
+    from moto.core.base_backend import BackendDict
+
+    original = BackendDict._create_account_specific_backend
+
+    def lookup(self: Any, account_id: str) -> None:
+        if not dict.__contains__(self, account_id):
+            original(self, account_id)
+
+    monkeypatch.setattr(BackendDict, "_create_account_specific_backend", lookup)
 
 
 @dataclass
@@ -72,6 +95,14 @@ class JobRecord:
     env: dict[str, str]
     succeeded: bool = False
     error: str | None = None
+    queue: str = ""  # "spot" / "on-demand": the template queue the job was submitted to
+    share: str | None = None  # SubmitJob's shareIdentifier
+    priority: int | None = None  # SubmitJob's schedulingPriorityOverride
+    status_reason: str | None = None
+
+    @property
+    def shard_id(self) -> str:
+        return self.env.get("NIGHTBATCH_SHARD_ID", "")
 
 
 @dataclass
@@ -89,6 +120,12 @@ class Deployment:
     failing_shards: set[str] = field(default_factory=set)  # shard ids whose jobs exit 1; "*" for all
     stand_ins: set[str] = field(default_factory=set)  # handlers not on this branch yet, answered with {}
     shard_runner: Callable[[dict[str, str]], None] | None = None
+    # Before a job runs: a statusReason to fail it with instead (e.g. a Spot queue cancelling it after its
+    # RUNNABLE bound), or None to run it. After a failed run: the statusReason Batch would report.
+    refuse: Callable[[JobRecord], str | None] | None = None
+    failure_reason: Callable[[JobRecord], str | None] | None = None
+    queue_kinds: dict[str, str] = field(default_factory=dict)  # queue ARN -> "spot" / "on-demand"
+    submitting: threading.local = field(default_factory=threading.local)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def render(self, node: Any) -> Any:
@@ -136,11 +173,12 @@ def create_resources(template: dict[str, Any]) -> Deployment:
     batch = boto3.client("batch", region_name=REGION)
     ce = batch.create_compute_environment(computeEnvironmentName="nb-gpu", type="UNMANAGED", state="ENABLED",
                                           serviceRole=role)["computeEnvironmentArn"]
-    queue_id, _ = one_of_type(template, "AWS::Batch::JobQueue")
-    d.attrs[(queue_id, "JobQueueArn")] = batch.create_job_queue(
-        jobQueueName="nb-queue", state="ENABLED", priority=1,
-        computeEnvironmentOrder=[{"order": 1, "computeEnvironment": ce}])["jobQueueArn"]
-    d.refs[queue_id] = d.attrs[(queue_id, "JobQueueArn")]
+    for queue_id in of_type(template, "AWS::Batch::JobQueue"):
+        arn = batch.create_job_queue(
+            jobQueueName=f"nb-{queue_id}"[:120], state="ENABLED", priority=1,
+            computeEnvironmentOrder=[{"order": 1, "computeEnvironment": ce}])["jobQueueArn"]
+        d.attrs[(queue_id, "JobQueueArn")] = d.refs[queue_id] = arn
+        d.queue_kinds[arn] = "spot" if "Spot" in queue_id else "on-demand"
 
     functions = of_type(template, "AWS::Lambda::Function")
     for logical, fn in functions.items():
@@ -214,7 +252,16 @@ def patch_lambda(monkeypatch: pytest.MonkeyPatch, d: Deployment) -> None:
 
 
 def patch_batch(monkeypatch: pytest.MonkeyPatch, d: Deployment) -> None:
+    from moto.batch.responses import BatchResponse
     from moto.batch_simple.models import BatchSimpleBackend
+
+    submit = BatchResponse.submitjob
+
+    def submitjob(self: Any) -> str:
+        # moto keeps neither field; batch_simple runs the job inside this call, on this thread.
+        d.submitting.params = {"share": self._get_param("shareIdentifier"),
+                               "priority": self._get_param("schedulingPriorityOverride")}
+        return str(submit(self))
 
     def finish(self: Any, include_start_attempt: bool, job: Any) -> None:
         import datetime
@@ -225,10 +272,16 @@ def patch_batch(monkeypatch: pytest.MonkeyPatch, d: Deployment) -> None:
         if include_start_attempt:
             job._start_attempt()
         env = {e["name"]: e["value"] for e in job._get_container_property("environment", [])}
-        record = JobRecord(name=job.job_name, env=env)
+        params = getattr(d.submitting, "params", {})
+        record = JobRecord(name=job.job_name, env=env, queue=d.queue_kinds.get(job.job_queue.arn, ""),
+                           share=params.get("share"), priority=params.get("priority"))
         with d.lock:
             d.jobs.append(record)
         try:
+            refused = d.refuse(record) if d.refuse is not None else None
+            if refused:
+                record.status_reason = refused
+                raise RuntimeError(f"not run: {refused}")
             if {"*", env.get("NIGHTBATCH_SHARD_ID")} & d.failing_shards:
                 raise RuntimeError("simulated: the container exited 1")
             if d.shard_runner is not None:
@@ -236,8 +289,13 @@ def patch_batch(monkeypatch: pytest.MonkeyPatch, d: Deployment) -> None:
             record.succeeded = True
         except Exception as exc:
             record.error = f"{type(exc).__name__}: {exc}"
+            if record.status_reason is None and d.failure_reason is not None:
+                record.status_reason = d.failure_reason(record)
+        if record.status_reason:
+            job.job_stopped_reason = record.status_reason
         job._mark_stopped(success=record.succeeded)
 
+    monkeypatch.setattr(BatchResponse, "submitjob", submitjob)
     monkeypatch.setattr(BatchSimpleBackend, "_mark_job_as_finished", finish)
 
 

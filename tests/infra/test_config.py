@@ -107,3 +107,11 @@ def test_gp3_throughput_needs_iops() -> None:
     assert config().worker_volume_throughput == 1000 and config().worker_volume_iops == 4000
     with pytest.raises(ValidationError, match="workerVolumeIops >= 4000"):
         config(workerVolumeThroughputMiBps=1000, workerVolumeIops=3000)
+
+
+def test_fair_share_weights_are_scaled_by_the_default() -> None:
+    c = config(fairShare={"weights": {"teamA": 0.5, "batchjobs": 4}, "defaultWeight": 2})
+    assert c.fair_share.policy_weights() == {"teamA": 0.25, "batchjobs": 2.0}
+    with pytest.raises(ValidationError, match="not a share identifier"):
+        config(fairShare={"weights": {"team-a": 1}})
+    assert config().spot_runnable_minutes == 30 and config().capacity_margin_minutes == 30

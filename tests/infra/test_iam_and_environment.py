@@ -180,8 +180,8 @@ def test_each_lambda_gets_what_it_drives(template: dict[str, Any]) -> None:
     assert "NIGHTBATCH_STATE_MACHINE_ARN" in envs["functions.tasks.sweep.handler"]
     assert "NIGHTBATCH_JOB_QUEUE" in envs["functions.tasks.sweep.handler"]
     notify = envs["functions.tasks.notify.handler"]
-    assert {"NIGHTBATCH_TOPIC_ARN", "NIGHTBATCH_WEBHOOK_QUEUE_URL", "NIGHTBATCH_LINK_SECRET"} <= set(notify)
-    assert {"NIGHTBATCH_UPLOAD_QUEUE_URL", "NIGHTBATCH_LINK_SECRET"} <= set(envs["functions.api.handler.handler"])
+    assert {"NIGHTBATCH_TOPIC_ARN", "NIGHTBATCH_WEBHOOK_QUEUE_URL", "NIGHTBATCH_LINK_KEYS_SECRET"} <= set(notify)
+    assert {"NIGHTBATCH_UPLOAD_QUEUE_URL", "NIGHTBATCH_LINK_KEYS_SECRET"} <= set(envs["functions.api.handler.handler"])
     assert "NIGHTBATCH_UPLOAD_QUEUE_URL" in envs["functions.tasks.compose_upload.handler"]
     # The API refuses at create what Notify would skip: both apply the same allowed domains.
     api_domains = envs["functions.api.handler.handler"]["NIGHTBATCH_EMAIL_ALLOWED_DOMAINS"]
@@ -192,7 +192,7 @@ def test_deliver_gets_notify_s_environment_but_the_link_signing_pair(template: d
     """Deliver builds the same notifier (queue, topic, sender) as Notify; it signs no download links."""
     envs = _lambda_envs(template)
     notify, deliver = envs["functions.tasks.notify.handler"], envs["functions.tasks.deliver.handler"]
-    link_pair = {"NIGHTBATCH_LINK_SECRET", "NIGHTBATCH_PUBLIC_BASE_URL"}
+    link_pair = {"NIGHTBATCH_LINK_KEYS_SECRET", "NIGHTBATCH_PUBLIC_BASE_URL"}
     assert link_pair <= set(notify)
     assert deliver == {k: v for k, v in notify.items() if k not in link_pair}
     assert "NIGHTBATCH_WEBHOOK_QUEUE_URL" in deliver
@@ -204,15 +204,24 @@ def test_notify_links_point_at_the_http_api_and_share_the_api_s_key(template: di
     http_api, _ = one_of_type(template, "AWS::ApiGatewayV2::Api")
     url = resolve(notify["NIGHTBATCH_PUBLIC_BASE_URL"], {http_api: "abc123"}, lambda lid, attr: f"{lid}.{attr}")
     assert url == "https://abc123.execute-api.us-east-1.amazonaws.com/"
-    assert notify["NIGHTBATCH_LINK_SECRET"] == api["NIGHTBATCH_LINK_SECRET"]
-    (secret,) = {ref for ref in json.dumps(api["NIGHTBATCH_LINK_SECRET"]).split('"') if ref.startswith("LinkSecret")}
+    assert notify["NIGHTBATCH_LINK_KEYS_SECRET"] == api["NIGHTBATCH_LINK_KEYS_SECRET"]
+    refs = json.dumps(api["NIGHTBATCH_LINK_KEYS_SECRET"]).split('"')
+    (secret,) = {ref for ref in refs if ref.startswith("LinkSecret")}
     assert secret in of_type(template, "AWS::SecretsManager::Secret")
 
 
-def test_link_secret_is_a_deploy_time_reference_not_a_value(template: dict[str, Any]) -> None:
+def test_link_keys_are_read_at_run_time_never_in_an_environment(template: dict[str, Any]) -> None:
+    """M4: the environment names the secret; the key itself is read from Secrets Manager by the function."""
+    (secret,) = [k for k in of_type(template, "AWS::SecretsManager::Secret") if k.startswith("LinkSecret")]
     for handler in ("functions.api.handler.handler", "functions.tasks.notify.handler"):
-        value = json.dumps(_lambda_envs(template)[handler]["NIGHTBATCH_LINK_SECRET"])
-        assert "{{resolve:secretsmanager:" in value, handler
+        env = _lambda_envs(template)[handler]
+        assert env["NIGHTBATCH_LINK_KEYS_SECRET"] == {"Ref": secret}, handler
+        assert "NIGHTBATCH_LINK_SECRET" not in env
+        reads = [st for st in _role_statements(template, handler)
+                 if "secretsmanager:GetSecretValue" in _list(st["Action"])]
+        assert any(json.dumps({"Ref": secret}) in json.dumps(st["Resource"]) for st in reads), handler
+    for fn in of_type(template, "AWS::Lambda::Function").values():
+        assert "{{resolve:secretsmanager:" not in json.dumps(fn["Properties"].get("Environment", {}))
 
 
 def test_job_definition_variables_are_settings_fields_or_worker_constants(template: dict[str, Any]) -> None:

@@ -69,20 +69,38 @@ def test_distributed_map_over_json_manifest(asl: dict[str, Any]) -> None:
     assert "ItemBatcher" not in shards
 
 
-def test_shard_job_sync_with_overrides_retry_and_catch(asl: dict[str, Any]) -> None:
+def test_shard_loop_capacity_then_job_sync_with_share_priority_and_catch(asl: dict[str, Any]) -> None:
     processor = asl["States"]["Shards"]["ItemProcessor"]
-    run = processor["States"][processor["StartAt"]]
+    states = processor["States"]
+    new = states[processor["StartAt"]]
+    assert new["Type"] == "Pass" and new["Parameters"]["capacity"] == {} and new["Next"] == "Capacity"
+    capacity = states["Capacity"]
+    assert "CapacityFunction" in capacity["Resource"] and capacity["ResultPath"] == "$.capacity"
+    assert capacity["Parameters"]["shard_error.$"] == "$.shard_error"
+    choice = states[capacity["Next"]]
+    assert choice["Choices"] == [{"Variable": "$.capacity.action", "StringEquals": "give_up",
+                                  "Next": "ShardGivenUp"}]
+    wait = states[choice["Default"]]
+    assert wait["Type"] == "Wait" and wait["SecondsPath"] == "$.capacity.wait_seconds"
+    run = states[wait["Next"]]
     assert run["Resource"] == "arn:aws:states:::batch:submitJob.sync"
-    assert run["Parameters"]["JobName.$"] == "States.Format('{}-{}', $.batch_id, $.shard_id)"
-    assert run["Parameters"]["ContainerOverrides"]["Environment"] == [
+    params = run["Parameters"]
+    assert params["JobName.$"] == "States.Format('{}-{}', $.batch_id, $.shard_id)"
+    assert params["ContainerOverrides"]["Environment"] == [
         {"Name": "NIGHTBATCH_BATCH_ID", "Value.$": "$.batch_id"},
         {"Name": "NIGHTBATCH_SHARD_ID", "Value.$": "$.shard_id"},
     ]
-    assert run["Retry"] == [{"ErrorEquals": ["States.TaskFailed"], "IntervalSeconds": CONTEXT_RETRY["intervalSeconds"],
-                             "MaxAttempts": CONTEXT_RETRY["maxAttempts"], "BackoffRate": CONTEXT_RETRY["backoffRate"]}]
+    # A fair-share queue requires ShareIdentifier; the queue, priority and retry strategy are Capacity's choice.
+    assert {params[k] for k in ("JobQueue.$", "ShareIdentifier.$", "SchedulingPriorityOverride.$",
+                                "RetryStrategy.$")} == {"$.capacity.queue", "$.capacity.share",
+                                                        "$.capacity.priority", "$.capacity.retry_strategy"}
+    assert params["JobDefinition.$"] == "$.job_definition" and run["ResultPath"] == "$.job"
+    assert set(run["ResultSelector"]) == {"JobId.$", "Status.$"}  # not the job's whole description
+    assert run["Retry"][0]["ErrorEquals"] == ["Batch.ServerException", "Batch.AWSBatchException"]
     (catch,) = run["Catch"]
-    assert catch["ErrorEquals"] == ["States.ALL"]
-    assert processor["States"][catch["Next"]]["Type"] == "Pass"
+    assert catch == {"ErrorEquals": ["States.ALL"], "ResultPath": "$.shard_error", "Next": "Capacity"}
+    assert states["ShardGivenUp"]["Type"] == "Pass"
+    assert CONTEXT_RETRY["maxAttempts"] == 2  # Capacity retries other failures (tests/infra/test_capacity_moto)
 
 
 def test_execution_timeout_is_window_plus_margin(asl: dict[str, Any]) -> None:

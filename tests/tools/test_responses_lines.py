@@ -143,3 +143,11 @@ def test_logprobs_over_the_model_limit_name_the_limit(url: str, body: dict[str, 
     assert param == expected
     assert "limit of 20" in message and "`max_logprobs`" in message
     assert logprobs_over_limit(url, body, -1) is None  # -1: vLLM returns any number
+
+
+def test_the_cli_takes_the_endpoint_of_a_responses_file_from_its_first_line(tmp_path: Any) -> None:
+    from nightbatch.commands.batches import endpoint_of
+
+    path = tmp_path / "requests.jsonl"
+    path.write_bytes(line(input="Say hi.") + b"\n")
+    assert endpoint_of(path) == URL

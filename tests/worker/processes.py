@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -10,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from nightbatch.local.aws import FAKE_CREDENTIALS
 
@@ -69,10 +72,11 @@ class Worker:
         return self.log.read_text(errors="replace")[-4000:]
 
 
-def spawn(env: dict[str, str], log: Path, *, engine: str = DETERMINISTIC) -> Worker:
+def spawn(env: dict[str, str], log: Path, *, engine: str = DETERMINISTIC, argv: list[str] | None = None) -> Worker:
+    """`python -m gpu_worker --engine <engine>`, or exactly `argv` (the job definition's command)."""
     out = log.open("ab")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpu_worker", "--engine", engine], env=env, cwd=ROOT,
+        argv or [sys.executable, "-m", "gpu_worker", "--engine", engine], env=env, cwd=ROOT,
         stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
     )
     out.close()
@@ -93,3 +97,56 @@ def wait_until(condition: Callable[[], bool], worker: Worker, *, timeout: float,
             return False
         time.sleep(every)
     return False
+
+
+def job_definition_launch(template: dict[str, Any], world: ShardWorld, *, model: str, model_cache: Path,
+                          ) -> tuple[list[str], dict[str, str]]:
+    """The command and environment a Batch job of the synthesized stack starts the container with.
+
+    Read from the template and the image, not copied by hand: the Dockerfile's ENTRYPOINT plus the job
+    definition's Command; the job definition's Environment (its Refs to the stack's bucket and table pointed at
+    this world's), plus the state machine's per-shard overrides. Stand-ins for what only AWS provides: moto's
+    endpoint and fake credentials for the task role, a temporary directory for the host's model-cache mount,
+    and the deterministic engine for vLLM on a GPU (NIGHTBATCH_WORKER_ENGINE, the worker's own setting).
+    """
+    from tests.infra.cfn import PSEUDO, one_of_type, resolve
+
+    entrypoint = re.search(r"^ENTRYPOINT\s+(\[.*\])\s*$", (ROOT / "gpu_worker" / "Dockerfile").read_text(),
+                           flags=re.MULTILINE)
+    assert entrypoint is not None
+    _, job = one_of_type(template, "AWS::Batch::JobDefinition", prefix="GpuJob" + re.sub(r"[^A-Za-z0-9]", "", model))
+    container = job["Properties"]["ContainerProperties"]
+    argv = [*json.loads(entrypoint.group(1)), *container.get("Command", [])]
+    assert argv[0] in ("python3", "python")
+    argv[0] = sys.executable  # the image's interpreter
+
+    refs = {one_of_type(template, "AWS::S3::Bucket")[0]: world.settings.bucket,
+            one_of_type(template, "AWS::DynamoDB::GlobalTable")[0]: world.settings.table}
+    job_env = {e["Name"]: str(resolve(e["Value"], refs, lambda logical, attr: f"{logical}.{attr}"))
+               for e in container["Environment"]}
+    _, machine = one_of_type(template, "AWS::StepFunctions::StateMachine")
+    definition = json.loads(resolve(machine["Properties"]["DefinitionString"], _Names(), lambda lid, a: lid))
+    overrides = definition["States"]["Shards"]["ItemProcessor"]["States"]["RunShard"]["Parameters"][
+        "ContainerOverrides"]["Environment"]
+    item = {"$.batch_id": world.batch_id, "$.shard_id": world.shard_id}
+    job_env.update({o["Name"]: item[o["Value.$"]] for o in overrides})
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("NIGHTBATCH_", "AWS_"))}
+    env.update(FAKE_CREDENTIALS)
+    env.update({"AWS_ENDPOINT_URL": world.adapters.endpoint_url or "", "AWS_DEFAULT_REGION": PSEUDO["AWS::Region"],
+                "AWS_BATCH_JOB_ID": "job-definition-test", "PYTHONPATH": str(ROOT)})
+    # The host volume's mount point in the container (model and compile caches) becomes a local directory.
+    mounts = [m["ContainerPath"] for m in container.get("MountPoints", [])]
+    assert mounts and job_env["NIGHTBATCH_MODEL_CACHE"].startswith(tuple(mounts))
+    for name, value in job_env.items():
+        for mount in mounts:
+            if value == mount or value.startswith(mount + "/"):
+                job_env[name] = str(model_cache) + value[len(mount):]
+    env.update(job_env)
+    env["NIGHTBATCH_WORKER_ENGINE"] = DETERMINISTIC
+    return argv, env
+
+
+class _Names(dict[str, str]):
+    def __missing__(self, key: str) -> str:
+        return key

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench.worker import compare_tokens, parse_engine_arg
+from bench.worker import compare_tokens, parse_args, parse_engine_arg, print_tables, ratio
 from bench.worker_inputs import InputShape, mixed_input, to_jsonl, uniform_input
 from bench.worker_sides import BAR_RE, RunResult, Usage, cli_flags, usage_of
 
@@ -64,3 +64,15 @@ def test_token_counts_are_compared_line_by_line() -> None:
     check = compare_tokens(a, b)
     assert check["lines"] == 2 and check["mismatched"] == 1  # cached tokens may differ; counts may not
     assert check["a"] == (35, 32, 16) and check["b"] == (35, 31, 0)
+
+
+def test_repeats_scheduler_sizes_and_median_ratio(capsys: pytest.CaptureFixture[str]) -> None:
+    args = parse_args([])
+    assert args.repeat >= 3 and args.max_num_seqs and args.max_num_batched_tokens and args.prefix_caching
+    u = {"x": Usage(200, 30, 16, 8)}
+    rb = [RunResult(f"rb{i}", t, t + 30, u) for i, t in enumerate((10.0, 20.0, 40.0))]
+    ours = [RunResult(f"o{i}", t, t + 30, u) for i, t in enumerate((5.0, 20.0, 80.0))]
+    assert ratio(ours, rb, "out_tps") == "**1.00x** (0.50..2.00)"  # the median of per-repeat ratios, not the best
+    print_tables({"mixed": (rb, ours)}, {"mixed": compare_tokens(rb[0], ours[0])}, [("control", ours)])
+    out = capsys.readouterr().out
+    assert "cached prompt tokens" in out and "(0.50..2.00)" in out and "control" in out

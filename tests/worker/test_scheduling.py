@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from typing import Any
 
 from gpu_worker.runner import ShardJob, ShardReport, run_shard
-from gpu_worker.scheduling import OrderPolicy, in_flight_limit, order_window, ordered, prompt_text
+from gpu_worker.scheduling import OrderPolicy, in_flight_limit, order_window, ordered
 from gpu_worker.shard import PendingRequest
+from nightbatch.pipeline.prefixes import prompt_text
 from nightbatch.settings import LOCAL_MODELS, Settings
 from tests.support.deterministic_engine import DeterministicEngine
 

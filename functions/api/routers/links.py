@@ -7,7 +7,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from functions.api.deps import PrincipalDep, ServicesDep
 from functions.api.routers.files import content_response
-from nightbatch.links import FileLink, open_link, sign_link
+from nightbatch.links import FileLink, link_keys_from, open_link, sign_link
 
 router = APIRouter(prefix="/v1/nightbatch/files", tags=["nightbatch"])
 
@@ -20,17 +20,17 @@ def create_file_link(
     file_id: str, request: Request, principal: PrincipalDep, services: ServicesDep
 ) -> FileLink:
     services.files.item(principal.tenant, file_id)  # 404 unless the caller's tenant owns a live file
-    link = sign_link(services.settings, file_id)
-    url = request.url_for("download_file", file_id=file_id).include_query_params(
-        expires=link.expires_at, sig=link.sig
-    )
+    link = sign_link(services.settings, file_id, keys=link_keys_from(services.adapters),
+                     api_key_id=principal.key_id)
+    url = request.url_for("download_file", file_id=file_id).include_query_params(**link.query)
     return FileLink(url=str(url), expires_at=link.expires_at)
 
 
 @router.get("/{file_id}/download", name="download_file",
             responses={307: {"description": "Redirect to a pre-signed S3 URL"}})
-def download_file(file_id: str, services: ServicesDep, expires: str = "", sig: str = "") -> Response:
-    item = open_link(services.files, file_id, expires, sig)
+def download_file(file_id: str, services: ServicesDep, expires: str = "", sig: str = "", kid: str = "",
+                  ak: str = "") -> Response:
+    item = open_link(services.files, file_id, expires, sig, kid=kid, ak=ak, keys=link_keys_from(services.adapters))
     headers = {"cache-control": "no-store", "referrer-policy": "no-referrer"}
     if item.get("parts"):
         # A file composed of upload parts has no single S3 object to pre-sign: stream it through.

@@ -29,7 +29,8 @@ router = APIRouter(prefix="/v1", tags=["webhooks"])
 
 def get_notifier(services: ServicesDep) -> Notifier:
     # The API never enqueues (the Notify step does), so it needs no queue, topic or mailer.
-    return Notifier(settings=services.settings, table=services.adapters.table, topic=None, mailer=None, queue=None)
+    return Notifier(settings=services.settings, table=services.adapters.table, topic=None, mailer=None, queue=None,
+                    adapters=services.adapters)  # the KMS key that seals signing secrets
 
 
 NotifierDep = Annotated[Notifier, Depends(get_notifier)]

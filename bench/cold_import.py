@@ -1,0 +1,81 @@
+"""API Lambda cold import: `python -X importtime -c "import functions.api.handler"` in fresh processes.
+
+Prints the median (min..max) of the handler's cumulative import time over `--repeat` runs, and the largest
+imports of the median run. `--asset DIR` imports from a built Lambda asset (what `infra/bundling.py` puts in
+the zip; `-S`, so nothing else is importable) instead of this checkout and its virtualenv; `--build-asset`
+first builds one into DIR the way infra/bundling.py does, for this machine's platform and Python (the real
+asset is for Lambda's arm64 Python and cannot be imported here). Goal: <= 400 ms.
+
+    .venv/bin/python -m bench.cold_import --repeat 9
+    .venv/bin/python -m bench.cold_import --repeat 9 --asset /tmp/api-asset --build-asset
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+MODULE = "functions.api.handler"
+
+
+def one_run(python: str, path: str, isolated: bool) -> list[tuple[int, int, str]]:
+    """(self µs, cumulative µs, indented name) per imported module, in importtime's order."""
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONDONTWRITEBYTECODE": "1"}
+    cmd = [python, *(["-S"] if isolated else []), "-X", "importtime", "-c", f"import {MODULE}"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=path)
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-3000:])
+    rows = []
+    for line in out.stderr.splitlines():
+        if not line.startswith("import time:") or "self [us]" in line:
+            continue
+        self_us, cum_us, name = line.removeprefix("import time:").split("|", 2)
+        rows.append((int(self_us), int(cum_us), name.rstrip()))
+    return rows
+
+
+def total_ms(rows: list[tuple[int, int, str]]) -> float:
+    return next(c for _, c, n in rows if n.strip() == MODULE) / 1000
+
+
+def build_asset(out: Path) -> None:
+    import platform
+
+    from infra.bundling import PipLocalBundler, lambda_requirements
+
+    root = Path(__file__).resolve().parents[1]
+    out.mkdir(parents=True, exist_ok=True)
+    PipLocalBundler(root=root, requirements=lambda_requirements(root / "pyproject.toml"),
+                    python_version=f"{sys.version_info.major}.{sys.version_info.minor}",
+                    platform=f"manylinux2014_{platform.machine()}").try_bundle(str(out))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--repeat", type=int, default=9)
+    p.add_argument("--asset", help="a built Lambda asset directory (default: this checkout)")
+    p.add_argument("--build-asset", action="store_true", help="build the asset into --asset first (pip)")
+    p.add_argument("--top", type=int, default=12)
+    args = p.parse_args()
+    if args.build_asset:
+        build_asset(Path(args.asset))
+    path = args.asset or str(Path(__file__).resolve().parents[1])
+    one_run(sys.executable, path, bool(args.asset))  # warm-up (page cache, .pyc), discarded
+    runs = [one_run(sys.executable, path, bool(args.asset)) for _ in range(args.repeat)]
+    totals = [total_ms(r) for r in runs]
+    median = statistics.median(totals)
+    print(f"{MODULE} cold import from {'asset ' + args.asset if args.asset else 'this checkout'}: "
+          f"median {median:.0f} ms ({min(totals):.0f}..{max(totals):.0f}) over {args.repeat} runs (goal <= 400 ms)")
+    mid = runs[min(range(len(totals)), key=lambda i: abs(totals[i] - median))]
+    top = [r for r in mid if r[2].startswith("  ") and not r[2].startswith("    ")]  # direct children
+    print("largest direct imports of the handler in the median run (cumulative ms):")
+    for _, cum, name in sorted(top, key=lambda r: -r[1])[:args.top]:
+        print(f"  {cum / 1000:>7.1f}  {name.strip()}")
+
+
+if __name__ == "__main__":
+    main()

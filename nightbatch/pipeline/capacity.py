@@ -1,0 +1,165 @@
+"""Capacity: which queue (Spot or on-demand), priority and share each submission of a shard's job gets.
+
+The workflow asks before every submission of a shard (the first, and after each failed attempt):
+- Spot first. A batch moves to on-demand when its slack — time left in its window minus the estimated
+  remaining work, one cold start included — drops below the margin, or when one of its Spot attempts was
+  interrupted (host reclaimed) or sat RUNNABLE past the Spot queue's bound (the queue cancels it with a
+  CAPACITY:/MISCONFIGURATION: reason). The move is recorded on the batch, so its remaining shards follow.
+- Priority: earliest deadline first. `schedulingPriorityOverride` = 9999 minus the minutes left until the batch
+  expires, in tens (a 1 h batch outranks a 24 h batch; it only orders jobs within one share).
+- Share: the tenant (AWS Batch fair-share), so one tenant's huge batch cannot starve another's small one.
+- Other failures retry on the same capacity with backoff, `shard_retry_attempts` times, then give up (Finalize
+  writes the shard's unrun lines as `shard_failed`).
+Each decision is written next to the shard's results (`capacity-<n>.json`); Finalize lists them in the batch's
+`nightbatch.capacity` extension.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel
+
+from nightbatch.clock import now
+from nightbatch.pipeline import layout
+from nightbatch.pipeline.sizing import _wall
+from nightbatch.services import Services
+from nightbatch.settings import Settings
+
+Capacity = Literal["spot", "on-demand"]
+# statusReason prefixes that mean "Spot could not hold or place this job" (aws-gpu-fleet-notes §1.4, §2.3).
+SPOT_SHORTAGE = ("Host EC2", "CAPACITY:", "MISCONFIGURATION:COMPUTE_ENVIRONMENT_MAX_RESOURCE")
+RECORD_PREFIX = "capacity-"
+
+
+class CapacityDecision(BaseModel):
+    version: Literal[1] = 1
+    action: Literal["run", "give_up"]
+    capacity: Capacity
+    queue: str
+    priority: int
+    share: str
+    attempt: int  # submissions of this shard so far, this one included
+    failures: int  # failed attempts on the current capacity
+    wait_seconds: int
+    reason: str
+    # The job's retry strategy: none on Spot (a lost host comes back here and moves), host loss retried on-demand.
+    retry_strategy: dict[str, Any]
+
+
+def share_identifier(tenant: str) -> str:
+    """AWS Batch share ids are <= 255 alphanumeric characters (a trailing * is a prefix, so never produced)."""
+    share = re.sub(r"[^A-Za-z0-9]", "", tenant)[:255]
+    return share or "default"
+
+
+def scheduling_priority(seconds_left: float) -> int:
+    return int(max(0, min(9999, 9999 - max(0.0, seconds_left) // 600)))
+
+
+def queues(settings: Settings) -> dict[str, str]:
+    parsed: dict[str, str] = json.loads(settings.job_queues_json or "{}")
+    return parsed
+
+
+def remaining_work_seconds(services: Services, batch_id: str) -> float:
+    """Wall seconds the batch's unfinished shards still need on max_gpus GPUs, one cold start each."""
+    settings, blobs = services.settings, services.adapters.blobs
+    manifest = json.loads(blobs.get_bytes(layout.manifest_key(batch_id)) or b"[]")
+    done = {k.split("/")[-2] for k in blobs.list_keys(layout.batch_prefix(batch_id) + "results/")
+            if k.endswith("/_done.json")}
+    tokens, shards = 0, 0
+    for item in manifest:
+        if item["shard_id"] in done:
+            continue
+        doc = json.loads(blobs.get_bytes(layout.shard_key(batch_id, item["shard_id"])) or b"{}")
+        tokens += int(doc.get("est_tokens", 0))
+        shards += 1
+    if not shards:
+        return 0.0
+    work = tokens / max(1e-9, settings.shard_tokens_per_second)
+    return _wall(work, shards, min(shards, settings.max_gpus), settings.shard_cold_start_seconds)
+
+
+def _status_reason(error: dict[str, Any] | None) -> str:
+    if not error:
+        return ""
+    try:
+        cause = json.loads(error.get("Cause") or "{}")
+    except ValueError:
+        return str(error.get("Cause") or error.get("Error") or "")
+    return str(cause.get("StatusReason") or cause.get("statusReason") or error.get("Error") or "")
+
+
+def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
+    settings, table = services.settings, services.adapters.table
+    batch_id, shard_id = item["batch_id"], item["shard_id"]
+    prev = item.get("capacity") or {}
+    attempt = int(prev.get("attempt", 0)) + 1
+    batch = table.get(batch_id) or {}
+    available = queues(settings)
+    t = now()
+    seconds_left = float(batch.get("expires_at", t)) - t
+    base: dict[str, Any] = {"attempt": attempt, "priority": scheduling_priority(seconds_left),
+                            "share": share_identifier(str(batch.get("tenant") or "default"))}
+
+    def choose(capacity: Capacity, reason: str, *, failures: int = 0, wait: int = 0) -> CapacityDecision:
+        if capacity not in available:  # a deployment with one kind only
+            capacity = "on-demand" if "on-demand" in available else "spot"
+        retry = ({"Attempts": 1} if capacity == "spot" else
+                 {"Attempts": 3, "EvaluateOnExit": [{"Action": "RETRY", "OnStatusReason": "Host EC2*"},
+                                                    {"Action": "EXIT", "OnReason": "*"}]})
+        return CapacityDecision(action="run", capacity=capacity, queue=available.get(capacity, ""), failures=failures,
+                                wait_seconds=wait, reason=reason, retry_strategy=retry, **base)
+
+    if batch.get("status") != "in_progress":
+        decision = CapacityDecision(action="give_up", capacity=prev.get("capacity", "spot"), queue="", failures=0,
+                                    wait_seconds=0, reason=f"batch is {batch.get('status', 'missing')}",
+                                    retry_strategy={}, **base)
+    elif item.get("shard_error"):
+        status_reason = _status_reason(item["shard_error"])
+        if prev.get("capacity") == "spot" and status_reason.startswith(SPOT_SHORTAGE):
+            reason = f"spot attempt ended: {status_reason[:200]}"
+            table.update(batch_id, set_={"capacity_on_demand": reason})  # the batch's remaining shards follow
+            decision = choose("on-demand", reason)
+        else:
+            failures = int(prev.get("failures", 0)) + 1
+            if failures > settings.shard_retry_attempts:
+                decision = choose(prev.get("capacity", "spot"), f"gave up after {failures} failed attempts: "
+                                  f"{status_reason[:200]}", failures=failures)
+                decision = decision.model_copy(update={"action": "give_up"})
+            else:
+                wait = int(settings.shard_retry_interval_seconds
+                           * settings.shard_retry_backoff ** (failures - 1))
+                decision = choose(prev.get("capacity", "spot"), f"retry after: {status_reason[:200]}",
+                                  failures=failures, wait=wait)
+    elif batch.get("capacity_on_demand"):
+        decision = choose("on-demand", f"batch moved to on-demand: {batch['capacity_on_demand']}")
+    else:
+        slack = seconds_left - remaining_work_seconds(services, batch_id)
+        if slack < settings.capacity_margin_seconds:
+            reason = f"slack {slack:.0f} s < margin {settings.capacity_margin_seconds:.0f} s"
+            table.update(batch_id, set_={"capacity_on_demand": reason})
+            decision = choose("on-demand", reason)
+        else:
+            decision = choose("spot", f"slack {slack:.0f} s >= margin {settings.capacity_margin_seconds:.0f} s")
+    services.adapters.blobs.put_bytes(
+        f"{layout.results_prefix(batch_id, shard_id)}{RECORD_PREFIX}{attempt:02d}.json",
+        json.dumps({"at": t, **decision.model_dump(exclude={"retry_strategy"})}).encode(),
+        content_type="application/json")
+    return decision
+
+
+def collect_decisions(services: Services, batch_id: str, limit: int = 50) -> list[dict[str, Any]]:
+    """Every shard's decisions, in order, for the batch's extension (at most `limit` entries)."""
+    blobs = services.adapters.blobs
+    keys = sorted(k for k in blobs.list_keys(layout.batch_prefix(batch_id) + "results/")
+                  if k.rsplit("/", 1)[-1].startswith(RECORD_PREFIX))
+    out: list[dict[str, Any]] = []
+    for key in keys[:limit]:
+        rec = json.loads(blobs.get_bytes(key) or b"{}")
+        out.append({"shard_id": key.split("/")[-2], **{k: rec.get(k) for k in (
+            "attempt", "action", "capacity", "priority", "share", "reason", "at")}})
+    return out

@@ -1,0 +1,59 @@
+"""Prefix-aware placement: which segments go to which shard, once Plan knows how many shards there are.
+
+Validate writes long prompts into segments by prefix group (nightbatch/pipeline/prefixes.py). Here each
+group's segments go to as few shards as balance allows: groups largest first, each to the least-loaded
+shard, spilling into the next least-loaded only once a shard holds its share of the estimated tokens. The
+remaining segments (short prompts, group 0) then fill the shards up evenly. Each shard runs on its own GPU
+with its own prefix cache, so a shared prefix is prefilled again in every shard it is scattered over.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Segment = dict[str, Any]
+
+
+def place_by_prefix(shards: list[list[Segment]]) -> list[list[Segment]]:
+    """The same segments in the same number of shards (none empty), regrouped by prefix group.
+
+    `shards` is the contiguous placement (its length is the shard count Plan chose); it is returned as it
+    is when no segment carries a prefix group or there is a single shard."""
+    n = len(shards)
+    segments = [s for shard in shards for s in shard]
+    if n <= 1 or not any(s.get("group") for s in segments):
+        return shards
+    total = sum(int(s["est"]) for s in segments)
+    share = total / n
+    groups: dict[int, list[Segment]] = {}
+    loose: list[Segment] = []
+    for s in segments:
+        (groups.setdefault(int(s["group"]), []) if s.get("group") else loose).append(s)
+    out: list[list[Segment]] = [[] for _ in range(n)]
+    load = [0] * n
+
+    def lightest() -> int:
+        return min(range(n), key=lambda i: (load[i], i))
+
+    def put(i: int, s: Segment) -> None:
+        out[i].append(s)
+        load[i] += int(s["est"])
+
+    for _, members in sorted(groups.items(), key=lambda kv: (-sum(int(s["est"]) for s in kv[1]), kv[0])):
+        target = lightest()
+        for s in members:
+            if load[target] >= share:
+                target = lightest()
+            put(target, s)
+    for s in sorted(loose, key=lambda s: -int(s["est"])):
+        put(lightest(), s)
+    # Every shard gets work: an empty one takes a segment from the shard holding the most segments.
+    for i in range(n):
+        if not out[i]:
+            donor = max(range(n), key=lambda j: (len(out[j]), -j))
+            s = out[donor].pop()
+            load[donor] -= int(s["est"])
+            put(i, s)
+    for shard in out:
+        shard.sort(key=lambda s: str(s["key"]))
+    return out

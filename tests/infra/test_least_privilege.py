@@ -1,0 +1,86 @@
+"""M3: the GPU worker holds only its batch data and `batch_*` items; each Lambda only the table actions it calls."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from infra.stack import TABLE_ACTIONS
+from tests.infra.cfn import of_type
+
+HANDLERS = {
+    "api": "functions.api.handler.handler", "validate": "functions.tasks.validate.handler",
+    "plan": "functions.tasks.plan.handler", "finalize": "functions.tasks.finalize.handler",
+    "notify": "functions.tasks.notify.handler", "deliver": "functions.tasks.deliver.handler",
+    "sweep": "functions.tasks.sweep.handler", "compose_upload": "functions.tasks.compose_upload.handler",
+    "capacity": "functions.tasks.capacity.handler",
+}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _statements_of_role(template: dict[str, Any], role: str) -> list[dict[str, Any]]:
+    return [st for policy in of_type(template, "AWS::IAM::Policy").values()
+            if {"Ref": role} in policy["Properties"]["Roles"]
+            for st in policy["Properties"]["PolicyDocument"]["Statement"]]
+
+
+def _worker_role(template: dict[str, Any]) -> str:
+    (role,) = {str(d["Properties"]["ContainerProperties"]["JobRoleArn"]["Fn::GetAtt"][0])
+               for d in of_type(template, "AWS::Batch::JobDefinition").values()}
+    return role
+
+
+def _role_of(template: dict[str, Any], handler: str) -> str:
+    fn = next(f for f in of_type(template, "AWS::Lambda::Function").values() if f["Properties"]["Handler"] == handler)
+    return str(fn["Properties"]["Role"]["Fn::GetAtt"][0])
+
+
+def test_the_worker_reads_and_writes_batches_only(template: dict[str, Any]) -> None:
+    statements = _statements_of_role(template, _worker_role(template))
+    s3 = [st for st in statements if any(a.startswith("s3:") for a in _list(st["Action"]))]
+    objects = [st for st in s3 if "s3:GetObject" in _list(st["Action"]) or "s3:PutObject" in _list(st["Action"])]
+    ours = [json.dumps(r) for st in objects for r in _list(st["Resource"]) if "Storage" in json.dumps(r)]
+    # batches/ (shards, results) and the models/ weight cache; never files/ (every tenant's inputs) or uploads/.
+    assert ours and all('"/batches/*"' in r or '"/models/*"' in r for r in ours), ours
+    assert not any("/files/" in r or "/uploads/" in r for r in ours)
+    listing = [st for st in s3 if "s3:ListBucket" in _list(st["Action"])
+               and "Storage" in json.dumps(st["Resource"])]
+    assert listing and all(st["Condition"] == {"StringLike": {"s3:prefix": ["batches/*", "models/*"]}}
+                           for st in listing)
+
+
+def test_the_worker_may_only_get_and_update_batch_items(template: dict[str, Any]) -> None:
+    table = [st for st in _statements_of_role(template, _worker_role(template))
+             if any(a.startswith("dynamodb:") for a in _list(st["Action"]))]
+    assert len(table) == 1
+    (st,) = table
+    assert sorted(_list(st["Action"])) == ["dynamodb:GetItem", "dynamodb:UpdateItem"]
+    assert st["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["batch_*"]}}
+    assert not any("/index/" in json.dumps(r) for r in _list(st["Resource"]))
+
+
+def test_each_lambda_holds_only_the_table_actions_it_calls(template: dict[str, Any]) -> None:
+    for name, handler in HANDLERS.items():
+        actions = {a for st in _statements_of_role(template, _role_of(template, handler))
+                   for a in _list(st["Action"]) if a.startswith("dynamodb:")}
+        assert actions == set(TABLE_ACTIONS[name]), name
+    for name in ("validate", "plan", "deliver", "compose_upload"):
+        assert not {"dynamodb:PutItem", "dynamodb:DeleteItem"} & set(TABLE_ACTIONS[name])
+    assert all(a not in {"dynamodb:BatchWriteItem", "dynamodb:Scan"} for acts in TABLE_ACTIONS.values()
+               for a in acts)
+
+
+def test_webhook_secrets_are_sealed_with_the_stack_key_only_api_and_deliver_open_them(
+        template: dict[str, Any]) -> None:
+    (key,) = [k for k in of_type(template, "AWS::KMS::Key") if k.startswith("SecretsKey")]
+    for name in ("api", "notify", "deliver"):
+        env = next(f for f in of_type(template, "AWS::Lambda::Function").values()
+                   if f["Properties"]["Handler"] == HANDLERS[name])["Properties"]["Environment"]["Variables"]
+        assert env["NIGHTBATCH_SECRETS_KMS_KEY"] == {"Fn::GetAtt": [key, "Arn"]}, name
+    decrypters = {name for name, handler in HANDLERS.items()
+                  for st in _statements_of_role(template, _role_of(template, handler))
+                  if "kms:Decrypt" in _list(st["Action"]) and key in json.dumps(st["Resource"])}
+    assert decrypters == {"api", "deliver"}
