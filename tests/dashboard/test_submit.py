@@ -5,17 +5,18 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from tests.dashboard.conftest import BROWSER, MODEL, assert_accessible, save_screenshot, sign_in
+from tests.dashboard.conftest import BROWSER, assert_accessible, save_screenshot, sign_in
 
 if TYPE_CHECKING:
     from tests.conftest import ApiServer
 
 pytestmark = BROWSER
+EMBED = "all-MiniLM-L6-v2"
 
 
 def embedding_lines(n: int, pad: int = 0) -> bytes:
     return b"".join(json.dumps({"custom_id": f"e-{i}", "method": "POST", "url": "/v1/embeddings",
-                                "body": {"model": MODEL, "input": f"text {i} " + "x" * pad}}).encode() + b"\n"
+                                "body": {"model": EMBED, "input": f"text {i} " + "x" * pad}}).encode() + b"\n"
                     for i in range(n))
 
 
@@ -38,7 +39,8 @@ def test_pick_a_file_fill_the_form_and_create(page: Any, api_server: ApiServer) 
         files=[{"name": "texts.jsonl", "mimeType": "application/jsonl", "buffer": data}])
     expect(page.locator("#upload-text")).to_contain_text("Uploaded as file-")
     expect(page.get_by_label("Endpoint")).to_have_value("/v1/embeddings")  # from the first line
-    expect(page.locator("#estimate")).to_be_hidden()  # no estimate endpoint on this deployment
+    expect(page.locator("#estimate")).to_contain_text("Requests3")  # POST /v1/nightbatch/estimate
+    expect(page.locator("#estimate .line-errors")).to_have_count(0)
     page.get_by_label("Completion window").select_option("72h")
     page.get_by_label("Metadata key 1").fill("job")
     page.get_by_label("Metadata value 1").fill("from-the-browser")

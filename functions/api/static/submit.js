@@ -89,12 +89,23 @@ async function estimate(fileId) {
   } catch (err) {
     return;  // no estimate on this deployment (404), or none for this file: nothing to show
   }
-  const rows = Object.entries(e || {}).filter(([k, v]) => k !== "object" && (typeof v !== "object" || v === null));
-  if (!rows.length) return;
-  const show = (k, v) => (/_at$|finish_by/.test(k) && typeof v === "number" ? absolute(v)
-    : /usd|cost/.test(k) && typeof v === "number" ? money(v) : typeof v === "number" ? num(v) : String(v));
+  if (!e || e.object !== "nightbatch.estimate") return;
+  const cost = e.cost_usd && typeof e.cost_usd === "object"
+    ? Object.entries(e.cost_usd).map(([k, v]) => `${money(v)} ${k}`).join(" · ") : money(e.cost_usd);
+  const rows = [
+    ["Requests", num(e.requests)],
+    ["Tokens (approximate)", `in ${num(e.input_tokens)} · out up to ${num(e.expected_output_tokens)}`],
+    ["GPU-seconds", typeof e.gpu_seconds === "number" ? e.gpu_seconds.toFixed(1) : "—"],
+    ["Cost", cost || "—"],
+    ["Queue ahead", typeof e.queue_ahead_seconds === "number" ? duration(e.queue_ahead_seconds) : "—"],
+    ["Fits the window", e.window_feasible === false ? "no" : e.window_feasible ? "yes" : "—"],
+  ];
+  const errors = e.errors || [];
   box.replaceChildren(h("h3", {}, "Estimate"), h("dl", { class: "stats" },
-    rows.map(([k, v]) => [h("dt", {}, k.replace(/_/g, " ")), h("dd", {}, show(k, v))])));
+    rows.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)])),
+    errors.length ? h("p", { class: "error" }, "The file has errors; the batch would fail validation:") : null,
+    errors.length ? h("ul", { class: "line-errors" }, errors.slice(0, 20).map((x) => h("li", {},
+      h("span", { class: "line" }, x.line ? "line " + x.line : ""), h("code", {}, x.code), x.message))) : null);
   box.hidden = false;
 }
 
