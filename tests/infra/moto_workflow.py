@@ -170,10 +170,6 @@ def create_resources(template: dict[str, Any]) -> Deployment:
     for secret_id in of_type(template, "AWS::SecretsManager::Secret"):
         d.refs[secret_id] = boto3.client("secretsmanager", region_name=REGION).create_secret(
             Name=secret_id, SecretString=f"test-secret-{secret_id}")["ARN"]
-    for key_id in of_type(template, "AWS::KMS::Key"):
-        d.attrs[(key_id, "Arn")] = boto3.client("kms", region_name=REGION).create_key(
-            Description=key_id)["KeyMetadata"]["Arn"]
-        d.refs[key_id] = d.attrs[(key_id, "Arn")].rsplit("/", 1)[1]
     for api_id in of_type(template, "AWS::ApiGatewayV2::Api"):
         d.refs[api_id] = "nbapi"
 
