@@ -152,6 +152,8 @@ class ShardItem(BaseModel):
     shard_id: str
     # AWS: the ARN of the batch model's Batch job definition (empty locally).
     job_definition: str = ""
+    # The shard's estimated tokens, so Capacity can weigh the remaining work from the manifest alone.
+    est_tokens: int | None = None
 
 
 class AttemptRecord(BaseModel):

@@ -73,8 +73,11 @@ def remaining_work_seconds(services: Services, batch_id: str) -> float:
     for item in manifest:
         if item["shard_id"] in done:
             continue
-        doc = json.loads(blobs.get_bytes(layout.shard_key(batch_id, item["shard_id"])) or b"{}")
-        tokens += int(doc.get("est_tokens", 0))
+        est = item.get("est_tokens")
+        if est is None:  # a manifest written before Plan recorded the estimate: read the shard itself
+            doc = json.loads(blobs.get_bytes(layout.shard_key(batch_id, item["shard_id"])) or b"{}")
+            est = doc.get("est_tokens", 0)
+        tokens += int(est)
         shards += 1
     if not shards:
         return 0.0

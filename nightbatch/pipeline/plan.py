@@ -55,7 +55,8 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
                 segments=[s.key for s in group], lines=sum(s.lines for s in group),
                 est_tokens=sum(s.est for s in group),
             ))
-            items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id, job_definition=job_definition))
+            items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id, job_definition=job_definition,
+                                   est_tokens=sum(s.est for s in group)))
     # Cancelled or expired before planning: an empty manifest sends the workflow straight to Finalize.
     manifest_key = layout.write_manifest(blobs, inp.batch_id, items)
     if batch is not None:
