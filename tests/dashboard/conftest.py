@@ -18,6 +18,7 @@ from nightbatch.clock import now, sort_key
 from nightbatch.notifications.delivery import delivery_id
 from nightbatch.notifications.events import event_pk
 from nightbatch.services import Services
+from nightbatch.storage.records import DeliveryRecord, WebhookEndpointRecord
 from tests.support.lifecycle import drive
 
 if TYPE_CHECKING:
@@ -142,13 +143,15 @@ def seed_worker_records(services: Services, batch_id: str, started: int) -> None
         blobs.put_bytes(f"{prefix}_done.json", json.dumps({"lines": lines, "attempts": len(attempts)}).encode())
     table.put({"pk": event_pk(batch_id, "completed"), "kind": "event", "event_id": "evt_seeded",
                "type": "batch.completed", "created_at": started + 200, "emailed_to": ["ops@example.com"]})
-    table.put({"pk": "we_seeded", "kind": "webhook_endpoint", "owner": "default#webhook_endpoint",
-               "owner_sk": "1", "url": "https://hooks.example.com/nightbatch"})
-    table.put({"pk": delivery_id("evt_seeded", "we_seeded"), "kind": "webhook_delivery",
-               "endpoint_id": "we_seeded", "event_id": "evt_seeded", "event_type": "batch.completed",
-               "batch_id": batch_id, "status": "succeeded", "created_at": started + 201, "attempts": [
-                   {"attempt": 1, "attempted_at": started + 201, "status_code": 503, "duration_ms": 40},
-                   {"attempt": 2, "attempted_at": started + 231, "status_code": 200, "duration_ms": 12}]})
+    table.put_record(WebhookEndpointRecord(
+        pk="whep_seeded", tenant="default", created_at=started, event_types=["batch.completed"], name="ops",
+        url="https://hooks.example.com/nightbatch", secret="whsec_seeded"))
+    table.put_record(DeliveryRecord(
+        pk=delivery_id("evt_seeded", "whep_seeded"), tenant="default", created_at=started + 201,
+        endpoint_id="whep_seeded", event_id="evt_seeded", event_type="batch.completed", batch_id=batch_id,
+        body="{}", status="succeeded", attempt_count=2, attempts=[
+            {"attempt": 1, "attempted_at": started + 201, "status_code": 503, "duration_ms": 40},
+            {"attempt": 2, "attempted_at": started + 231, "status_code": 200, "duration_ms": 12}]))
 
 
 @pytest.fixture(scope="module")

@@ -77,4 +77,4 @@ def test_a_large_file_goes_through_the_uploads_api(page: Any, api_server: ApiSer
     assert not any(p == "/v1/files" for p in paths)
     (batch,) = api_server.services.batches.list("default", limit=10, after=None).data
     item = api_server.services.files.item("default", batch.input_file_id)
-    assert item["bytes"] == len(data)
+    assert item.bytes == len(data)
