@@ -20,18 +20,6 @@ async function loadBatches() {
 }
 
 
-function costCell(b) {
-  const cost = b.nightbatch && b.nightbatch.cost;
-  const amount = cost && money(cost.estimated_cost_usd);
-  if (!amount) return h("td", { class: "num muted" }, "—");
-  const detail = [];
-  if (typeof cost.gpu_seconds === "number") detail.push(`${cost.gpu_seconds.toFixed(1)} GPU-s`);
-  if (cost.estimate) detail.push("estimate");
-  return h("td", { class: "num" }, amount, detail.length ? h("div", { class: "small muted" }, detail.join(" · ")) : null);
-}
-
-// Final usage once finalized; during a run, the workers' live token counters.
-
 // ---- rendering --------------------------------------------------------------------------------------------
 
 function progressCell(b) {
