@@ -16,7 +16,7 @@ from nightbatch.ids import new_batch_id
 from nightbatch.layout import CHECKPOINT_RE, done_key, results_prefix, shard_key
 from nightbatch.local.aws import FAKE_CREDENTIALS
 from nightbatch.pipeline.segments import segment_line
-from nightbatch.settings import Settings
+from nightbatch.settings import Settings, get_settings
 from nightbatch.storage import Adapters, make_adapters
 from nightbatch.storage.dynamo import create_table
 
@@ -160,3 +160,19 @@ def served_world(fresh_aws: Callable[..., Adapters]) -> ShardWorld:
     w = ShardWorld(settings=adapters.settings, adapters=adapters, batch_id=new_batch_id())
     w.put_batch()
     return w
+
+
+@pytest.fixture
+def env(world: ShardWorld, monkeypatch: pytest.MonkeyPatch) -> Iterator[ShardWorld]:
+    """The environment `python -m gpu_worker` reads in a job, pointing at this world's shard."""
+    s = world.settings
+    for name, value in {
+        "NIGHTBATCH_BUCKET": s.bucket, "NIGHTBATCH_TABLE": s.table, "NIGHTBATCH_REGION": s.region,
+        "NIGHTBATCH_BATCH_ID": world.batch_id, "NIGHTBATCH_SHARD_ID": world.shard_id,
+        "NIGHTBATCH_WORKER_POLL_SECONDS": "0.1",
+    }.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("NIGHTBATCH_WORKER_ENGINE", raising=False)
+    get_settings.cache_clear()
+    yield world
+    get_settings.cache_clear()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from gpu_worker.main import main
@@ -12,21 +10,6 @@ from tests.support.deterministic_engine import DeterministicEngine
 
 from .conftest import ShardWorld, chat_requests
 from .processes import DETERMINISTIC
-
-
-@pytest.fixture
-def env(world: ShardWorld, monkeypatch: pytest.MonkeyPatch) -> Iterator[ShardWorld]:
-    s = world.settings
-    for name, value in {
-        "NIGHTBATCH_BUCKET": s.bucket, "NIGHTBATCH_TABLE": s.table, "NIGHTBATCH_REGION": s.region,
-        "NIGHTBATCH_BATCH_ID": world.batch_id, "NIGHTBATCH_SHARD_ID": world.shard_id,
-        "NIGHTBATCH_WORKER_POLL_SECONDS": "0.1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("NIGHTBATCH_WORKER_ENGINE", raising=False)
-    get_settings.cache_clear()
-    yield world
-    get_settings.cache_clear()
 
 
 def test_runs_the_shard_named_in_the_environment(env: ShardWorld, capsys: pytest.CaptureFixture[str]) -> None:

@@ -4,7 +4,6 @@ summary and `nightbatch status` show them."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,25 +12,9 @@ from gpu_worker.main import main
 from nightbatch.accounting import collect_shard_times
 from nightbatch.layout import batch_prefix
 from nightbatch.phases import PHASES, Phases, describe, summarize
-from nightbatch.settings import get_settings
 
 from .conftest import ShardWorld, chat_requests
 from .processes import DETERMINISTIC
-
-
-@pytest.fixture
-def env(world: ShardWorld, monkeypatch: pytest.MonkeyPatch) -> Iterator[ShardWorld]:
-    s = world.settings
-    for name, value in {
-        "NIGHTBATCH_BUCKET": s.bucket, "NIGHTBATCH_TABLE": s.table, "NIGHTBATCH_REGION": s.region,
-        "NIGHTBATCH_BATCH_ID": world.batch_id, "NIGHTBATCH_SHARD_ID": world.shard_id,
-        "NIGHTBATCH_WORKER_POLL_SECONDS": "0.1",
-    }.items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("NIGHTBATCH_WORKER_ENGINE", raising=False)
-    get_settings.cache_clear()
-    yield world
-    get_settings.cache_clear()
 
 
 def test_an_attempt_records_its_phases_in_order(env: ShardWorld, capsys: pytest.CaptureFixture[str]) -> None:
