@@ -16,21 +16,16 @@ from nightbatch import layout
 from nightbatch.batches import CreateBatchRequest
 from nightbatch.services import Services, default_services
 from tests.infra.moto_workflow import (
-    MOTO_CONFIG,
     Deployment,
     JobRecord,
-    create_resources,
-    patch_batch,
-    patch_lambda,
-    patch_task_normalisation,
     wait_for_execution,
     worker_in_process,
 )
 from tests.infra.test_workflow_moto import (
     _clear_caches,
     _small_shards,
-    _with_environment,
     chat_line,
+    deploy_in_moto,
     execution_arn,
     jsonl,
 )
@@ -57,19 +52,7 @@ class Clock:
 
 @pytest.fixture
 def deployment(template: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Iterator[Deployment]:
-    """As test_workflow_moto's: the template's resources in moto, its handlers in-process."""
-    from moto import mock_aws
-
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
-        monkeypatch.setenv(name, "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    with mock_aws(config=MOTO_CONFIG):
-        patch_task_normalisation(monkeypatch)
-        d = create_resources(template)
-        patch_lambda(monkeypatch, d)
-        patch_batch(monkeypatch, d)
-        yield from _with_environment(monkeypatch, d)
+    yield from deploy_in_moto(template, monkeypatch)
 
 
 @pytest.fixture

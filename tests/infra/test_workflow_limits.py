@@ -13,25 +13,18 @@ from typing import Any
 
 import boto3
 import pytest
-from moto import mock_aws
 
 from tests.infra.moto_workflow import (
-    MOTO_CONFIG,
     REGION,
     Deployment,
-    create_resources,
-    patch_backend_lookup,
-    patch_batch,
-    patch_lambda,
-    patch_task_normalisation,
     wait_for_execution,
 )
 from tests.infra.synth import synthesize
 from tests.infra.test_workflow_moto import (
     _clear_caches,
-    _with_environment,
     chat_line,
     create_batch,
+    deploy_in_moto,
     execution_arn,
     jsonl,
     read_file,
@@ -66,17 +59,7 @@ def map_results(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 @pytest.fixture
 def deployment(many_shards_template: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Iterator[Deployment]:
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
-        monkeypatch.setenv(name, "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    with mock_aws(config=MOTO_CONFIG):
-        patch_task_normalisation(monkeypatch)
-        d = create_resources(many_shards_template)
-        patch_backend_lookup(monkeypatch)
-        patch_lambda(monkeypatch, d)
-        patch_batch(monkeypatch, d)
-        yield from _with_environment(monkeypatch, d)
+    yield from deploy_in_moto(many_shards_template, monkeypatch, backend_lookup=True)
 
 
 def _history_payload_sizes(arn: str) -> list[int]:

@@ -35,6 +35,7 @@ from tests.infra.moto_workflow import (
     create_resources,
     entered_states,
     fixture_environment,
+    patch_backend_lookup,
     patch_batch,
     patch_lambda,
     patch_task_normalisation,
@@ -58,6 +59,12 @@ def _clear_caches() -> None:
 
 @pytest.fixture
 def deployment(template: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Iterator[Deployment]:
+    yield from deploy_in_moto(template, monkeypatch)
+
+
+def deploy_in_moto(template: dict[str, Any], monkeypatch: pytest.MonkeyPatch, *,
+                   backend_lookup: bool = False) -> Iterator[Deployment]:
+    """The template's resources in moto and its handlers in-process, for a fixture to yield from."""
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
         monkeypatch.setenv(name, "testing")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
@@ -65,6 +72,8 @@ def deployment(template: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Ite
     with mock_aws(config=MOTO_CONFIG):
         patch_task_normalisation(monkeypatch)
         d = create_resources(template)
+        if backend_lookup:
+            patch_backend_lookup(monkeypatch)
         patch_lambda(monkeypatch, d)
         patch_batch(monkeypatch, d)
         yield from _with_environment(monkeypatch, d)
