@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from typing import Any
 
@@ -76,15 +75,13 @@ def test_directory_without_marker_is_rebuilt(tmp_path: Path, monkeypatch: pytest
     assert (resolved / "model.safetensors").is_file()
 
 
-def test_real_conversion_is_reused_quickly() -> None:
+def test_real_conversion_is_reused_not_redone() -> None:
     first = resolve_model_dir(CHAT_SPEC)  # converts (about 15-20 s) only on a machine that never did
     marker_mtime = (first / MARKER).stat().st_mtime_ns
 
-    started = time.monotonic()
     second = resolve_model_dir(CHAT_SPEC)
 
     assert second == first
-    assert time.monotonic() - started < 1.0
     assert (second / MARKER).stat().st_mtime_ns == marker_mtime
     config = json.loads((first / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"]
