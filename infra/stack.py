@@ -186,6 +186,8 @@ class NightbatchStack(cdk.Stack):
                 "state_machine_arn": state_machine.state_machine_arn,
                 "api_keys_secret": self.api_keys.secret_arn,
                 "secrets_kms_key": self.secrets_key.key_arn,
+                # `webhooks.test` queues its sample event for Deliver instead of calling the receiver itself.
+                "webhook_queue_url": self.notifications.webhook_queue.queue_url,
             })},
             memory_mb=config.api.memory_mb,
             rate_limit=config.api.rate_limit,
@@ -222,11 +224,12 @@ class NightbatchStack(cdk.Stack):
         self.api_keys.grant_read(api_role)
         for reader in (api_role, tasks["notify"].role):
             self.link_secret.grant_read(reader)
-        # The API seals new signing secrets and opens them for `webhooks.test`; Deliver opens them to sign.
-        self.secrets_key.grant(api_role, "kms:Encrypt", "kms:Decrypt")
+        # The API seals new signing secrets; only Deliver opens them, to sign (also `webhooks.test`'s event).
+        self.secrets_key.grant(api_role, "kms:Encrypt")
         self.secrets_key.grant(self.deliverer.role, "kms:Decrypt")
         self.notifications.topic.grant_publish(tasks["notify"].role)
-        self.notifications.webhook_queue.grant_send_messages(tasks["notify"].role)
+        for sender in (api_role, tasks["notify"].role):
+            self.notifications.webhook_queue.grant_send_messages(sender)
         self.notifications.grant_send_email(tasks["notify"].role)
         # The sweeper lists the queue's jobs (ListJobs has no resource-level permissions: "*") and cancels the
         # unstarted ones of stopped batches (nightbatch/storage/batch_jobs.py); nothing else of Batch.
