@@ -12,6 +12,7 @@ from botocore.config import Config
 from nightbatch.settings import Settings
 from nightbatch.storage.dynamo import Table
 from nightbatch.storage.s3 import BlobStore
+from nightbatch.storage.secrets import SecretReader
 
 
 @dataclass
@@ -41,6 +42,11 @@ class Adapters:
     @cached_property
     def sns(self) -> Any:
         return self.client("sns")
+
+    @cached_property
+    def secrets(self) -> SecretReader:
+        """One per process (services are built once), so its cache outlives a request."""
+        return SecretReader(client=self.client("secretsmanager"))
 
 
 def make_adapters(settings: Settings, *, endpoint_url: str | None = None) -> Adapters:
