@@ -8,7 +8,7 @@ Two ways to the same files:
   interpreter's version is the runtime's (Lambda ignores a .pyc of another version, so it would be dead weight).
 Without .pyc files Lambda compiles every module it imports on every cold start (/var/task is read-only), which
 is most of the API's cold start (issue #17). Context `lambdaBundling` chooses: `auto` (default: local when this
-Python is the runtime's, else Docker when a container runtime is on PATH, else local without .pyc), `docker`
+Python is the runtime's, else Docker when a container runtime answers, else local without .pyc), `docker`
 or `local`.
 """
 
@@ -86,14 +86,22 @@ def local_python() -> str:
     return f"{sys.version_info.major}.{sys.version_info.minor}"
 
 
-def container_runtime() -> str | None:
-    """The container CLI the CDK would bundle with (CDK_DOCKER, as the CDK reads it), if it is installed."""
-    return shutil.which(os.environ.get("CDK_DOCKER", "docker"))
+def container_runtime_works() -> bool:
+    """The container CLI the CDK would bundle with (CDK_DOCKER, as the CDK reads it) is installed and its daemon
+    answers (a docker CLI without a running daemon is common on CI machines)."""
+    cli = shutil.which(os.environ.get("CDK_DOCKER", "docker"))
+    if cli is None:
+        return False
+    try:
+        return subprocess.run([cli, "info"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
 
 
-def use_docker(mode: BundlingMode) -> bool:
+def use_docker(mode: BundlingMode, probe: bool = True) -> bool:
+    """`probe=False` (nothing is bundled in this synth) decides `auto` without asking the container runtime."""
     if mode == "auto":
-        return local_python() != RUNTIME_PYTHON and container_runtime() is not None
+        return probe and local_python() != RUNTIME_PYTHON and container_runtime_works()
     return mode == "docker"
 
 
@@ -118,10 +126,10 @@ def source_hash(root: Path, requirements: Sequence[str], platform: str, python_v
     return digest.hexdigest()
 
 
-def lambda_code(root: Path, mode: BundlingMode = "auto") -> lambda_.Code:
+def lambda_code(root: Path, mode: BundlingMode = "auto", *, probe: bool = True) -> lambda_.Code:
     """One asset shared by every nightbatch Lambda (the handlers differ, the bundle does not)."""
     requirements = lambda_requirements(root / "pyproject.toml")
-    docker = use_docker(mode)
+    docker = use_docker(mode, probe)
     compiled = docker or local_python() == RUNTIME_PYTHON
     return lambda_.Code.from_asset(
         str(root),

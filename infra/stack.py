@@ -109,7 +109,7 @@ class NightbatchStack(cdk.Stack):
             log_retention=retention,
         )
 
-        code = lambda_code(repo_root, config.lambda_bundling)
+        code = lambda_code(repo_root, config.lambda_bundling, probe=self.bundling_required)
         # Seals webhook signing secrets in the table; kept as long as the table, which holds what it sealed.
         self.secrets_key = kms.Key(self, "SecretsKey", enable_key_rotation=True, removal_policy=removal,
                                    description="nightbatch: seals webhook signing secrets stored in the table")

@@ -89,9 +89,13 @@ def test_docker_bundling_compiles_with_the_runtime_python(monkeypatch: pytest.Mo
     assert "--python-version 3.14" in script and "'fastapi>=0.115'" in script
     assert script.endswith("python3 /asset-input/infra/asset_files.py /asset-input /asset-output --compile")
     assert RUNTIME.bundling_image.image.endswith("python3.14")
-    monkeypatch.setenv("CDK_DOCKER", "no-such-container-cli")
     assert use_docker("docker") and not use_docker("local")
-    assert use_docker("auto") is False  # no container runtime: local, without .pyc unless this Python is 3.14
+    here_is_runtime = f"{sys.version_info.major}.{sys.version_info.minor}" == "3.14"
+    # auto: Docker only when this Python is not the runtime's and the container CLI answers.
+    for cli, answers in (("no-such-container-cli", False), ("false", False), ("true", True)):
+        monkeypatch.setenv("CDK_DOCKER", cli)
+        assert use_docker("auto") is (answers and not here_is_runtime)
+        assert use_docker("auto", probe=False) is False
     assert not PipLocalBundler(root=ROOT, requirements=[], python_version="3.14", decline=True).try_bundle("/nowhere")
 
 
