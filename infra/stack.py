@@ -76,7 +76,7 @@ class NightbatchStack(cdk.Stack):
         )
         self.runtime = self._runtime_environment()
         self.gpu = self._gpu_compute(repo_root)
-        code = lambda_code(repo_root)
+        code = lambda_code(repo_root, config.lambda_bundling, probe=self.bundling_required)
         self._secrets()
         self._functions(code)
 
