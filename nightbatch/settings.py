@@ -210,8 +210,6 @@ class Settings(BaseSettings):
     # Larger downloads answer 307 to a pre-signed S3 URL (a Lambda response carries ~4 MiB raw); 0 = no limit.
     max_inline_download_bytes: int = 4 * 1024 * 1024
     presigned_url_seconds: int = 300
-    # /complete verifies an md5 by re-reading the parts up to this size when no running digest is at hand.
-    upload_sync_md5_max_bytes: int = 512 * 1024 * 1024
     # SQS queue of the compose-upload task (AWS); empty composes on a thread of this process (the local mode).
     upload_queue_url: str = ""
     # Part objects outlive composition this long so readers already streaming through them can finish.
