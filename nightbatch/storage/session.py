@@ -9,6 +9,7 @@ from typing import Any
 from nightbatch.settings import Settings
 from nightbatch.storage.dynamo import Table
 from nightbatch.storage.s3 import BlobStore
+from nightbatch.storage.secrets import SecretReader
 
 
 @dataclass
@@ -40,6 +41,11 @@ class Adapters:
     @cached_property
     def sns(self) -> Any:
         return self.client("sns")
+
+    @cached_property
+    def secrets(self) -> SecretReader:
+        """One per process (services are built once), so its cache outlives a request."""
+        return SecretReader(client=self.client("secretsmanager"))
 
 
 def make_adapters(settings: Settings, *, endpoint_url: str | None = None) -> Adapters:

@@ -14,7 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # Imported on first use, not by `import functions.api.handler`.
-DEFERRED = ("boto3", "botocore", "s3transfer")
+# Powertools: Parameters loads on the first secret read (nightbatch/storage/secrets.py); no Tracer in the API.
+DEFERRED = ("boto3", "botocore", "s3transfer", "aws_lambda_powertools", "aws_xray_sdk")
 
 
 def imported_by_handler() -> set[str]:
