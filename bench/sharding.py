@@ -184,7 +184,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[argparse.Namespace, argpa
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--plan-only", action="store_true", help="print the placements, run no engine")
     p.add_argument("--inputs", default="mixed,uniform", help="comma-separated: mixed, uniform, kv")
-    p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--requests", type=int, default=96, help="requests per input (24 a shard)")
     p.add_argument("--workdir", type=Path, default=None, help="keep inputs and logs here")
     ours, rest = p.parse_known_args(argv)
     # Anything else is bench/worker's: model, engine sizes, input shapes (--system-prompts, --kv-blocks, ...).

@@ -70,7 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--max-model-len", type=int, default=2048)
     p.add_argument("--max-tokens", type=int, default=16, help="every request generates exactly this many")
-    p.add_argument("--requests", type=int, default=200)
+    p.add_argument("--requests", type=int, default=60,
+                   help="requests per input (60: the default run takes ~20-30 minutes on a quiet 2-core CPU box)")
     p.add_argument("--max-num-seqs", type=int, default=64, help="scheduler slots, both sides")
     p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="tokens per engine step, both sides")
     p.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=True,
@@ -81,8 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--system-prompts", type=int, default=4, help="distinct shared system prompts (mixed input)")
     p.add_argument("--system-words", type=int, default=320, help="words per shared system prompt (~1.2 tokens each)")
     p.add_argument("--shared-fraction", type=float, default=0.6, help="requests sharing one (mixed input)")
-    p.add_argument("--kv-prefixes", type=int, default=16, help="distinct long system prompts (kv input)")
-    p.add_argument("--kv-blocks", type=int, default=32,
+    p.add_argument("--kv-prefixes", type=int, default=8, help="distinct long system prompts (kv input)")
+    p.add_argument("--kv-blocks", type=int, default=16,
                    help="KV cache blocks for the kv input, both sides (num_gpu_blocks_override; 128 tokens each "
                         "on vLLM's CPU backend): fewer than its prefixes need")
     p.add_argument("--ablation", action=argparse.BooleanOptionalAction, default=True,
