@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import ShardWorld, chat_requests
-from .processes import checkpoints_reach, spawn, wait_until, worker_env
+from .processes import checkpoints_reach, engine_ready, spawn, wait_until, worker_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -60,7 +60,7 @@ def test_vllm_worker_killed_twice_then_restarted_loses_and_duplicates_nothing(
     for point, delay in enumerate((0.3, 0.0)):
         worker = spawn(env, tmp_path / f"attempt-{point}.log", engine=VLLM_ENGINE)
         before = len(world.checkpoint_keys())
-        ready = wait_until(lambda: " ready in " in worker.log.read_text(errors="replace"), worker,
+        ready = wait_until(engine_ready(worker), worker,
                            timeout=START_TIMEOUT, every=0.2)
         assert ready, f"attempt {point}'s engine did not start:\n{worker.stderr()}"
         # After the attempt's first checkpoint: the engine is up and requests are in flight.
