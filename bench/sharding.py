@@ -49,17 +49,17 @@ class ShardedSide(OurSide):
 
     def __init__(self, spec: Any, workdir: Path) -> None:
         super().__init__(spec, workdir)
-        self.settings.max_gpus = SHARDS
-        self.settings.shards_per_gpu = 1
-        self.settings.shard_target_tokens = 1  # the cap (SHARDS) decides the count
-        self.settings.segment_max_lines = 25   # enough segments to place
+        self.settings.pipeline.max_gpus = SHARDS
+        self.settings.pipeline.shards_per_gpu = 1
+        self.settings.pipeline.shard_target_tokens = 1  # the cap (SHARDS) decides the count
+        self.settings.pipeline.segment_max_lines = 25   # enough segments to place
 
     def plan_sharded(self, input_path: Path, groups: int) -> tuple[str, list[dict[str, Any]]]:
         from bench.worker_sides import TENANT
         from nightbatch.batches import CreateBatchRequest
         from nightbatch.pipeline import BatchTaskInput, layout, plan_batch, validate_batch
 
-        self.settings.plan_prefix_groups = groups
+        self.settings.pipeline.plan_prefix_groups = groups
         services = self._services()
         with input_path.open("rb") as f:
             file_id = services.files.create(TENANT, filename=input_path.name, purpose="batch", fileobj=f,

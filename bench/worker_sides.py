@@ -134,10 +134,12 @@ class OurSide:
                         "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
         os.environ.update(self.aws_env)
         self.settings = Settings(
-            mode="local", bucket=BUCKET, table=TABLE, models_json=json.dumps([spec.model_dump()]),
+            deployment={"mode": "local", "bucket": BUCKET, "table": TABLE},
+            serving={"models_json": json.dumps([spec.model_dump()])},
             # One shard whatever the size: the comparison is one engine against one engine.
-            shard_target_tokens=10**12, max_gpus=1, max_requests_per_batch=10**7, max_input_bytes=10**11,
-            limit_queued_tokens=0, limit_queued_requests=0,
+            pipeline={"shard_target_tokens": 10**12, "max_gpus": 1},
+            validation={"max_requests_per_batch": 10**7, "max_input_bytes": 10**11},
+            limits={"queued_tokens": 0, "queued_requests": 0},
         )
         from nightbatch.storage import make_adapters
         from nightbatch.storage.dynamo import create_table
@@ -187,7 +189,7 @@ class OurSide:
                     overrides: dict[str, str] | None = None) -> RunResult:
         """`python -m gpu_worker` on one planned shard: a fresh process and engine (an empty prefix cache)."""
         env = {**engine_env(), **self.aws_env, "NIGHTBATCH_BUCKET": BUCKET, "NIGHTBATCH_TABLE": TABLE,
-               "NIGHTBATCH_MODELS_JSON": self.settings.models_json, "NIGHTBATCH_BATCH_ID": batch_id,
+               "NIGHTBATCH_MODELS_JSON": self.settings.serving.models_json, "NIGHTBATCH_BATCH_ID": batch_id,
                "NIGHTBATCH_SHARD_ID": shard_id, **(overrides or {})}
         log = self.workdir / f"{label}.log"
         load = os.getloadavg()[0]

@@ -79,7 +79,7 @@ def test_aws_defaults_serve_qwen_with_the_hermes_parser_and_auto_tool_choice() -
     config = DeployConfig.from_context(context.get)
     qwen = next(m.spec for m in config.models if m.spec.name == "Qwen2.5-7B-Instruct")
     assert (qwen.tool_call_parser, qwen.enable_auto_tool_choice) == ("hermes", True)
-    parsed = Settings(models_json=config.models_json).model("Qwen2.5-7B-Instruct")
+    parsed = Settings(serving={"models_json": config.models_json}).serving.model("Qwen2.5-7B-Instruct")
     assert parsed is not None and parsed.tool_call_parser == "hermes"
     _, frontend = args(parsed)
     assert (frontend.tool_call_parser, frontend.enable_auto_tool_choice) == ("hermes", True)
@@ -126,7 +126,7 @@ def chat(**body: Any) -> bytes:
 
 def validator(**spec: Any) -> Validator:
     models = [{"name": "m", "source": "hf:a/b", **spec}]
-    return Validator(settings=Settings(models_json=json.dumps(models)), endpoint="/v1/chat/completions")
+    return Validator(settings=Settings(serving={"models_json": json.dumps(models)}), endpoint="/v1/chat/completions")
 
 
 @pytest.mark.parametrize("body", [
