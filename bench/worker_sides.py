@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nightbatch.settings import ModelSpec, Settings
+from nightbatch.model_spec import ModelSpec
+from nightbatch.settings import Settings
 
 BUCKET = "bench-worker"
 TABLE = "bench-worker"

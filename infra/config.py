@@ -8,7 +8,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from infra.gpu_catalog import GPU_SHAPES, check_model_fit, is_fp8, params_billions, weights_gib
-from nightbatch.settings import SETTINGS, ModelSpec, Settings, nest
+from nightbatch.model_spec import ModelSpec
+from nightbatch.settings import SETTINGS, Settings, nest
 
 # Context keys this app reads; anything else in the context belongs to the CDK itself.
 CONTEXT_KEYS = (

@@ -19,8 +19,9 @@ from nightbatch.errors import (
 )
 from nightbatch.files import FileService, check_expiry_seconds
 from nightbatch.ids import new_batch_id
+from nightbatch.model_spec import ENDPOINTS
 from nightbatch.options import check_options
-from nightbatch.settings import ENDPOINTS, Settings
+from nightbatch.settings import Settings
 from nightbatch.storage import Table
 from nightbatch.storage.records import BatchRecord
 from nightbatch.wire import Batch, BatchErrors, ListPage, RequestCounts, Usage, list_page

@@ -10,7 +10,8 @@ from typing import Any
 
 import msgspec
 
-from nightbatch.settings import ModelSpec, Settings
+from nightbatch.model_spec import ModelSpec
+from nightbatch.settings import Settings
 from nightbatch.wire import BatchError
 
 MAX_CUSTOM_ID = 512

@@ -11,7 +11,8 @@ from collections.abc import Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from nightbatch.settings import ModelSpec, Settings
+from nightbatch.model_spec import ModelSpec
+from nightbatch.settings import Settings
 
 log = logging.getLogger("nightbatch.local")
 T = TypeVar("T")

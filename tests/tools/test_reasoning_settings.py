@@ -12,8 +12,9 @@ import pytest
 from pydantic import ValidationError
 
 from gpu_worker.engines.vllm_engine import _fields, _split_args
+from nightbatch.model_spec import ModelSpec
 from nightbatch.pipeline.results import Tally, summarize_result_line
-from nightbatch.settings import ModelSpec, Settings
+from nightbatch.settings import Settings
 from nightbatch.validation import LineInvalid, Validator
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")

@@ -11,8 +11,9 @@ import pytest
 from gpu_worker.results import usage_tokens
 from gpu_worker.runner import with_default_max_tokens
 from gpu_worker.scheduling import prompt_text
+from nightbatch.model_spec import ENDPOINTS, LOCAL_MODELS
 from nightbatch.pipeline.results import Tally, summarize_result_line
-from nightbatch.settings import ENDPOINTS, LOCAL_MODELS, Settings
+from nightbatch.settings import Settings
 from nightbatch.validation import LineInvalid, Validator
 
 URL = "/v1/responses"

@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from gpu_worker.engines.vllm_engine import _split_args
 from infra.config import DeployConfig
 from nightbatch.local.templates import DIRECTORY, resolve_chat_template
-from nightbatch.settings import LOCAL_MODELS, ModelSpec, Settings
+from nightbatch.model_spec import LOCAL_MODELS, ModelSpec
+from nightbatch.settings import Settings
 from nightbatch.validation import LineInvalid, Validator
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,8 @@ from gpu_worker.results import result_line
 from gpu_worker.runner import ShardJob, ShardReport, run_shard
 from nightbatch.ids import batch_request_id
 from nightbatch.layout import checkpoint_key, done_key
-from nightbatch.settings import LOCAL_MODELS, ModelSpec, Settings
+from nightbatch.model_spec import LOCAL_MODELS, ModelSpec
+from nightbatch.settings import Settings
 from nightbatch.wire import BatchRequestOutput
 from tests.support.deterministic_engine import DeterministicEngine
 

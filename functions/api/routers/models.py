@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from functions.api.deps import PrincipalDep, ServicesDep
 from nightbatch.errors import NotFoundError
-from nightbatch.settings import ModelSpec
+from nightbatch.model_spec import ModelSpec
 from nightbatch.wire import ListPage, Model
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
