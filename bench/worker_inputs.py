@@ -1,9 +1,12 @@
-"""Seeded batch inputs for the worker bench: a realistic mixed file and a uniform one.
+"""Seeded batch inputs for the worker bench: a realistic mixed file, a uniform one and a KV-pressure one.
 
 The mixed file is what a real batch often looks like: a few long system prompts (one per task: "classify
 tickets", "extract fields", ...) shared by most requests, interleaved in a random order with requests that
 share nothing, some short, some long. The uniform file is the opposite: same-length prompts, no shared
-prefix, so that ordering can buy nothing and only per-request overhead shows.
+prefix, so that ordering can buy nothing and only per-request overhead shows. The KV-pressure file has
+more distinct long system prompts than the engine's KV cache holds at once (the bench sizes the cache for it),
+every request starting with one of them, interleaved: in file order a prefix is evicted before it comes
+back; grouped by prefix, each one is prefilled about once.
 """
 
 from __future__ import annotations
@@ -103,6 +106,21 @@ def uniform_input(model: str, max_tokens: int, shape: InputShape, seed: int = 11
                   [{"role": "user", "content": f"{i:05d} {words(rng, 2 * shape.short_words)}"}], max_tokens)
         for i in range(shape.requests)
     ]
+
+
+def kv_pressure_input(model: str, max_tokens: int, prefixes: int, shape: InputShape,
+                      seed: int = 13) -> list[dict[str, Any]]:
+    """Every request starts with one of `prefixes` long system prompts (`shape.system_words` words each),
+    in a seeded random order; the user turn is short and unshared."""
+    rng = random.Random(seed)
+    systems = [f"{TASKS[i % len(TASKS)]} Style guide {i}. {words(rng, shape.system_words)}" for i in range(prefixes)]
+    lines = []
+    for i in range(shape.requests):
+        user = f"Message {i}: {words(rng, rng.randint(shape.short_words, 3 * shape.short_words))}"
+        messages = [{"role": "system", "content": systems[rng.randrange(prefixes)]},
+                    {"role": "user", "content": user}]
+        lines.append(chat_line(f"kv-{i:05d}", model, messages, max_tokens))
+    return lines
 
 
 def to_jsonl(lines: list[dict[str, Any]]) -> bytes:

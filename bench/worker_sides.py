@@ -183,15 +183,15 @@ class OurSide:
             raise RuntimeError(f"planned {shards} shards, expected one")
         return str(batch.id)
 
-    def run(self, input_path: Path, label: str, overrides: dict[str, str]) -> RunResult:
-        return self.run_planned(self.plan(input_path), "00000", label, overrides)
+    def run(self, input_path: Path, label: str, overrides: dict[str, str], spec: ModelSpec | None = None) -> RunResult:
+        return self.run_planned(self.plan(input_path), "00000", label, overrides, spec)
 
     def run_planned(self, batch_id: str, shard_id: str, label: str,
-                    overrides: dict[str, str] | None = None) -> RunResult:
-        """`python -m gpu_worker` on one planned shard: a fresh process and engine (an empty prefix cache)."""
-        env = {**engine_env(), **self.aws_env, "NIGHTBATCH_BUCKET": BUCKET, "NIGHTBATCH_TABLE": TABLE,
-               "NIGHTBATCH_MODELS_JSON": self.settings.serving.models_json, "NIGHTBATCH_BATCH_ID": batch_id,
-               "NIGHTBATCH_SHARD_ID": shard_id, **(overrides or {})}
+                    overrides: dict[str, str] | None = None, spec: ModelSpec | None = None) -> RunResult:
+        """`python -m gpu_worker` on one planned shard: a fresh process and engine (an empty prefix cache).
+        `spec` replaces the model's engine settings for this run (same name: the batch was planned for it)."""
+        env = {**self.worker_env(spec), "NIGHTBATCH_BATCH_ID": batch_id, "NIGHTBATCH_SHARD_ID": shard_id,
+               **(overrides or {})}
         log = self.workdir / f"{label}.log"
         load = os.getloadavg()[0]
         started = time.monotonic()
@@ -210,6 +210,12 @@ class OurSide:
             raise RuntimeError(f"worker did not finish the shard: {report}")
         return RunResult(label, float(report["running_seconds"]), process, self.results(batch_id, shard_id),
                          {"report": report, "log": str(log), "load": load})
+
+    def worker_env(self, spec: ModelSpec | None = None) -> dict[str, str]:
+        """The environment `python -m gpu_worker` runs in: engine defaults, moto's endpoint, the model."""
+        models_json = self.settings.serving.models_json if spec is None else json.dumps([spec.model_dump()])
+        return {**engine_env(), **self.aws_env, "NIGHTBATCH_BUCKET": BUCKET, "NIGHTBATCH_TABLE": TABLE,
+                "NIGHTBATCH_MODELS_JSON": models_json}
 
     def results(self, batch_id: str, shard_id: str = "00000") -> dict[str, Usage]:
         from gpu_worker.shard import iter_object_lines

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -36,6 +36,7 @@ CONTEXT_KEYS = (
     "logRetentionDays",
     "concurrency",
     "retainData",
+    "lambdaBundling",
 )
 
 
@@ -275,6 +276,8 @@ class DeployConfig(_Strict):
     alarms: Alarms = Alarms()
     api: ApiOptions = ApiOptions()
     concurrency: Concurrency = Concurrency()
+    # How the Lambda asset is built (infra/bundling.py): `docker` compiles .pyc files with the runtime's Python.
+    lambda_bundling: Literal["auto", "docker", "local"] = Field("auto", alias="lambdaBundling")
     log_retention_days: int = Field(30, alias="logRetentionDays")
     # Keep the bucket and table on `cdk destroy` (the user's files and batch history).
     retain_data: bool = Field(True, alias="retainData")
@@ -347,7 +350,7 @@ class DeployConfig(_Strict):
             value = get(key)
             if value is None:
                 continue
-            if isinstance(value, str) and key not in ("stage", "account", "region"):
+            if isinstance(value, str) and key not in ("stage", "account", "region", "lambdaBundling"):
                 value = json.loads(value)
             raw[key] = value
         return cls.model_validate(raw)

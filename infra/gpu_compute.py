@@ -107,7 +107,27 @@ class GpuCompute(Construct):
     ) -> None:
         super().__init__(scope, id)
         instance_types = list(dict.fromkeys(t for m in models for t in m.instance_types))
+        self._network(log_retention)
+        self._host_template(root_volume_gib, root_volume_throughput, root_volume_iops)
+        # Fair share between tenants (share id = tenant) on both queues; a queue created without a policy can never
+        # get one, so it is there from the start (aws-gpu-fleet-notes §1.1).
+        self.scheduling_policy = batch.FairshareSchedulingPolicy(
+            self, "FairShare", share_decay=cdk.Duration.seconds(share_decay_seconds),
+            compute_reservation=compute_reservation,
+            shares=[batch.Share(share_identifier=t, weight_factor=w) for t, w in share_weights.items()],
+        )
+        self.compute_environments: dict[str, batch.ManagedEc2EcsComputeEnvironment] = {}
+        self.queues: dict[str, batch.JobQueue] = {}
+        for kind in [k for k, on in (("spot", spot), ("on-demand", on_demand)) if on]:
+            self._capacity(kind, instance_types, max_gpus,
+                           spot_runnable_timeout if kind == "spot" else runnable_timeout)
+        self._worker(repo_root, hf_token_secret_name, log_retention)
+        self.containers: dict[str, batch.EcsEc2ContainerDefinition] = {}
+        self.job_definitions: dict[str, batch.EcsJobDefinition] = {}
+        for model in models:
+            self._job_definition(model, environment, job_timeout)
 
+    def _network(self, log_retention: logs.RetentionDays) -> None:
         # Public subnets only: GPU hosts pull images and weights directly, and an idle VPC costs nothing.
         self.vpc = ec2.Vpc(
             self, "Vpc", max_azs=3, nat_gateways=0,
@@ -119,6 +139,8 @@ class GpuCompute(Construct):
         self.vpc.add_flow_log("FlowLog", destination=ec2.FlowLogDestination.to_cloud_watch_logs(self.flow_logs),
                               traffic_type=ec2.FlowLogTrafficType.REJECT)
 
+    def _host_template(self, volume_gib: int, throughput: int, iops: int) -> None:
+        """The GPU hosts' launch template: the NVMe model cache mounted, IMDSv2, an encrypted gp3 root volume."""
         user_data = ec2.UserData.for_linux()
         user_data.add_commands(_MOUNT_CACHE)
         multipart = ec2.MultipartUserData()  # Batch accepts launch-template user data only in MIME form
@@ -130,17 +152,26 @@ class GpuCompute(Construct):
             block_devices=[ec2.BlockDevice(
                 device_name="/dev/xvda",
                 # Throughput/IOPS above gp3's baseline: the image pull and unpack of every new host is bound by them.
-                volume=ec2.BlockDeviceVolume.ebs(root_volume_gib, volume_type=ec2.EbsDeviceVolumeType.GP3,
-                                                 throughput=root_volume_throughput, iops=root_volume_iops,
+                volume=ec2.BlockDeviceVolume.ebs(volume_gib, volume_type=ec2.EbsDeviceVolumeType.GP3,
+                                                 throughput=throughput, iops=iops,
                                                  encrypted=True, delete_on_termination=True),
             )],
         )
 
+    def _capacity(self, kind: str, instance_types: Sequence[str], max_gpus: int,
+                  capacity_wait: cdk.Duration) -> None:
+        """One compute environment and its queue per capacity type (a job cannot choose its compute environment
+        inside one queue): the workflow submits to Spot first and moves a batch to on-demand
+        (nightbatch/pipeline/capacity.py)."""
         # maxGpus GPUs' worth of vCPUs, and never less than the largest host (a lower cap leaves its jobs RUNNABLE
         # with COMPUTE_ENVIRONMENT_MAX_RESOURCE).
         per_gpu = max(GPU_SHAPES[t].vcpus // GPU_SHAPES[t].gpus for t in instance_types)
         max_vcpus = max(max_gpus * per_gpu, max(GPU_SHAPES[t].vcpus for t in instance_types))
-        common = dict(
+        ce_id, queue_id = ("Spot", "SpotQueue") if kind == "spot" else ("OnDemand", "OnDemandQueue")
+        ce = batch.ManagedEc2EcsComputeEnvironment(
+            self, ce_id, spot=kind == "spot",
+            allocation_strategy=(batch.AllocationStrategy.SPOT_PRICE_CAPACITY_OPTIMIZED if kind == "spot"
+                                 else batch.AllocationStrategy.BEST_FIT_PROGRESSIVE),
             vpc=self.vpc,
             vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PUBLIC),
             instance_types=[ec2.InstanceType(t) for t in instance_types],
@@ -151,92 +182,71 @@ class GpuCompute(Construct):
             launch_template=self.launch_template,
             update_to_latest_image_version=True,
         )
-        # Fair share between tenants (share id = tenant) on both queues; a queue created without a policy can never
-        # get one, so it is there from the start (aws-gpu-fleet-notes §1.1).
-        self.scheduling_policy = batch.FairshareSchedulingPolicy(
-            self, "FairShare", share_decay=cdk.Duration.seconds(share_decay_seconds),
-            compute_reservation=compute_reservation,
-            shares=[batch.Share(share_identifier=t, weight_factor=w) for t, w in share_weights.items()],
+        self.compute_environments[kind] = ce
+        # Jobs that can never be placed (no capacity, or a misconfiguration) end instead of waiting forever.
+        # A Spot job waiting past its bound comes back to the workflow, which resubmits it on-demand.
+        self.queues[kind] = batch.JobQueue(
+            self, queue_id,
+            compute_environments=[batch.OrderedComputeEnvironment(compute_environment=ce, order=1)],
+            scheduling_policy=self.scheduling_policy,
+            job_state_time_limit_actions=[
+                batch.JobStateTimeLimitAction(
+                    max_time=capacity_wait,
+                    reason=batch.JobStateTimeLimitActionsReason.INSUFFICIENT_INSTANCE_CAPACITY,
+                ),
+                batch.JobStateTimeLimitAction(
+                    max_time=cdk.Duration.minutes(10),
+                    reason=batch.JobStateTimeLimitActionsReason.COMPUTE_ENVIRONMENT_MAX_RESOURCE),
+                batch.JobStateTimeLimitAction(
+                    max_time=cdk.Duration.minutes(10),
+                    reason=batch.JobStateTimeLimitActionsReason.JOB_RESOURCE_REQUIREMENT),
+            ],
         )
-        # One queue per capacity type (a job cannot choose its compute environment inside one queue): the workflow
-        # submits to Spot first and moves a batch to on-demand (nightbatch/pipeline/capacity.py).
-        self.compute_environments: dict[str, batch.ManagedEc2EcsComputeEnvironment] = {}
-        self.queues: dict[str, batch.JobQueue] = {}
-        kinds = [k for k, on in (("spot", spot), ("on-demand", on_demand)) if on]
-        for kind in kinds:
-            ce_id, queue_id = ("Spot", "SpotQueue") if kind == "spot" else ("OnDemand", "OnDemandQueue")
-            ce = batch.ManagedEc2EcsComputeEnvironment(
-                self, ce_id, spot=kind == "spot",
-                allocation_strategy=(batch.AllocationStrategy.SPOT_PRICE_CAPACITY_OPTIMIZED if kind == "spot"
-                                     else batch.AllocationStrategy.BEST_FIT_PROGRESSIVE),
-                **common,
-            )
-            self.compute_environments[kind] = ce
-            # Jobs that can never be placed (no capacity, or a misconfiguration) end instead of waiting forever.
-            # A Spot job waiting past its bound comes back to the workflow, which resubmits it on-demand.
-            capacity_wait = spot_runnable_timeout if kind == "spot" else runnable_timeout
-            self.queues[kind] = batch.JobQueue(
-                self, queue_id,
-                compute_environments=[batch.OrderedComputeEnvironment(compute_environment=ce, order=1)],
-                scheduling_policy=self.scheduling_policy,
-                job_state_time_limit_actions=[
-                    batch.JobStateTimeLimitAction(
-                        max_time=capacity_wait,
-                        reason=batch.JobStateTimeLimitActionsReason.INSUFFICIENT_INSTANCE_CAPACITY,
-                    ),
-                    batch.JobStateTimeLimitAction(
-                        max_time=cdk.Duration.minutes(10),
-                        reason=batch.JobStateTimeLimitActionsReason.COMPUTE_ENVIRONMENT_MAX_RESOURCE),
-                    batch.JobStateTimeLimitAction(
-                        max_time=cdk.Duration.minutes(10),
-                        reason=batch.JobStateTimeLimitActionsReason.JOB_RESOURCE_REQUIREMENT),
-                ],
-            )
 
+    def _worker(self, repo_root: Path, hf_token_secret_name: str | None, log_retention: logs.RetentionDays) -> None:
+        """What every model's job shares: the image, the log group, the role and the Hugging Face token."""
         self.image = worker_image_asset(self, "WorkerImage", repo_root)
         self.log_group = logs.LogGroup(self, "WorkerLogs", retention=log_retention,
                                        removal_policy=cdk.RemovalPolicy.DESTROY)
         self.job_role = iam.Role(self, "JobRole", assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
                                  description="nightbatch GPU worker: its batch's objects and items only")
-        secrets: dict[str, batch.Secret] = {}
+        self.container_secrets: dict[str, batch.Secret] = {}
         self.hf_token_secret: secretsmanager.ISecret | None = None
         if hf_token_secret_name:
             self.hf_token_secret = secretsmanager.Secret.from_secret_name_v2(self, "HfToken", hf_token_secret_name)
             # Injected by ECS from Secrets Manager; huggingface_hub reads HF_TOKEN itself.
-            secrets[HF_TOKEN_ENV] = batch.Secret.from_secrets_manager(self.hf_token_secret)
+            self.container_secrets[HF_TOKEN_ENV] = batch.Secret.from_secrets_manager(self.hf_token_secret)
 
-        self.containers: dict[str, batch.EcsEc2ContainerDefinition] = {}
-        self.job_definitions: dict[str, batch.EcsJobDefinition] = {}
-        for model in models:
-            vcpus, memory_gib = job_resources(model.instance_types, model.gpus)
-            cid = construct_id(model.name)
-            container = batch.EcsEc2ContainerDefinition(
-                self, f"{cid}Worker",
-                image=ecs.ContainerImage.from_docker_image_asset(self.image),
-                cpu=vcpus,
-                memory=cdk.Size.gibibytes(memory_gib),
-                gpu=model.gpus,
-                job_role=self.job_role,
-                environment={**environment, MODEL_CACHE_ENV: f"{CONTAINER_CACHE_DIR}/models", **VLLM_CACHE_ENV},
-                secrets=secrets or None,
-                volumes=[batch.EcsVolume.host(name="model-cache", host_path=HOST_CACHE_DIR,
-                                              container_path=CONTAINER_CACHE_DIR)],
-                linux_parameters=batch.LinuxParameters(
-                    self, f"{cid}Linux", shared_memory_size=cdk.Size.gibibytes(model.shared_memory_gib),
-                    init_process_enabled=True),
-                logging=ecs.LogDriver.aws_logs(stream_prefix="worker", log_group=self.log_group),
-            )
-            self.containers[model.name] = container
-            self.job_definitions[model.name] = batch.EcsJobDefinition(
-                self, cid,
-                container=container,
-                propagate_tags=True,
-                timeout=job_timeout,
-                retry_attempts=3,
-                # First retry layer (ARCHITECTURE decision 3): a reclaimed Spot host reruns the job, anything else
-                # ends it and lets the state machine decide.
-                retry_strategies=[
-                    batch.RetryStrategy.of(batch.Action.RETRY, batch.Reason.SPOT_INSTANCE_RECLAIMED),
-                    batch.RetryStrategy.of(batch.Action.EXIT, batch.Reason.custom(on_reason="*")),
-                ],
-            )
+    def _job_definition(self, model: ModelJob, environment: Mapping[str, str], job_timeout: cdk.Duration) -> None:
+        vcpus, memory_gib = job_resources(model.instance_types, model.gpus)
+        cid = construct_id(model.name)
+        container = batch.EcsEc2ContainerDefinition(
+            self, f"{cid}Worker",
+            image=ecs.ContainerImage.from_docker_image_asset(self.image),
+            cpu=vcpus,
+            memory=cdk.Size.gibibytes(memory_gib),
+            gpu=model.gpus,
+            job_role=self.job_role,
+            environment={**environment, MODEL_CACHE_ENV: f"{CONTAINER_CACHE_DIR}/models", **VLLM_CACHE_ENV},
+            secrets=self.container_secrets or None,
+            volumes=[batch.EcsVolume.host(name="model-cache", host_path=HOST_CACHE_DIR,
+                                          container_path=CONTAINER_CACHE_DIR)],
+            linux_parameters=batch.LinuxParameters(
+                self, f"{cid}Linux", shared_memory_size=cdk.Size.gibibytes(model.shared_memory_gib),
+                init_process_enabled=True),
+            logging=ecs.LogDriver.aws_logs(stream_prefix="worker", log_group=self.log_group),
+        )
+        self.containers[model.name] = container
+        self.job_definitions[model.name] = batch.EcsJobDefinition(
+            self, cid,
+            container=container,
+            propagate_tags=True,
+            timeout=job_timeout,
+            retry_attempts=3,
+            # First retry layer (ARCHITECTURE decision 3): a reclaimed Spot host reruns the job, anything else
+            # ends it and lets the state machine decide.
+            retry_strategies=[
+                batch.RetryStrategy.of(batch.Action.RETRY, batch.Reason.SPOT_INSTANCE_RECLAIMED),
+                batch.RetryStrategy.of(batch.Action.EXIT, batch.Reason.custom(on_reason="*")),
+            ],
+        )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,27 +55,59 @@ def _retention(days: int) -> logs.RetentionDays:
 
 
 class NightbatchStack(cdk.Stack):
-    """API Gateway → API Lambda; S3 + DynamoDB; Step Functions per batch → AWS Batch GPU workers."""
+    """API Gateway → API Lambda; S3 + DynamoDB; Step Functions per batch → AWS Batch GPU workers.
+
+    The constructor reads as the stack's parts in order: the runtime environment, the constructs (storage,
+    notifications, GPU compute, secrets, the Lambdas and the workflow), the grants, the limits and alarms, and
+    the outputs; each part is one method below."""
 
     def __init__(self, scope: Construct, id: str, *, config: DeployConfig, repo_root: Path, **kwargs: Any) -> None:
         super().__init__(scope, id, description=f"nightbatch ({config.stage}): OpenAI-compatible Batch API",
                          **kwargs)
         self.config = config
-        retention = _retention(config.log_retention_days)
-        removal = cdk.RemovalPolicy.RETAIN if config.retain_data else cdk.RemovalPolicy.DESTROY
+        self.log_retention = _retention(config.log_retention_days)
+        self.removal = cdk.RemovalPolicy.RETAIN if config.retain_data else cdk.RemovalPolicy.DESTROY
 
-        self.storage = Storage(self, "Storage", removal_policy=removal)
-        bucket, table = self.storage.bucket, self.storage.table
+        self.storage = Storage(self, "Storage", removal_policy=self.removal)
         self.notifications = Notifications(
             self, "Notifications", sender_email=config.notifications.sender_email,
             alarm_email=config.notifications.alarm_email, sender_identity=config.notifications.sender_identity,
             create_sender_identity=config.notifications.create_sender_identity,
         )
-        runtime = settings_environment({
+        self.runtime = self._runtime_environment()
+        self.gpu = self._gpu_compute(repo_root)
+        code = lambda_code(repo_root, config.lambda_bundling, probe=self.bundling_required)
+        self._secrets()
+        self._functions(code)
+
+        self._grant_objects_and_table()
+        self._grant_drivers()
+        functions = self.lambda_functions()
+        self._reserve_concurrency(functions)
+        self.observability = Observability(
+            self, "Observability",
+            topic=self.notifications.topic,
+            http_api=self.api.http_api,
+            functions=functions,
+            state_machine=self.orchestration.state_machine,
+            dead_letter_queues={"Webhook": self.notifications.webhook_dlq, "Upload": self.uploads.dlq},
+            stuck_batch_minutes=config.alarms.stuck_batch_minutes,
+            runnable_minutes=config.alarms.runnable_minutes,
+            shard_attempts=config.alarms.shard_attempts,
+        )
+        self._outputs()
+        nag.acknowledge(self)
+
+    # --- environment -------------------------------------------------------------------------------------------
+
+    def _runtime_environment(self) -> dict[str, str]:
+        """What every Lambda and the worker are configured with."""
+        config = self.config
+        return settings_environment({
             "mode": "aws",
             "region": self.region,
-            "bucket": bucket.bucket_name,
-            "table": table.table_name,
+            "bucket": self.storage.bucket.bucket_name,
+            "table": self.storage.table.table_name,
             "models_json": config.models_json,
             "max_gpus": config.max_gpus,
             # Cost estimates (batch.nightbatch.cost): the preferred type and capacity; the job definition is
@@ -86,7 +118,28 @@ class NightbatchStack(cdk.Stack):
             **config.limits,
         })
 
-        self.gpu = GpuCompute(
+    def _email_policy(self) -> dict[str, str]:
+        # The API refuses a batch naming an address outside these domains; Notify skips one that slipped through.
+        return settings_environment({"email_allowed_domains": ",".join(self.config.notifications.allowed_domains)})
+
+    def _notify_environment(self) -> dict[str, str]:
+        """Notify's and the webhook deliverer's channels."""
+        notify_env: dict[str, Any] = {
+            "topic_arn": self.notifications.topic.topic_arn,
+            "webhook_queue_url": self.notifications.webhook_queue.queue_url,
+            # Webhook signing secrets are sealed with the stack's key (nightbatch/storage/kms.py).
+            "secrets_kms_key": self.secrets_key.key_arn,
+        }
+        if self.notifications.configuration_set is not None:
+            notify_env["email_sender"] = self.config.notifications.sender_email
+            notify_env["email_configuration_set"] = self.notifications.configuration_set.configuration_set_name
+        return settings_environment(notify_env)
+
+    # --- constructs --------------------------------------------------------------------------------------------
+
+    def _gpu_compute(self, repo_root: Path) -> GpuCompute:
+        config = self.config
+        return GpuCompute(
             self, "Gpu",
             repo_root=repo_root,
             models=[ModelJob(name=m.spec.name, instance_types=config.instance_types_for(m),
@@ -104,14 +157,14 @@ class NightbatchStack(cdk.Stack):
             share_decay_seconds=config.fair_share.share_decay_seconds,
             compute_reservation=config.fair_share.compute_reservation,
             job_timeout=cdk.Duration.hours(config.max_window_hours),
-            environment=runtime,
+            environment=self.runtime,
             hf_token_secret_name=config.hf_token_secret,
-            log_retention=retention,
+            log_retention=self.log_retention,
         )
 
-        code = lambda_code(repo_root)
+    def _secrets(self) -> None:
         # Seals webhook signing secrets in the table; kept as long as the table, which holds what it sealed.
-        self.secrets_key = kms.Key(self, "SecretsKey", enable_key_rotation=True, removal_policy=removal,
+        self.secrets_key = kms.Key(self, "SecretsKey", enable_key_rotation=True, removal_policy=self.removal,
                                    description="nightbatch: seals webhook signing secrets stored in the table")
         # Signs download links; the API signs and verifies, Notify signs links it mails. Read from Secrets Manager
         # at run time (nightbatch/links.py), so no key sits in a function's configuration, where anyone with
@@ -124,32 +177,31 @@ class NightbatchStack(cdk.Stack):
                 exclude_punctuation=True, password_length=64),
             removal_policy=cdk.RemovalPolicy.DESTROY,
         )
+        self.api_keys = secretsmanager.Secret(
+            self, "ApiKeys",
+            description="nightbatch API keys (comma-separated); clients send one as the Bearer token",
+            generate_secret_string=secretsmanager.SecretStringGenerator(exclude_punctuation=True, password_length=48),
+            removal_policy=cdk.RemovalPolicy.DESTROY,
+        )
+
+    def _functions(self, code: lambda_.Code) -> None:
+        """The upload composer, the webhook deliverer, the workflow's tasks and sweeper, and the API."""
+        config, runtime, retention = self.config, self.runtime, self.log_retention
         link_env = settings_environment({"link_keys_secret": self.link_secret.secret_arn})
+        email_policy, notify_env = self._email_policy(), self._notify_environment()
         self.uploads = UploadComposer(self, "Uploads", code=code, environment=runtime, log_retention=retention)
         upload_env = settings_environment({"upload_queue_url": self.uploads.queue.queue_url})
-        # The API refuses a batch naming an address outside these domains; Notify skips one that slipped through.
-        email_policy = settings_environment({"email_allowed_domains": ",".join(config.notifications.allowed_domains)})
-        notify_env: dict[str, Any] = {
-            "topic_arn": self.notifications.topic.topic_arn,
-            "webhook_queue_url": self.notifications.webhook_queue.queue_url,
-            # Webhook signing secrets are sealed with the stack's key (nightbatch/storage/kms.py).
-            "secrets_kms_key": self.secrets_key.key_arn,
-        }
-        if self.notifications.configuration_set is not None:
-            notify_env["email_sender"] = config.notifications.sender_email
-            notify_env["email_configuration_set"] = self.notifications.configuration_set.configuration_set_name
         # The webhook queue's consumer builds the same notifier as Notify; it signs no download links, so it
         # gets neither the link secret nor the API's URL.
         self.deliverer = self.notifications.add_deliverer(
-            code=code, environment={**runtime, **email_policy, **settings_environment(notify_env)},
-            log_retention=retention,
+            code=code, environment={**runtime, **email_policy, **notify_env}, log_retention=retention,
         )
         self.orchestration = Orchestration(
             self, "Orchestration",
             code=code,
             environment=runtime,
             task_environment={
-                "notify": {**email_policy, **settings_environment(notify_env), **link_env},
+                "notify": {**email_policy, **notify_env, **link_env},
                 # Plan names each shard's job definition (the model's) in the Map's manifest.
                 "plan": settings_environment({"job_definitions_json": cdk.Stack.of(self).to_json_string({
                     name: jd.job_definition_arn for name, jd in self.gpu.job_definitions.items()})}),
@@ -165,42 +217,44 @@ class NightbatchStack(cdk.Stack):
             },
             sweeper_environment=settings_environment({"job_queue": cdk.Fn.join(",", [
                 q.job_queue_arn for q in self.gpu.queues.values()])}),
-            bucket=bucket,
+            bucket=self.storage.bucket,
             job_queues=list(self.gpu.queues.values()),
             max_concurrency=config.max_gpus,
             execution_timeout=cdk.Duration.hours(config.max_window_hours + config.finalize_margin_hours),
             log_retention=retention,
         )
-        state_machine = self.orchestration.state_machine
-
-        self.api_keys = secretsmanager.Secret(
-            self, "ApiKeys",
-            description="nightbatch API keys (comma-separated); clients send one as the Bearer token",
-            generate_secret_string=secretsmanager.SecretStringGenerator(exclude_punctuation=True, password_length=48),
-            removal_policy=cdk.RemovalPolicy.DESTROY,
-        )
         self.api = Api(
             self, "Api",
             code=code,
             environment={**runtime, **link_env, **upload_env, **email_policy, **settings_environment({
-                "state_machine_arn": state_machine.state_machine_arn,
+                "state_machine_arn": self.orchestration.state_machine.state_machine_arn,
                 "api_keys_secret": self.api_keys.secret_arn,
                 "secrets_kms_key": self.secrets_key.key_arn,
+                # `webhooks.test` queues its sample event for Deliver instead of calling the receiver itself.
+                "webhook_queue_url": self.notifications.webhook_queue.queue_url,
             })},
             memory_mb=config.api.memory_mb,
             rate_limit=config.api.rate_limit,
             burst_limit=config.api.burst_limit,
             log_retention=retention,
         )
-
         # Notify signs download links into its e-mails; they point at this API, unless `limits` names another
         # public URL (a custom domain). No cycle: the HTTP API does not depend on the workflow, its Lambda does.
         if "public_base_url" not in config.limits:
             self.orchestration.tasks["notify"].add_environment(env_name("public_base_url"), self.api.url)
 
-        # Grants: each principal gets its prefixes, the table, and the one thing it drives.
-        tasks = self.orchestration.tasks
-        sweeper = self.orchestration.sweeper
+    def lambda_functions(self) -> dict[str, lambda_.Function]:
+        """Every Lambda by its principal's name (TABLE_ACTIONS' keys)."""
+        functions = {name: t.function for name, t in self.orchestration.tasks.items()}
+        functions.update(sweep=self.orchestration.sweeper.function, api=self.api.handler.function,
+                         compose_upload=self.uploads.composer.function, deliver=self.deliverer.function)
+        return functions
+
+    # --- grants ------------------------------------------------------------------------------------------------
+
+    def _grant_objects_and_table(self) -> None:
+        """Each principal gets its prefixes and the table actions its code calls."""
+        tasks, sweeper = self.orchestration.tasks, self.orchestration.sweeper
         api_role = self.api.handler.role
         self.grant_objects(api_role, (FILES_PREFIX, BATCHES_PREFIX, UPLOADS_PREFIX), write=True)
         for name in ("validate", "plan", "finalize", "capacity"):
@@ -218,62 +272,56 @@ class NightbatchStack(cdk.Stack):
         for name, principal in roles.items():
             self.grant_table(principal, TABLE_ACTIONS[name])
         self.grant_table(self.gpu.job_role, TABLE_ACTIONS["worker"], leading_keys=("batch_*",))
-        state_machine.grant_start_execution(api_role)
+
+    def _grant_drivers(self) -> None:
+        """The one thing each principal drives: the workflow, a secret, a key, a topic, a queue, Batch jobs."""
+        notify_role, sweeper_role = self.orchestration.tasks["notify"].role, self.orchestration.sweeper.role
+        api_role = self.api.handler.role
+        self.orchestration.state_machine.grant_start_execution(api_role)
         self.api_keys.grant_read(api_role)
-        for reader in (api_role, tasks["notify"].role):
+        for reader in (api_role, notify_role):
             self.link_secret.grant_read(reader)
-        # The API seals new signing secrets and opens them for `webhooks.test`; Deliver opens them to sign.
-        self.secrets_key.grant(api_role, "kms:Encrypt", "kms:Decrypt")
+        # The API seals new signing secrets; only Deliver opens them, to sign (also `webhooks.test`'s event).
+        self.secrets_key.grant(api_role, "kms:Encrypt")
         self.secrets_key.grant(self.deliverer.role, "kms:Decrypt")
-        self.notifications.topic.grant_publish(tasks["notify"].role)
-        self.notifications.webhook_queue.grant_send_messages(tasks["notify"].role)
-        self.notifications.grant_send_email(tasks["notify"].role)
+        self.notifications.topic.grant_publish(notify_role)
+        for sender in (api_role, notify_role):
+            self.notifications.webhook_queue.grant_send_messages(sender)
+        self.notifications.grant_send_email(notify_role)
         # The sweeper lists the queue's jobs (ListJobs has no resource-level permissions: "*") and cancels the
         # unstarted ones of stopped batches (nightbatch/storage/batch_jobs.py); nothing else of Batch.
-        sweeper.role.add_to_policy(iam.PolicyStatement(actions=["batch:ListJobs"], resources=["*"]))
-        sweeper.role.add_to_policy(iam.PolicyStatement(
+        sweeper_role.add_to_policy(iam.PolicyStatement(actions=["batch:ListJobs"], resources=["*"]))
+        sweeper_role.add_to_policy(iam.PolicyStatement(
             actions=["batch:CancelJob"],
             resources=[self.format_arn(service="batch", resource="job", resource_name="*")],
         ))
-        for model in config.models:
+        for model in self.config.models:
             if model.spec.source.startswith("s3://"):
                 self.grant_model_weights(model.spec.source)
 
-        functions = {name: t.function for name, t in tasks.items()}
-        functions.update(sweep=sweeper.function, api=self.api.handler.function,
-                         compose_upload=self.uploads.composer.function, deliver=self.deliverer.function)
+    # --- limits and outputs ------------------------------------------------------------------------------------
+
+    def _reserve_concurrency(self, functions: Mapping[str, lambda_.Function]) -> None:
         # Floods (M5): the workflow keeps its own room; the API is capped so one key cannot starve it.
-        limits = config.concurrency
+        limits = self.config.concurrency
         for name, function in functions.items():
             reserved = limits.api if name == "api" else limits.sweep if name == "sweep" else limits.workflow
             if reserved:
                 cfn = function.node.default_child
                 assert isinstance(cfn, lambda_.CfnFunction)
                 cfn.reserved_concurrent_executions = reserved
-        self.observability = Observability(
-            self, "Observability",
-            topic=self.notifications.topic,
-            http_api=self.api.http_api,
-            functions=functions,
-            state_machine=state_machine,
-            dead_letter_queues={"Webhook": self.notifications.webhook_dlq, "Upload": self.uploads.dlq},
-            stuck_batch_minutes=config.alarms.stuck_batch_minutes,
-            runnable_minutes=config.alarms.runnable_minutes,
-            shard_attempts=config.alarms.shard_attempts,
-        )
 
+    def _outputs(self) -> None:
         cdk.CfnOutput(self, "ApiUrl", value=f"{self.api.url}v1", description="OpenAI base_url")
         cdk.CfnOutput(self, "ApiKeysSecret", value=self.api_keys.secret_arn,
                       description="aws secretsmanager get-secret-value --secret-id <this> --query SecretString")
-        cdk.CfnOutput(self, "BucketName", value=bucket.bucket_name)
-        cdk.CfnOutput(self, "TableName", value=table.table_name)
-        cdk.CfnOutput(self, "StateMachineArn", value=state_machine.state_machine_arn)
+        cdk.CfnOutput(self, "BucketName", value=self.storage.bucket.bucket_name)
+        cdk.CfnOutput(self, "TableName", value=self.storage.table.table_name)
+        cdk.CfnOutput(self, "StateMachineArn", value=self.orchestration.state_machine.state_machine_arn)
         for kind, queue in self.gpu.queues.items():
             cdk.CfnOutput(self, "SpotQueueArn" if kind == "spot" else "OnDemandQueueArn", value=queue.job_queue_arn)
         cdk.CfnOutput(self, "TopicArn", value=self.notifications.topic.topic_arn)
         cdk.CfnOutput(self, "DashboardName", value=self.observability.dashboard.dashboard_name)
-
-        nag.acknowledge(self)
 
     def grant_objects(self, role: iam.IRole, prefixes: Sequence[str], *, write: bool,
                       list_only_prefixes: bool = False) -> None:

@@ -2,8 +2,8 @@
 
 A hash object's state cannot be stored in the table, so the digest lives where the parts arrive: `fork`
 before a part is hashed, `advance` once the part is registered. If two parts of one upload overlap in time,
-or the process never saw the upload begin, there is no running digest and /complete falls back to
-re-reading the parts.
+or the process never saw the upload begin, there is no running digest and the compose step checks the md5
+(/complete never re-reads the parts).
 """
 
 from __future__ import annotations

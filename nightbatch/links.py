@@ -19,8 +19,6 @@ import hashlib
 import hmac
 import json
 import secrets
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,7 +31,6 @@ from nightbatch.keys import KeyStore
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters
 from nightbatch.storage.records import FileRecord
-from nightbatch.storage.secrets import SecretReader
 
 DOWNLOAD_PATH = "/v1/nightbatch/files/{file_id}/download"
 
@@ -100,22 +97,11 @@ def parse_link_keys(raw: str) -> LinkKeys:
     return LinkKeys(current=current, keys=keys)
 
 
-_cache: dict[str, tuple[float, LinkKeys]] = {}
-_cache_lock = threading.Lock()
-
-
 def link_keys(settings: Settings, read_secret: Callable[[str], str] | None = None) -> LinkKeys:
-    """From `link_keys_secret` (Secrets Manager, cached), else `link_secret`, else this process's own key."""
+    """From `link_keys_secret` (Secrets Manager, through `read_secret`), else `link_secret`, else this process's
+    own key."""
     if settings.links.keys_secret and read_secret is not None:
-        t = time.monotonic()
-        with _cache_lock:
-            hit = _cache.get(settings.links.keys_secret)
-            if hit is not None and hit[0] > t:
-                return hit[1]
-        keys = parse_link_keys(read_secret(settings.links.keys_secret))
-        with _cache_lock:
-            _cache[settings.links.keys_secret] = (t + max(1.0, settings.api.key_cache_seconds), keys)
-        return keys
+        return parse_link_keys(read_secret(settings.links.keys_secret))
     if settings.links.secret:
         return parse_link_keys(settings.links.secret)
     return LinkKeys(current="p", keys={"p": _PROCESS_SECRET})
@@ -167,7 +153,12 @@ def open_link(files: FileService, file_id: str, expires: str, sig: str, *, kid: 
 
 
 def link_keys_from(adapters: Adapters) -> LinkKeys:
-    """The deployment's link keys, read through the adapters' Secrets Manager client when configured."""
+    """The deployment's link keys, read through the adapters' Secrets Manager reader (cached for
+    `key_cache_seconds`, at least a second) when configured."""
     settings = adapters.settings
-    reader = SecretReader(client=adapters.client("secretsmanager")).read if settings.links.keys_secret else None
-    return link_keys(settings, reader)
+    max_age = max(1.0, settings.api.key_cache_seconds)
+
+    def read(secret_id: str) -> str:
+        return adapters.secrets.read(secret_id, max_age=max_age)
+
+    return link_keys(settings, read if settings.links.keys_secret else None)

@@ -98,8 +98,6 @@ class UploadSettings(Section):
     max_total_bytes: Annotated[int, Env("max_upload_total_bytes")] = 8 * 1024 * 1024 * 1024
     # Keeps a File item's ordered part-key list under DynamoDB's 400 KB item limit (4 MiB parts -> 16 GB).
     max_parts: Annotated[int, Env("max_upload_parts")] = 4000
-    # /complete verifies an md5 by re-reading the parts up to this size when no running digest is at hand.
-    sync_md5_max_bytes: Annotated[int, Env("upload_sync_md5_max_bytes")] = 512 * 1024 * 1024
     # SQS queue of the compose-upload task (AWS); empty composes on a thread of this process (the local mode).
     queue_url: Annotated[str, Env("upload_queue_url")] = ""
     # Part objects outlive composition this long so readers already streaming through them can finish.

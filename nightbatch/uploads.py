@@ -5,9 +5,10 @@ sizes come from one S3 listing), records them in order on a new File item and re
 its parts until the compose step (nightbatch.assembly) has written one object.
 
 md5: each part's md5 goes to S3 as Content-MD5 (S3 refuses a damaged part). The whole file's md5 is a
-running digest fed as parts arrive in order (nightbatch.digests); if the parts overlapped or arrived at
-another process, /complete re-reads them in order up to `upload_sync_md5_max_bytes`, and past that the
-compose step checks it (a mismatch then marks the File unusable).
+running digest fed as parts arrive in order (nightbatch.digests); if the parts overlapped, arrived at
+another process or are listed out of arrival order, /complete never re-reads them (that would hold an API
+Lambda for up to 8 GB of reads): the compose step checks the md5, and until then the File is `uploaded`,
+not yet a batch input (a mismatch then marks it `error`, unusable).
 """
 
 from __future__ import annotations
@@ -236,8 +237,8 @@ class UploadService:
                 param="part_ids", code="upload_size_mismatch",
             )
         extra: dict[str, Any] = {"upload_id": upload_id}
-        if req.md5 is not None and not self._check_md5(upload_id, req.part_ids, keys, total, req.md5):
-            # Too large to re-read within the request: the compose step checks it (see nightbatch.assembly).
+        if req.md5 is not None and not self._check_md5(upload_id, req.part_ids, req.md5):
+            # No running digest: the compose step checks it (see nightbatch.assembly), never this request.
             extra.update(status="uploaded", md5_expected=normalize_md5(req.md5))
         file_id = new_file_id()
         if keys:
@@ -300,12 +301,10 @@ class UploadService:
             total += sizes[key]
         return keys, total
 
-    def _check_md5(self, upload_id: str, part_ids: list[str], keys: list[str], total: int, md5: str) -> bool:
-        """True when checked now (400 on mismatch); False when it must wait for the compose step."""
+    def _check_md5(self, upload_id: str, part_ids: list[str], md5: str) -> bool:
+        """True when checked now from the running digest (400 on mismatch); False when the compose step must."""
         expected = normalize_md5(md5)
         actual = self.digests.hexdigest(upload_id, part_ids)
-        if actual is None and total <= self.settings.uploads.sync_md5_max_bytes:
-            actual = self.parts.md5(keys)
         if actual is None:
             return False
         if actual != expected:

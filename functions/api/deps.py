@@ -15,7 +15,6 @@ from nightbatch.keys import DEFAULT_TENANT, STORED_KEY_RE, BootstrapKeys, KeyCac
 from nightbatch.limits import count_request
 from nightbatch.services import Services
 from nightbatch.storage import Table
-from nightbatch.storage.secrets import SecretReader
 
 
 @dataclass(frozen=True)
@@ -52,11 +51,11 @@ def auth_caches(services: Services) -> AuthCaches:
         if caches is None or caches.stored.ttl != settings.api.key_cache_seconds:
             read_secret = None
             if settings.api.api_keys_secret:
-                reader = SecretReader(client=services.adapters.client("secretsmanager"))
-                secret_id = settings.api.api_keys_secret
+                secrets, secret_id = services.adapters.secrets, settings.api.api_keys_secret
+                ttl = settings.api.key_cache_seconds
 
                 def read_secret() -> str:
-                    return reader.read(secret_id)
+                    return secrets.read(secret_id, max_age=ttl)
 
             caches = AuthCaches(
                 stored=KeyCache(KeyStore(table), ttl=settings.api.key_cache_seconds),

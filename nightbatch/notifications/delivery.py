@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nightbatch.clock import now
-from nightbatch.errors import InvalidRequestError, StorageConflictError, check_range
+from nightbatch.errors import InvalidRequestError, NightbatchError, StorageConflictError, check_range
 from nightbatch.ids import derived_id
 from nightbatch.notifications import transport
 from nightbatch.notifications.endpoints import PlainSealer, Sealer, signing_secrets
@@ -122,7 +122,7 @@ class Deliveries:
         if not result.ok:
             delay = self.backoff(n)
             give_up_at = float(item.created_ts or item.created_at) + self.settings.notifications.webhook_max_age_seconds
-            if final or time.time() + delay > give_up_at:
+            if final or item.test or time.time() + delay > give_up_at:  # a test event is never retried
                 status = "failed"
             else:
                 status, next_at = "pending", time.time() + delay
@@ -156,27 +156,31 @@ class Deliveries:
         return self.post(target, body=body, headers=headers,
                          timeout=self.settings.notifications.webhook_timeout_seconds)
 
-    def send_test(self, endpoint: WebhookEndpointRecord, event_type: str) -> transport.PostResult:
-        """`webhooks.test`: one signed sample event, sent now, recorded like any delivery, never retried."""
+    def enqueue_test(self, endpoint: WebhookEndpointRecord, event_type: str) -> DeliveryRecord:
+        """`webhooks.test`: one signed sample event, recorded `pending` and queued like any delivery.
+
+        The queue's consumer sends it (one attempt, never retried), so a slow or silent receiver holds a
+        delivery worker for its timeout, never the API request that asked for the test."""
+        if self.queue is None:
+            raise NightbatchError("Webhook tests are unavailable: no delivery queue is configured "
+                                  "(NIGHTBATCH_WEBHOOK_QUEUE_URL).")
         at = now()
         event_id = f"evt_test_{secrets.token_hex(12)}"
         batch_id = f"batch_test_{secrets.token_hex(12)}"
-        body = event_body(event_id, event_type, at, batch_id)
-        delivery_id = f"wh_{secrets.token_hex(16)}"
-        target = resolve_target(endpoint.url, allow_private=self.settings.notifications.allow_private_targets,
-                                resolver=self.resolver)
-        secrets_ = signing_secrets(endpoint, at=at, sealer=self.sealer)
-        headers = signed_headers(delivery_id, body.encode(), secrets_, at=at)
-        result = self.post(target, body=body.encode(), headers=headers,
-                           timeout=self.settings.notifications.webhook_timeout_seconds)
-        record = DeliveryAttempt(attempt=1, attempted_at=at, status_code=result.status_code,
-                                 error=_error_text(result), duration_ms=result.duration_ms)
-        self.table.put_record(DeliveryRecord(
-            pk=delivery_id, tenant=endpoint.tenant, endpoint_id=endpoint.pk, event_id=event_id,
-            event_type=event_type, batch_id=batch_id, body=body, status="succeeded" if result.ok else "failed",
-            test=True, created_at=at, attempt_count=1, attempts=[record.model_dump()], ttl=at + RETAIN_SECONDS,
-        ))
-        return result
+        rec = DeliveryRecord(
+            pk=f"wh_{secrets.token_hex(16)}", tenant=endpoint.tenant, endpoint_id=endpoint.pk, event_id=event_id,
+            event_type=event_type, batch_id=batch_id, body=event_body(event_id, event_type, at, batch_id),
+            status="pending", test=True, created_at=at, next_attempt_at=at, created_ts=time.time(),
+            ttl=at + int(self.settings.notifications.webhook_max_age_seconds) + RETAIN_SECONDS,
+        )
+        self.table.put_record(rec, new=True)
+        try:
+            self.enqueue_first(rec)
+        except Exception:
+            # Not queued, so nothing would ever attempt it: it must not stay `pending`.
+            self.table.update(rec.pk, set_={"status": "failed", "next_attempt_at": None})
+            raise
+        return rec
 
     def list(self, tenant: str, endpoint_id: str, *, limit: int, after: str | None) -> ListPage[WebhookDelivery]:
         check_range(limit, 1, MAX_LIST_LIMIT, param="limit")

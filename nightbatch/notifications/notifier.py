@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from nightbatch.batches import to_wire as batch_to_wire
-from nightbatch.errors import InvalidRequestError, NightbatchError, check_supported
+from nightbatch.errors import NightbatchError, check_supported
 from nightbatch.links import link_keys, link_keys_from, sign_link
 from nightbatch.notifications.delivery import Deliveries
 from nightbatch.notifications.email import compose, recipients
@@ -74,17 +74,14 @@ class Notifier:
             self.queue.close()
 
     def test_endpoint(self, tenant: str, endpoint_id: str, event_type: str) -> WebhookEndpointTestResult:
-        """`webhooks.test`: one signed sample event to the tenant's endpoint, now; 400 if it cannot be reached."""
+        """`webhooks.test`: queues one signed sample event to the tenant's endpoint and answers at once.
+
+        The delivery path of real events sends it; its outcome is read from the endpoint's deliveries."""
         check_supported(event_type, BATCH_EVENT_TYPES, param="event_type")
         endpoint = self.endpoints.item(tenant, endpoint_id)
-        result = self.deliveries.send_test(endpoint, event_type)
-        if result.status_code is None:
-            raise InvalidRequestError(
-                f"The test event could not be delivered to {endpoint.url}: {result.error}.",
-                param="webhook_endpoint_id", code="webhook_unreachable",
-            )
-        return WebhookEndpointTestResult(event_type=event_type, status_code=result.status_code,
-                                         webhook_endpoint_id=endpoint_id)
+        delivery = self.deliveries.enqueue_test(endpoint, event_type)
+        return WebhookEndpointTestResult(event_type=event_type, webhook_endpoint_id=endpoint_id,
+                                         delivery_id=delivery.pk)
 
     def notify_batch(self, batch_id: str) -> NotifyResult:
         batch = self.table.get_record(BatchRecord, batch_id)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal
-from typing import Any, TypeVar
-
-from botocore.exceptions import ClientError
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from nightbatch.errors import NotFoundError, StorageConflictError, StorageItemTooLargeError
+from nightbatch.storage.botoerrors import client_error
 from nightbatch.storage.records import Record
+
+if TYPE_CHECKING:
+    from botocore.exceptions import ClientError
 
 R = TypeVar("R", bound=Record)
 
@@ -25,7 +27,7 @@ class Table:
     def put_new(self, item: Mapping[str, Any]) -> None:
         try:
             self.table.put_item(Item=_to_ddb(dict(item)), ConditionExpression="attribute_not_exists(pk)")
-        except ClientError as e:
+        except client_error() as e:
             if _conditional(e):
                 raise StorageConflictError(str(item.get("pk"))) from e
             raise
@@ -93,7 +95,7 @@ class Table:
             kwargs["ConditionExpression"] = " AND ".join(conds)
         try:
             resp = self.table.update_item(**kwargs)
-        except ClientError as e:
+        except client_error() as e:
             if _conditional(e):
                 raise StorageConflictError(pk) from e
             if _too_large(e):

@@ -10,8 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from botocore.exceptions import ClientError
-
+from nightbatch.storage.botoerrors import client_error
 from nightbatch.storage.dynamo import Table, _conditional, _from_ddb, _to_ddb
 
 
@@ -52,7 +51,7 @@ def reserve(
             Key={"pk": pk}, UpdateExpression=expr, ConditionExpression=" AND ".join(conds),
             ExpressionAttributeNames=names, ExpressionAttributeValues=values,
         )
-    except ClientError as e:
+    except client_error() as e:
         if _conditional(e):
             return _has_member(table, pk, member)
         raise
@@ -82,7 +81,7 @@ def release(table: Table, pk: str, member: str) -> bool:
         kwargs["ExpressionAttributeValues"] = values
     try:
         table.table.update_item(**kwargs)
-    except ClientError as e:
+    except client_error() as e:
         if _conditional(e):
             return False  # a concurrent release won
         raise

@@ -25,7 +25,8 @@ def precise_sort_key(item_id: str) -> str:
 
 
 class Record(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # Schemas are built on first use: a request builds only the records it touches (API cold import, #17).
+    model_config = ConfigDict(extra="allow", defer_build=True)
 
     KIND: ClassVar[str]
     ID_PREFIX: ClassVar[str] = ""

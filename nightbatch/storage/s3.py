@@ -7,9 +7,12 @@ import queue
 import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
-from botocore.exceptions import ClientError
+from nightbatch.storage.botoerrors import client_error
+
+if TYPE_CHECKING:
+    from botocore.exceptions import ClientError
 
 # S3 rejects multipart parts under 5 MiB (except the last); 8 MiB keeps memory flat and part counts low.
 PART_BYTES = 8 * 1024 * 1024
@@ -30,7 +33,7 @@ class BlobStore:
     def get_bytes(self, key: str) -> bytes | None:
         try:
             body: bytes = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
-        except ClientError as e:
+        except client_error() as e:
             if _missing(e):
                 return None
             raise
@@ -82,7 +85,7 @@ class BlobStore:
     def size(self, key: str) -> int | None:
         try:
             return int(self.client.head_object(Bucket=self.bucket, Key=key)["ContentLength"])
-        except ClientError as e:
+        except client_error() as e:
             if _missing(e):
                 return None
             raise

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import ClientError
+from nightbatch.storage.botoerrors import client_error
+
+if TYPE_CHECKING:
+    pass
 
 # SES's answers that sending again cannot change (an unverified recipient in the sandbox, a bad address, an
 # unverified sender); throttling and service errors stay ordinary exceptions, worth a retry.
@@ -32,7 +35,7 @@ class Mailer:
                 Message={"Subject": {"Data": subject, "Charset": "UTF-8"},
                          "Body": {"Text": {"Data": text, "Charset": "UTF-8"}}},
             )
-        except ClientError as e:
+        except client_error() as e:
             error = e.response.get("Error", {})
             if error.get("Code") in PERMANENT_CODES:
                 raise EmailRejectedError(f"{error.get('Code')}: {error.get('Message')}") from e

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from botocore.exceptions import BotoCoreError, ClientError
+from nightbatch.storage.botoerrors import botocore_error, client_error
+
+if TYPE_CHECKING:
+    pass
 
 log = logging.getLogger(__name__)
 
@@ -23,13 +26,13 @@ class StepFunctionsWorkflow:
                 stateMachineArn=self.arn, name=batch_id,
                 input=json.dumps({"version": 1, "batch_id": batch_id}),
             )
-        except ClientError as e:
+        except client_error() as e:
             code = e.response.get("Error", {}).get("Code")
             if code == "ExecutionAlreadyExists":
                 return
             # Left in `validating`; the sweeper re-drives it.
             log.error("start_execution failed", extra={"batch_id": batch_id, "code": code})
-        except BotoCoreError:
+        except botocore_error():
             # Connection and parameter errors too: a 500 here would make the SDK retry the create and
             # make a second batch, while this one already exists and the sweeper will re-drive it.
             log.exception("start_execution failed", extra={"batch_id": batch_id})

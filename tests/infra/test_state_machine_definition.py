@@ -52,6 +52,13 @@ def test_versioned_payloads(asl: dict[str, Any]) -> None:
         assert "Lambda.ServiceException" in lambda_retry["ErrorEquals"]
 
 
+def test_notify_retries_its_own_failures_with_backoff(asl: dict[str, Any]) -> None:
+    """M2: an SES throttle or SQS send failure (States.TaskFailed) is retried, not the end of the execution."""
+    retry = next(r for r in asl["States"]["Notify"]["Retry"] if r["ErrorEquals"] == ["States.TaskFailed"])
+    assert retry["MaxAttempts"] >= 3 and retry["BackoffRate"] > 1 and retry["IntervalSeconds"] >= 10
+    assert retry["MaxDelaySeconds"] <= 300
+
+
 def test_every_step_before_finalize_is_caught_into_it(asl: dict[str, Any]) -> None:
     for name in ("Validate", "Plan", "Shards"):
         (catch,) = asl["States"][name]["Catch"]

@@ -13,7 +13,7 @@ from pydantic import BaseModel
 from nightbatch.settings import SETTINGS, JobInputs, Settings
 
 # Every variable of the flat Settings (before the sections) -> the section field it sets now. A new setting
-# adds a line; an existing line never changes (that would break deployments that set the variable).
+# adds a line and a removed one takes its line away; a line never changes (deployments set these variables).
 ENV_NAMES: dict[str, str] = {
     "NIGHTBATCH_MODE": "deployment.mode",
     "NIGHTBATCH_REGION": "deployment.region",
@@ -36,7 +36,6 @@ ENV_NAMES: dict[str, str] = {
     "NIGHTBATCH_MAX_UPLOAD_PART_BYTES": "uploads.max_part_bytes",
     "NIGHTBATCH_MAX_UPLOAD_TOTAL_BYTES": "uploads.max_total_bytes",
     "NIGHTBATCH_MAX_UPLOAD_PARTS": "uploads.max_parts",
-    "NIGHTBATCH_UPLOAD_SYNC_MD5_MAX_BYTES": "uploads.sync_md5_max_bytes",
     "NIGHTBATCH_UPLOAD_QUEUE_URL": "uploads.queue_url",
     "NIGHTBATCH_UPLOAD_PARTS_GRACE_SECONDS": "uploads.parts_grace_seconds",
     "NIGHTBATCH_UPLOAD_COMPOSE_DELAY_SECONDS": "uploads.compose_delay_seconds",

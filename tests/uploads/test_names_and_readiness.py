@@ -34,7 +34,7 @@ def test_long_filenames_and_mime_types_are_refused_and_leave_no_object(stack: St
 
 def test_only_a_processed_file_is_batch_input(stack: Stack, client: openai.OpenAI,
                                                override: Callable[..., None]) -> None:
-    override(upload_sync_md5_max_bytes=0, upload_compose_delay_seconds=3)
+    override(upload_compose_delay_seconds=3)
     line = (b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": '
             b'"SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}]}}\n')
     upload = client.uploads.create(bytes=len(line), filename="in.jsonl", mime_type="text/plain", purpose="batch")

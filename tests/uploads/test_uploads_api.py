@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -131,44 +134,55 @@ def test_md5_checked_from_the_running_digest(client: openai.OpenAI) -> None:
     assert again.file is not None and done.file is not None and again.file.id == done.file.id
 
 
-def test_md5_checked_by_rereading_parts_listed_out_of_arrival_order(client: openai.OpenAI) -> None:
-    a, b = os.urandom(1000), os.urandom(2000)
-    upload = client.uploads.create(bytes=3000, filename="a.bin", mime_type="text/plain", purpose="batch")
-    pa = client.uploads.parts.create(upload_id=upload.id, data=a).id
-    pb = client.uploads.parts.create(upload_id=upload.id, data=b).id
-    with pytest.raises(openai.BadRequestError):
-        client.uploads.complete(upload_id=upload.id, part_ids=[pb, pa], md5=md5(a + b))
-    done = client.uploads.complete(upload_id=upload.id, part_ids=[pb, pa], md5=md5(b + a))
-    assert done.file is not None and client.files.content(done.file.id).read() == b + a
+@contextlib.contextmanager
+def part_reads(stack: Stack, upload_id: str) -> Iterator[list[str]]:
+    """The names of the threads that issue an S3 GetObject on the Upload's parts (a botocore hook on the
+    stack's real client, against moto)."""
+    threads: list[str] = []
+
+    def hook(params: dict[str, Any], **_: Any) -> None:
+        if str(params.get("Key", "")).startswith(f"uploads/{upload_id}/"):
+            threads.append(threading.current_thread().name)
+
+    events = stack.services.uploads.parts.client.meta.events
+    events.register("provide-client-params.s3.GetObject", hook, unique_id=f"part-reads-{upload_id}")
+    try:
+        yield threads
+    finally:
+        events.unregister("provide-client-params.s3.GetObject", unique_id=f"part-reads-{upload_id}")
 
 
 @pytest.mark.parametrize("correct", [True, False])
-def test_md5_too_large_to_check_in_time_is_checked_by_the_compose_step(
+def test_md5_without_a_running_digest_is_checked_by_the_compose_step_never_by_complete(
     stack: Stack,
     client: openai.OpenAI,
-    override: Callable[..., None],
     correct: bool,
 ) -> None:
-    override(upload_sync_md5_max_bytes=0)
+    # Parts listed out of arrival order: the running digest cannot give the md5 (M5: /complete re-read up to
+    # 512 MiB inside the API Lambda; now only the compose step reads the parts).
     a, b = b'{"a": 1}\n', b'{"b": 2}\n'
     upload = client.uploads.create(
         bytes=len(a + b), filename="in.jsonl", mime_type="text/plain", purpose="batch"
     )
     pa = client.uploads.parts.create(upload_id=upload.id, data=a).id
     pb = client.uploads.parts.create(upload_id=upload.id, data=b).id
-    done = client.uploads.complete(
-        upload_id=upload.id, part_ids=[pb, pa], md5=md5(b + a if correct else a + b)
-    )
-    assert (
-        done.file is not None and done.file.status == "uploaded"
-    )  # the SDK's wait_for_processing polls this
-    stack.jobs.drain()
+    with part_reads(stack, upload.id) as readers:
+        done = client.uploads.complete(
+            upload_id=upload.id, part_ids=[pb, pa], md5=md5(b + a if correct else a + b)
+        )
+        assert (
+            done.file is not None and done.file.status == "uploaded"
+        )  # the SDK's wait_for_processing polls this
+        stack.jobs.drain()
+    assert readers, "the compose step read the parts to check the md5"
+    assert all(name.startswith("compose") for name in readers), f"parts read outside composition: {readers}"
     file = client.files.retrieve(done.file.id)
     if correct:
         assert file.status == "processed"
         assert client.files.content(file.id).read() == b + a
         return
-    assert file.status == "error" and file.status_details and "md5" in file.status_details
+    assert file.status == "error" and file.status_details
+    assert f"md5 given at upload completion ({md5(a + b)}) does not match" in file.status_details
     with pytest.raises(openai.BadRequestError) as err:
         client.files.content(file.id).read()
     assert err.value.code == "file_unusable"

@@ -3,12 +3,14 @@ Nothing here runs an engine or measures anything."""
 
 from __future__ import annotations
 
+import itertools
 import json
+from pathlib import Path
 
 import pytest
 
-from bench.worker import compare_tokens, parse_args, parse_engine_arg, print_tables, ratio
-from bench.worker_inputs import InputShape, mixed_input, to_jsonl, uniform_input
+from bench.worker import compare_tokens, input_spec, parse_args, parse_engine_arg, print_tables, ratio, write_inputs
+from bench.worker_inputs import InputShape, kv_pressure_input, mixed_input, to_jsonl, uniform_input
 from bench.worker_sides import BAR_RE, RunResult, Usage, cli_flags, usage_of
 
 
@@ -34,6 +36,37 @@ def test_uniform_input_has_same_length_prompts_and_no_shared_prefix() -> None:
     contents = [line["body"]["messages"][0]["content"] for line in lines]
     assert len({len(c.split()) for c in contents}) == 1
     assert len({c[:5] for c in contents}) == 50
+
+
+def test_kv_input_has_more_long_prefixes_than_its_cache_holds_interleaved() -> None:
+    args = parse_args([])
+    assert "kv" in args.inputs.split(",")
+    shape = InputShape(requests=200)
+    lines = kv_pressure_input("m", 16, args.kv_prefixes, shape)
+    systems = [line["body"]["messages"][0]["content"] for line in lines]
+    assert all(line["body"]["messages"][0]["role"] == "system" for line in lines)
+    assert len(set(systems)) == args.kv_prefixes and all(len(s) > 1500 for s in systems)
+    # ~1.2 tokens a word: the distinct prefixes need more tokens than the cache has (128-token blocks on CPU).
+    prefix_tokens = sum(1.2 * len(s.split()) for s in set(systems))
+    assert prefix_tokens > args.kv_blocks * 128
+    # Interleaved: a prefix rarely follows itself, so file order evicts it before it comes back.
+    repeats = sum(a == b for a, b in itertools.pairwise(systems))
+    assert repeats < len(lines) / 4
+    assert kv_pressure_input("m", 16, args.kv_prefixes, shape) == lines  # seeded
+
+
+def test_only_the_kv_input_runs_with_the_small_kv_cache(tmp_path: Path) -> None:
+    from nightbatch.model_spec import ModelSpec
+
+    args = parse_args(["--requests", "12", "--kv-blocks", "24"])
+    spec = ModelSpec(name="m", source="/x", engine_args={"max_num_seqs": 64})
+    assert input_spec(spec, args, "kv").engine_args == {"max_num_seqs": 64, "num_gpu_blocks_override": 24}
+    assert input_spec(spec, args, "mixed") is spec and spec.engine_args == {"max_num_seqs": 64}
+    paths = write_inputs(args, tmp_path)
+    assert list(paths) == ["mixed", "uniform", "kv"]
+    assert all(p.read_bytes().count(b"\n") == 12 for p in paths.values())
+    with pytest.raises(SystemExit):
+        write_inputs(parse_args(["--inputs", "nope"]), tmp_path)
 
 
 def test_engine_args_become_the_same_settings_on_both_sides() -> None:
