@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from functions.tasks.tracing import tracer
 from nightbatch.pipeline.sweep import sweep
 from nightbatch.services import default_services
 from nightbatch.storage.functions import AsyncInvoker
 
 
+@tracer.capture_lambda_handler(capture_response=False)
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     services = default_services()
     name = services.settings.notifications.notify_function

@@ -306,6 +306,18 @@ def test_state_machine_timeout_logging_tracing(template: dict[str, Any]) -> None
     assert "StateMachineName" not in machine  # executions, not machines, carry the batch id
 
 
+def test_every_lambda_is_traced_and_may_write_its_segments(template: dict[str, Any]) -> None:
+    """X-Ray API → Step Functions → task Lambdas (functions/tasks/tracing.py): active tracing on every function."""
+    policies = of_type(template, "AWS::IAM::Policy").values()
+    for f in of_type(template, "AWS::Lambda::Function").values():
+        assert f["Properties"]["TracingConfig"] == {"Mode": "Active"}
+        role = {"Ref": f["Properties"]["Role"]["Fn::GetAtt"][0]}
+        actions = {a for p in policies if role in p["Properties"]["Roles"]
+                   for st in p["Properties"]["PolicyDocument"]["Statement"]
+                   for a in (st["Action"] if isinstance(st["Action"], list) else [st["Action"]])}
+        assert {"xray:PutTraceSegments", "xray:PutTelemetryRecords"} <= actions, f["Properties"]["Handler"]
+
+
 def test_outputs(template: dict[str, Any]) -> None:
     assert {"ApiUrl", "ApiKeysSecret", "BucketName", "TableName", "StateMachineArn"} <= set(template["Outputs"])
     assert TEST_CONTEXT["shardRetry"]["intervalSeconds"] == 1

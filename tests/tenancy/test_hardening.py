@@ -130,6 +130,13 @@ def test_the_formatter_drops_and_masks_secrets() -> None:
     assert "ValueError" in out["exception"] and key not in out["exception"]
 
 
+def test_a_traced_lambda_s_lines_carry_the_trace_id(monkeypatch: pytest.MonkeyPatch) -> None:
+    record = logging.LogRecord("nightbatch.test", logging.INFO, __file__, 1, "step done", (), None)
+    assert "xray_trace_id" not in json.loads(JsonFormatter().format(record))
+    monkeypatch.setenv("_X_AMZN_TRACE_ID", "Root=1-5759e988-bd862e3fe1be46a994272793;Parent=53995c3f42cd8ad8;Sampled=1")
+    assert json.loads(JsonFormatter().format(record))["xray_trace_id"] == "1-5759e988-bd862e3fe1be46a994272793"
+
+
 def test_s3_keys_are_built_from_ids_not_user_strings(make_stack: Any) -> None:
     stack: Stack = make_stack(workflow="local")
     client = stack.client(stack.new_key("team-a"))
