@@ -62,7 +62,7 @@ class AssemblyService:
             outcome = self._verify(file_id, keys, item.md5_expected)
         self.parts.compose(item.s3_key, [(k, sizes[k]) for k in keys])
         try:
-            self.table.update(file_id, set_={"composed_at": now()}, remove=("parts",))
+            self.table.update_attributes(FileRecord, file_id, set_={"composed_at": now()}, remove=("parts",))
         except StorageConflictError:
             # Deleted while composing: nothing may outlive the item.
             self.parts.blobs.delete(item.s3_key)
@@ -76,9 +76,9 @@ class AssemblyService:
         actual = self.parts.md5(keys)
         try:
             if actual == expected:
-                self.table.update(file_id, remove=("status", "md5_expected"))
+                self.table.update_attributes(FileRecord, file_id, remove=("status", "md5_expected"))
                 return "composed, md5 verified"
-            self.table.update(file_id, set_={
+            self.table.update_attributes(FileRecord, file_id, set_={
                 "status": "error",
                 "status_details": f"The md5 given at upload completion ({expected}) does not match the "
                                   f"uploaded bytes ({actual}). This file cannot be used; upload it again.",

@@ -207,8 +207,7 @@ class BatchService:
             if status not in lifecycle.TRANSITIONS["cancelling"]:
                 raise ConflictError(f"Cannot cancel a batch with status '{status}'.")
             try:
-                item = lifecycle.transition(self.table, batch_id, "cancelling", from_=(status,))
-                return to_wire(BatchRecord.from_item(item))
+                return to_wire(lifecycle.transition(self.table, batch_id, "cancelling", from_=(status,)))
             except StorageConflictError:
                 rec = self.item(tenant, batch_id)  # lost a race: decide again on the fresh status
         raise ConflictError("The batch changed while it was being cancelled; try again.", retry=True)

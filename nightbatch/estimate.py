@@ -19,6 +19,7 @@ from nightbatch.errors import InvalidRequestError
 from nightbatch.jsonl import split_lines
 from nightbatch.pipeline.sizing import _wall, plan_shards
 from nightbatch.services import Services
+from nightbatch.storage.records import BatchRecord
 from nightbatch.validation import LineInvalid, Validator, _estimate, line_error
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
@@ -36,10 +37,10 @@ def _queue_ahead_seconds(services: Services) -> float:
     table, settings = services.adapters.table, services.settings
     tokens = 0
     for status in OPEN_WORK_STATUSES:
-        for key in table.query_open(status):
-            batch = table.get(key["pk"], consistent=False)
-            if batch is not None and batch.get("status") == status:
-                tokens += int(batch.get("est_tokens") or 0)
+        for batch_id in table.open_ids(status):
+            batch = table.get_record(BatchRecord, batch_id, consistent=False)
+            if batch is not None and batch.status == status:
+                tokens += batch.est_tokens or 0
     if not tokens:
         return 0.0
     work = tokens / max(1e-9, settings.pipeline.shard_tokens_per_second)

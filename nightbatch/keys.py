@@ -95,8 +95,7 @@ class KeyStore:
         return rec if rec is not None and rec.active else None
 
     def list_keys(self) -> list[KeyRecord]:
-        return [r for i in self.table.query_owner(LIST_OWNER, ascending=True)
-                if (r := KeyRecord.load(i)) is not None]
+        return list(self.table.records(KeyRecord, LIST_OWNER, ascending=True))
 
     def find(self, *, key_id: str | None = None, name: str | None = None,
              prefix: str | None = None) -> list[KeyRecord]:

@@ -172,7 +172,7 @@ class UploadService:
             return self._store_part(upload_id, fileobj, size)
         except BaseException:
             # Give the room back: the part never landed.
-            self.table.update(upload_id, add={"parts_received": -1, "bytes_received": -size})
+            self.table.update_attributes(UploadRecord, upload_id, add={"parts_received": -1, "bytes_received": -size})
             raise
 
     def _reserve_part(self, tenant: str, item: UploadRecord, size: int) -> None:
@@ -182,10 +182,10 @@ class UploadService:
         upload_id = item.pk
         max_parts = self.settings.uploads.max_parts
         try:
-            self.table.update(upload_id, add={"parts_received": 1, "bytes_received": size},
-                              expect_in={"status": ("pending",)},
-                              expect_at_most={"parts_received": max_parts - 1,
-                                              "bytes_received": item.bytes - size})
+            self.table.update_attributes(UploadRecord, upload_id, add={"parts_received": 1, "bytes_received": size},
+                                         expect_in={"status": ("pending",)},
+                                         expect_at_most={"parts_received": max_parts - 1,
+                                                         "bytes_received": item.bytes - size})
             return
         except StorageConflictError:
             fresh = self.require_pending(self.item(tenant, upload_id), "no more parts can be added")
@@ -373,8 +373,8 @@ class UploadService:
     def sweep_expired(self) -> list[str]:
         """Expires pending Uploads past their hour (the sweeper): parts deleted, stored bytes given back."""
         expired: list[str] = []
-        for key in self.table.query_open(OPEN_STATUS):
-            item = self.table.get_record(UploadRecord, str(key["pk"]))
+        for upload_id in self.table.open_ids(OPEN_STATUS):
+            item = self.table.get_record(UploadRecord, upload_id)
             if item is not None and effective_status(item) == "expired" and item.status == "pending":
                 self._expire(item)
                 expired.append(item.pk)

@@ -166,7 +166,7 @@ def check_media(settings: Settings, messages: list[Any]) -> None:
     """Multimodal parts: inline `data:` URLs only, unless NIGHTBATCH_MEDIA_ALLOWED_DOMAINS names https hosts
     the engine may fetch from (a GPU worker fetching any URL a tenant names would reach its VPC and the
     instance metadata service)."""
-    allowed = {d.strip().lower() for d in settings.validation.media_allowed_domains.split(",") if d.strip()}
+    allowed: set[str] | None = None  # parsed from the settings only when a line names a URL (per-line hot path)
     for i, message in enumerate(messages):
         content = message.get("content") if isinstance(message, dict) else None
         if not isinstance(content, list):
@@ -181,6 +181,9 @@ def check_media(settings: Settings, messages: list[Any]) -> None:
                     continue
                 if isinstance(url, str) and url.startswith("data:"):
                     continue
+                if allowed is None:
+                    domains = settings.validation.media_allowed_domains
+                    allowed = {d.strip().lower() for d in domains.split(",") if d.strip()}
                 m = re.match(r"^https://([^/:?#@]+)(?::443)?(?:[/?#]|$)", url) if isinstance(url, str) else None
                 if m is None or m.group(1).lower() not in allowed:
                     raise LineInvalid(
@@ -192,6 +195,8 @@ def check_media(settings: Settings, messages: list[Any]) -> None:
 def _choices(settings: Settings, body: dict[str, Any]) -> int:
     """How many completions one request asks for: `n` (and `best_of`, which the engine generates and then
     discards) multiply the GPU work, so they multiply the token estimate the queue limits count."""
+    if "n" not in body and "best_of" not in body:
+        return 1  # the common line: checked without a call per parameter
     n, best_of = _choices_param(body, "n"), _choices_param(body, "best_of")
     cap = settings.validation.max_choices_per_request
     if cap and max(n, best_of) > cap:

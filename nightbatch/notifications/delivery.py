@@ -28,7 +28,7 @@ from nightbatch.notifications.signatures import signed_headers
 from nightbatch.notifications.targets import Resolver, TargetRefusedError, resolve_target
 from nightbatch.settings import Settings
 from nightbatch.storage import Table
-from nightbatch.storage.records import DeliveryRecord, WebhookEndpointRecord
+from nightbatch.storage.records import DeliveryRecord, EventRecord, WebhookEndpointRecord
 from nightbatch.wire import ListPage, list_page
 
 log = logging.getLogger("nightbatch.notifications")
@@ -66,13 +66,13 @@ class Deliveries:
         s = self.settings.notifications
         return float(min(s.webhook_retry_base_seconds * 2 ** (attempts_done - 1), s.webhook_retry_max_delay_seconds))
 
-    def create(self, event: dict[str, Any], endpoint: WebhookEndpointRecord) -> DeliveryRecord:
+    def create(self, event: EventRecord, endpoint: WebhookEndpointRecord) -> DeliveryRecord:
         """The delivery of `event` to `endpoint` (the existing one when a previous run made it)."""
-        pk = delivery_id(event["event_id"], endpoint.pk)
+        pk = delivery_id(event.event_id, endpoint.pk)
         created = now()
         rec = DeliveryRecord(
-            pk=pk, tenant=event["tenant"], endpoint_id=endpoint.pk, event_id=event["event_id"],
-            event_type=event["type"], batch_id=event.get("batch_id"), body=event["body"], status="pending",
+            pk=pk, tenant=event.tenant, endpoint_id=endpoint.pk, event_id=event.event_id,
+            event_type=event.type, batch_id=event.batch_id, body=event.body, status="pending",
             created_at=created, next_attempt_at=created, created_ts=time.time(),
             ttl=created + int(self.settings.notifications.webhook_max_age_seconds) + RETAIN_SECONDS,
         )
@@ -90,7 +90,7 @@ class Deliveries:
             return False
         self.queue.send(DeliveryMessage(delivery_id=rec.pk, attempt=1, not_before=time.time()).model_dump(), 0)
         # Marked after the send: a crash in between re-sends on the next run (at least once, never zero).
-        self.table.update(rec.pk, set_={"enqueued": True})
+        self.table.update_attributes(DeliveryRecord, rec.pk, set_={"enqueued": True})
         return True
 
     def handle_message(self, message: dict[str, Any]) -> DeliveryAttempt | None:
@@ -136,7 +136,7 @@ class Deliveries:
             msg = DeliveryMessage(delivery_id=delivery_id, attempt=n + 1, not_before=next_at)
             self.queue.send(msg.model_dump(), next_at - time.time())
         try:
-            self.table.update(delivery_id, set_={
+            self.table.update_attributes(DeliveryRecord, delivery_id, set_={
                 "attempt_count": n, "attempts": [*item.attempts, record.model_dump()],
                 "status": status, "next_attempt_at": record.next_attempt_at,
             }, expect_in={"attempt_count": (n - 1,)})
@@ -178,7 +178,7 @@ class Deliveries:
             self.enqueue_first(rec)
         except Exception:
             # Not queued, so nothing would ever attempt it: it must not stay `pending`.
-            self.table.update(rec.pk, set_={"status": "failed", "next_attempt_at": None})
+            self.table.update_attributes(DeliveryRecord, rec.pk, set_={"status": "failed", "next_attempt_at": None})
             raise
         return rec
 

@@ -148,8 +148,7 @@ class WebhookEndpointService:
         return list_page([to_wire(r) for r in recs], has_more)
 
     def all_items(self, tenant: str) -> builtins.list[WebhookEndpointRecord]:
-        return [r for i in self.table.query_owner(owner(tenant), ascending=True)
-                if (r := WebhookEndpointRecord.load(i)) is not None]
+        return list(self.table.records(WebhookEndpointRecord, owner(tenant), ascending=True))
 
     def update(self, tenant: str, endpoint_id: str, req: UpdateWebhookEndpointRequest) -> WebhookEndpoint:
         rec = self.item(tenant, endpoint_id)

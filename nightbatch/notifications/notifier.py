@@ -24,7 +24,7 @@ from nightbatch.notifications.models import BATCH_EVENT_TYPES, DeliveryAttempt, 
 from nightbatch.notifications.queues import DeliveryQueue
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, Table
-from nightbatch.storage.records import BatchRecord
+from nightbatch.storage.records import BatchRecord, EventRecord
 from nightbatch.storage.ses import EmailRejectedError, Mailer
 from nightbatch.storage.sns import Topic
 from nightbatch.wire import TERMINAL_STATUSES
@@ -90,9 +90,9 @@ class Notifier:
         if batch.status not in TERMINAL_STATUSES:
             return NotifyResult(batch_id=batch_id, status="not_terminal")
         event, created = record_event(self.table, batch)
-        result = NotifyResult(batch_id=batch_id, status="notified", event_id=event["event_id"],
-                              event_type=event["type"], event_created=created,
-                              sns_message_id=event.get("sns_message_id"))
+        result = NotifyResult(batch_id=batch_id, status="notified", event_id=event.event_id,
+                              event_type=event.type, event_created=created,
+                              sns_message_id=event.sns_message_id)
         failed: list[str] = []
         for channel, send in (("webhooks", self._webhooks), ("sns", self._sns), ("email", self._email)):
             try:
@@ -103,18 +103,18 @@ class Notifier:
         if failed:
             # The step retries with backoff; past that the sweeper re-drives the still-open event.
             raise NotifyError(f"Notifying {batch_id} failed for: {', '.join(failed)}.")
-        if event.get("open_status"):
-            close_event(self.table, event["pk"])
+        if event.open_status:
+            close_event(self.table, event.pk)
         return result
 
-    def _webhooks(self, batch: BatchRecord, event: dict[str, Any], result: NotifyResult) -> None:
+    def _webhooks(self, batch: BatchRecord, event: EventRecord, result: NotifyResult) -> None:
         for endpoint in self.endpoints.all_items(batch.tenant):
-            if event["type"] in endpoint.event_types:
+            if event.type in endpoint.event_types:
                 delivery = self.deliveries.create(event, endpoint)
                 result.deliveries_enqueued += int(self.deliveries.enqueue_first(delivery))
 
-    def _sns(self, batch: BatchRecord, event: dict[str, Any], result: NotifyResult) -> None:
-        if self.topic is None or event.get("sns_message_id"):
+    def _sns(self, batch: BatchRecord, event: EventRecord, result: NotifyResult) -> None:
+        if self.topic is None or event.sns_message_id:
             return
         wire = batch_to_wire(batch)
         message = wire.model_dump_json()
@@ -123,18 +123,18 @@ class Notifier:
             wire.errors.data = wire.errors.data[:20]
             message = wire.model_dump_json()
         result.sns_message_id = self.topic.publish(
-            message, subject=f"nightbatch {event['type']} {batch.pk}",
-            attributes={"tenant": batch.tenant, "event_type": event["type"], "event_id": event["event_id"],
+            message, subject=f"nightbatch {event.type} {batch.pk}",
+            attributes={"tenant": batch.tenant, "event_type": event.type, "event_id": event.event_id,
                         "batch_id": batch.pk},
         )
-        mark_event(self.table, event["pk"], "sns_message_id", result.sns_message_id)
+        mark_event(self.table, event.pk, "sns_message_id", result.sns_message_id)
 
-    def _email(self, batch: BatchRecord, event: dict[str, Any], result: NotifyResult) -> None:
+    def _email(self, batch: BatchRecord, event: EventRecord, result: NotifyResult) -> None:
         to, refused = recipients(self.settings, batch.options)
         if refused:
             log.warning("notify %s: not emailing %s (domain not in NIGHTBATCH_EMAIL_ALLOWED_DOMAINS)",
                         batch.pk, ", ".join(refused))
-        done = [*event.get("emailed_to", []), *event.get("email_rejected", [])]
+        done = [*(event.emailed_to or []), *(event.email_rejected or [])]
         pending = [a for a in to if a not in done]
         if not pending:
             return
@@ -146,8 +146,8 @@ class Notifier:
         if self.mailer is None:
             log.warning("notify %s: email not sent, no sender identity (NIGHTBATCH_EMAIL_SENDER)", batch.pk)
             return
-        sent = list(event.get("emailed_to", []))
-        rejected = list(event.get("email_rejected", []))
+        sent = list(event.emailed_to or [])
+        rejected = list(event.email_rejected or [])
         transient: Exception | None = None
         for address in pending:
             try:
@@ -156,13 +156,13 @@ class Notifier:
                 # Permanent (e.g. an unverified recipient in the SES sandbox): logged, never retried.
                 log.warning("notify %s: SES rejected the e-mail to %s: %s", batch.pk, address, e)
                 rejected.append(address)
-                mark_event(self.table, event["pk"], "email_rejected", rejected)
+                mark_event(self.table, event.pk, "email_rejected", rejected)
                 continue
             except Exception as e:  # throttling, service errors: the step's retry sends what is missing
                 transient = e
                 continue
             sent.append(address)
-            mark_event(self.table, event["pk"], "emailed_to", sent)
+            mark_event(self.table, event.pk, "emailed_to", sent)
             result.emails_sent += 1
         if transient is not None:
             raise transient

@@ -60,6 +60,6 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
     # Cancelled or expired before planning: an empty manifest sends the workflow straight to Finalize.
     manifest_key = layout.write_manifest(blobs, inp.batch_id, items)
     if batch is not None:
-        table.update(inp.batch_id, set_={"shard_count": len(items)})
+        table.update_attributes(BatchRecord, inp.batch_id, set_={"shard_count": len(items)})
     return PlanOutput(batch_id=inp.batch_id, manifest_bucket=settings.deployment.bucket, manifest_key=manifest_key,
                       shard_count=len(items))

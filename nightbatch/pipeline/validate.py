@@ -19,7 +19,7 @@ from nightbatch.pipeline.prefixes import prefix_group
 from nightbatch.pipeline.segments import segment_line
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore
-from nightbatch.storage.records import FileRecord
+from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.validation import MAX_ERRORS_BYTES, LineInvalid, Validator, line_error
 from nightbatch.wire import BatchError
 
@@ -87,27 +87,27 @@ class SegmentWriter:
 
 def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
     settings, table, blobs = services.settings, services.adapters.table, services.adapters.blobs
-    batch = table.get(inp.batch_id)
+    batch = table.get_record(BatchRecord, inp.batch_id)
     if batch is None:
         return ValidateOutput(batch_id=inp.batch_id, valid=False)
-    cancelled_early = batch["status"] == "cancelling" and "est_tokens" not in batch
-    if batch["status"] != "validating" and not cancelled_early:
+    cancelled_early = batch.status == "cancelling" and batch.est_tokens is None
+    if batch.status != "validating" and not cancelled_early:
         # A re-run (retry, re-drive): the first run already decided.
-        return ValidateOutput(batch_id=inp.batch_id, valid=batch["status"] != "failed")
+        return ValidateOutput(batch_id=inp.batch_id, valid=batch.status != "failed")
     # Cancelled before validation: still read the input, so that Finalize can write one `batch_cancelled`
     # line per request (exactly one result line per input line, in every case).
-    file_item = table.get_owned(FileRecord, batch["tenant"], batch["input_file_id"])
+    file_item = table.get_owned(FileRecord, batch.tenant, batch.input_file_id)
     if file_item is None:
         return _fail(services, batch, [BatchError(
             code="invalid_request", param="file_id", line=None,
-            message=f"Cannot find file {batch['input_file_id']}, or it was deleted before the batch ran.")])
+            message=f"Cannot find file {batch.input_file_id}, or it was deleted before the batch ran.")])
     if file_item.bytes > settings.validation.max_input_bytes:
         return _fail(services, batch, [BatchError(
             code="file_too_large", param=None, line=None,
             message=f"The input file is {file_item.bytes} bytes, over the limit of "
                     f"{settings.validation.max_input_bytes} bytes per batch.")])
 
-    validator = Validator(settings=settings, endpoint=batch["endpoint"])
+    validator = Validator(settings=settings, endpoint=batch.endpoint)
     writer = SegmentWriter(blobs, inp.batch_id, settings.pipeline.segment_max_lines,
                            settings.pipeline.segment_max_bytes)
     errors: list[BatchError] = []
@@ -147,31 +147,31 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
         return _fail(services, batch, errors)
     writer.close()
     est_total = sum(s.est for s in writer.index)
-    over = check_queue_limits(table, batch["tenant"], inp.batch_id, count, est_total, model=validator.model,
+    over = check_queue_limits(table, batch.tenant, inp.batch_id, count, est_total, model=validator.model,
                               settings=settings)
     if over is not None:
         blobs.delete_prefix(layout.segments_prefix(inp.batch_id))
         return _fail(services, batch, [over])
-    extra = {"request_counts": {"total": count, "completed": 0, "failed": 0}, "model": validator.model,
+    extra: dict[str, Any] = {"request_counts": {"total": count, "completed": 0, "failed": 0}, "model": validator.model,
              "est_tokens": est_total}
     try:
         lifecycle.transition(table, inp.batch_id, "in_progress", extra=extra)
     except StorageConflictError:
         # Cancelled (or expired by the sweeper) while validating: keep the totals so Finalize writes a line
         # per request.
-        table.update(inp.batch_id, set_=extra)
+        table.update_attributes(BatchRecord, inp.batch_id, set_=extra)
     log.info("validated", extra={"batch_id": inp.batch_id, "requests": count, "est_tokens": est_total})
     return ValidateOutput(batch_id=inp.batch_id, valid=True)
 
 
-def _fail(services: Services, batch: dict[str, Any], errors: list[BatchError]) -> ValidateOutput:
+def _fail(services: Services, batch: BatchRecord, errors: list[BatchError]) -> ValidateOutput:
     try:
-        lifecycle.transition(services.adapters.table, batch["pk"], "failed", extra={
+        lifecycle.transition(services.adapters.table, batch.pk, "failed", extra={
             "errors": {"object": "list", "data": [e.model_dump() for e in errors]},
         }, at=now())
     except StorageConflictError:
         # Cancelled meanwhile: Finalize turns it into `cancelled` with no lines.
-        return ValidateOutput(batch_id=batch["pk"], valid=True)
+        return ValidateOutput(batch_id=batch.pk, valid=True)
     emit(services.settings, {"BatchesFinished": 1}, dimensions={"Status": "failed"})
-    log.info("validation failed", extra={"batch_id": batch["pk"], "errors": len(errors)})
-    return ValidateOutput(batch_id=batch["pk"], valid=False)
+    log.info("validation failed", extra={"batch_id": batch.pk, "errors": len(errors)})
+    return ValidateOutput(batch_id=batch.pk, valid=False)

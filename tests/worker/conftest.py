@@ -19,6 +19,7 @@ from nightbatch.pipeline.segments import segment_line
 from nightbatch.settings import Settings, get_settings
 from nightbatch.storage import Adapters, make_adapters
 from nightbatch.storage.dynamo import create_table
+from nightbatch.storage.records import BatchRecord
 
 CHAT_MODEL = "SmolLM2-135M-Instruct"
 EMBED_MODEL = "all-MiniLM-L6-v2"
@@ -50,10 +51,11 @@ class ShardWorld:
         return results_prefix(self.batch_id, self.shard_id)
 
     def put_batch(self, *, status: str = "in_progress", expires_in: float = 3600.0) -> None:
-        self.adapters.table.put({
-            "pk": self.batch_id, "kind": "batch", "status": status,
-            "expires_at": int(time.time() + expires_in),
-        })
+        self.adapters.table.put_record(BatchRecord(
+            pk=self.batch_id, tenant="default", status=status, created_at=int(time.time()),
+            endpoint="/v1/chat/completions", input_file_id="file-input", completion_window="24h",
+            expires_at=int(time.time() + expires_in),
+        ))
 
     def set_status(self, status: str) -> None:
         self.adapters.table.update(self.batch_id, set_={"status": status})

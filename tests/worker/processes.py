@@ -87,6 +87,11 @@ def checkpoints_reach(world: ShardWorld, count: int) -> Callable[[], bool]:
     return lambda: len(world.checkpoint_keys()) >= count
 
 
+def engine_ready(worker: Worker) -> Callable[[], bool]:
+    """The worker's engine said it is ready (the vLLM engine prints `<model> ready in <s> s`)."""
+    return lambda: " ready in " in worker.log.read_text(errors="replace")
+
+
 def wait_until(condition: Callable[[], bool], worker: Worker, *, timeout: float, every: float = 0.01) -> bool:
     """Polls until `condition` holds (True) or the worker exits or time runs out (False)."""
     deadline = time.monotonic() + timeout
