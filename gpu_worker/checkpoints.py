@@ -12,6 +12,7 @@ from gpu_worker.results import ResultLine
 from nightbatch.errors import StorageConflictError
 from nightbatch.layout import checkpoint_key, progress_key
 from nightbatch.storage import BlobStore, Table
+from nightbatch.storage.records import BatchRecord
 
 log = logging.getLogger("gpu_worker.checkpoints")
 
@@ -126,7 +127,7 @@ class Checkpointer:
             "live_output_tokens": sum(line.output_tokens for line in lines),
         }
         try:
-            self.table.update(self.batch_id, add=add)
+            self.table.update_attributes(BatchRecord, self.batch_id, add=add)
         except StorageConflictError:
             log.warning("batch %s is gone; progress counters not updated", self.batch_id)
         except Exception:

@@ -9,13 +9,14 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel
 
 from gpu_worker.checkpoints import Checkpointer
 from gpu_worker.engines.base import Engine
-from gpu_worker.results import exception_reply, is_fatal, result_line
+from gpu_worker.results import ResultLine, exception_reply, is_fatal, result_line
 from gpu_worker.scheduling import OrderPolicy, in_flight_limit, ordered
 from gpu_worker.shard import PendingLines, PendingRequest, Progress, load_shard, read_progress
 from gpu_worker.watch import read_stop_reason, watch_batch
@@ -113,8 +114,49 @@ async def run_shard(
     return await run.execute(report)
 
 
+@dataclass
+class AttemptCounters:
+    """What one attempt counts: results by outcome, tokens, aborted requests, and the busy time (monotonic
+    seconds: a busy stretch runs from a submit to an empty engine)."""
+
+    completed: int = 0
+    failed: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cancelled_requests: int = 0
+    busy_since: float = 0.0
+    busy_seconds: float = 0.0
+    first_submit: float = 0.0
+    last_result: float = 0.0
+
+    def busy_from(self, now: float) -> None:
+        """The engine had nothing in flight and gets a request."""
+        self.busy_since = now
+        self.first_submit = self.first_submit or now
+
+    def idle_at(self, now: float) -> None:
+        """The engine's last in-flight request ended."""
+        self.busy_seconds += now - self.busy_since
+
+    def result(self, line: ResultLine, now: float) -> None:
+        self.last_result = now
+        if line.ok:
+            self.completed += 1
+        else:
+            self.failed += 1
+        self.input_tokens += line.input_tokens
+        self.output_tokens += line.output_tokens
+
+    def fill(self, report: ShardReport, elapsed: float) -> None:
+        report.completed, report.failed = self.completed, self.failed
+        report.input_tokens, report.output_tokens = self.input_tokens, self.output_tokens
+        report.inference_seconds = round(self.busy_seconds, 3)
+        report.idle_seconds = round(max(0.0, elapsed - self.busy_seconds), 3)
+        report.running_seconds = round(max(0.0, self.last_result - self.first_submit), 3)
+
+
 class _ShardRun:
-    """The state of one attempt: in-flight tasks, the stop flag, busy time, counts."""
+    """The state of one attempt: in-flight tasks, the stop flag, and its counters."""
 
     def __init__(
         self, job: ShardJob, spec: ShardSpec, engine: Engine, settings: Settings, progress: Progress, *,
@@ -127,8 +169,8 @@ class _ShardRun:
         self.prefix = results_prefix(job.batch_id, job.shard_id)
         self.checkpointer = Checkpointer(
             blobs=blobs, table=table, batch_id=job.batch_id, prefix=self.prefix, attempt=self.attempt,
-            next_seq=progress.next_seq, every_lines=settings.checkpoint_every_lines,
-            every_seconds=settings.checkpoint_every_seconds,
+            next_seq=progress.next_seq, every_lines=settings.worker.checkpoint_every_lines,
+            every_seconds=settings.worker.checkpoint_every_seconds,
         )
         self.pending = PendingLines(blobs, spec, progress.done_ids)
         self.max_in_flight = in_flight_limit(settings, engine)
@@ -136,11 +178,7 @@ class _ShardRun:
         self.reason: str | None = None
         self.fatal: BaseException | None = None
         self.tasks: set[asyncio.Task[None]] = set()
-        self.cancelled_requests = 0
-        self.busy_since = 0.0
-        self.busy_seconds = 0.0
-        self.first_submit = self.last_result = 0.0
-        self.completed = self.failed = self.input_tokens = self.output_tokens = 0
+        self.counters = AttemptCounters()
 
     async def execute(self, report: ShardReport) -> ShardReport:
         started = time.monotonic()
@@ -171,7 +209,7 @@ class _ShardRun:
             task.cancel()
         await asyncio.gather(*background, halt_waiter, return_exceptions=True)
         await self.checkpointer.close()
-        finished = exhausted and self.cancelled_requests == 0 and self.fatal is None
+        finished = exhausted and self.counters.cancelled_requests == 0 and self.fatal is None
         elapsed = time.monotonic() - started
         self._fill(report, finished, elapsed)
         # Every attempt's GPU time counts toward the batch's cost, finished or not (Spot loss, cancel).
@@ -212,18 +250,17 @@ class _ShardRun:
             await asyncio.wait({*self.tasks, halt_waiter}, return_when=asyncio.FIRST_COMPLETED)
         if not self.tasks:
             return
-        _, late = await asyncio.wait(set(self.tasks), timeout=self.settings.worker_drain_seconds)
+        _, late = await asyncio.wait(set(self.tasks), timeout=self.settings.worker.drain_seconds)
         for task in late:
             task.cancel()
         if late:
             log.warning("%d requests still running after %.0f s of draining; they will be rerun or reported "
-                        "as not run", len(late), self.settings.worker_drain_seconds)
+                        "as not run", len(late), self.settings.worker.drain_seconds)
             await asyncio.wait(late)
 
     def _submit(self, request: PendingRequest) -> None:
         if not self.tasks:
-            self.busy_since = time.monotonic()
-            self.first_submit = self.first_submit or self.busy_since
+            self.counters.busy_from(time.monotonic())
         task = asyncio.create_task(self._run_one(request))
         self.tasks.add(task)
         task.add_done_callback(self._on_request_done)
@@ -231,7 +268,7 @@ class _ShardRun:
     async def _run_one(self, request: PendingRequest) -> None:
         request_id = new_request_id()
         endpoint = self.spec.endpoint
-        body = with_default_max_tokens(endpoint, request.body, self.settings.default_max_tokens)
+        body = with_default_max_tokens(endpoint, request.body, self.settings.serving.default_max_tokens)
         try:
             reply = await self.engine.handle(endpoint, body, request_id)
         except Exception as exc:
@@ -248,21 +285,16 @@ class _ShardRun:
             raise asyncio.CancelledError
         line = result_line(self.job.batch_id, request.custom_id, request_id, reply)
         self.checkpointer.add(line)
-        self.last_result = time.monotonic()
-        self.phases.mark("first_result", self.last_result)
-        if line.ok:
-            self.completed += 1
-        else:
-            self.failed += 1
-        self.input_tokens += line.input_tokens
-        self.output_tokens += line.output_tokens
+        now = time.monotonic()
+        self.counters.result(line, now)
+        self.phases.mark("first_result", now)
 
     def _on_request_done(self, task: asyncio.Task[None]) -> None:
         self.tasks.discard(task)
         if not self.tasks:
-            self.busy_seconds += time.monotonic() - self.busy_since
+            self.counters.idle_at(time.monotonic())
         if task.cancelled():
-            self.cancelled_requests += 1
+            self.counters.cancelled_requests += 1
             return
         exc = task.exception()
         if exc is not None:
@@ -283,7 +315,7 @@ class _ShardRun:
 
     async def _watch_batch(self) -> None:
         reason = await watch_batch(
-            self.table, self.job.batch_id, every=self.settings.worker_poll_seconds, halt=self.halt
+            self.table, self.job.batch_id, every=self.settings.worker.poll_seconds, halt=self.halt
         )
         if reason:
             self._halt_for(reason)
@@ -298,12 +330,8 @@ class _ShardRun:
         report.done = self.checkpointer.written
         report.skipped = self.pending.skipped
         report.lines = report.skipped + report.done
-        report.completed, report.failed = self.completed, self.failed
-        report.input_tokens, report.output_tokens = self.input_tokens, self.output_tokens
         report.checkpoints = self.checkpointer.objects
-        report.inference_seconds = round(self.busy_seconds, 3)
-        report.idle_seconds = round(max(0.0, elapsed - self.busy_seconds), 3)
-        report.running_seconds = round(max(0.0, self.last_result - self.first_submit), 3)
+        self.counters.fill(report, elapsed)
         report.finished = finished
         report.stopped_reason = None if finished else (self.reason or "error")
         self.phases.mark("done")

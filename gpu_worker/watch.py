@@ -6,10 +6,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any
 
 from nightbatch.storage import Table
+from nightbatch.storage.records import BatchRecord
 from nightbatch.wire import TERMINAL_STATUSES
 
 log = logging.getLogger("gpu_worker.watch")
@@ -20,11 +19,11 @@ BATCH_REASONS = frozenset(
 )
 
 
-def stop_reason(item: Mapping[str, Any] | None, now: float) -> str | None:
+def stop_reason(batch: BatchRecord | None, now: float) -> str | None:
     """None while the batch still wants results; otherwise the reason this shard must stop."""
-    if item is None:
+    if batch is None:
         return "batch_missing"
-    status = str(item.get("status", ""))
+    status = batch.status
     if status == "cancelling":
         return "cancelling"
     if status == "expired":
@@ -32,15 +31,14 @@ def stop_reason(item: Mapping[str, Any] | None, now: float) -> str | None:
     if status in TERMINAL_STATUSES or status == "finalizing":
         # Finalize runs only after every shard is done or given up on; a shard still running then is a zombie.
         return f"batch_{status}"
-    expires_at = item.get("expires_at")
-    if isinstance(expires_at, int | float) and now >= expires_at:
+    if batch.expires_at is not None and now >= batch.expires_at:
         return "expired"
     return None
 
 
 async def read_stop_reason(table: Table, batch_id: str) -> str | None:
-    item = await asyncio.to_thread(table.get, batch_id)
-    return stop_reason(item, time.time())
+    batch = await asyncio.to_thread(table.get_record, BatchRecord, batch_id)
+    return stop_reason(batch, time.time())
 
 
 async def watch_batch(table: Table, batch_id: str, *, every: float, halt: asyncio.Event) -> str:

@@ -1,33 +1,45 @@
-"""Lambda code asset built without Docker: pip installs the runtime deps for the Lambda platform, then the code."""
+"""Lambda code asset: the runtime deps pip-installed for the Lambda platform, the code, and its byte-code where
+the bundling interpreter is the runtime's own Python.
+
+Two ways to the same files:
+- in the Lambda build image (Docker bundling; `cdk deploy` needs Docker for the worker image anyway): pip, the
+  code, and .pyc files compiled by the runtime's Python (infra/asset_files.py runs inside the image);
+- without Docker (PipLocalBundler): pip with Lambda's platform tags and the code, plus .pyc files only when this
+  interpreter's version is the runtime's (Lambda ignores a .pyc of another version, so it would be dead weight).
+Without .pyc files Lambda compiles every module it imports on every cold start (/var/task is read-only), which
+is most of the API's cold start (issue #17). Context `lambdaBundling` chooses: `auto` (default: local when this
+Python is the runtime's, else Docker when a container runtime answers, else local without .pyc), `docker`
+or `local`.
+"""
 
 from __future__ import annotations
 
 import hashlib
+import os
+import shlex
 import shutil
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aws_cdk as cdk
 import jsii
 from aws_cdk import aws_lambda as lambda_
 
-# The packages Lambda runs; gpu_worker, infra and tests never ship in the Lambda bundle.
-LAMBDA_PACKAGES = ("nightbatch", "functions")
+from infra.asset_files import code_files, compile_asset, copy_code
+
 # The pyproject extra the Lambdas install on top of the core dependencies.
 LAMBDA_EXTRA = "api"
-_SKIP_PARTS = frozenset({"__pycache__", "tests"})
-# The local stack (moto server, CPU engines) never runs in Lambda.
-_SKIP_DIRS = ("nightbatch/local/",)
-# ... except the chat templates the settings resolve (nightbatch.settings imports nightbatch.local.templates).
-_KEEP = ("nightbatch/local/__init__.py", "nightbatch/local/templates/")
 
 RUNTIME = lambda_.Runtime.PYTHON_3_14
 ARCHITECTURE = lambda_.Architecture.ARM_64
 PIP_PLATFORM = "manylinux2014_aarch64"
+RUNTIME_PYTHON = RUNTIME.name.removeprefix("python")
+
+BundlingMode = Literal["auto", "docker", "local"]
 
 
 def lambda_requirements(pyproject: Path) -> list[str]:
@@ -37,29 +49,19 @@ def lambda_requirements(pyproject: Path) -> list[str]:
     return [*project["dependencies"], *project["optional-dependencies"][LAMBDA_EXTRA]]
 
 
-def _code_files(root: Path) -> Iterable[Path]:
-    for package in LAMBDA_PACKAGES:
-        base = root / package
-        if not base.is_dir():
-            continue
-        for path in sorted(base.rglob("*")):
-            relative = path.relative_to(root)
-            if (path.is_file() and not _SKIP_PARTS.intersection(relative.parts)
-                    and (not relative.as_posix().startswith(_SKIP_DIRS) or relative.as_posix().startswith(_KEEP))
-                    and path.suffix not in (".pyc", ".pyo")):
-                yield path
-
-
 @jsii.implements(cdk.ILocalBundling)
 class PipLocalBundler:
     """`pip install --target` with Lambda's platform tags, then a copy of the project's Lambda packages."""
 
     def __init__(self, *, root: Path, requirements: Sequence[str], python_version: str,
-                 platform: str = PIP_PLATFORM) -> None:
+                 platform: str = PIP_PLATFORM, compile: bool = False, decline: bool = False) -> None:
         self.root = root
         self.requirements = list(requirements)
         self.python_version = python_version
         self.platform = platform
+        # .pyc files only for the interpreter that will read them (see the module docstring).
+        self.compile = compile and python_version == local_python()
+        self.decline = decline  # leave the bundling to the Lambda build image
 
     def pip_command(self, output_dir: str) -> list[str]:
         return [
@@ -70,37 +72,74 @@ class PipLocalBundler:
         ]
 
     def try_bundle(self, output_dir: str, *, image: Any = None, **_: Any) -> bool:
+        if self.decline:
+            return False
         if self.requirements:
             subprocess.run(self.pip_command(output_dir), check=True)
-        for path in _code_files(self.root):
-            target = Path(output_dir) / path.relative_to(self.root)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
+        copy_code(self.root, Path(output_dir))
+        if self.compile:
+            compile_asset(Path(output_dir))
         return True
 
 
-def source_hash(root: Path, requirements: Sequence[str], platform: str, python_version: str) -> str:
+def local_python() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def container_runtime_works() -> bool:
+    """The container CLI the CDK would bundle with (CDK_DOCKER, as the CDK reads it) is installed and its daemon
+    answers (a docker CLI without a running daemon is common on CI machines)."""
+    cli = shutil.which(os.environ.get("CDK_DOCKER", "docker"))
+    if cli is None:
+        return False
+    try:
+        return subprocess.run([cli, "info"], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def use_docker(mode: BundlingMode, probe: bool = True) -> bool:
+    """`probe=False` (nothing is bundled in this synth) decides `auto` without asking the container runtime."""
+    if mode == "auto":
+        return probe and local_python() != RUNTIME_PYTHON and container_runtime_works()
+    return mode == "docker"
+
+
+def image_command(requirements: Sequence[str]) -> list[str]:
+    """Docker bundling: the same pip flags as the local bundler, then the code and its .pyc files, inside the
+    Lambda build image (its python3 is the runtime's). /asset-input is the repository root."""
+    pip = PipLocalBundler(root=Path("/asset-input"), requirements=requirements, python_version=RUNTIME_PYTHON)
+    install = ["python3", *pip.pip_command("/asset-output")[1:], "--no-cache-dir"] if requirements else ["true"]
+    copy = ["python3", "/asset-input/infra/asset_files.py", "/asset-input", "/asset-output", "--compile"]
+    return ["bash", "-c", f"{shlex.join(install)} && {shlex.join(copy)}"]
+
+
+def source_hash(root: Path, requirements: Sequence[str], platform: str, python_version: str,
+                compiled: bool = False) -> str:
     """Fingerprint of exactly what goes into the bundle, so unrelated repo changes don't redeploy Lambdas."""
     digest = hashlib.sha256()
-    for item in (*requirements, platform, python_version):
+    for item in (*requirements, platform, python_version, "pyc" if compiled else "py"):
         digest.update(item.encode() + b"\0")
-    for path in _code_files(root):
+    for path in (Path(__file__).with_name("asset_files.py"), *code_files(root)):
         digest.update(str(path.relative_to(root)).encode() + b"\0")
         digest.update(path.read_bytes())
     return digest.hexdigest()
 
 
-def lambda_code(root: Path) -> lambda_.Code:
+def lambda_code(root: Path, mode: BundlingMode = "auto", *, probe: bool = True) -> lambda_.Code:
     """One asset shared by every nightbatch Lambda (the handlers differ, the bundle does not)."""
-    python_version = RUNTIME.name.removeprefix("python")
     requirements = lambda_requirements(root / "pyproject.toml")
+    docker = use_docker(mode, probe)
+    compiled = docker or local_python() == RUNTIME_PYTHON
     return lambda_.Code.from_asset(
         str(root),
-        asset_hash=source_hash(root, requirements, PIP_PLATFORM, python_version),
+        asset_hash=source_hash(root, requirements, PIP_PLATFORM, RUNTIME_PYTHON, compiled),
         asset_hash_type=cdk.AssetHashType.CUSTOM,
         bundling=cdk.BundlingOptions(
-            # Used only if local bundling declines, i.e. never; kept because the option is required.
             image=RUNTIME.bundling_image,
-            local=PipLocalBundler(root=root, requirements=requirements, python_version=python_version),
+            command=image_command(requirements),
+            environment={"HOME": "/tmp"},  # the container runs as the deploying user, who has no home there
+            local=PipLocalBundler(root=root, requirements=requirements, python_version=RUNTIME_PYTHON,
+                                  compile=compiled, decline=docker),
         ),
     )

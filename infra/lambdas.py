@@ -1,4 +1,5 @@
-"""The one helper that builds every nightbatch Lambda: same bundle, runtime, arch, logging; a role of its own."""
+"""The one helper that builds every nightbatch Lambda: same bundle, runtime, arch, logging, active X-Ray tracing;
+a role of its own."""
 
 from __future__ import annotations
 
@@ -73,6 +74,9 @@ class LambdaFunction(Construct):
             role=self.role,
             log_group=self.log_group,
             logging_format=lambda_.LoggingFormat.JSON,
+            # X-Ray: the API's invocation starts the trace, Step Functions carries it to the task Lambdas
+            # (functions/tasks/tracing.py). CDK grants xray:PutTraceSegments/PutTelemetryRecords to the role.
+            tracing=lambda_.Tracing.ACTIVE,
         )
         self.node.add_validation(_EnvironmentLimit(self))
 

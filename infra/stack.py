@@ -76,7 +76,7 @@ class NightbatchStack(cdk.Stack):
         )
         self.runtime = self._runtime_environment()
         self.gpu = self._gpu_compute(repo_root)
-        code = lambda_code(repo_root)
+        code = lambda_code(repo_root, config.lambda_bundling, probe=self.bundling_required)
         self._secrets()
         self._functions(code)
 
@@ -230,6 +230,8 @@ class NightbatchStack(cdk.Stack):
                 "state_machine_arn": self.orchestration.state_machine.state_machine_arn,
                 "api_keys_secret": self.api_keys.secret_arn,
                 "secrets_kms_key": self.secrets_key.key_arn,
+                # `webhooks.test` queues its sample event for Deliver instead of calling the receiver itself.
+                "webhook_queue_url": self.notifications.webhook_queue.queue_url,
             })},
             memory_mb=config.api.memory_mb,
             rate_limit=config.api.rate_limit,
@@ -279,11 +281,12 @@ class NightbatchStack(cdk.Stack):
         self.api_keys.grant_read(api_role)
         for reader in (api_role, notify_role):
             self.link_secret.grant_read(reader)
-        # The API seals new signing secrets and opens them for `webhooks.test`; Deliver opens them to sign.
-        self.secrets_key.grant(api_role, "kms:Encrypt", "kms:Decrypt")
+        # The API seals new signing secrets; only Deliver opens them, to sign (also `webhooks.test`'s event).
+        self.secrets_key.grant(api_role, "kms:Encrypt")
         self.secrets_key.grant(self.deliverer.role, "kms:Decrypt")
         self.notifications.topic.grant_publish(notify_role)
-        self.notifications.webhook_queue.grant_send_messages(notify_role)
+        for sender in (api_role, notify_role):
+            self.notifications.webhook_queue.grant_send_messages(sender)
         self.notifications.grant_send_email(notify_role)
         # The sweeper lists the queue's jobs (ListJobs has no resource-level permissions: "*") and cancels the
         # unstarted ones of stopped batches (nightbatch/storage/batch_jobs.py); nothing else of Batch.

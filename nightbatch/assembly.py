@@ -50,7 +50,7 @@ class AssemblyService:
             return "file deleted"
         keys = list(item.parts or [])
         if not keys:
-            self.jobs.purge_parts(upload_id, delay_seconds=self.settings.upload_parts_grace_seconds)
+            self.jobs.purge_parts(upload_id, delay_seconds=self.settings.uploads.parts_grace_seconds)
             return "already composed"
         sizes = self.parts.sizes(upload_prefix(upload_id))
         missing = [k for k in keys if k not in sizes]
@@ -62,13 +62,13 @@ class AssemblyService:
             outcome = self._verify(file_id, keys, item.md5_expected)
         self.parts.compose(item.s3_key, [(k, sizes[k]) for k in keys])
         try:
-            self.table.update(file_id, set_={"composed_at": now()}, remove=("parts",))
+            self.table.update_attributes(FileRecord, file_id, set_={"composed_at": now()}, remove=("parts",))
         except StorageConflictError:
             # Deleted while composing: nothing may outlive the item.
             self.parts.blobs.delete(item.s3_key)
             self.purge(upload_id)
             return "file deleted"
-        self.jobs.purge_parts(upload_id, delay_seconds=self.settings.upload_parts_grace_seconds)
+        self.jobs.purge_parts(upload_id, delay_seconds=self.settings.uploads.parts_grace_seconds)
         log.info("upload %s composed into %s (%s)", upload_id, file_id, outcome)
         return outcome
 
@@ -76,9 +76,9 @@ class AssemblyService:
         actual = self.parts.md5(keys)
         try:
             if actual == expected:
-                self.table.update(file_id, remove=("status", "md5_expected"))
+                self.table.update_attributes(FileRecord, file_id, remove=("status", "md5_expected"))
                 return "composed, md5 verified"
-            self.table.update(file_id, set_={
+            self.table.update_attributes(FileRecord, file_id, set_={
                 "status": "error",
                 "status_details": f"The md5 given at upload completion ({expected}) does not match the "
                                   f"uploaded bytes ({actual}). This file cannot be used; upload it again.",

@@ -18,7 +18,7 @@ from nightbatch.notifications.endpoints import WebhookEndpointService
 from nightbatch.notifications.events import event_pk
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore
-from nightbatch.storage.records import BatchRecord, DeliveryRecord
+from nightbatch.storage.records import BatchRecord, DeliveryRecord, EventRecord
 from nightbatch.wire import TERMINAL_STATUSES
 
 MAX_SHARDS = 100
@@ -107,21 +107,22 @@ def progress_series(per_attempt: list[list[list[float]]]) -> list[list[float]]:
 def notifications(services: Services, batch: BatchRecord) -> dict[str, Any]:
     """The terminal event's webhook deliveries (with every attempt), e-mails and SNS message, if sent yet."""
     table = services.adapters.table
-    event = table.get(event_pk(batch.pk, batch.status)) if batch.status in TERMINAL_STATUSES else None
+    event = (table.get_record(EventRecord, event_pk(batch.pk, batch.status))
+             if batch.status in TERMINAL_STATUSES else None)
     if event is None:
         return {"event": None, "webhooks": [], "emails": [], "sns_message_id": None}
     webhooks = []
     endpoints = WebhookEndpointService(settings=services.settings, table=table)
     for endpoint in endpoints.all_items(batch.tenant):
-        rec = table.get_owned(DeliveryRecord, batch.tenant, delivery_id(event["event_id"], endpoint.pk))
+        rec = table.get_owned(DeliveryRecord, batch.tenant, delivery_id(event.event_id, endpoint.pk))
         if rec is not None:
             wire = delivery_to_wire(rec).model_dump()
             wire["url"] = endpoint.url
             webhooks.append(wire)
-    emails = [{"to": a, "status": "sent"} for a in event.get("emailed_to", [])]
-    emails += [{"to": a, "status": "rejected"} for a in event.get("email_rejected", [])]
-    return {"event": {"id": event["event_id"], "type": event["type"], "created_at": event.get("created_at")},
-            "webhooks": webhooks, "emails": emails, "sns_message_id": event.get("sns_message_id")}
+    emails = [{"to": a, "status": "sent"} for a in event.emailed_to or []]
+    emails += [{"to": a, "status": "rejected"} for a in event.email_rejected or []]
+    return {"event": {"id": event.event_id, "type": event.type, "created_at": event.created_at},
+            "webhooks": webhooks, "emails": emails, "sns_message_id": event.sns_message_id}
 
 
 def batch_detail(services: Services, tenant: str, batch_id: str) -> dict[str, Any]:

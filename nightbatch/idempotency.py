@@ -120,10 +120,9 @@ class IdempotencyStore:
                             headers={"retry-after": "1"})
 
     def _take_over(self, old: IdempotencyRecord, claim: IdempotencyRecord) -> bool:
-        fields = {k: v for k, v in claim.to_item().items() if k != "pk"}
         try:
-            self.table.update(old.pk, set_=fields, remove=("status", "body", "headers"),
-                              expect_in={"token": (old.token,)})
+            self.table.update_attributes(IdempotencyRecord, old.pk, set_=claim.attributes(),
+                                         remove=("status", "body", "headers"), expect_in={"token": (old.token,)})
         except StorageConflictError:
             return False
         return True
@@ -132,8 +131,8 @@ class IdempotencyStore:
         """Stores the answer to replay. Only this claim's owner may write it."""
         # A conflict means the claim was taken over after its lock expired; the newer owner's answer stands.
         with contextlib.suppress(StorageConflictError):
-            self.table.update(
-                claim.pk, set_={"state": "done", "status": status, "body": json.dumps(body),
+            self.table.update_attributes(
+                IdempotencyRecord, claim.pk, set_={"state": "done", "status": status, "body": json.dumps(body),
                                 "headers": dict(headers or {}), "completed_at": now()},
                 expect_in={"token": (claim.token,)},
             )
@@ -141,4 +140,5 @@ class IdempotencyStore:
     def abandon(self, claim: Claim) -> None:
         """Frees the key so that a retry runs the request again (after 5xx, 429, or a retryable 409)."""
         with contextlib.suppress(StorageConflictError):
-            self.table.update(claim.pk, set_={"state": "abandoned"}, expect_in={"token": (claim.token,)})
+            self.table.update_attributes(IdempotencyRecord, claim.pk, set_={"state": "abandoned"},
+                                         expect_in={"token": (claim.token,)})

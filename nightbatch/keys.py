@@ -95,8 +95,7 @@ class KeyStore:
         return rec if rec is not None and rec.active else None
 
     def list_keys(self) -> list[KeyRecord]:
-        return [r for i in self.table.query_owner(LIST_OWNER, ascending=True)
-                if (r := KeyRecord.load(i)) is not None]
+        return list(self.table.records(KeyRecord, LIST_OWNER, ascending=True))
 
     def find(self, *, key_id: str | None = None, name: str | None = None,
              prefix: str | None = None) -> list[KeyRecord]:
@@ -153,31 +152,30 @@ class KeyCache:
 
 class BootstrapKeys:
     """The configured keys (tenant "default"): NIGHTBATCH_API_KEY(S), plus the deployment's Secrets Manager
-    secret (comma-separated keys), re-read at most every `ttl` seconds so that a rotation is picked up.
+    secret (comma-separated keys). `read_secret` caches the value for `ttl` seconds (Powertools' Parameters,
+    nightbatch/storage/secrets.py), so that a rotation is picked up within `ttl`.
 
-    A secret that cannot be read is logged and counts as empty: stored keys keep working meanwhile.
+    A secret that cannot be read is logged and counts as empty for `ttl` seconds: stored keys keep working
+    meanwhile, and a failing Secrets Manager is not asked again on every request (Parameters caches only
+    values, not failures).
     """
 
     def __init__(self, configured: set[str], read_secret: Callable[[], str] | None, *, ttl: float) -> None:
         self.configured = configured
         self.read_secret = read_secret
         self.ttl = ttl
-        self._cached: tuple[float, set[str]] = (0.0, set())
-        self._lock = threading.Lock()
+        self._failed_until = 0.0
 
     def current(self) -> set[str]:
         if self.read_secret is None:
             return self.configured
         t = time.monotonic()
-        with self._lock:
-            expires, cached = self._cached
-            if expires > t:
-                return self.configured | cached
+        if self._failed_until > t:
+            return self.configured
         try:
-            fresh = {k.strip() for k in self.read_secret().split(",") if k.strip()}
+            raw = self.read_secret()
         except Exception:
             log.exception("cannot read the API keys secret; only stored and environment keys are accepted")
-            fresh = set()
-        with self._lock:
-            self._cached = (t + self.ttl, fresh)
-        return self.configured | fresh
+            self._failed_until = t + self.ttl
+            return self.configured
+        return self.configured | {k.strip() for k in raw.split(",") if k.strip()}

@@ -9,6 +9,7 @@ from nightbatch.clock import now
 from nightbatch.errors import BatchItemTooLargeError, StorageConflictError, StorageItemTooLargeError
 from nightbatch.limits import release_queue_usage
 from nightbatch.storage import Table
+from nightbatch.storage.records import BatchRecord
 from nightbatch.wire import TERMINAL_STATUSES
 
 # (from statuses) -> to; the timestamp field is f"{to}_at".
@@ -27,7 +28,7 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
 def transition(
     table: Table, batch_id: str, to: str, *, extra: Mapping[str, Any] | None = None,
     from_: tuple[str, ...] | None = None, at: int | None = None,
-) -> dict[str, Any]:
+) -> BatchRecord:
     """Moves a batch to `to` if it is in one of the allowed statuses; StorageConflictError otherwise."""
     allowed = from_ if from_ is not None else TRANSITIONS[to]
     fields: dict[str, Any] = {"status": to, f"{to}_at": at if at is not None else now()}
@@ -38,14 +39,14 @@ def transition(
     else:
         fields["open_status"] = to
     try:
-        item = table.update(batch_id, set_=fields, remove=remove, expect_in={"status": allowed})
+        rec = table.update_record(BatchRecord, batch_id, set_=fields, remove=remove, expect_in={"status": allowed})
     except StorageItemTooLargeError:
         fail_oversized(table, batch_id)
         raise BatchItemTooLargeError(OVERSIZED_MESSAGE.format(batch_id=batch_id)) from None
     if to in TERMINAL_STATUSES:
         # A finished batch gives back its queued requests/tokens and its in-flight slot (per-tenant limits).
-        release_queue_usage(table, str(item["tenant"]), batch_id)
-    return item
+        release_queue_usage(table, rec.tenant, batch_id)
+    return rec
 
 
 OVERSIZED_MESSAGE = ("Batch {batch_id} failed: its stored record grew past DynamoDB's 400 KB item limit, so its "
@@ -55,18 +56,18 @@ _BULKY = ("options", "errors", "ext", "metadata")
 _OPEN = ("validating", "in_progress", "cancelling", "finalizing")
 
 
-def fail_oversized(table: Table, batch_id: str) -> dict[str, Any] | None:
+def fail_oversized(table: Table, batch_id: str) -> BatchRecord | None:
     """Terminal for a batch whose item DynamoDB refuses to update (ValidationException): drop the bulky
     attributes, then mark it failed with a clear error. None if it was already terminal."""
     try:
         # Two writes: the first shrinks the item, so the second (the failure) fits whatever filled it.
-        table.update(batch_id, remove=_BULKY, expect_in={"status": _OPEN})
-        item = table.update(batch_id, set_={
+        table.update_record(BatchRecord, batch_id, remove=_BULKY, expect_in={"status": _OPEN})
+        rec = table.update_record(BatchRecord, batch_id, set_={
             "status": "failed", "failed_at": now(), "errors": {"object": "list", "data": [{
                 "code": "batch_item_too_large", "line": None, "param": None,
                 "message": OVERSIZED_MESSAGE.format(batch_id=batch_id)}]}},
             remove=("open_status",), expect_in={"status": _OPEN})
     except StorageConflictError:
         return None
-    release_queue_usage(table, str(item["tenant"]), batch_id)
-    return item
+    release_queue_usage(table, rec.tenant, batch_id)
+    return rec

@@ -23,9 +23,9 @@ from pydantic import BaseModel, ConfigDict
 
 from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError, RateLimitError, StorageConflictError
-from nightbatch.settings import Settings, get_settings
+from nightbatch.settings import Settings
 from nightbatch.storage import Table, quota
-from nightbatch.storage.records import BatchRecord, RateCounter, UsageCounters
+from nightbatch.storage.records import BatchRecord, FileRecord, RateCounter, UploadRecord, UsageCounters
 from nightbatch.wire import TERMINAL_STATUSES, BatchError
 
 QUEUE_MEMBER = "q#"
@@ -72,13 +72,13 @@ def _overrides(raw: str) -> dict[str, dict[str, int]]:
 
 def limits_for(settings: Settings, tenant: str) -> TenantLimits:
     base = {
-        "queued_requests": settings.limit_queued_requests,
-        "queued_tokens": settings.limit_queued_tokens,
-        "batches_in_flight": settings.limit_batches_in_flight,
-        "requests_per_minute": settings.limit_requests_per_minute,
-        "stored_bytes": settings.limit_stored_bytes,
+        "queued_requests": settings.limits.queued_requests,
+        "queued_tokens": settings.limits.queued_tokens,
+        "batches_in_flight": settings.limits.batches_in_flight,
+        "requests_per_minute": settings.limits.requests_per_minute,
+        "stored_bytes": settings.limits.stored_bytes,
     }
-    overrides = _overrides(settings.tenant_limits_json)
+    overrides = _overrides(settings.limits.tenant_limits_json)
     base.update(overrides.get(tenant, overrides.get("*", {})))
     return TenantLimits.model_validate(base)
 
@@ -88,19 +88,18 @@ def usage_pk(tenant: str) -> str:
 
 
 def _usage_fields(tenant: str) -> dict[str, Any]:
-    return {"kind": UsageCounters.KIND, "tenant": tenant}
+    return UsageCounters.identity(tenant)
 
 
 def check_queue_limits(
     table: Table, tenant: str, batch_id: str, requests: int, est_tokens: int,
-    *, model: str | None = None, settings: Settings | None = None,
+    *, settings: Settings, model: str | None = None,
 ) -> BatchError | None:
     """Reserves this batch's requests and estimated tokens in the tenant's queue, or says why it cannot.
 
     Called by Validate once the input is known to be good. Idempotent per batch: a re-run Validate does not
     count the batch twice. The BatchError (code `token_limit_exceeded`, OpenAI's) carries the numbers.
     """
-    settings = settings or get_settings()
     lim = limits_for(settings, tenant)
     amounts = {"queued_requests": requests, "queued_tokens": est_tokens}
     caps = {"queued_requests": lim.queued_requests, "queued_tokens": lim.queued_tokens}
@@ -156,7 +155,7 @@ def admit_batch(table: Table, tenant: str, batch_id: str, *, settings: Settings)
     raise RateLimitError(
         f"Too many batches in flight for tenant '{tenant}': {used} unfinished batches, limit "
         f"{lim.batches_in_flight}. Wait for a batch to finish (or cancel one), then try again.",
-        headers={"retry-after": str(max(1, min(60, settings.limit_in_flight_retry_after)))},
+        headers={"retry-after": str(max(1, min(60, settings.limits.in_flight_retry_after)))},
     )
 
 
@@ -167,13 +166,13 @@ def release_batch_slot(table: Table, tenant: str, batch_id: str) -> None:
 
 def reconcile_usage(table: Table, tenant: str) -> int:
     """Releases members whose batch is terminal, another tenant's, or long missing. Returns how many."""
-    item = table.get(usage_pk(tenant))
-    if item is None:
+    counters = table.get_record(UsageCounters, usage_pk(tenant))
+    if counters is None:
         return 0
     released = 0
     t = now()
     for prefix in (QUEUE_MEMBER, FLIGHT_MEMBER):
-        for member, entry in quota.members(item, prefix).items():
+        for member, entry in quota.members(counters.model_extra or {}, prefix).items():
             batch = table.get_owned(BatchRecord, tenant, member[len(prefix):])
             if batch is None:
                 stale = t - int(entry.get("at", 0)) > ORPHAN_GRACE_SECONDS
@@ -209,11 +208,10 @@ def count_request(table: Table, tenant: str, *, settings: Settings) -> None:
         return
     t = time.time()
     window = _window(t)
-    item = table.update(
-        _rate_pk(tenant, window), add={"requests": 1},
-        set_={"kind": RateCounter.KIND, "tenant": tenant, "ttl": window + 2 * WINDOW_SECONDS}, must_exist=False,
-    )
-    used = int(item.get("requests", 0))
+    used = table.update_record(
+        RateCounter, _rate_pk(tenant, window), add={"requests": 1},
+        set_={**RateCounter.identity(tenant), "ttl": window + 2 * WINDOW_SECONDS}, must_exist=False,
+    ).requests
     if used > limit:
         wait = max(1, math.ceil(window + WINDOW_SECONDS - t))
         raise RateLimitError(
@@ -235,8 +233,9 @@ def reserve_storage(table: Table, tenant: str, amount: int, *, settings: Setting
     cap = limits_for(settings, tenant).stored_bytes
     for attempt in range(2 if not cap or amount <= cap else 0):
         try:
-            table.update(usage_pk(tenant), add={"stored_bytes": amount}, set_=_usage_fields(tenant),
-                         expect_at_most={"stored_bytes": cap - amount} if cap else None, must_exist=False)
+            table.update_attributes(UsageCounters, usage_pk(tenant), add={"stored_bytes": amount},
+                                    set_=_usage_fields(tenant),
+                                    expect_at_most={"stored_bytes": cap - amount} if cap else None, must_exist=False)
             return
         except StorageConflictError:
             if attempt == 0:
@@ -250,19 +249,19 @@ def reserve_storage(table: Table, tenant: str, amount: int, *, settings: Setting
 
 def release_storage(table: Table, tenant: str, amount: int) -> None:
     if amount:
-        table.update(usage_pk(tenant), add={"stored_bytes": -amount}, must_exist=False)
+        table.update_attributes(UsageCounters, usage_pk(tenant), add={"stored_bytes": -amount}, must_exist=False)
 
 
 def recount_storage(table: Table, tenant: str) -> int:
     """Sets the counter to what the tenant's live files and pending Uploads hold; returns it."""
     t = now()
     total = 0
-    for kind in ("file", "upload"):
-        for item in table.query_owner(f"{tenant}#{kind}", ascending=True, page_size=1000):
-            if item.get("expires_at") is not None and int(item["expires_at"]) <= t and kind == "file":
-                continue
-            if kind == "upload" and (item.get("status") != "pending" or int(item["expires_at"]) <= t):
-                continue
-            total += int(item.get(QUOTA_ATTR, 0))
-    table.update(usage_pk(tenant), set_={"stored_bytes": total, **_usage_fields(tenant)}, must_exist=False)
+    for file in table.records(FileRecord, FileRecord.owner_of(tenant) or "", ascending=True, page_size=1000):
+        if file.live(t):
+            total += file.quota_bytes
+    for upload in table.records(UploadRecord, UploadRecord.owner_of(tenant) or "", ascending=True, page_size=1000):
+        if upload.status == "pending" and upload.expires_at > t:
+            total += upload.quota_bytes
+    table.update_attributes(UsageCounters, usage_pk(tenant), set_={"stored_bytes": total, **_usage_fields(tenant)},
+                            must_exist=False)
     return total

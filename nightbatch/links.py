@@ -19,8 +19,6 @@ import hashlib
 import hmac
 import json
 import secrets
-import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -33,7 +31,6 @@ from nightbatch.keys import KeyStore
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters
 from nightbatch.storage.records import FileRecord
-from nightbatch.storage.secrets import SecretReader
 
 DOWNLOAD_PATH = "/v1/nightbatch/files/{file_id}/download"
 
@@ -100,24 +97,13 @@ def parse_link_keys(raw: str) -> LinkKeys:
     return LinkKeys(current=current, keys=keys)
 
 
-_cache: dict[str, tuple[float, LinkKeys]] = {}
-_cache_lock = threading.Lock()
-
-
 def link_keys(settings: Settings, read_secret: Callable[[str], str] | None = None) -> LinkKeys:
-    """From `link_keys_secret` (Secrets Manager, cached), else `link_secret`, else this process's own key."""
-    if settings.link_keys_secret and read_secret is not None:
-        t = time.monotonic()
-        with _cache_lock:
-            hit = _cache.get(settings.link_keys_secret)
-            if hit is not None and hit[0] > t:
-                return hit[1]
-        keys = parse_link_keys(read_secret(settings.link_keys_secret))
-        with _cache_lock:
-            _cache[settings.link_keys_secret] = (t + max(1.0, settings.key_cache_seconds), keys)
-        return keys
-    if settings.link_secret:
-        return parse_link_keys(settings.link_secret)
+    """From `link_keys_secret` (Secrets Manager, through `read_secret`), else `link_secret`, else this process's
+    own key."""
+    if settings.links.keys_secret and read_secret is not None:
+        return parse_link_keys(read_secret(settings.links.keys_secret))
+    if settings.links.secret:
+        return parse_link_keys(settings.links.secret)
     return LinkKeys(current="p", keys={"p": _PROCESS_SECRET})
 
 
@@ -132,7 +118,7 @@ def sign_link(settings: Settings, file_id: str, *, ttl_seconds: int | None = Non
               keys: LinkKeys | None = None, api_key_id: str = "") -> SignedLink:
     """A link to `file_id` for `ttl_seconds` (default `link_ttl_seconds`). Check the caller's access first."""
     keys = keys or link_keys(settings)
-    ttl = ttl_seconds if ttl_seconds is not None else settings.link_ttl_seconds
+    ttl = ttl_seconds if ttl_seconds is not None else settings.links.ttl_seconds
     expires_at = (at if at is not None else now()) + ttl
     sig = _signature(keys.keys[keys.current], file_id, expires_at, keys.current, api_key_id)
     return SignedLink(file_id=file_id, expires_at=expires_at, kid=keys.current, ak=api_key_id, sig=sig)
@@ -167,7 +153,12 @@ def open_link(files: FileService, file_id: str, expires: str, sig: str, *, kid: 
 
 
 def link_keys_from(adapters: Adapters) -> LinkKeys:
-    """The deployment's link keys, read through the adapters' Secrets Manager client when configured."""
+    """The deployment's link keys, read through the adapters' Secrets Manager reader (cached for
+    `key_cache_seconds`, at least a second) when configured."""
     settings = adapters.settings
-    reader = SecretReader(client=adapters.client("secretsmanager")).read if settings.link_keys_secret else None
-    return link_keys(settings, reader)
+    max_age = max(1.0, settings.api.key_cache_seconds)
+
+    def read(secret_id: str) -> str:
+        return adapters.secrets.read(secret_id, max_age=max_age)
+
+    return link_keys(settings, read if settings.links.keys_secret else None)

@@ -4,6 +4,12 @@
 it). `log_context(request_id=…, batch_id=…)` binds ids for everything logged in the current context; ids
 passed with `extra=` win. Attributes that may hold secrets or user content are dropped by name, and anything
 that looks like an API key, a bearer token, a webhook secret or a link signature is masked in messages and tracebacks.
+In a traced Lambda invocation each line also carries `xray_trace_id` (as Powertools' Logger does), so that a
+trace in X-Ray leads to its log lines and back.
+
+Powertools' Logger is not used: it formats its own logger and copies its handler only to the loggers registered
+when asked, while this formatter on the root logger also catches loggers made later and third-party ones, and the
+worker and the CLI (which do not ship Powertools) log through the same code.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -37,6 +44,12 @@ _SECRET_PATTERNS = (
 )
 # Attributes every LogRecord has; anything else on a record came from `extra=`.
 _RECORD_ATTRS = frozenset(vars(logging.LogRecord("x", 0, "x", 0, "x", None, None))) | {"message", "asctime"}
+
+
+def xray_trace_id() -> str | None:
+    """The current Lambda invocation's X-Ray trace id (the runtime sets `_X_AMZN_TRACE_ID` per invocation)."""
+    root = os.environ.get("_X_AMZN_TRACE_ID", "").partition("Root=")[2].partition(";")[0]
+    return root or None
 
 
 def scrub(text: str) -> str:
@@ -73,6 +86,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": scrub(record.getMessage()),
         }
+        trace_id = xray_trace_id()
+        if trace_id:
+            out["xray_trace_id"] = trace_id
         out.update(_context.get())
         for name, value in vars(record).items():
             if name in _RECORD_ATTRS or name.startswith("_") or name.lower() in DENIED_FIELDS:

@@ -2,6 +2,11 @@
 
 Names and dimensions are what infra/observability.py's dashboard and alarms read: namespace `nightbatch`,
 exactly the dimension given (an extra dimension would make a different metric the alarms never see).
+
+Powertools' Metrics is not used: the GPU worker (AWS Batch, no Powertools in its image) writes these records
+too and one writer keeps both identical; and Powertools' records differ (each value a list, a `service`
+dimension added whenever POWERTOOLS_SERVICE_NAME is set, one flush per invocation through `log_metrics`)
+while adding nothing the dashboard or the alarms read.
 """
 
 from __future__ import annotations
@@ -37,6 +42,6 @@ def emf_line(values: dict[str, float], *, units: dict[str, str] | None = None,
 def emit(settings: Settings, values: dict[str, float], *, units: dict[str, str] | None = None,
          dimensions: dict[str, str] | None = None, out: TextIO | None = None) -> None:
     """Writes one EMF record in AWS; locally there is no CloudWatch to feed, so nothing is written."""
-    if settings.mode != "aws" or not values:
+    if settings.deployment.mode != "aws" or not values:
         return
     print(emf_line(values, units=units, dimensions=dimensions), file=out or sys.stdout, flush=True)

@@ -7,6 +7,7 @@ from typing import Any
 from nightbatch.clock import now, sort_key
 from nightbatch.errors import InvalidRequestError
 from nightbatch.storage import Table
+from nightbatch.storage.records import BatchRecord
 
 
 def tenant_usage(table: Table, tenant: str, *, start: int | None, end: int | None) -> dict[str, Any]:
@@ -19,20 +20,21 @@ def tenant_usage(table: Table, tenant: str, *, start: int | None, end: int | Non
                               "estimated_cost_usd": 0.0}
     by_status: dict[str, int] = {}
     # Newest first from `end` back to `start`: the owner index is ordered by creation time.
-    for item in table.query_owner(f"{tenant}#batch", ascending=False, after_sk=sort_key(end, "")):
-        if item["created_at"] < start:
+    for batch in table.records(BatchRecord, BatchRecord.owner_of(tenant) or "", ascending=False,
+                               after_sk=sort_key(end, "")):
+        if batch.created_at < start:
             break
         totals["batches"] += 1
-        by_status[item["status"]] = by_status.get(item["status"], 0) + 1
-        counts = item.get("request_counts") or {}
+        by_status[batch.status] = by_status.get(batch.status, 0) + 1
+        counts = batch.request_counts or {}
         totals["completed_requests"] += int(counts.get("completed", 0))
         totals["failed_requests"] += int(counts.get("failed", 0))
-        usage = item.get("usage") or {}
+        usage = batch.usage or {}
         for k in ("input_tokens", "output_tokens", "total_tokens"):
             totals[k] += int(usage.get(k, 0))
         # Part of output_tokens (and so of the cost), as in OpenAI's usage objects.
         totals["reasoning_tokens"] += int((usage.get("output_tokens_details") or {}).get("reasoning_tokens", 0))
-        cost = (item.get("ext") or {}).get("cost") or {}
+        cost = (batch.ext or {}).get("cost") or {}
         totals["gpu_seconds"] += float(cost.get("gpu_seconds", 0.0))
         totals["estimated_cost_usd"] += float(cost.get("estimated_cost_usd", 0.0))
     totals["gpu_seconds"] = round(totals["gpu_seconds"], 3)

@@ -15,7 +15,6 @@ from nightbatch.keys import DEFAULT_TENANT, STORED_KEY_RE, BootstrapKeys, KeyCac
 from nightbatch.limits import count_request
 from nightbatch.services import Services
 from nightbatch.storage import Table
-from nightbatch.storage.secrets import SecretReader
 
 
 @dataclass(frozen=True)
@@ -49,18 +48,18 @@ def auth_caches(services: Services) -> AuthCaches:
     settings = services.settings
     with _caches_lock:
         caches = _caches.get(table)
-        if caches is None or caches.stored.ttl != settings.key_cache_seconds:
+        if caches is None or caches.stored.ttl != settings.api.key_cache_seconds:
             read_secret = None
-            if settings.api_keys_secret:
-                reader = SecretReader(client=services.adapters.client("secretsmanager"))
-                secret_id = settings.api_keys_secret
+            if settings.api.api_keys_secret:
+                secrets, secret_id = services.adapters.secrets, settings.api.api_keys_secret
+                ttl = settings.api.key_cache_seconds
 
                 def read_secret() -> str:
-                    return reader.read(secret_id)
+                    return secrets.read(secret_id, max_age=ttl)
 
             caches = AuthCaches(
-                stored=KeyCache(KeyStore(table), ttl=settings.key_cache_seconds),
-                bootstrap=BootstrapKeys(settings.accepted_keys, read_secret, ttl=settings.key_cache_seconds),
+                stored=KeyCache(KeyStore(table), ttl=settings.api.key_cache_seconds),
+                bootstrap=BootstrapKeys(settings.api.accepted_keys, read_secret, ttl=settings.api.key_cache_seconds),
             )
             _caches[table] = caches
         return caches

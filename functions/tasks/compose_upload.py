@@ -11,6 +11,7 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from functions.tasks.tracing import tracer
 from nightbatch.services import Services, default_services
 
 log = logging.getLogger("nightbatch.tasks.compose_upload")
@@ -40,5 +41,6 @@ def run(services: Services, event: dict[str, Any]) -> list[object]:
     return results
 
 
+@tracer.capture_lambda_handler(capture_response=False)
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     return {"results": [str(r) for r in run(default_services(), event)]}

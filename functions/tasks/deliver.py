@@ -14,6 +14,7 @@ from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, pro
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 
 from functions.tasks.notify import default_notifier
+from functions.tasks.tracing import tracer
 
 # A batch whose every message failed is reported as such too (not raised): SQS redelivers exactly those.
 processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
@@ -23,5 +24,6 @@ def _deliver(record: SQSRecord) -> None:
     default_notifier().handle_message(json.loads(record.body))
 
 
+@tracer.capture_lambda_handler(capture_response=False)
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     return dict(process_partial_response(event=event, record_handler=_deliver, processor=processor, context=context))

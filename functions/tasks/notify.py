@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from functions.tasks.tracing import annotate_batch, tracer
 from nightbatch.logs import log_context
 from nightbatch.notifications import Notifier, notify_batch
 from nightbatch.notifications.models import NotifyInput
@@ -15,7 +16,9 @@ def default_notifier() -> Notifier:
     return default_services().notifier
 
 
+@tracer.capture_lambda_handler(capture_response=False)
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     inp = NotifyInput.model_validate(event)
+    annotate_batch(inp.batch_id)
     with log_context(batch_id=inp.batch_id, request_id=getattr(context, "aws_request_id", None)):
         return notify_batch(inp.batch_id, notifier=default_notifier()).model_dump()

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from functions.tasks.tracing import tracer
 from nightbatch.pipeline.sweep import sweep
 from nightbatch.services import default_services
 from nightbatch.storage.functions import AsyncInvoker
 
 
+@tracer.capture_lambda_handler(capture_response=False)
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     services = default_services()
-    name = services.settings.notify_function
+    name = services.settings.notifications.notify_function
     notify = None
     if name:
         invoker = AsyncInvoker(client=services.adapters.client("lambda"), function_name=name)

@@ -14,6 +14,7 @@ from nightbatch.notifications import Notifier, notify_batch
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.services import Services
 from nightbatch.storage import Adapters
+from nightbatch.storage.records import BatchRecord
 
 log = logging.getLogger("nightbatch.local")
 SHARD_ATTEMPTS = 2  # the state machine's Retry on States.TaskFailed, then Catch
@@ -114,5 +115,5 @@ class LocalWorkflow:
 
 
 def valid_or_open(services: Services, batch_id: str) -> bool:
-    batch = services.adapters.table.get(batch_id)
-    return batch is not None and batch["status"] != "failed"
+    batch = services.adapters.table.get_record(BatchRecord, batch_id)
+    return batch is not None and batch.status != "failed"

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nightbatch.clock import now
-from nightbatch.errors import InvalidRequestError, StorageConflictError, check_range
+from nightbatch.errors import InvalidRequestError, NightbatchError, StorageConflictError, check_range
 from nightbatch.ids import derived_id
 from nightbatch.notifications import transport
 from nightbatch.notifications.endpoints import PlainSealer, Sealer, signing_secrets
@@ -28,7 +28,7 @@ from nightbatch.notifications.signatures import signed_headers
 from nightbatch.notifications.targets import Resolver, TargetRefusedError, resolve_target
 from nightbatch.settings import Settings
 from nightbatch.storage import Table
-from nightbatch.storage.records import DeliveryRecord, WebhookEndpointRecord
+from nightbatch.storage.records import DeliveryRecord, EventRecord, WebhookEndpointRecord
 from nightbatch.wire import ListPage, list_page
 
 log = logging.getLogger("nightbatch.notifications")
@@ -63,18 +63,18 @@ class Deliveries:
     sealer: Sealer = field(default_factory=PlainSealer)
 
     def backoff(self, attempts_done: int) -> float:
-        s = self.settings
+        s = self.settings.notifications
         return float(min(s.webhook_retry_base_seconds * 2 ** (attempts_done - 1), s.webhook_retry_max_delay_seconds))
 
-    def create(self, event: dict[str, Any], endpoint: WebhookEndpointRecord) -> DeliveryRecord:
+    def create(self, event: EventRecord, endpoint: WebhookEndpointRecord) -> DeliveryRecord:
         """The delivery of `event` to `endpoint` (the existing one when a previous run made it)."""
-        pk = delivery_id(event["event_id"], endpoint.pk)
+        pk = delivery_id(event.event_id, endpoint.pk)
         created = now()
         rec = DeliveryRecord(
-            pk=pk, tenant=event["tenant"], endpoint_id=endpoint.pk, event_id=event["event_id"],
-            event_type=event["type"], batch_id=event.get("batch_id"), body=event["body"], status="pending",
+            pk=pk, tenant=event.tenant, endpoint_id=endpoint.pk, event_id=event.event_id,
+            event_type=event.type, batch_id=event.batch_id, body=event.body, status="pending",
             created_at=created, next_attempt_at=created, created_ts=time.time(),
-            ttl=created + int(self.settings.webhook_max_age_seconds) + RETAIN_SECONDS,
+            ttl=created + int(self.settings.notifications.webhook_max_age_seconds) + RETAIN_SECONDS,
         )
         try:
             self.table.put_record(rec, new=True)
@@ -90,7 +90,7 @@ class Deliveries:
             return False
         self.queue.send(DeliveryMessage(delivery_id=rec.pk, attempt=1, not_before=time.time()).model_dump(), 0)
         # Marked after the send: a crash in between re-sends on the next run (at least once, never zero).
-        self.table.update(rec.pk, set_={"enqueued": True})
+        self.table.update_attributes(DeliveryRecord, rec.pk, set_={"enqueued": True})
         return True
 
     def handle_message(self, message: dict[str, Any]) -> DeliveryAttempt | None:
@@ -121,8 +121,8 @@ class Deliveries:
         status, next_at = "succeeded", None
         if not result.ok:
             delay = self.backoff(n)
-            give_up_at = float(item.created_ts or item.created_at) + self.settings.webhook_max_age_seconds
-            if final or time.time() + delay > give_up_at:
+            give_up_at = float(item.created_ts or item.created_at) + self.settings.notifications.webhook_max_age_seconds
+            if final or item.test or time.time() + delay > give_up_at:  # a test event is never retried
                 status = "failed"
             else:
                 status, next_at = "pending", time.time() + delay
@@ -136,7 +136,7 @@ class Deliveries:
             msg = DeliveryMessage(delivery_id=delivery_id, attempt=n + 1, not_before=next_at)
             self.queue.send(msg.model_dump(), next_at - time.time())
         try:
-            self.table.update(delivery_id, set_={
+            self.table.update_attributes(DeliveryRecord, delivery_id, set_={
                 "attempt_count": n, "attempts": [*item.attempts, record.model_dump()],
                 "status": status, "next_attempt_at": record.next_attempt_at,
             }, expect_in={"attempt_count": (n - 1,)})
@@ -148,34 +148,39 @@ class Deliveries:
 
     def _post(self, delivery_id: str, body: bytes, endpoint: WebhookEndpointRecord, at: int) -> transport.PostResult:
         try:
-            target = resolve_target(endpoint.url, allow_private=self.settings.allow_private_targets,
+            target = resolve_target(endpoint.url, allow_private=self.settings.notifications.allow_private_targets,
                                     resolver=self.resolver)
         except TargetRefusedError as e:
             return transport.PostResult(None, e.message, 0)
         headers = signed_headers(delivery_id, body, signing_secrets(endpoint, at=at, sealer=self.sealer), at=at)
-        return self.post(target, body=body, headers=headers, timeout=self.settings.webhook_timeout_seconds)
+        return self.post(target, body=body, headers=headers,
+                         timeout=self.settings.notifications.webhook_timeout_seconds)
 
-    def send_test(self, endpoint: WebhookEndpointRecord, event_type: str) -> transport.PostResult:
-        """`webhooks.test`: one signed sample event, sent now, recorded like any delivery, never retried."""
+    def enqueue_test(self, endpoint: WebhookEndpointRecord, event_type: str) -> DeliveryRecord:
+        """`webhooks.test`: one signed sample event, recorded `pending` and queued like any delivery.
+
+        The queue's consumer sends it (one attempt, never retried), so a slow or silent receiver holds a
+        delivery worker for its timeout, never the API request that asked for the test."""
+        if self.queue is None:
+            raise NightbatchError("Webhook tests are unavailable: no delivery queue is configured "
+                                  "(NIGHTBATCH_WEBHOOK_QUEUE_URL).")
         at = now()
         event_id = f"evt_test_{secrets.token_hex(12)}"
         batch_id = f"batch_test_{secrets.token_hex(12)}"
-        body = event_body(event_id, event_type, at, batch_id)
-        delivery_id = f"wh_{secrets.token_hex(16)}"
-        target = resolve_target(endpoint.url, allow_private=self.settings.allow_private_targets,
-                                resolver=self.resolver)
-        secrets_ = signing_secrets(endpoint, at=at, sealer=self.sealer)
-        headers = signed_headers(delivery_id, body.encode(), secrets_, at=at)
-        result = self.post(target, body=body.encode(), headers=headers,
-                           timeout=self.settings.webhook_timeout_seconds)
-        record = DeliveryAttempt(attempt=1, attempted_at=at, status_code=result.status_code,
-                                 error=_error_text(result), duration_ms=result.duration_ms)
-        self.table.put_record(DeliveryRecord(
-            pk=delivery_id, tenant=endpoint.tenant, endpoint_id=endpoint.pk, event_id=event_id,
-            event_type=event_type, batch_id=batch_id, body=body, status="succeeded" if result.ok else "failed",
-            test=True, created_at=at, attempt_count=1, attempts=[record.model_dump()], ttl=at + RETAIN_SECONDS,
-        ))
-        return result
+        rec = DeliveryRecord(
+            pk=f"wh_{secrets.token_hex(16)}", tenant=endpoint.tenant, endpoint_id=endpoint.pk, event_id=event_id,
+            event_type=event_type, batch_id=batch_id, body=event_body(event_id, event_type, at, batch_id),
+            status="pending", test=True, created_at=at, next_attempt_at=at, created_ts=time.time(),
+            ttl=at + int(self.settings.notifications.webhook_max_age_seconds) + RETAIN_SECONDS,
+        )
+        self.table.put_record(rec, new=True)
+        try:
+            self.enqueue_first(rec)
+        except Exception:
+            # Not queued, so nothing would ever attempt it: it must not stay `pending`.
+            self.table.update_attributes(DeliveryRecord, rec.pk, set_={"status": "failed", "next_attempt_at": None})
+            raise
+        return rec
 
     def list(self, tenant: str, endpoint_id: str, *, limit: int, after: str | None) -> ListPage[WebhookDelivery]:
         check_range(limit, 1, MAX_LIST_LIMIT, param="limit")

@@ -100,7 +100,7 @@ class WebhookEndpointService:
 
     def _check_url(self, url: str) -> str:
         # Checked again at every delivery: DNS may change after creation.
-        resolve_target(url, allow_private=self.settings.allow_private_targets, resolver=self.resolver)
+        resolve_target(url, allow_private=self.settings.notifications.allow_private_targets, resolver=self.resolver)
         return url
 
     def _check_room(self, tenant: str, url: str, *, exclude: str | None = None) -> None:
@@ -109,7 +109,7 @@ class WebhookEndpointService:
         if any(r.url == url for r in existing):
             raise InvalidRequestError("Invalid 'url': another webhook endpoint of this project already has this "
                                       "URL.", param="url", code="duplicate_url")
-        cap = self.settings.max_webhook_endpoints
+        cap = self.settings.notifications.max_webhook_endpoints
         if exclude is None and cap and len(existing) >= cap:
             raise InvalidRequestError(f"This project already has {len(existing)} webhook endpoints, the most "
                                       "allowed on this deployment; delete one first.", code="too_many_endpoints")
@@ -148,8 +148,7 @@ class WebhookEndpointService:
         return list_page([to_wire(r) for r in recs], has_more)
 
     def all_items(self, tenant: str) -> builtins.list[WebhookEndpointRecord]:
-        return [r for i in self.table.query_owner(owner(tenant), ascending=True)
-                if (r := WebhookEndpointRecord.load(i)) is not None]
+        return list(self.table.records(WebhookEndpointRecord, owner(tenant), ascending=True))
 
     def update(self, tenant: str, endpoint_id: str, req: UpdateWebhookEndpointRequest) -> WebhookEndpoint:
         rec = self.item(tenant, endpoint_id)

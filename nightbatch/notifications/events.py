@@ -9,9 +9,9 @@ from typing import Any
 from nightbatch.clock import now, sort_key
 from nightbatch.errors import StorageConflictError
 from nightbatch.storage import Table
-from nightbatch.storage.records import BatchRecord
+from nightbatch.storage.records import BatchRecord, EventRecord
 
-PENDING = "notify_pending"
+PENDING = EventRecord.PENDING
 EVENT_TYPES: dict[str, str] = {
     "completed": "batch.completed", "failed": "batch.failed", "expired": "batch.expired",
     "cancelled": "batch.cancelled",
@@ -20,7 +20,7 @@ EVENT_TYPES: dict[str, str] = {
 
 def event_pk(batch_id: str, status: str) -> str:
     # Keyed by the transition, not by the event id: a second Notify finds the first one's event.
-    return f"evt#{batch_id}#{status}"
+    return EventRecord.pk_of(batch_id, status)
 
 
 def new_event_id() -> str:
@@ -35,34 +35,34 @@ def event_body(event_id: str, event_type: str, created_at: int, data_id: str) ->
     )
 
 
-def record_event(table: Table, batch: BatchRecord) -> tuple[dict[str, Any], bool]:
-    """The event of the batch's terminal status: (item, True) when this call created it, else the existing one."""
+def record_event(table: Table, batch: BatchRecord) -> tuple[EventRecord, bool]:
+    """The event of the batch's terminal status: (event, True) when this call created it, else the existing one."""
     status = batch.status
     event_type = EVENT_TYPES[status]
     event_id = new_event_id()
     created_at = int(getattr(batch, f"{status}_at", None) or now())
-    item: dict[str, Any] = {
-        "pk": event_pk(batch.pk, status), "kind": "event", "event_id": event_id, "type": event_type,
-        "tenant": batch.tenant, "batch_id": batch.pk, "status": status, "created_at": created_at,
-        "body": event_body(event_id, event_type, created_at, batch.pk),
+    event = EventRecord(
+        pk=event_pk(batch.pk, status), event_id=event_id, type=event_type, tenant=batch.tenant,
+        batch_id=batch.pk, status=status, created_at=created_at,
+        body=event_body(event_id, event_type, created_at, batch.pk),
         # Sparse status index: until every channel is done, the sweeper can find the event and re-drive it.
-        "open_status": PENDING, "created_sk": sort_key(created_at, event_id),
-    }
+        open_status=PENDING, created_sk=sort_key(created_at, event_id),
+    )
     try:
-        table.put_new(item)
+        table.put_record(event, new=True)
     except StorageConflictError:
-        existing = table.get(item["pk"])
+        existing = table.get_record(EventRecord, event.pk)
         if existing is None:  # deleted in between: nothing sensible to add; try once more
-            table.put_new(item)
-            return item, True
+            table.put_record(event, new=True)
+            return event, True
         return existing, False
-    return item, True
+    return event, True
 
 
 def mark_event(table: Table, pk: str, field: str, value: Any) -> None:
-    table.update(pk, set_={field: value})
+    table.update_attributes(EventRecord, pk, set_={field: value})
 
 
 def close_event(table: Table, pk: str) -> None:
     """Every channel of the event is done: the sweeper stops re-driving it."""
-    table.update(pk, remove=("open_status", "created_sk"))
+    table.update_attributes(EventRecord, pk, remove=("open_status", "created_sk"))

@@ -34,11 +34,18 @@ class DeletedWebhookEndpoint(BaseModel):
 
 
 class WebhookEndpointTestResult(BaseModel):
+    """`webhooks.test`'s answer (HTTP 202): the SDK's shape, and the queued delivery (our extension).
+
+    The sample event is sent by the delivery queue's consumer, after this answer: `status_code` is this
+    answer's own 202 (accepted), and the receiver's status arrives in the delivery's attempts."""
+
     event_type: str
     object: Literal["webhook_endpoint.test"] = "webhook_endpoint.test"
-    status_code: int
+    status_code: int = 202
     success: Literal[True] = True
     webhook_endpoint_id: str
+    delivery_id: str
+    status: Literal["pending"] = "pending"
 
 
 class WebhookEventTypeList(BaseModel):

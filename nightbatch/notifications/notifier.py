@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from nightbatch.batches import to_wire as batch_to_wire
-from nightbatch.errors import InvalidRequestError, NightbatchError, check_supported
+from nightbatch.errors import NightbatchError, check_supported
 from nightbatch.links import link_keys, link_keys_from, sign_link
 from nightbatch.notifications.delivery import Deliveries
 from nightbatch.notifications.email import compose, recipients
@@ -24,7 +24,7 @@ from nightbatch.notifications.models import BATCH_EVENT_TYPES, DeliveryAttempt, 
 from nightbatch.notifications.queues import DeliveryQueue
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, Table
-from nightbatch.storage.records import BatchRecord
+from nightbatch.storage.records import BatchRecord, EventRecord
 from nightbatch.storage.ses import EmailRejectedError, Mailer
 from nightbatch.storage.sns import Topic
 from nightbatch.wire import TERMINAL_STATUSES
@@ -74,17 +74,14 @@ class Notifier:
             self.queue.close()
 
     def test_endpoint(self, tenant: str, endpoint_id: str, event_type: str) -> WebhookEndpointTestResult:
-        """`webhooks.test`: one signed sample event to the tenant's endpoint, now; 400 if it cannot be reached."""
+        """`webhooks.test`: queues one signed sample event to the tenant's endpoint and answers at once.
+
+        The delivery path of real events sends it; its outcome is read from the endpoint's deliveries."""
         check_supported(event_type, BATCH_EVENT_TYPES, param="event_type")
         endpoint = self.endpoints.item(tenant, endpoint_id)
-        result = self.deliveries.send_test(endpoint, event_type)
-        if result.status_code is None:
-            raise InvalidRequestError(
-                f"The test event could not be delivered to {endpoint.url}: {result.error}.",
-                param="webhook_endpoint_id", code="webhook_unreachable",
-            )
-        return WebhookEndpointTestResult(event_type=event_type, status_code=result.status_code,
-                                         webhook_endpoint_id=endpoint_id)
+        delivery = self.deliveries.enqueue_test(endpoint, event_type)
+        return WebhookEndpointTestResult(event_type=event_type, webhook_endpoint_id=endpoint_id,
+                                         delivery_id=delivery.pk)
 
     def notify_batch(self, batch_id: str) -> NotifyResult:
         batch = self.table.get_record(BatchRecord, batch_id)
@@ -93,9 +90,9 @@ class Notifier:
         if batch.status not in TERMINAL_STATUSES:
             return NotifyResult(batch_id=batch_id, status="not_terminal")
         event, created = record_event(self.table, batch)
-        result = NotifyResult(batch_id=batch_id, status="notified", event_id=event["event_id"],
-                              event_type=event["type"], event_created=created,
-                              sns_message_id=event.get("sns_message_id"))
+        result = NotifyResult(batch_id=batch_id, status="notified", event_id=event.event_id,
+                              event_type=event.type, event_created=created,
+                              sns_message_id=event.sns_message_id)
         failed: list[str] = []
         for channel, send in (("webhooks", self._webhooks), ("sns", self._sns), ("email", self._email)):
             try:
@@ -106,18 +103,18 @@ class Notifier:
         if failed:
             # The step retries with backoff; past that the sweeper re-drives the still-open event.
             raise NotifyError(f"Notifying {batch_id} failed for: {', '.join(failed)}.")
-        if event.get("open_status"):
-            close_event(self.table, event["pk"])
+        if event.open_status:
+            close_event(self.table, event.pk)
         return result
 
-    def _webhooks(self, batch: BatchRecord, event: dict[str, Any], result: NotifyResult) -> None:
+    def _webhooks(self, batch: BatchRecord, event: EventRecord, result: NotifyResult) -> None:
         for endpoint in self.endpoints.all_items(batch.tenant):
-            if event["type"] in endpoint.event_types:
+            if event.type in endpoint.event_types:
                 delivery = self.deliveries.create(event, endpoint)
                 result.deliveries_enqueued += int(self.deliveries.enqueue_first(delivery))
 
-    def _sns(self, batch: BatchRecord, event: dict[str, Any], result: NotifyResult) -> None:
-        if self.topic is None or event.get("sns_message_id"):
+    def _sns(self, batch: BatchRecord, event: EventRecord, result: NotifyResult) -> None:
+        if self.topic is None or event.sns_message_id:
             return
         wire = batch_to_wire(batch)
         message = wire.model_dump_json()
@@ -126,18 +123,18 @@ class Notifier:
             wire.errors.data = wire.errors.data[:20]
             message = wire.model_dump_json()
         result.sns_message_id = self.topic.publish(
-            message, subject=f"nightbatch {event['type']} {batch.pk}",
-            attributes={"tenant": batch.tenant, "event_type": event["type"], "event_id": event["event_id"],
+            message, subject=f"nightbatch {event.type} {batch.pk}",
+            attributes={"tenant": batch.tenant, "event_type": event.type, "event_id": event.event_id,
                         "batch_id": batch.pk},
         )
-        mark_event(self.table, event["pk"], "sns_message_id", result.sns_message_id)
+        mark_event(self.table, event.pk, "sns_message_id", result.sns_message_id)
 
-    def _email(self, batch: BatchRecord, event: dict[str, Any], result: NotifyResult) -> None:
+    def _email(self, batch: BatchRecord, event: EventRecord, result: NotifyResult) -> None:
         to, refused = recipients(self.settings, batch.options)
         if refused:
             log.warning("notify %s: not emailing %s (domain not in NIGHTBATCH_EMAIL_ALLOWED_DOMAINS)",
                         batch.pk, ", ".join(refused))
-        done = [*event.get("emailed_to", []), *event.get("email_rejected", [])]
+        done = [*(event.emailed_to or []), *(event.email_rejected or [])]
         pending = [a for a in to if a not in done]
         if not pending:
             return
@@ -149,8 +146,8 @@ class Notifier:
         if self.mailer is None:
             log.warning("notify %s: email not sent, no sender identity (NIGHTBATCH_EMAIL_SENDER)", batch.pk)
             return
-        sent = list(event.get("emailed_to", []))
-        rejected = list(event.get("email_rejected", []))
+        sent = list(event.emailed_to or [])
+        rejected = list(event.email_rejected or [])
         transient: Exception | None = None
         for address in pending:
             try:
@@ -159,13 +156,13 @@ class Notifier:
                 # Permanent (e.g. an unverified recipient in the SES sandbox): logged, never retried.
                 log.warning("notify %s: SES rejected the e-mail to %s: %s", batch.pk, address, e)
                 rejected.append(address)
-                mark_event(self.table, event["pk"], "email_rejected", rejected)
+                mark_event(self.table, event.pk, "email_rejected", rejected)
                 continue
             except Exception as e:  # throttling, service errors: the step's retry sends what is missing
                 transient = e
                 continue
             sent.append(address)
-            mark_event(self.table, event["pk"], "emailed_to", sent)
+            mark_event(self.table, event.pk, "emailed_to", sent)
             result.emails_sent += 1
         if transient is not None:
             raise transient
@@ -173,13 +170,13 @@ class Notifier:
     def _links(self, file_ids: list[str]) -> tuple[dict[str, str | None], int | None]:
         """Signed download links (nightbatch.links), or none when they could not be followed."""
         s = self.settings
-        base = s.public_base_url.rstrip("/").removesuffix("/v1")
+        base = s.notifications.public_base_url.rstrip("/").removesuffix("/v1")
         # Without a shared key each process signs with its own, and only the local mode (one process) could
         # verify what the Notify Lambda signs.
-        if not file_ids or not base or (s.mode != "local" and not (s.link_secret or s.link_keys_secret)):
+        if not file_ids or not base or (s.deployment.mode != "local" and not (s.links.secret or s.links.keys_secret)):
             return {}, None
         keys = link_keys_from(self.adapters) if self.adapters is not None else link_keys(s)
-        signed = [sign_link(s, fid, ttl_seconds=s.email_link_ttl_seconds, keys=keys) for fid in file_ids]
+        signed = [sign_link(s, fid, ttl_seconds=s.notifications.email_link_ttl_seconds, keys=keys) for fid in file_ids]
         return {link.file_id: base + link.path for link in signed}, signed[0].expires_at
 
 

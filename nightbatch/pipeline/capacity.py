@@ -27,6 +27,7 @@ from nightbatch.clock import now
 from nightbatch.pipeline.sizing import _wall
 from nightbatch.services import Services
 from nightbatch.settings import Settings
+from nightbatch.storage.records import BatchRecord
 
 Capacity = Literal["spot", "on-demand"]
 # statusReason prefixes that mean "Spot could not hold or place this job" (aws-gpu-fleet-notes §1.4, §2.3).
@@ -59,7 +60,7 @@ def scheduling_priority(seconds_left: float) -> int:
 
 
 def queues(settings: Settings) -> dict[str, str]:
-    parsed: dict[str, str] = json.loads(settings.job_queues_json or "{}")
+    parsed: dict[str, str] = json.loads(settings.capacity.job_queues_json or "{}")
     return parsed
 
 
@@ -81,8 +82,8 @@ def remaining_work_seconds(services: Services, batch_id: str) -> float:
         shards += 1
     if not shards:
         return 0.0
-    work = tokens / max(1e-9, settings.shard_tokens_per_second)
-    return _wall(work, shards, min(shards, settings.max_gpus), settings.shard_cold_start_seconds)
+    work = tokens / max(1e-9, settings.pipeline.shard_tokens_per_second)
+    return _wall(work, shards, min(shards, settings.pipeline.max_gpus), settings.pipeline.shard_cold_start_seconds)
 
 
 def _status_reason(error: dict[str, Any] | None) -> str:
@@ -100,12 +101,13 @@ def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
     batch_id, shard_id = item["batch_id"], item["shard_id"]
     prev = item.get("capacity") or {}
     attempt = int(prev.get("attempt", 0)) + 1
-    batch = table.get(batch_id) or {}
+    batch = table.get_record(BatchRecord, batch_id)
     available = queues(settings)
     t = now()
-    seconds_left = float(batch.get("expires_at", t)) - t
+    expires_at = batch.expires_at if batch is not None else None
+    seconds_left = float(t if expires_at is None else expires_at) - t
     base: dict[str, Any] = {"attempt": attempt, "priority": scheduling_priority(seconds_left),
-                            "share": share_identifier(str(batch.get("tenant") or "default"))}
+                            "share": share_identifier((batch.tenant if batch is not None else "") or "default")}
 
     def choose(capacity: Capacity, reason: str, *, failures: int = 0, wait: int = 0) -> CapacityDecision:
         if capacity not in available:  # a deployment with one kind only
@@ -116,37 +118,38 @@ def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
         return CapacityDecision(action="run", capacity=capacity, queue=available.get(capacity, ""), failures=failures,
                                 wait_seconds=wait, reason=reason, retry_strategy=retry, **base)
 
-    if batch.get("status") != "in_progress":
+    if batch is None or batch.status != "in_progress":
         decision = CapacityDecision(action="give_up", capacity=prev.get("capacity", "spot"), queue="", failures=0,
-                                    wait_seconds=0, reason=f"batch is {batch.get('status', 'missing')}",
+                                    wait_seconds=0, reason=f"batch is {batch.status if batch else 'missing'}",
                                     retry_strategy={}, **base)
     elif item.get("shard_error"):
         status_reason = _status_reason(item["shard_error"])
         if prev.get("capacity") == "spot" and status_reason.startswith(SPOT_SHORTAGE):
             reason = f"spot attempt ended: {status_reason[:200]}"
-            table.update(batch_id, set_={"capacity_on_demand": reason})  # the batch's remaining shards follow
+            # The batch's remaining shards follow.
+            table.update_attributes(BatchRecord, batch_id, set_={"capacity_on_demand": reason})
             decision = choose("on-demand", reason)
         else:
             failures = int(prev.get("failures", 0)) + 1
-            if failures > settings.shard_retry_attempts:
+            if failures > settings.capacity.retry_attempts:
                 decision = choose(prev.get("capacity", "spot"), f"gave up after {failures} failed attempts: "
                                   f"{status_reason[:200]}", failures=failures)
                 decision = decision.model_copy(update={"action": "give_up"})
             else:
-                wait = int(settings.shard_retry_interval_seconds
-                           * settings.shard_retry_backoff ** (failures - 1))
+                wait = int(settings.capacity.retry_interval_seconds
+                           * settings.capacity.retry_backoff ** (failures - 1))
                 decision = choose(prev.get("capacity", "spot"), f"retry after: {status_reason[:200]}",
                                   failures=failures, wait=wait)
-    elif batch.get("capacity_on_demand"):
-        decision = choose("on-demand", f"batch moved to on-demand: {batch['capacity_on_demand']}")
+    elif batch.capacity_on_demand:
+        decision = choose("on-demand", f"batch moved to on-demand: {batch.capacity_on_demand}")
     else:
         slack = seconds_left - remaining_work_seconds(services, batch_id)
-        if slack < settings.capacity_margin_seconds:
-            reason = f"slack {slack:.0f} s < margin {settings.capacity_margin_seconds:.0f} s"
-            table.update(batch_id, set_={"capacity_on_demand": reason})
+        if slack < settings.capacity.margin_seconds:
+            reason = f"slack {slack:.0f} s < margin {settings.capacity.margin_seconds:.0f} s"
+            table.update_attributes(BatchRecord, batch_id, set_={"capacity_on_demand": reason})
             decision = choose("on-demand", reason)
         else:
-            decision = choose("spot", f"slack {slack:.0f} s >= margin {settings.capacity_margin_seconds:.0f} s")
+            decision = choose("spot", f"slack {slack:.0f} s >= margin {settings.capacity.margin_seconds:.0f} s")
     services.adapters.blobs.put_bytes(
         layout.capacity_key(layout.results_prefix(batch_id, shard_id), attempt),
         json.dumps({"at": t, **decision.model_dump(exclude={"retry_strategy"})}).encode(),

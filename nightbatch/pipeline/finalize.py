@@ -28,6 +28,7 @@ from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore, LineWriter
 from nightbatch.storage.parts import PartStore
+from nightbatch.storage.records import BatchRecord
 from nightbatch.wire import TERMINAL_STATUSES
 
 log = logging.getLogger("nightbatch.finalize")
@@ -35,15 +36,16 @@ UNRUN_CODE = {"cancelled": "batch_cancelled", "expired": "batch_expired", "compl
 READ_WHOLE_BYTES = 64 * 1024 * 1024  # checkpoint objects up to this size are read in one GET, larger streamed
 
 
-def decide_target(batch: dict[str, Any]) -> str:
-    status = batch["status"]
+def decide_target(batch: BatchRecord) -> str:
+    status = batch.status
     if status == "cancelling":
         return "cancelled"
     if status == "finalizing":
-        return str(batch.get("finalize_target", "completed"))
+        return batch.finalize_target or "completed"
+    expired = batch.expires_at is not None and now() >= batch.expires_at
     if status == "validating":
-        return "expired" if now() >= batch["expires_at"] else "failed"
-    return "expired" if now() >= batch["expires_at"] else "completed"
+        return "expired" if expired else "failed"
+    return "expired" if expired else "completed"
 
 
 def finalize_batch(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
@@ -57,15 +59,15 @@ def finalize_batch(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
 
 def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     table = services.adapters.table
-    batch = table.get(inp.batch_id)
+    batch = table.get_record(BatchRecord, inp.batch_id)
     if batch is None:
         return FinalizeOutput(batch_id=inp.batch_id, status="missing")
-    if batch["status"] in TERMINAL_STATUSES:
-        return FinalizeOutput(batch_id=inp.batch_id, status=batch["status"])
+    if batch.status in TERMINAL_STATUSES:
+        return FinalizeOutput(batch_id=inp.batch_id, status=batch.status)
     target = decide_target(batch)
     if target == "failed":
         return _fail_unvalidated(services, batch)
-    if target != "cancelled" and batch["status"] != "finalizing":
+    if target != "cancelled" and batch.status != "finalizing":
         try:
             batch = lifecycle.transition(table, inp.batch_id, "finalizing", extra={"finalize_target": target})
         except StorageConflictError:
@@ -74,7 +76,7 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     out_id, err_id, tally = writers
     usage = tally.usage()
     times = collect_shard_times(services.adapters.blobs, [layout.all_results_prefix(inp.batch_id)])
-    ext = dict(batch.get("ext") or {})
+    ext = dict(batch.ext or {})
     ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"])
     if times.phases:
         ext["phases"] = summarize_phases(times.phases)
@@ -87,29 +89,29 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
         "usage": usage, "output_file_id": out_id, "error_file_id": err_id, "ext": ext,
     }
     if target == "expired":
-        fields["finalizing_at"] = batch.get("finalizing_at") or now()
+        fields["finalizing_at"] = batch.finalizing_at or now()
     try:
         lifecycle.transition(table, inp.batch_id, target, extra=fields,
                              from_=("cancelling",) if target == "cancelled" else ("finalizing",))
     except StorageConflictError:
-        fresh = table.get(inp.batch_id)
-        return FinalizeOutput(batch_id=inp.batch_id, status=fresh["status"] if fresh else "missing")
+        fresh = table.get_record(BatchRecord, inp.batch_id)
+        return FinalizeOutput(batch_id=inp.batch_id, status=fresh.status if fresh else "missing")
     emit(services.settings, {"BatchesFinished": 1}, dimensions={"Status": target})
     log.info("finalized", extra={"batch_id": inp.batch_id, "status": target, "completed": tally.completed,
                                  "failed": tally.failed, "cost": ext["cost"]})
     return FinalizeOutput(batch_id=inp.batch_id, status=target)
 
 
-def _fail_unvalidated(services: Services, batch: dict[str, Any]) -> FinalizeOutput:
+def _fail_unvalidated(services: Services, batch: BatchRecord) -> FinalizeOutput:
     """Validate never finished (it crashed and its retries ran out): fail the batch rather than leave it."""
     try:
-        lifecycle.transition(services.adapters.table, batch["pk"], "failed", extra={"errors": {
+        lifecycle.transition(services.adapters.table, batch.pk, "failed", extra={"errors": {
             "object": "list", "data": [{"code": "validation_error", "line": None, "param": None,
                                         "message": "The input could not be validated; please retry."}]}})
     except StorageConflictError:
-        return finalize_batch(BatchTaskInput(batch_id=batch["pk"]), services)
+        return finalize_batch(BatchTaskInput(batch_id=batch.pk), services)
     emit(services.settings, {"BatchesFinished": 1}, dimensions={"Status": "failed"})
-    return FinalizeOutput(batch_id=batch["pk"], status="failed")
+    return FinalizeOutput(batch_id=batch.pk, status="failed")
 
 
 def _shards(blobs: BlobStore, batch_id: str) -> Iterator[tuple[str | None, list[str], int]]:
@@ -127,10 +129,10 @@ def _shards(blobs: BlobStore, batch_id: str) -> Iterator[tuple[str | None, list[
         yield None, [s.key for s in segs], sum(s.lines for s in segs)
 
 
-def _write_files(services: Services, batch: dict[str, Any], unrun_code: str) -> tuple[
+def _write_files(services: Services, batch: BatchRecord, unrun_code: str) -> tuple[
         str | None, str | None, Tally]:
     blobs = services.adapters.blobs
-    batch_id = batch["pk"]
+    batch_id = batch.pk
     tally = Tally()
     out = PartComposer(blobs, layout.output_key(batch_id))
     err = blobs.writer(layout.error_key(batch_id))
@@ -155,8 +157,8 @@ def _write_files(services: Services, batch: dict[str, Any], unrun_code: str) -> 
         out.abort()
         err.abort()
         raise
-    tenant = batch["tenant"]
-    ttl = batch.get("output_expires_after_seconds")
+    tenant = batch.tenant
+    ttl = batch.output_expires_after_seconds
     created = now()
 
     def register(key: str, size: int, kind: str) -> str | None:

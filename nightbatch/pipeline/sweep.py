@@ -10,11 +10,11 @@ from typing import Any
 
 from nightbatch.clock import now
 from nightbatch.metrics import emit
-from nightbatch.notifications.events import PENDING as EVENT_PENDING
 from nightbatch.pipeline.finalize import finalize_batch
 from nightbatch.pipeline.models import BatchTaskInput
 from nightbatch.services import Services
 from nightbatch.storage.batch_jobs import ACTIVE, UNSTARTED, BatchJobs
+from nightbatch.storage.records import BatchRecord, EventRecord
 from nightbatch.wire import TERMINAL_STATUSES
 
 log = logging.getLogger("nightbatch.sweep")
@@ -37,27 +37,27 @@ def sweep(services: Services, *, stale_seconds: int = STALE_SECONDS,
     oldest: dict[str, int] = {}
     skipped: list[str] = []
     for status in OPEN_STATUSES:
-        for key in table.query_open(status):
+        for batch_id in table.open_ids(status):
             # One batch that cannot be handled (a corrupt or oversized item, a throttled call) is logged and
             # skipped: it must not stop the sweep re-driving and finalizing every other batch.
             try:
-                batch = table.get(key["pk"])
-                if batch is None or batch["status"] != status:
+                batch = table.get_record(BatchRecord, batch_id)
+                if batch is None or batch.status != status:
                     continue
                 open_counts[status] = open_counts.get(status, 0) + 1
-                age = t - int(batch.get(f"{status}_at") or batch["created_at"])
+                age = t - int(getattr(batch, f"{status}_at", None) or batch.created_at)
                 oldest[status] = max(oldest.get(status, 0), age)
-                if t > int(batch["expires_at"]) + expiry_grace_seconds:
+                if t > _expires_at(batch) + expiry_grace_seconds:
                     # Finalize is idempotent: safe even if the workflow is in fact still finishing.
-                    finalized.append(finalize_batch(BatchTaskInput(batch_id=batch["pk"]), services).batch_id)
-                elif status == "validating" and batch["created_at"] <= t - stale_seconds:
+                    finalized.append(finalize_batch(BatchTaskInput(batch_id=batch.pk), services).batch_id)
+                elif status == "validating" and batch.created_at <= t - stale_seconds:
                     # Executions are named after the batch: starting one that exists is a no-op.
-                    services.batches.workflow.start(batch["pk"])
-                    redriven.append(batch["pk"])
+                    services.batches.workflow.start(batch.pk)
+                    redriven.append(batch.pk)
             except Exception:
-                log.exception("sweep: batch %s skipped", key.get("pk"), extra={"batch_id": str(key.get("pk"))})
-                skipped.append(str(key.get("pk")))
-    cancelled_jobs = _sweep_jobs(services, t) if settings.job_queue else []
+                log.exception("sweep: batch %s skipped", batch_id, extra={"batch_id": batch_id})
+                skipped.append(batch_id)
+    cancelled_jobs = _sweep_jobs(services, t) if settings.pipeline.job_queue else []
     try:
         expired_uploads = services.uploads.sweep_expired()
     except Exception:
@@ -83,22 +83,22 @@ def _renotify(services: Services, t: int, notify: Callable[[str], object], grace
     it sends only what is missing)."""
     table = services.adapters.table
     out: list[str] = []
-    for key in table.query_open(EVENT_PENDING):
+    for event_id in table.open_ids(EventRecord.PENDING):
         try:
-            event = table.get(str(key["pk"]))
-            if event is None or event.get("open_status") != EVENT_PENDING or int(event["created_at"]) > t - grace:
+            event = table.get_record(EventRecord, event_id)
+            if event is None or not event.pending or event.created_at > t - grace:
                 continue
-            notify(str(event["batch_id"]))
-            out.append(str(event["batch_id"]))
+            notify(event.batch_id)
+            out.append(event.batch_id)
         except Exception:
-            log.exception("sweep: re-notifying %s failed", key.get("pk"))
+            log.exception("sweep: re-notifying %s failed", event_id)
     return out
 
 
 def _sweep_jobs(services: Services, t: int) -> list[str]:
     settings, table = services.settings, services.adapters.table
     every = [BatchJobs(client=services.adapters.client("batch"), queue=q.strip())
-             for q in settings.job_queue.split(",") if q.strip()]  # the Spot and on-demand queues
+             for q in settings.pipeline.job_queue.split(",") if q.strip()]  # the Spot and on-demand queues
     cancelled: list[str] = []
     counts: dict[str, int] = {}
     oldest_runnable = 0
@@ -111,9 +111,9 @@ def _sweep_jobs(services: Services, t: int) -> list[str]:
                 continue
             try:
                 # Job names are "<batch_id>-<shard_id>" (infra/orchestration.py).
-                batch = table.get(str(job.get("jobName", "")).rsplit("-", 1)[0])
-                if batch is not None and (batch["status"] in TERMINAL_STATUSES or batch["status"] == "cancelling"
-                                          or t >= int(batch["expires_at"])):
+                batch = table.get_record(BatchRecord, str(job.get("jobName", "")).rsplit("-", 1)[0])
+                if batch is not None and (batch.status in TERMINAL_STATUSES or batch.status == "cancelling"
+                                          or t >= _expires_at(batch)):
                     jobs.cancel(job["jobId"], "nightbatch: batch cancelled or expired")
                     cancelled.append(job["jobId"])
             except Exception:
@@ -125,3 +125,9 @@ def _sweep_jobs(services: Services, t: int) -> list[str]:
                                     "GpuInstancesRunning": counts.get("RUNNING", 0)}
         emit(settings, gauges, units={"OldestRunnableJobAgeSeconds": "Seconds"})
     return cancelled
+
+
+def _expires_at(batch: BatchRecord) -> int:
+    if batch.expires_at is None:  # every batch is made with its window's end (nightbatch/batches.py)
+        raise ValueError(f"batch {batch.pk} has no expires_at")
+    return batch.expires_at

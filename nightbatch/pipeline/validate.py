@@ -19,7 +19,7 @@ from nightbatch.pipeline.prefixes import prefix_group
 from nightbatch.pipeline.segments import segment_line
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore
-from nightbatch.storage.records import FileRecord
+from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.validation import MAX_ERRORS_BYTES, LineInvalid, Validator, line_error
 from nightbatch.wire import BatchError
 
@@ -87,39 +87,41 @@ class SegmentWriter:
 
 def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
     settings, table, blobs = services.settings, services.adapters.table, services.adapters.blobs
-    batch = table.get(inp.batch_id)
+    batch = table.get_record(BatchRecord, inp.batch_id)
     if batch is None:
         return ValidateOutput(batch_id=inp.batch_id, valid=False)
-    cancelled_early = batch["status"] == "cancelling" and "est_tokens" not in batch
-    if batch["status"] != "validating" and not cancelled_early:
+    cancelled_early = batch.status == "cancelling" and batch.est_tokens is None
+    if batch.status != "validating" and not cancelled_early:
         # A re-run (retry, re-drive): the first run already decided.
-        return ValidateOutput(batch_id=inp.batch_id, valid=batch["status"] != "failed")
+        return ValidateOutput(batch_id=inp.batch_id, valid=batch.status != "failed")
     # Cancelled before validation: still read the input, so that Finalize can write one `batch_cancelled`
     # line per request (exactly one result line per input line, in every case).
-    file_item = table.get_owned(FileRecord, batch["tenant"], batch["input_file_id"])
+    file_item = table.get_owned(FileRecord, batch.tenant, batch.input_file_id)
     if file_item is None:
         return _fail(services, batch, [BatchError(
             code="invalid_request", param="file_id", line=None,
-            message=f"Cannot find file {batch['input_file_id']}, or it was deleted before the batch ran.")])
-    if file_item.bytes > settings.max_input_bytes:
+            message=f"Cannot find file {batch.input_file_id}, or it was deleted before the batch ran.")])
+    if file_item.bytes > settings.validation.max_input_bytes:
         return _fail(services, batch, [BatchError(
             code="file_too_large", param=None, line=None,
             message=f"The input file is {file_item.bytes} bytes, over the limit of "
-                    f"{settings.max_input_bytes} bytes per batch.")])
+                    f"{settings.validation.max_input_bytes} bytes per batch.")])
 
-    validator = Validator(settings=settings, endpoint=batch["endpoint"])
-    writer = SegmentWriter(blobs, inp.batch_id, settings.segment_max_lines, settings.segment_max_bytes)
+    validator = Validator(settings=settings, endpoint=batch.endpoint)
+    writer = SegmentWriter(blobs, inp.batch_id, settings.pipeline.segment_max_lines,
+                           settings.pipeline.segment_max_bytes)
     errors: list[BatchError] = []
     errors_bytes = 0
     count = 0
-    for raw in split_lines(services.files.chunks(file_item, read_ahead=True), max_bytes=settings.max_line_bytes):
+    chunks = services.files.chunks(file_item, read_ahead=True)
+    for raw in split_lines(chunks, max_bytes=settings.validation.max_line_bytes):
         if raw.data is not None and not raw.data.strip():
             continue  # blank lines are skipped but keep their numbers
         count += 1
-        if count > settings.max_requests_per_batch:
+        if count > settings.validation.max_requests_per_batch:
             errors.append(BatchError(
                 code="too_many_requests", line=raw.number, param=None,
-                message=f"The batch has more than {settings.max_requests_per_batch} requests (line "
+                message=f"The batch has more than {settings.validation.max_requests_per_batch} requests (line "
                         f"{raw.number}); split the file or raise the limit."))
             break
         try:
@@ -127,14 +129,14 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
         except LineInvalid as e:
             errors.append(line_error(raw.number, e))
             errors_bytes += len(errors[-1].model_dump_json())
-            if len(errors) >= settings.max_reported_errors or errors_bytes >= MAX_ERRORS_BYTES:
+            if len(errors) >= settings.validation.max_reported_errors or errors_bytes >= MAX_ERRORS_BYTES:
                 break
             continue
         if not errors:
             # A line shorter than plan_prefix_chars bytes cannot hold a prompt that long: no need to look.
-            long_enough = settings.plan_prefix_groups and len(req.raw) >= settings.plan_prefix_chars
-            group = prefix_group(req.body, groups=settings.plan_prefix_groups,
-                                 min_chars=settings.plan_prefix_chars) if long_enough else 0
+            long_enough = settings.pipeline.plan_prefix_groups and len(req.raw) >= settings.pipeline.plan_prefix_chars
+            group = prefix_group(req.body, groups=settings.pipeline.plan_prefix_groups,
+                                 min_chars=settings.pipeline.plan_prefix_chars) if long_enough else 0
             writer.add(req.number, req.raw, req.est_tokens, group)
     if not errors and count == 0:
         errors.append(BatchError(code="empty_file", param=None, line=None,
@@ -145,31 +147,31 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
         return _fail(services, batch, errors)
     writer.close()
     est_total = sum(s.est for s in writer.index)
-    over = check_queue_limits(table, batch["tenant"], inp.batch_id, count, est_total, model=validator.model,
+    over = check_queue_limits(table, batch.tenant, inp.batch_id, count, est_total, model=validator.model,
                               settings=settings)
     if over is not None:
         blobs.delete_prefix(layout.segments_prefix(inp.batch_id))
         return _fail(services, batch, [over])
-    extra = {"request_counts": {"total": count, "completed": 0, "failed": 0}, "model": validator.model,
+    extra: dict[str, Any] = {"request_counts": {"total": count, "completed": 0, "failed": 0}, "model": validator.model,
              "est_tokens": est_total}
     try:
         lifecycle.transition(table, inp.batch_id, "in_progress", extra=extra)
     except StorageConflictError:
         # Cancelled (or expired by the sweeper) while validating: keep the totals so Finalize writes a line
         # per request.
-        table.update(inp.batch_id, set_=extra)
+        table.update_attributes(BatchRecord, inp.batch_id, set_=extra)
     log.info("validated", extra={"batch_id": inp.batch_id, "requests": count, "est_tokens": est_total})
     return ValidateOutput(batch_id=inp.batch_id, valid=True)
 
 
-def _fail(services: Services, batch: dict[str, Any], errors: list[BatchError]) -> ValidateOutput:
+def _fail(services: Services, batch: BatchRecord, errors: list[BatchError]) -> ValidateOutput:
     try:
-        lifecycle.transition(services.adapters.table, batch["pk"], "failed", extra={
+        lifecycle.transition(services.adapters.table, batch.pk, "failed", extra={
             "errors": {"object": "list", "data": [e.model_dump() for e in errors]},
         }, at=now())
     except StorageConflictError:
         # Cancelled meanwhile: Finalize turns it into `cancelled` with no lines.
-        return ValidateOutput(batch_id=batch["pk"], valid=True)
+        return ValidateOutput(batch_id=batch.pk, valid=True)
     emit(services.settings, {"BatchesFinished": 1}, dimensions={"Status": "failed"})
-    log.info("validation failed", extra={"batch_id": batch["pk"], "errors": len(errors)})
-    return ValidateOutput(batch_id=batch["pk"], valid=False)
+    log.info("validation failed", extra={"batch_id": batch.pk, "errors": len(errors)})
+    return ValidateOutput(batch_id=batch.pk, valid=False)

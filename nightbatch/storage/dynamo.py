@@ -104,11 +104,11 @@ class Table:
         new: dict[str, Any] = _from_ddb(resp["Attributes"])
         return new
 
-    def get_record(self, kind: type[R], pk: str | None) -> R | None:
+    def get_record(self, kind: type[R], pk: str | None, *, consistent: bool = True) -> R | None:
         """The record under `pk` if it is of `kind`; None otherwise (internal reads: no tenant to check)."""
         if not pk or not pk.startswith(kind.ID_PREFIX):
             return None
-        return kind.load(self.get(pk))
+        return kind.load(self.get(pk, consistent=consistent))
 
     def get_owned(self, kind: type[R], tenant: str, record_id: str | None) -> R | None:
         """The tenant's record: another tenant's id is answered exactly like a missing one (None)."""
@@ -126,8 +126,28 @@ class Table:
         (self.put_new if new else self.put)(rec.to_item())
 
     def update_record(self, kind: type[R], pk: str, **kwargs: Any) -> R:
-        """`update`, read back as the record."""
+        """`update` of the record's own attributes (a misspelt one fails here rather than being stored),
+        read back as the record."""
+        _check_attributes(kind, kwargs)
         return kind.from_item(self.update(pk, **kwargs))
+
+    def update_attributes(self, kind: type[Record], pk: str, **kwargs: Any) -> None:
+        """`update_record` when the new record is not needed (nothing is read back or validated)."""
+        _check_attributes(kind, kwargs)
+        self.update(pk, **kwargs)
+
+    def records(self, kind: type[R], owner: str, *, ascending: bool, after_sk: str | None = None,
+                page_size: int = 100) -> Iterator[R]:
+        """Every record of `kind` listed under `owner` (after `after_sk`), page after page."""
+        for item in self.query_owner(owner, ascending=ascending, after_sk=after_sk, page_size=page_size):
+            rec = kind.load(item)
+            if rec is not None:
+                yield rec
+
+    def open_ids(self, status: str) -> Iterator[str]:
+        """The pk of every item on the open-status index under `status` (read each with `get_record`)."""
+        for key in self.query_open(status):
+            yield str(key["pk"])
 
     def page(
         self, kind: type[R], owner: str, *, limit: int, ascending: bool = False, after_sk: str | None = None,
@@ -216,6 +236,16 @@ def create_table(client: Any, name: str) -> None:
             },
         ],
     )
+
+
+def _check_attributes(kind: type[Record], kwargs: Mapping[str, Any]) -> None:
+    known = {*kind.model_fields, *kind.DERIVED}
+    named: set[str] = set()
+    for arg in ("set_", "add", "expect_in", "expect_at_most", "remove", "expect_absent"):
+        named.update(kwargs.get(arg) or ())
+    unknown = sorted(named - known)
+    if unknown:
+        raise ValueError(f"{kind.__name__} has no attribute {', '.join(map(repr, unknown))}")
 
 
 def _conditional(e: ClientError) -> bool:

@@ -25,7 +25,8 @@ def precise_sort_key(item_id: str) -> str:
 
 
 class Record(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    # Schemas are built on first use: a request builds only the records it touches (API cold import, #17).
+    model_config = ConfigDict(extra="allow", defer_build=True)
 
     KIND: ClassVar[str]
     ID_PREFIX: ClassVar[str] = ""
@@ -47,6 +48,11 @@ class Record(BaseModel):
     def owner(self) -> str | None:
         return self.owner_of(self.tenant)
 
+    @classmethod
+    def identity(cls, tenant: str) -> dict[str, Any]:
+        """The attributes that make an item this kind's and the tenant's: set when an update may create it."""
+        return {"kind": cls.KIND, "tenant": tenant}
+
     def index_keys(self) -> dict[str, Any]:
         return {}
 
@@ -59,6 +65,12 @@ class Record(BaseModel):
             item["owner"] = owner
         item.update(self.index_keys())
         item["kind"] = self.KIND
+        return item
+
+    def attributes(self) -> dict[str, Any]:
+        """`to_item` without the key: what an update writes to replace the stored record's attributes."""
+        item = self.to_item()
+        del item["pk"]
         return item
 
     @classmethod
@@ -111,6 +123,7 @@ class FileRecord(ListedRecord):
     upload_id: str | None = None
     batch_id: str | None = None
     quota_bytes: int = 0  # what this file counts against the tenant's stored bytes (nightbatch.limits)
+    composed_at: int | None = None  # an upload's parts were composed into the file's object
 
     def index_keys(self) -> dict[str, Any]:
         return {"ttl": self.expires_at} if self.expires_at is not None else {}
@@ -149,6 +162,12 @@ class BatchRecord(ListedRecord):
     live_failed: int | None = None
     live_input_tokens: int | None = None
     live_output_tokens: int | None = None
+    # Set along the workflow: Validate's token estimate, Plan's shard count, the status Finalize is heading
+    # for, and why Capacity moved the batch's remaining shards to on-demand.
+    est_tokens: int | None = None
+    shard_count: int | None = None
+    finalize_target: str | None = None
+    capacity_on_demand: str | None = None
 
     def index_keys(self) -> dict[str, Any]:
         keys: dict[str, Any] = {"created_sk": sort_key(self.created_at, self.pk)}
@@ -260,6 +279,37 @@ class DeliveryRecord(PreciselyListedRecord):
         return self.owner_of_endpoint(self.tenant, self.endpoint_id)
 
 
+class EventRecord(Record):
+    """A batch's terminal event, keyed by the transition (a second Notify finds the first one's event), with
+    the exact body every delivery sends and what each channel did with it."""
+
+    KIND = "event"
+    ID_PREFIX = "evt#"
+    # Stored as written: the sparse status index holds the event until every channel is done (`closed`).
+    DERIVED = ("owner",)
+    PENDING: ClassVar[str] = "notify_pending"
+
+    event_id: str
+    type: str
+    batch_id: str
+    status: str
+    created_at: int
+    body: str
+    open_status: str | None = None
+    created_sk: str | None = None
+    sns_message_id: str | None = None
+    emailed_to: list[str] | None = None
+    email_rejected: list[str] | None = None
+
+    @staticmethod
+    def pk_of(batch_id: str, status: str) -> str:
+        return f"evt#{batch_id}#{status}"
+
+    @property
+    def pending(self) -> bool:
+        return self.open_status == self.PENDING
+
+
 class IdempotencyRecord(Record):
     """The first request with an Idempotency-Key, and the answer kept for replays."""
 
@@ -309,6 +359,6 @@ class RateCounter(Record):
 
 
 KINDS: tuple[type[Record], ...] = (
-    FileRecord, BatchRecord, UploadRecord, KeyRecord, WebhookEndpointRecord, DeliveryRecord,
+    FileRecord, BatchRecord, UploadRecord, KeyRecord, WebhookEndpointRecord, DeliveryRecord, EventRecord,
     IdempotencyRecord, UsageCounters, RateCounter,
 )

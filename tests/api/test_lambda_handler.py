@@ -19,6 +19,7 @@ from urllib3.filepost import encode_multipart_formdata
 from functions.api.app import default_services
 from nightbatch.settings import get_settings
 from nightbatch.storage import Adapters
+from nightbatch.storage.records import WebhookEndpointRecord
 
 EVENT = json.loads((Path(__file__).parent.parent / "events" / "http_api_v2.json").read_text())
 KEY = "nb-lambda-key"
@@ -51,14 +52,14 @@ def handler(
 ) -> Iterator[Callable[[dict[str, Any], Any], dict[str, Any]]]:
     adapters = fresh_aws()
     state_machine = adapters.stepfunctions.create_state_machine(
-        name=adapters.settings.table, roleArn="arn:aws:iam::123456789012:role/sfn",
+        name=adapters.settings.deployment.table, roleArn="arn:aws:iam::123456789012:role/sfn",
         definition=json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Pass", "End": True}}}),
     )["stateMachineArn"]
     monkeypatch.setenv("NIGHTBATCH_STATE_MACHINE_ARN", state_machine)
-    monkeypatch.setenv("NIGHTBATCH_BUCKET", adapters.settings.bucket)
-    monkeypatch.setenv("NIGHTBATCH_TABLE", adapters.settings.table)
+    monkeypatch.setenv("NIGHTBATCH_BUCKET", adapters.settings.deployment.bucket)
+    monkeypatch.setenv("NIGHTBATCH_TABLE", adapters.settings.deployment.table)
     monkeypatch.setenv("NIGHTBATCH_API_KEY", KEY)
-    monkeypatch.setenv("NIGHTBATCH_REGION", adapters.settings.region)
+    monkeypatch.setenv("NIGHTBATCH_REGION", adapters.settings.deployment.region)
     from functions.api.handler import handler as lambda_handler
 
     # The Lambda reads its settings once per cold start; each test is a cold start.
@@ -98,7 +99,7 @@ def test_multipart_upload_through_api_gateway(handler: Any, make_jsonl: Callable
     assert batch["status"] == "validating"
     sfn = get_settings()
     executions = default_services().adapters.stepfunctions.list_executions(
-        stateMachineArn=sfn.state_machine_arn)["executions"]
+        stateMachineArn=sfn.pipeline.state_machine_arn)["executions"]
     assert [e["name"] for e in executions] == [batch["id"]]  # one execution, named after the batch
     listed = handler(event("GET", "/v1/files", query="limit=1&order=asc"), None)
     assert [x["id"] for x in json.loads(body_of(listed))["data"]] == [f["id"]]
@@ -137,3 +138,31 @@ def test_unauthenticated_requests_cost_no_table_or_s3_call(handler: Any) -> None
         resp = handler(event("GET", "/v1/files", headers={"authorization": auth}), None)
         assert resp["statusCode"] == 401, auth
     assert calls == []
+
+
+def test_webhooks_test_is_queued_on_sqs_not_sent_by_the_api(handler: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """M5: the API Lambda only records the sample event and sends it to the webhook queue (Deliver posts it)."""
+    adapters = default_services().adapters
+    sqs = adapters.client("sqs")
+    queue_url = sqs.create_queue(QueueName=f"{adapters.settings.deployment.table}-webhooks")["QueueUrl"]
+    monkeypatch.setenv("NIGHTBATCH_WEBHOOK_QUEUE_URL", queue_url)
+    get_settings.cache_clear()
+    default_services.cache_clear()
+    table = default_services().adapters.table
+    # A public https receiver that must never be called from here (its host does not even resolve).
+    table.put_record(WebhookEndpointRecord(pk="whep_lambda", tenant="default", created_at=1, event_types=[
+        "batch.completed"], name="x", url="https://receiver.invalid/hook", secret="whsec_" + "a" * 32), new=True)
+
+    resp = handler(event("POST", "/v1/webhook_endpoints/whep_lambda/test",
+                         body=b'{"event_type": "batch.completed"}',
+                         headers={"content-type": "application/json"}), None)
+    assert resp["statusCode"] == 202, body_of(resp)
+    result = json.loads(body_of(resp))
+    assert (result["object"], result["status"], result["webhook_endpoint_id"]) == (
+        "webhook_endpoint.test", "pending", "whep_lambda")
+    (message,) = sqs.receive_message(QueueUrl=queue_url, MaxNumberOfMessages=10)["Messages"]
+    assert json.loads(message["Body"])["delivery_id"] == result["delivery_id"]
+    listed = json.loads(body_of(handler(event("GET", "/v1/nightbatch/webhook_endpoints/whep_lambda/deliveries"),
+                                        None)))["data"]
+    assert [(d["id"], d["status"], d["test"], d["attempts"]) for d in listed] == [
+        (result["delivery_id"], "pending", True, [])]

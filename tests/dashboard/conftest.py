@@ -18,7 +18,7 @@ from nightbatch.clock import now, sort_key
 from nightbatch.notifications.delivery import delivery_id
 from nightbatch.notifications.events import event_pk
 from nightbatch.services import Services
-from nightbatch.storage.records import DeliveryRecord, WebhookEndpointRecord
+from nightbatch.storage.records import DeliveryRecord, EventRecord, WebhookEndpointRecord
 from tests.support.lifecycle import drive
 
 if TYPE_CHECKING:
@@ -141,8 +141,9 @@ def seed_worker_records(services: Services, batch_id: str, started: int) -> None
             blobs.put_bytes(f"{prefix}progress-{attempt}.json", json.dumps({"attempt": attempt, "samples": [
                 [t, 1, 0, 5], [t + 6, 1, 0 if sid == "00000" else 1, 8]]}).encode())
         blobs.put_bytes(f"{prefix}_done.json", json.dumps({"lines": lines, "attempts": len(attempts)}).encode())
-    table.put({"pk": event_pk(batch_id, "completed"), "kind": "event", "event_id": "evt_seeded",
-               "type": "batch.completed", "created_at": started + 200, "emailed_to": ["ops@example.com"]})
+    table.put_record(EventRecord(pk=event_pk(batch_id, "completed"), tenant="default", event_id="evt_seeded",
+                                 type="batch.completed", batch_id=batch_id, status="completed",
+                                 created_at=started + 200, body="{}", emailed_to=["ops@example.com"]))
     table.put_record(WebhookEndpointRecord(
         pk="whep_seeded", tenant="default", created_at=started, event_types=["batch.completed"], name="ops",
         url="https://hooks.example.com/nightbatch", secret="whsec_seeded"))

@@ -15,7 +15,7 @@ from nightbatch.batch_detail import progress_series
 from nightbatch.layout import progress_key
 from nightbatch.notifications.delivery import delivery_id
 from nightbatch.notifications.events import event_pk
-from nightbatch.storage.records import DeliveryRecord, WebhookEndpointRecord
+from nightbatch.storage.records import DeliveryRecord, EventRecord, WebhookEndpointRecord
 from tests.dashboard.conftest import create_batch, put_file
 from tests.support.lifecycle import drive
 
@@ -106,8 +106,9 @@ def test_detail_reports_shards_timings_progress_and_deliveries(api_server: ApiSe
     # Done: the shard's marker, and Notify's event with one webhook delivery and an e-mail.
     blobs.put_bytes(p0 + "_done.json", json.dumps({"lines": 3, "attempts": 2}).encode())
     drive(services, batch_id, "finalizing", "completed")
-    table.put({"pk": event_pk(batch_id, "completed"), "kind": "event", "event_id": "evt_1",
-               "type": "batch.completed", "created_at": 123, "emailed_to": ["ops@example.com"]})
+    table.put_record(EventRecord(pk=event_pk(batch_id, "completed"), tenant="default", event_id="evt_1",
+                                 type="batch.completed", batch_id=batch_id, status="completed", created_at=123,
+                                 body="{}", emailed_to=["ops@example.com"]))
     table.put_record(WebhookEndpointRecord(pk="whep_1", tenant="default", created_at=1, event_types=[],
                                            name="hook", url="https://example.com/hook", secret="whsec_x"))
     table.put_record(DeliveryRecord(

@@ -1,10 +1,12 @@
-"""M3: the GPU worker holds only its batch data and `batch_*` items; each Lambda only the table actions it calls."""
+"""M3: the GPU worker holds only its batch data and `batch_*` items; each Lambda only the table actions it calls.
+M5: each Lambda's reserved concurrency."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from infra.config import Concurrency
 from infra.stack import TABLE_ACTIONS
 from tests.infra.cfn import of_type
 
@@ -73,7 +75,7 @@ def test_each_lambda_holds_only_the_table_actions_it_calls(template: dict[str, A
                for a in acts)
 
 
-def test_webhook_secrets_are_sealed_with_the_stack_key_only_api_and_deliver_open_them(
+def test_webhook_secrets_are_sealed_with_the_stack_key_only_deliver_opens_them(
         template: dict[str, Any]) -> None:
     (key,) = [k for k in of_type(template, "AWS::KMS::Key") if k.startswith("SecretsKey")]
     for name in ("api", "notify", "deliver"):
@@ -83,4 +85,14 @@ def test_webhook_secrets_are_sealed_with_the_stack_key_only_api_and_deliver_open
     decrypters = {name for name, handler in HANDLERS.items()
                   for st in _statements_of_role(template, _role_of(template, handler))
                   if "kms:Decrypt" in _list(st["Action"]) and key in json.dumps(st["Resource"])}
-    assert decrypters == {"api", "deliver"}
+    assert decrypters == {"deliver"}, "the API only seals; webhooks.test is sent by Deliver (M5)"
+
+
+def test_reserved_concurrency_keeps_the_workflow_s_room_and_caps_the_api(template: dict[str, Any]) -> None:
+    """M5 floods: one key cannot take the account's Lambda concurrency from Validate/Finalize/Notify/Deliver."""
+    defaults = Concurrency()
+    reserved = {name: next(f for f in of_type(template, "AWS::Lambda::Function").values()
+                           if f["Properties"]["Handler"] == handler)["Properties"].get("ReservedConcurrentExecutions")
+                for name, handler in HANDLERS.items()}
+    assert reserved == {name: defaults.api if name == "api" else defaults.sweep if name == "sweep"
+                        else defaults.workflow for name in HANDLERS}

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from nightbatch.settings import JobInputs
 from tests.infra.cfn import one_of_type, resolve
 from tests.infra.synth import TEST_CONTEXT
 
@@ -51,6 +52,13 @@ def test_versioned_payloads(asl: dict[str, Any]) -> None:
         assert "Lambda.ServiceException" in lambda_retry["ErrorEquals"]
 
 
+def test_notify_retries_its_own_failures_with_backoff(asl: dict[str, Any]) -> None:
+    """M2: an SES throttle or SQS send failure (States.TaskFailed) is retried, not the end of the execution."""
+    retry = next(r for r in asl["States"]["Notify"]["Retry"] if r["ErrorEquals"] == ["States.TaskFailed"])
+    assert retry["MaxAttempts"] >= 3 and retry["BackoffRate"] > 1 and retry["IntervalSeconds"] >= 10
+    assert retry["MaxDelaySeconds"] <= 300
+
+
 def test_every_step_before_finalize_is_caught_into_it(asl: dict[str, Any]) -> None:
     for name in ("Validate", "Plan", "Shards"):
         (catch,) = asl["States"][name]["Catch"]
@@ -90,6 +98,9 @@ def test_shard_loop_capacity_then_job_sync_with_share_priority_and_catch(asl: di
         {"Name": "NIGHTBATCH_BATCH_ID", "Value.$": "$.batch_id"},
         {"Name": "NIGHTBATCH_SHARD_ID", "Value.$": "$.shard_id"},
     ]
+    # The per-job inputs the worker reads (JobInputs), each of them and nothing else.
+    assert {e["Name"] for e in params["ContainerOverrides"]["Environment"]} == {
+        JobInputs.env_name(f) for f in JobInputs.model_fields}
     # A fair-share queue requires ShareIdentifier; the queue, priority and retry strategy are Capacity's choice.
     assert {params[k] for k in ("JobQueue.$", "ShareIdentifier.$", "SchedulingPriorityOverride.$",
                                 "RetryStrategy.$")} == {"$.capacity.queue", "$.capacity.share",

@@ -261,7 +261,7 @@ def test_compose_upload_lambda_consumes_its_queue_one_message_at_a_time(template
 
 
 def test_deliver_lambda_consumes_the_webhook_queue_reporting_item_failures(template: dict[str, Any]) -> None:
-    from nightbatch.settings import Settings
+    from nightbatch.settings import SETTINGS
 
     mapping, queue, function = _consumers(template)["functions.tasks.deliver.handler"]
     webhook_queue, _ = one_of_type(template, "AWS::SQS::Queue", "NotificationsWebhookQueue")
@@ -269,7 +269,7 @@ def test_deliver_lambda_consumes_the_webhook_queue_reporting_item_failures(templ
     assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
     assert 1 <= mapping["BatchSize"] <= 10
     # Each message is one POST bounded by the receiver timeout, one after the other: the batch fits, with room.
-    receiver_timeout = Settings.model_fields["webhook_timeout_seconds"].default
+    receiver_timeout = SETTINGS["webhook_timeout_seconds"].info.default
     assert function["Timeout"] >= mapping["BatchSize"] * receiver_timeout + 15
     # A crashed or timed-out invocation's messages must not reappear while it may still be running.
     assert queue["VisibilityTimeout"] >= 6 * function["Timeout"]
@@ -304,6 +304,18 @@ def test_state_machine_timeout_logging_tracing(template: dict[str, Any]) -> None
     assert machine["LoggingConfiguration"]["Level"] == "ALL"
     assert machine["TracingConfiguration"] == {"Enabled": True}
     assert "StateMachineName" not in machine  # executions, not machines, carry the batch id
+
+
+def test_every_lambda_is_traced_and_may_write_its_segments(template: dict[str, Any]) -> None:
+    """X-Ray API → Step Functions → task Lambdas (functions/tasks/tracing.py): active tracing on every function."""
+    policies = of_type(template, "AWS::IAM::Policy").values()
+    for f in of_type(template, "AWS::Lambda::Function").values():
+        assert f["Properties"]["TracingConfig"] == {"Mode": "Active"}
+        role = {"Ref": f["Properties"]["Role"]["Fn::GetAtt"][0]}
+        actions = {a for p in policies if role in p["Properties"]["Roles"]
+                   for st in p["Properties"]["PolicyDocument"]["Statement"]
+                   for a in (st["Action"] if isinstance(st["Action"], list) else [st["Action"]])}
+        assert {"xray:PutTraceSegments", "xray:PutTelemetryRecords"} <= actions, f["Properties"]["Handler"]
 
 
 def test_outputs(template: dict[str, Any]) -> None:

@@ -3,13 +3,55 @@
 from __future__ import annotations
 
 import base64
+import socket
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 import openai
 import pytest
 from openai.types.webhooks import BatchCompletedWebhookEvent, BatchFailedWebhookEvent
 
 from nightbatch.notifications.models import CreateWebhookEndpointRequest
-from tests.notify.support import event_json
+from tests.notify.support import deliveries, event_json
+
+
+class Tarpit:
+    """A receiver that takes the request, then answers only once the test sets `release`."""
+
+    def __init__(self) -> None:
+        self.arrived, self.release, self.answered = threading.Event(), threading.Event(), threading.Event()
+        tarpit = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("content-length", "0")))
+                tarpit.arrived.set()
+                tarpit.release.wait(120)
+                self.send_response(200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+                tarpit.answered.set()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hooks/openai"
+
+    def close(self) -> None:
+        self.release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def test_crud_through_the_sdk(stack, receiver_factory):
@@ -51,25 +93,76 @@ def test_crud_through_the_sdk(stack, receiver_factory):
         "batch.completed", "batch.failed", "batch.expired", "batch.cancelled"]
 
 
+def settled(stack, endpoint_id: str, delivery_id: str, timeout: float = 30.0) -> dict:
+    """The delivery once it is no longer pending (a hang guard, not a speed bound)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [d for d in deliveries(stack, endpoint_id) if d["id"] == delivery_id]
+        if found and found[0]["status"] != "pending":
+            return found[0]
+        assert time.monotonic() < deadline, f"delivery {delivery_id} still pending: {found}"
+        time.sleep(0.05)
+
+
 def test_webhooks_test_sends_a_verifiable_sample_event(stack, receiver_factory):
     client = stack.client()
     receiver = receiver_factory([200, 503])
     ep = client.webhooks.create(name="t", url=receiver.url, event_types=["batch.completed"])
 
-    result = client.webhooks.test(ep.id, event_type="batch.completed")
+    raw = client.webhooks.with_raw_response.test(ep.id, event_type="batch.completed")
+    assert raw.status_code == 202
+    result = raw.parse()
     assert (result.object, result.success, result.status_code, result.webhook_endpoint_id) == (
-        "webhook_endpoint.test", True, 200, ep.id)
+        "webhook_endpoint.test", True, 202, ep.id)
+    assert result.status == "pending" and result.delivery_id.startswith("wh_")
     got = receiver.wait_for(1)[0]
+    assert got.headers["webhook-id"] == result.delivery_id
     event = client.webhooks.unwrap(got.body, got.headers, secret=ep.signing_secret)
     assert isinstance(event, BatchCompletedWebhookEvent)
     assert event.data.id.startswith("batch_")
+    done = settled(stack, ep.id, result.delivery_id)
+    assert (done["status"], done["test"], [a["status_code"] for a in done["attempts"]]) == ("succeeded", True, [200])
 
-    # Non-2xx answers are reported, not raised (the SDK types success as always true).
-    assert client.webhooks.test(ep.id, event_type="batch.failed").status_code == 503
-    second = receiver.wait_for(2)[1]
-    assert isinstance(client.webhooks.unwrap(second.body, second.headers, secret=ep.signing_secret),
+    # Non-2xx answers are recorded on the delivery, once: a test event is never retried.
+    second = client.webhooks.test(ep.id, event_type="batch.failed")
+    got = receiver.wait_for(2)[1]
+    assert isinstance(client.webhooks.unwrap(got.body, got.headers, secret=ep.signing_secret),
                       BatchFailedWebhookEvent)
-    assert event_json(second)["type"] == "batch.failed"
+    assert event_json(got)["type"] == "batch.failed"
+    failed = settled(stack, ep.id, second.delivery_id)
+    assert (failed["status"], failed["next_attempt_at"]) == ("failed", None)
+    assert [(a["status_code"], a["error"]) for a in failed["attempts"]] == [(503, "HTTP 503")]
+
+
+def test_webhooks_test_answers_before_a_tarpit_receiver_does(stack, receiver_factory):
+    """M5: the test event is queued, so a receiver that never answers holds no API request."""
+    client = stack.client()
+    tarpit = Tarpit()
+    try:
+        stack.settings.notifications.webhook_timeout_seconds = 60.0  # the tarpit, not the timeout, decides when it ends
+        ep = client.webhooks.create(name="slow", url=tarpit.url, event_types=["batch.completed"])
+        result = client.webhooks.test(ep.id, event_type="batch.completed")
+        # The answer is here although the tarpit has not answered (it waits for `release`, set only below).
+        assert not tarpit.answered.is_set()
+        assert (result.status, result.status_code) == ("pending", 202)
+        assert tarpit.arrived.wait(30), "the queued test event reached the receiver"
+        assert [d["status"] for d in deliveries(stack, ep.id)] == ["pending"]
+        tarpit.release.set()
+        done = settled(stack, ep.id, result.delivery_id)
+        assert tarpit.answered.is_set()
+        assert (done["status"], [a["status_code"] for a in done["attempts"]]) == ("succeeded", [200])
+    finally:
+        tarpit.close()
+
+
+def test_webhooks_test_of_an_unreachable_receiver_is_a_failed_delivery(stack):
+    client = stack.client()
+    ep = client.webhooks.create(name="gone", url=f"http://127.0.0.1:{closed_port()}/hook",
+                                event_types=["batch.completed"])
+    result = client.webhooks.test(ep.id, event_type="batch.completed")
+    assert result.status == "pending"
+    done = settled(stack, ep.id, result.delivery_id)
+    assert done["status"] == "failed" and done["attempts"][0]["error"] == "connection refused"
 
 
 def test_rotation_keeping_the_old_secret_signs_with_both(stack, receiver_factory):

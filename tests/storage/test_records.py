@@ -9,6 +9,7 @@ from nightbatch.storage.records import (
     KINDS,
     BatchRecord,
     DeliveryRecord,
+    EventRecord,
     FileRecord,
     IdempotencyRecord,
     KeyRecord,
@@ -37,6 +38,9 @@ def samples(tenant: str) -> list[Record]:
         DeliveryRecord(pk=f"wh_{tenant}1", tenant=tenant, created_at=100, endpoint_id=f"whep_{tenant}1",
                        event_id="evt_1", event_type="batch.completed", body="{}", status="pending",
                        attempts=[{"attempt": 1}], ttl=500),
+        EventRecord(pk=EventRecord.pk_of(f"batch_{tenant}1", "completed"), tenant=tenant, event_id="evt_1",
+                    type="batch.completed", batch_id=f"batch_{tenant}1", status="completed", created_at=100,
+                    body="{}", open_status=EventRecord.PENDING, created_sk="100#evt_1", emailed_to=["a@b.c"]),
         IdempotencyRecord(pk=f"idem#{tenant}#k", tenant=tenant, fingerprint="f", state="done", token="t",
                           created_at=100, started_at=100, status=200, body="{}", headers={"x": "y"}),
         UsageCounters(pk=UsageCounters.pk_of(tenant), tenant=tenant, queued_requests=3, batches_in_flight=1,
@@ -94,3 +98,19 @@ def test_page_returns_up_to_limit_and_says_whether_more_follow(adapters: Adapter
     recs, more = adapters.table.page(FileRecord, "a#file", limit=5, ascending=True,
                                      keep=lambda r: r.purpose == "batch")
     assert [r.pk for r in recs] == ["file-1", "file-3"] and not more
+
+
+def test_update_record_refuses_an_attribute_its_kind_does_not_have(adapters: Adapters) -> None:
+    rec = samples("a")[1]
+    adapters.table.put_record(rec)
+    with pytest.raises(ValueError, match="est_tokenz"):
+        adapters.table.update_record(BatchRecord, rec.pk, set_={"est_tokenz": 1})
+    assert adapters.table.update_record(BatchRecord, rec.pk, set_={"est_tokens": 7}).est_tokens == 7
+
+
+def test_an_event_stays_on_the_open_index_until_closed(adapters: Adapters) -> None:
+    event = next(r for r in samples("a") if isinstance(r, EventRecord))
+    adapters.table.put_record(event, new=True)
+    assert list(adapters.table.open_ids(EventRecord.PENDING)) == [event.pk]
+    closed = adapters.table.update_record(EventRecord, event.pk, remove=("open_status", "created_sk"))
+    assert not closed.pending and list(adapters.table.open_ids(EventRecord.PENDING)) == []

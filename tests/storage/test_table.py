@@ -15,7 +15,8 @@ from nightbatch.storage import Adapters, Table
 
 def batch_item(pk: str, status: str = "validating", **extra: Any) -> dict[str, Any]:
     item = {"pk": pk, "kind": "batch", "tenant": "t", "owner": "t#batch", "owner_sk": sort_key(1, pk),
-            "status": status, "open_status": status, "created_sk": sort_key(1, pk)}
+            "status": status, "open_status": status, "created_sk": sort_key(1, pk), "created_at": 1,
+            "endpoint": "/v1/chat/completions", "input_file_id": "file-1", "completion_window": "24h"}
     item.update(extra)
     return item
 
@@ -121,13 +122,14 @@ def test_concurrent_transitions_from_one_state_have_exactly_one_winner(
 def test_transition_sets_its_timestamp_and_the_open_index(adapters: Adapters) -> None:
     table = adapters.table
     table.put_new(batch_item("batch_ts"))
-    item = lifecycle.transition(table, "batch_ts", "in_progress", at=123, extra={"request_counts": {"total": 2}})
-    assert (item["status"], item["in_progress_at"], item["open_status"]) == ("in_progress", 123, "in_progress")
-    assert item["request_counts"] == {"total": 2}
-    assert [i["pk"] for i in table.query_open("in_progress")] == ["batch_ts"]
+    rec = lifecycle.transition(table, "batch_ts", "in_progress", at=123, extra={"request_counts": {"total": 2}})
+    assert (rec.status, rec.in_progress_at, rec.request_counts) == ("in_progress", 123, {"total": 2})
+    assert list(table.open_ids("in_progress")) == ["batch_ts"]
     lifecycle.transition(table, "batch_ts", "finalizing")
     done = lifecycle.transition(table, "batch_ts", "completed")
-    assert "open_status" not in done  # terminal batches leave the sweeper's index
+    assert done.status == "completed"
+    item = table.get("batch_ts")
+    assert item is not None and "open_status" not in item  # terminal batches leave the sweeper's index
     assert list(table.query_open("finalizing")) == []
     with pytest.raises(StorageConflictError):
         lifecycle.transition(table, "batch_ts", "cancelling")

@@ -6,17 +6,18 @@ from typing import Any
 
 from nightbatch import lifecycle
 from nightbatch.services import Services
+from nightbatch.storage.records import BatchRecord
 
 
-def drive(services: Services, batch_id: str, *steps: str, **extra: Any) -> dict[str, Any]:
+def drive(services: Services, batch_id: str, *steps: str, **extra: Any) -> BatchRecord | None:
     """Moves a batch through `steps` (e.g. "in_progress", "finalizing", "completed"), skipping a step it is
-    already in; `extra` fields are written with the last step. Returns the item."""
+    already in; `extra` fields are written with the last step. Returns the record."""
     table = services.adapters.table
-    item = table.get(batch_id) or {}
+    rec = table.get_record(BatchRecord, batch_id)
     for i, step in enumerate(steps):
         last = i == len(steps) - 1
-        if item.get("status") != step:
-            item = lifecycle.transition(table, batch_id, step, extra=extra if last else None)
+        if rec is None or rec.status != step:
+            rec = lifecycle.transition(table, batch_id, step, extra=extra if last else None)
         elif last and extra:
-            item = table.update(batch_id, set_=extra)
-    return item
+            rec = table.update_record(BatchRecord, batch_id, set_=extra)
+    return rec

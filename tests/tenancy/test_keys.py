@@ -22,7 +22,7 @@ def test_key_format_and_only_the_hash_is_stored(make_stack: Any) -> None:
     assert re.fullmatch(r"nb-[A-Za-z0-9_-]{43,}", key)  # 32 random bytes, URL-safe
     assert rec.tenant == "team-a" and rec.name == "ci" and rec.active
     assert rec.key_id.startswith("key_") and key.startswith(rec.prefix)
-    raw = stack.services.adapters.client("dynamodb").scan(TableName=stack.settings.table)["Items"]
+    raw = stack.services.adapters.client("dynamodb").scan(TableName=stack.settings.deployment.table)["Items"]
     dumped = json.dumps(raw)
     assert key not in dumped and key[len(rec.prefix):] not in dumped
     assert hash_key(key) in dumped
@@ -128,3 +128,29 @@ def test_bootstrap_keys_from_the_deployment_secret(make_stack: Any) -> None:
     assert broken.client(broken.new_key("team-a")).files.list().data == []
     with pytest.raises(openai.AuthenticationError):
         broken.client("secondsecretkey987654321").files.list()
+
+
+def test_secret_reads_are_cached_and_failures_back_off(make_stack: Any) -> None:
+    """Parameters (Powertools) keeps a read secret for max_age; BootstrapKeys does not re-ask a failing one."""
+    from nightbatch.keys import BootstrapKeys
+
+    stack = make_stack()
+    reader = stack.services.adapters.secrets
+    calls: list[str] = []
+    reader.client.meta.events.register("before-parameter-build.secrets-manager.GetSecretValue",
+                                       lambda params, **_: calls.append(params["SecretId"]))
+    name = f"nb-cache-{uuid.uuid4().hex[:8]}"
+    reader.client.create_secret(Name=name, SecretString="k1,k2")
+    assert reader.read(name, max_age=3600) == "k1,k2"
+    reader.client.put_secret_value(SecretId=name, SecretString="k3")
+    assert reader.read(name, max_age=3600) == "k1,k2" and len(calls) == 1  # cached
+    reader.forget()
+    assert reader.read(name, max_age=3600) == "k3" and len(calls) == 2
+
+    failing = BootstrapKeys({"env-key"}, lambda: reader.read(name + "-missing", max_age=3600), ttl=3600)
+    assert failing.current() == {"env-key"} and failing.current() == {"env-key"}
+    assert calls.count(name + "-missing") == 1  # the failure is remembered for the ttl
+    reader.client.create_secret(Name=name + "-0", SecretString="k4")
+    uncached = BootstrapKeys(set(), lambda: reader.read(name + "-0", max_age=0), ttl=0)
+    assert uncached.current() == {"k4"} and uncached.current() == {"k4"}
+    assert calls.count(name + "-0") == 2  # max_age 0 (the tests' key_cache_seconds): every call reads

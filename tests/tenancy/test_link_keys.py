@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 import requests
 
-from nightbatch import links
 from nightbatch.keys import KeyStore
 from nightbatch.links import InvalidLinkError, link_keys_from, sign_link, verify_link
 from tests.tenancy.conftest import Stack, chat_lines
@@ -19,15 +18,14 @@ def test_keys_rotate_without_breaking_links_in_flight(make_stack: Any) -> None:
     stack: Stack = make_stack()
     sm = stack.services.adapters.client("secretsmanager")
     arn = sm.create_secret(Name="nb-links-test", SecretString=json.dumps({"current": "k1", "k1": "a" * 64}))["ARN"]
-    stack.settings.link_keys_secret = arn
-    stack.settings.link_secret = ""
-    links._cache.clear()
+    stack.settings.links.keys_secret = arn
+    stack.settings.links.secret = ""
     adapters = stack.services.adapters
     old = sign_link(stack.settings, "file-x", keys=link_keys_from(adapters))
     assert old.kid == "k1" and "kid=k1" in old.path
 
     sm.put_secret_value(SecretId=arn, SecretString=json.dumps({"current": "k2", "k1": "a" * 64, "k2": "b" * 64}))
-    links._cache.clear()  # as after key_cache_seconds
+    adapters.secrets.forget()  # as after key_cache_seconds
     keys = link_keys_from(adapters)
     new = sign_link(stack.settings, "file-x", keys=keys)
     assert new.kid == "k2"
@@ -35,14 +33,13 @@ def test_keys_rotate_without_breaking_links_in_flight(make_stack: Any) -> None:
         verify_link(stack.settings, "file-x", str(link.expires_at), link.sig, kid=link.kid, keys=keys)
 
     sm.put_secret_value(SecretId=arn, SecretString=json.dumps({"current": "k2", "k2": "b" * 64}))
-    links._cache.clear()
+    adapters.secrets.forget()
     keys = link_keys_from(adapters)
     verify_link(stack.settings, "file-x", str(new.expires_at), new.sig, kid=new.kid, keys=keys)
     with pytest.raises(InvalidLinkError):
         verify_link(stack.settings, "file-x", str(old.expires_at), old.sig, kid=old.kid, keys=keys)
     with pytest.raises(InvalidLinkError):  # a link cannot claim another key id than the one that signed it
         verify_link(stack.settings, "file-x", str(new.expires_at), new.sig, kid="k1", keys=keys)
-    links._cache.clear()
 
 
 def test_a_link_stops_working_when_its_api_key_is_revoked(make_stack: Any) -> None:

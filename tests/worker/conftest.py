@@ -19,6 +19,7 @@ from nightbatch.pipeline.segments import segment_line
 from nightbatch.settings import Settings, get_settings
 from nightbatch.storage import Adapters, make_adapters
 from nightbatch.storage.dynamo import create_table
+from nightbatch.storage.records import BatchRecord
 
 CHAT_MODEL = "SmolLM2-135M-Instruct"
 EMBED_MODEL = "all-MiniLM-L6-v2"
@@ -50,10 +51,11 @@ class ShardWorld:
         return results_prefix(self.batch_id, self.shard_id)
 
     def put_batch(self, *, status: str = "in_progress", expires_in: float = 3600.0) -> None:
-        self.adapters.table.put({
-            "pk": self.batch_id, "kind": "batch", "status": status,
-            "expires_at": int(time.time() + expires_in),
-        })
+        self.adapters.table.put_record(BatchRecord(
+            pk=self.batch_id, tenant="default", status=status, created_at=int(time.time()),
+            endpoint="/v1/chat/completions", input_file_id="file-input", completion_window="24h",
+            expires_at=int(time.time() + expires_in),
+        ))
 
     def set_status(self, status: str) -> None:
         self.adapters.table.update(self.batch_id, set_={"status": status})
@@ -114,8 +116,8 @@ class ShardWorld:
 
 
 def _create_resources(adapters: Adapters) -> None:
-    adapters.client("s3").create_bucket(Bucket=adapters.settings.bucket)
-    create_table(adapters.client("dynamodb"), adapters.settings.table)
+    adapters.client("s3").create_bucket(Bucket=adapters.settings.deployment.bucket)
+    create_table(adapters.client("dynamodb"), adapters.settings.deployment.table)
 
 
 WORKER_OVERRIDES: dict[str, Any] = {
@@ -125,7 +127,8 @@ WORKER_OVERRIDES: dict[str, Any] = {
 
 
 def worker_settings() -> Settings:
-    return Settings(bucket="nb-worker-test", table="nb-worker-test", region="us-east-1", **WORKER_OVERRIDES)
+    return Settings.from_names({"bucket": "nb-worker-test", "table": "nb-worker-test", "region": "us-east-1",
+                                **WORKER_OVERRIDES})
 
 
 @pytest.fixture(scope="module")
@@ -165,7 +168,7 @@ def served_world(fresh_aws: Callable[..., Adapters]) -> ShardWorld:
 @pytest.fixture
 def env(world: ShardWorld, monkeypatch: pytest.MonkeyPatch) -> Iterator[ShardWorld]:
     """The environment `python -m gpu_worker` reads in a job, pointing at this world's shard."""
-    s = world.settings
+    s = world.settings.deployment
     for name, value in {
         "NIGHTBATCH_BUCKET": s.bucket, "NIGHTBATCH_TABLE": s.table, "NIGHTBATCH_REGION": s.region,
         "NIGHTBATCH_BATCH_ID": world.batch_id, "NIGHTBATCH_SHARD_ID": world.shard_id,

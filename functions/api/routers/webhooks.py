@@ -72,10 +72,11 @@ def rotate_secret(
     return notifier.endpoints.rotate_secret(principal.tenant, endpoint_id, keep_old=keep)
 
 
-@router.post("/webhook_endpoints/{endpoint_id}/test", response_model=WebhookEndpointTestResult)
+@router.post("/webhook_endpoints/{endpoint_id}/test", response_model=WebhookEndpointTestResult, status_code=202)
 def test_endpoint(
     endpoint_id: str, body: TestWebhookRequest, principal: PrincipalDep, notifier: NotifierDep
 ) -> WebhookEndpointTestResult:
+    """Queues the sample event and answers at once; its outcome is in the endpoint's deliveries."""
     return notifier.test_endpoint(principal.tenant, endpoint_id, body.event_type)
 
 
