@@ -83,9 +83,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--system-words", type=int, default=320, help="words per shared system prompt (~1.2 tokens each)")
     p.add_argument("--shared-fraction", type=float, default=0.6, help="requests sharing one (mixed input)")
     p.add_argument("--kv-prefixes", type=int, default=8, help="distinct long system prompts (kv input)")
-    p.add_argument("--kv-blocks", type=int, default=16,
+    p.add_argument("--kv-blocks", type=int, default=20,
                    help="KV cache blocks for the kv input, both sides (num_gpu_blocks_override; 128 tokens each "
-                        "on vLLM's CPU backend): fewer than its prefixes need")
+                        "on vLLM's CPU backend): fewer than its prefixes need; vLLM wants max_model_len / 128 + 1 "
+                        "at least")
     p.add_argument("--ablation", action=argparse.BooleanOptionalAction, default=True,
                    help="run the ablation (default on)")
     p.add_argument("--ablation-steps", choices=("control", "all"), default="control",
@@ -102,7 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def model_spec(args: argparse.Namespace) -> tuple[Any, Path]:
     from gpu_worker.model_prep import resolve_model_dir
-    from nightbatch.settings import ModelSpec
+    from nightbatch.model_spec import ModelSpec
 
     # prompt_tokens_details makes both sides report cached prompt tokens: the prefix cache's hits.
     engine_args = {"enable_prompt_tokens_details": True, "max_num_seqs": args.max_num_seqs,

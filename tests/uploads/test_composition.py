@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
 import os
-from collections.abc import Callable
 
 import pytest
 from hypothesis import given, settings
@@ -141,19 +141,31 @@ def test_uploads_are_tenant_scoped(stack: Stack) -> None:
     stack.jobs.drain()
 
 
-def test_file_deleted_before_composition_leaves_nothing_behind(
-    stack: Stack, override: Callable[..., None]
-) -> None:
-    override(upload_compose_delay_seconds=0.5)
-    uploads = stack.services.uploads
+class HeldJobs:
+    """UploadJobs that only record what was asked: the test decides when composition runs."""
+
+    def __init__(self) -> None:
+        self.composes: list[tuple[str, str]] = []
+
+    def compose(self, file_id: str, upload_id: str, *, delay_seconds: float = 0.0) -> None:
+        self.composes.append((file_id, upload_id))
+
+    def purge_parts(self, upload_id: str, *, delay_seconds: float = 0.0) -> None:
+        pass
+
+
+def test_file_deleted_before_composition_leaves_nothing_behind(stack: Stack) -> None:
+    # Composition is held until the File is deleted (a compose delay raced the read below on a loaded machine).
+    held = HeldJobs()
+    uploads = dataclasses.replace(stack.services.uploads, jobs=held)
     up = uploads.create(
         "default", CreateUploadRequest(bytes=6, filename="d", mime_type="text/plain", purpose="batch")
     )
     ids = [uploads.add_part("default", up.id, io.BytesIO(b"abc"), 3).id for _ in range(2)]
     done = uploads.complete("default", up.id, CompleteUploadRequest(part_ids=ids))
-    assert done.file is not None
+    assert done.file is not None and held.composes == [(done.file.id, up.id)]
     assert b"".join(stack.services.files.chunks(stack.services.files.item("default", done.file.id))) == b"abcabc"
     stack.services.files.delete("default", done.file.id)
-    stack.jobs.drain()
+    assert stack.services.assembly.compose(done.file.id, up.id) == "file deleted"
     assert stack.part_keys(up.id) == []
     assert not stack.services.files.blobs.exists(f"files/{done.file.id}")

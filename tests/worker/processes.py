@@ -23,7 +23,7 @@ DETERMINISTIC = "tests.support.deterministic_engine:DeterministicEngine"
 
 
 def worker_env(world: ShardWorld, **overrides: str) -> dict[str, str]:
-    s = world.settings
+    s = world.settings.deployment
     assert world.adapters.endpoint_url, "worker subprocesses need a moto server, not mock_aws"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NIGHTBATCH_", "AWS_"))}
     env.update(FAKE_CREDENTIALS)
@@ -87,6 +87,11 @@ def checkpoints_reach(world: ShardWorld, count: int) -> Callable[[], bool]:
     return lambda: len(world.checkpoint_keys()) >= count
 
 
+def engine_ready(worker: Worker) -> Callable[[], bool]:
+    """The worker's engine said it is ready (the vLLM engine prints `<model> ready in <s> s`)."""
+    return lambda: " ready in " in worker.log.read_text(errors="replace")
+
+
 def wait_until(condition: Callable[[], bool], worker: Worker, *, timeout: float, every: float = 0.01) -> bool:
     """Polls until `condition` holds (True) or the worker exits or time runs out (False)."""
     deadline = time.monotonic() + timeout
@@ -120,8 +125,8 @@ def job_definition_launch(template: dict[str, Any], world: ShardWorld, *, model:
     assert argv[0] in ("python3", "python")
     argv[0] = sys.executable  # the image's interpreter
 
-    refs = {one_of_type(template, "AWS::S3::Bucket")[0]: world.settings.bucket,
-            one_of_type(template, "AWS::DynamoDB::GlobalTable")[0]: world.settings.table}
+    refs = {one_of_type(template, "AWS::S3::Bucket")[0]: world.settings.deployment.bucket,
+            one_of_type(template, "AWS::DynamoDB::GlobalTable")[0]: world.settings.deployment.table}
     job_env = {e["Name"]: str(resolve(e["Value"], refs, lambda logical, attr: f"{logical}.{attr}"))
                for e in container["Environment"]}
     _, machine = one_of_type(template, "AWS::StepFunctions::StateMachine")

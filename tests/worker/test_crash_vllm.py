@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import ShardWorld, chat_requests
-from .processes import checkpoints_reach, spawn, wait_until, worker_env
+from .processes import checkpoints_reach, engine_ready, spawn, wait_until, worker_env
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -21,8 +21,10 @@ LINES = 40
 # its first checkpoint, so on an idle machine the SIGKILL landed in engine shutdown, after the done marker.
 # Now 8 in flight (floor off below) x 48 forced tokens: >= 4 more rounds of 48 decode steps after a checkpoint.
 MAX_TOKENS = 48
-# An engine start is ~30 s on the 2-core dev machine (local-engines.md §2); leave room for a loaded one.
-START_TIMEOUT = 300.0
+# An engine start is ~30 s on the 2-core dev machine (local-engines.md §2) and was seen at 257 s under load 20;
+# the wait for the engine and the wait for the first checkpoint have their own bounds.
+START_TIMEOUT = 600.0
+FIRST_CHECKPOINT_TIMEOUT = 240.0
 # The final attempt starts an engine and runs the remaining lines; on a loaded 2-core machine both are slow.
 FINISH_TIMEOUT = 540.0
 
@@ -58,8 +60,12 @@ def test_vllm_worker_killed_twice_then_restarted_loses_and_duplicates_nothing(
     for point, delay in enumerate((0.3, 0.0)):
         worker = spawn(env, tmp_path / f"attempt-{point}.log", engine=VLLM_ENGINE)
         before = len(world.checkpoint_keys())
+        ready = wait_until(engine_ready(worker), worker,
+                           timeout=START_TIMEOUT, every=0.2)
+        assert ready, f"attempt {point}'s engine did not start:\n{worker.stderr()}"
         # After the attempt's first checkpoint: the engine is up and requests are in flight.
-        reached = wait_until(checkpoints_reach(world, before + 1), worker, timeout=START_TIMEOUT, every=0.05)
+        reached = wait_until(checkpoints_reach(world, before + 1), worker, timeout=FIRST_CHECKPOINT_TIMEOUT,
+                             every=0.05)
         assert reached, f"no checkpoint from attempt {point}:\n{worker.stderr()}"
         time.sleep(delay)
         kills += worker.kill()

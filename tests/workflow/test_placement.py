@@ -50,8 +50,8 @@ def test_prefix_group_keys_on_the_head_of_long_prompts() -> None:
 
 
 def test_plan_keeps_each_system_prompt_in_few_shards(services: Services) -> None:
-    services.settings.segment_max_lines = 10
-    services.settings.shard_target_tokens = 20_000
+    services.settings.pipeline.segment_max_lines = 10
+    services.settings.pipeline.shard_target_tokens = 20_000
     systems = [f"System prompt {k}: " + "follow the house style. " * 60 for k in range(3)]
     lines = []
     for i in range(240):
