@@ -340,7 +340,9 @@ class DeployConfig(_Strict):
     @property
     def models_json(self) -> str:
         """The value of NIGHTBATCH_MODELS_JSON: exactly what `Settings.serving.models` parses back."""
-        return json.dumps([m.spec.model_dump(mode="json") for m in self.models], separators=(",", ":"))
+        # Defaults left out: the parse applies them again, and the 4 KB Lambda environment has room for more models.
+        return json.dumps([m.spec.model_dump(mode="json", exclude_defaults=True) for m in self.models],
+                          separators=(",", ":"))
 
     @classmethod
     def from_context(cls, get: Any) -> DeployConfig:

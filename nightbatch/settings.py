@@ -393,6 +393,12 @@ def nest(values: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     return nested
 
 
+def variable_of(loc: tuple[int | str, ...]) -> str:
+    """The variable behind an error location: ("worker", "poll_seconds") -> NIGHTBATCH_WORKER_POLL_SECONDS."""
+    found = next((s for s in SETTINGS.values() if (s.section, s.field) == tuple(loc[:2])), None)
+    return found.env if found else ENV_PREFIX + "*"
+
+
 class _Environment(PydanticBaseSettingsSource):
     """NIGHTBATCH_<NAME> of every setting, into its section; names are case-insensitive, as pydantic-settings'."""
 

@@ -67,18 +67,18 @@ def queues(settings: Settings) -> dict[str, str]:
 def remaining_work_seconds(services: Services, batch_id: str) -> float:
     """Wall seconds the batch's unfinished shards still need on max_gpus GPUs, one cold start each."""
     settings, blobs = services.settings, services.adapters.blobs
-    manifest = json.loads(blobs.get_bytes(layout.manifest_key(batch_id)) or b"[]")
+    manifest = layout.read_manifest(blobs, batch_id)
     done = {k.split("/")[-2] for k in blobs.list_keys(layout.all_results_prefix(batch_id))
             if k.endswith("/" + layout.DONE_NAME)}
     tokens, shards = 0, 0
     for item in manifest:
-        if item["shard_id"] in done:
+        if item.shard_id in done:
             continue
-        est = item.get("est_tokens")
+        est = item.est_tokens
         if est is None:  # a manifest written before Plan recorded the estimate: read the shard itself
-            doc = json.loads(blobs.get_bytes(layout.shard_key(batch_id, item["shard_id"])) or b"{}")
-            est = doc.get("est_tokens", 0)
-        tokens += int(est)
+            spec = layout.read_shard(blobs, batch_id, item.shard_id)
+            est = spec.est_tokens if spec else 0
+        tokens += est
         shards += 1
     if not shards:
         return 0.0

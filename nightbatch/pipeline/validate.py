@@ -15,7 +15,7 @@ from nightbatch.jsonl import split_lines
 from nightbatch.limits import check_queue_limits
 from nightbatch.metrics import emit
 from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
-from nightbatch.pipeline.prefixes import prefix_group
+from nightbatch.pipeline.prefixes import PrefixGroups
 from nightbatch.pipeline.segments import segment_line
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore
@@ -108,6 +108,8 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
                     f"{settings.validation.max_input_bytes} bytes per batch.")])
 
     validator = Validator(settings=settings, endpoint=batch.endpoint)
+    prefix_groups = PrefixGroups(groups=settings.pipeline.plan_prefix_groups,
+                                 min_chars=settings.pipeline.plan_prefix_chars)
     writer = SegmentWriter(blobs, inp.batch_id, settings.pipeline.segment_max_lines,
                            settings.pipeline.segment_max_bytes)
     errors: list[BatchError] = []
@@ -135,8 +137,7 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
         if not errors:
             # A line shorter than plan_prefix_chars bytes cannot hold a prompt that long: no need to look.
             long_enough = settings.pipeline.plan_prefix_groups and len(req.raw) >= settings.pipeline.plan_prefix_chars
-            group = prefix_group(req.body, groups=settings.pipeline.plan_prefix_groups,
-                                 min_chars=settings.pipeline.plan_prefix_chars) if long_enough else 0
+            group = prefix_groups.of(req.body) if long_enough else 0
             writer.add(req.number, req.raw, req.est_tokens, group)
     if not errors and count == 0:
         errors.append(BatchError(code="empty_file", param=None, line=None,

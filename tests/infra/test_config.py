@@ -32,6 +32,7 @@ def test_models_json_is_what_settings_parse() -> None:
     parsed = Settings(serving={"models_json": c.models_json}).serving.models
     assert [m.name for m in parsed] == [m["name"] for m in CDK_JSON["models"]]
     assert parsed[0].engine_args == CDK_JSON["models"][0]["engine_args"]
+    assert parsed == [m.spec for m in c.models]  # every field, the defaults left out of the JSON included
 
 
 def test_cli_context_strings_are_json() -> None:

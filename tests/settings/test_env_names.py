@@ -185,3 +185,11 @@ def test_the_job_inputs_are_their_own_model(monkeypatch: pytest.MonkeyPatch) -> 
     assert (inputs.batch_id, inputs.shard_id) == ("value-of-batch_id", "value-of-shard_id")
     assert set(JobInputs.model_fields) == set(JOB_ENV_NAMES.values())
     assert not {s.name for s in SETTINGS.values()} & set(JOB_ENV_NAMES.values())
+
+
+def test_an_invalid_variable_is_named_in_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nightbatch.commands.connection import CommandError, resolve_target
+
+    monkeypatch.setenv("NIGHTBATCH_WORKER_POLL_SECONDS", "soon")
+    with pytest.raises(CommandError, match="NIGHTBATCH_WORKER_POLL_SECONDS in the environment is invalid"):
+        resolve_target("http://127.0.0.1:1", "k")

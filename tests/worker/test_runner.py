@@ -311,16 +311,18 @@ def test_result_lines_round_trip_as_json_lines(world: ShardWorld) -> None:
 
 def test_cancelling_run_shard_leaves_no_task_behind(world: ShardWorld) -> None:
     world.seed(chat_requests(200))
-    engine = DeterministicEngine(CHAT_SPEC, delay=0.02)
+    # Slow enough that the shard cannot finish before the cancel, however loaded the machine is.
+    engine = DeterministicEngine(CHAT_SPEC, delay=5.0)
 
     async def go() -> list[asyncio.Task[Any]]:
         job = ShardJob(batch_id=world.batch_id, shard_id=world.shard_id)
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(
-                run_shard(job, engine=engine, blobs=world.adapters.blobs, table=world.adapters.table,
-                          settings=world.settings),
-                timeout=0.5,
-            )
+        run = asyncio.create_task(run_shard(job, engine=engine, blobs=world.adapters.blobs,
+                                            table=world.adapters.table, settings=world.settings))
+        while not engine.received and not run.done():  # cancel mid-inference: requests are in the engine
+            await asyncio.sleep(0.01)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
         await asyncio.sleep(0.1)
         return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
 
