@@ -31,9 +31,10 @@ TABLE = "bench-table"
 
 
 def settings() -> Settings:
-    return Settings(mode="local", bucket=BUCKET, table=TABLE, max_requests_per_batch=2_000_000,
-                    max_input_bytes=4 * 1024**3, segment_max_lines=5000, shard_target_tokens=2_500_000,
-                    max_gpus=16, limit_queued_requests=0, limit_queued_tokens=0)  # 0 = unlimited
+    return Settings(deployment={"mode": "local", "bucket": BUCKET, "table": TABLE},
+                    validation={"max_requests_per_batch": 2_000_000, "max_input_bytes": 4 * 1024**3},
+                    pipeline={"segment_max_lines": 5000, "shard_target_tokens": 2_500_000, "max_gpus": 16},
+                    limits={"queued_requests": 0, "queued_tokens": 0})  # 0 = unlimited
 
 
 def input_line(i: int) -> bytes:

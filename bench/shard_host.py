@@ -47,10 +47,10 @@ async def serve(lines: Any, out: Any) -> None:
             job = ShardJob(**json.loads(raw))
             if engine is None:
                 shard = await asyncio.to_thread(load_shard, adapters.blobs, job.batch_id, job.shard_id)
-                spec = settings.model(shard.model)
+                spec = settings.serving.model(shard.model)
                 if spec is None:
                     raise LookupError(f"model {shard.model!r} is not in the model registry")
-                engine = await build_engine(spec, settings.worker_engine, adapters)
+                engine = await build_engine(spec, settings.worker.engine, adapters)
                 await engine.start()
             reset = await reset_prefix_cache(engine)
             report = await run_shard(job, engine=engine, blobs=adapters.blobs, table=adapters.table,

@@ -34,12 +34,12 @@ from typing import IO, Any
 from bench.worker import compare_tokens, input_spec, loads, model_spec, write_inputs
 from bench.worker import parse_args as worker_args
 from bench.worker_sides import OurSide, RunResult
-from nightbatch.settings import Settings
+from nightbatch.settings import SETTINGS
 
 SHARDS = 4
 CONTIGUOUS, PREFIX_AWARE = "contiguous (input order)", "prefix-aware"
 # plan_prefix_groups: 0 turns prefix-aware placement off; the other is the setting's default.
-PLACEMENTS = {CONTIGUOUS: 0, PREFIX_AWARE: int(Settings.model_fields["plan_prefix_groups"].default)}
+PLACEMENTS = {CONTIGUOUS: 0, PREFIX_AWARE: int(SETTINGS["plan_prefix_groups"].info.default)}
 
 
 @dataclass
@@ -67,11 +67,11 @@ class ShardedSide(OurSide):
 
     def __init__(self, spec: Any, workdir: Path, requests: int) -> None:
         super().__init__(spec, workdir)
-        self.settings.max_gpus = SHARDS
-        self.settings.shards_per_gpu = 1
-        self.settings.shard_target_tokens = 1  # the cap (SHARDS) decides the count
+        self.settings.pipeline.max_gpus = SHARDS
+        self.settings.pipeline.shards_per_gpu = 1
+        self.settings.pipeline.shard_target_tokens = 1  # the cap (SHARDS) decides the count
         # Enough segments to place (~4 a shard): a real batch has thousands of lines per segment.
-        self.settings.segment_max_lines = max(1, requests // (4 * SHARDS))
+        self.settings.pipeline.segment_max_lines = max(1, requests // (4 * SHARDS))
         self.file_ids: dict[Path, str] = {}
 
     def plan_sharded(self, input_path: Path, groups: int) -> tuple[str, list[dict[str, Any]]]:
@@ -80,7 +80,7 @@ class ShardedSide(OurSide):
         from nightbatch.batches import CreateBatchRequest
         from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 
-        self.settings.plan_prefix_groups = groups
+        self.settings.pipeline.plan_prefix_groups = groups
         services = self._services()
         if input_path not in self.file_ids:
             with input_path.open("rb") as f:

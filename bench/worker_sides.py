@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nightbatch.settings import ModelSpec, Settings
+from nightbatch.model_spec import ModelSpec
+from nightbatch.settings import Settings
 
 BUCKET = "bench-worker"
 TABLE = "bench-worker"
@@ -134,10 +135,12 @@ class OurSide:
                         "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
         os.environ.update(self.aws_env)
         self.settings = Settings(
-            mode="local", bucket=BUCKET, table=TABLE, models_json=json.dumps([spec.model_dump()]),
+            deployment={"mode": "local", "bucket": BUCKET, "table": TABLE},
+            serving={"models_json": json.dumps([spec.model_dump()])},
             # One shard whatever the size: the comparison is one engine against one engine.
-            shard_target_tokens=10**12, max_gpus=1, max_requests_per_batch=10**7, max_input_bytes=10**11,
-            limit_queued_tokens=0, limit_queued_requests=0,
+            pipeline={"shard_target_tokens": 10**12, "max_gpus": 1},
+            validation={"max_requests_per_batch": 10**7, "max_input_bytes": 10**11},
+            limits={"queued_tokens": 0, "queued_requests": 0},
         )
         from nightbatch.storage import make_adapters
         from nightbatch.storage.dynamo import create_table
@@ -210,7 +213,7 @@ class OurSide:
 
     def worker_env(self, spec: ModelSpec | None = None) -> dict[str, str]:
         """The environment `python -m gpu_worker` runs in: engine defaults, moto's endpoint, the model."""
-        models_json = self.settings.models_json if spec is None else json.dumps([spec.model_dump()])
+        models_json = self.settings.serving.models_json if spec is None else json.dumps([spec.model_dump()])
         return {**engine_env(), **self.aws_env, "NIGHTBATCH_BUCKET": BUCKET, "NIGHTBATCH_TABLE": TABLE,
                 "NIGHTBATCH_MODELS_JSON": models_json}
 

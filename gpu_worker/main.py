@@ -25,8 +25,9 @@ from gpu_worker.watch import BATCH_REASONS, read_stop_reason
 from nightbatch.layout import attempt_keys, results_prefix
 from nightbatch.logs import configure_logging, log_context
 from nightbatch.metrics import emit
+from nightbatch.model_spec import ModelSpec
 from nightbatch.phases import Phases
-from nightbatch.settings import ModelSpec, Settings, get_settings
+from nightbatch.settings import JobInputs, Settings, get_settings
 from nightbatch.storage import Adapters, make_adapters
 
 log = logging.getLogger("gpu_worker")
@@ -46,19 +47,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard-id", default=None, help="default: env NIGHTBATCH_SHARD_ID")
     args = parser.parse_args(argv)
     settings = get_settings()
-    if settings.mode == "aws":
+    if settings.deployment.mode == "aws":
         configure_logging()  # JSON lines for CloudWatch Logs, each with the batch and shard ids
     else:
         logging.basicConfig(
             level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
-    batch_id = args.batch_id or settings.batch_id
-    shard_id = args.shard_id or settings.shard_id
+    inputs = JobInputs()  # this job's shard, beside the deployment's settings
+    batch_id = args.batch_id or inputs.batch_id
+    shard_id = args.shard_id or inputs.shard_id
     if not batch_id or not shard_id:
         parser.error("a batch id and a shard id are required (NIGHTBATCH_BATCH_ID / NIGHTBATCH_SHARD_ID)")
     job = ShardJob(batch_id=batch_id, shard_id=shard_id)
     adapters = make_adapters(settings)
-    engine_path = args.engine or settings.worker_engine
+    engine_path = args.engine or settings.worker.engine
     try:
         with log_context(batch_id=batch_id, shard_id=shard_id):
             return asyncio.run(serve_shard(job, settings, adapters, engine_path=engine_path, phases=phases))
@@ -82,7 +84,7 @@ async def serve_shard(
         log.info("shard %s/%s: nothing to do (%s); engine not started", job.batch_id, job.shard_id, reason)
         return EXIT_OK
     shard = await asyncio.to_thread(load_shard, blobs, job.batch_id, job.shard_id)
-    spec = settings.model(shard.model)
+    spec = settings.serving.model(shard.model)
     if spec is None:
         raise LookupError(f"model {shard.model!r} of shard {job.shard_id} is not in the model registry")
     started = time.monotonic()
@@ -121,9 +123,9 @@ async def build_engine(spec: ModelSpec, engine_path: str, adapters: Adapters, ph
     from gpu_worker.engines.vllm_engine import VllmEngine  # type: ignore[import-not-found,unused-ignore]
     from gpu_worker.weight_cache import resolve_weights
 
-    settings = get_settings()
+    settings = adapters.settings
     # In AWS the stack's bucket caches Hugging Face weights (models/<name>@<revision>/); locally nothing does.
-    bucket = settings.bucket if settings.mode == "aws" else ""
+    bucket = settings.deployment.bucket if settings.deployment.mode == "aws" else ""
     weights = await asyncio.to_thread(resolve_weights, spec, bucket=bucket, s3=adapters.client("s3"))
     phases.weights_source = weights.source
     phases.mark("weights_ready")

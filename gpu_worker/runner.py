@@ -169,8 +169,8 @@ class _ShardRun:
         self.prefix = results_prefix(job.batch_id, job.shard_id)
         self.checkpointer = Checkpointer(
             blobs=blobs, table=table, batch_id=job.batch_id, prefix=self.prefix, attempt=self.attempt,
-            next_seq=progress.next_seq, every_lines=settings.checkpoint_every_lines,
-            every_seconds=settings.checkpoint_every_seconds,
+            next_seq=progress.next_seq, every_lines=settings.worker.checkpoint_every_lines,
+            every_seconds=settings.worker.checkpoint_every_seconds,
         )
         self.pending = PendingLines(blobs, spec, progress.done_ids)
         self.max_in_flight = in_flight_limit(settings, engine)
@@ -250,12 +250,12 @@ class _ShardRun:
             await asyncio.wait({*self.tasks, halt_waiter}, return_when=asyncio.FIRST_COMPLETED)
         if not self.tasks:
             return
-        _, late = await asyncio.wait(set(self.tasks), timeout=self.settings.worker_drain_seconds)
+        _, late = await asyncio.wait(set(self.tasks), timeout=self.settings.worker.drain_seconds)
         for task in late:
             task.cancel()
         if late:
             log.warning("%d requests still running after %.0f s of draining; they will be rerun or reported "
-                        "as not run", len(late), self.settings.worker_drain_seconds)
+                        "as not run", len(late), self.settings.worker.drain_seconds)
             await asyncio.wait(late)
 
     def _submit(self, request: PendingRequest) -> None:
@@ -268,7 +268,7 @@ class _ShardRun:
     async def _run_one(self, request: PendingRequest) -> None:
         request_id = new_request_id()
         endpoint = self.spec.endpoint
-        body = with_default_max_tokens(endpoint, request.body, self.settings.default_max_tokens)
+        body = with_default_max_tokens(endpoint, request.body, self.settings.serving.default_max_tokens)
         try:
             reply = await self.engine.handle(endpoint, body, request_id)
         except Exception as exc:
@@ -315,7 +315,7 @@ class _ShardRun:
 
     async def _watch_batch(self) -> None:
         reason = await watch_batch(
-            self.table, self.job.batch_id, every=self.settings.worker_poll_seconds, halt=self.halt
+            self.table, self.job.batch_id, every=self.settings.worker.poll_seconds, halt=self.halt
         )
         if reason:
             self._halt_for(reason)

@@ -38,11 +38,11 @@ class OrderPolicy:
     @classmethod
     def from_settings(cls, settings: Settings) -> OrderPolicy:
         return cls(
-            window_lines=max(0, settings.worker_order_window_lines),
-            window_chars=max(1, settings.worker_order_window_chars),
-            group_prefixes=settings.worker_group_prefixes,
-            prefix_chars=max(1, settings.worker_prefix_chars),
-            length_order=settings.worker_length_order,
+            window_lines=max(0, settings.worker.order_window_lines),
+            window_chars=max(1, settings.worker.order_window_chars),
+            group_prefixes=settings.worker.group_prefixes,
+            prefix_chars=max(1, settings.worker.prefix_chars),
+            length_order=settings.worker.length_order,
         )
 
     @property
@@ -125,8 +125,8 @@ def in_flight_limit(settings: Settings, engine: object) -> int:
     never below `worker_in_flight_per_slot` requests per engine sequence slot, so the engine's scheduler
     always has waiting requests to fill a step's token budget with (a GPU engine may run 1024 sequences,
     more than the static default)."""
-    limit = max(1, settings.max_in_flight)
+    limit = max(1, settings.worker.max_in_flight)
     slots = getattr(engine, "max_num_seqs", None)
-    if isinstance(slots, int) and slots > 0 and settings.worker_in_flight_per_slot > 0:
-        limit = max(limit, math.ceil(slots * settings.worker_in_flight_per_slot))
+    if isinstance(slots, int) and slots > 0 and settings.worker.in_flight_per_slot > 0:
+        limit = max(limit, math.ceil(slots * settings.worker.in_flight_per_slot))
     return limit

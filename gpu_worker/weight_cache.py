@@ -29,7 +29,7 @@ from gpu_worker.model_prep import (
     default_cache_dir,
     resolve_model_dir,
 )
-from nightbatch.settings import ModelSpec
+from nightbatch.model_spec import ModelSpec
 
 MODELS_PREFIX = "models/"
 READY = "READY.json"

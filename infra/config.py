@@ -8,7 +8,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from infra.gpu_catalog import GPU_SHAPES, check_model_fit, is_fp8, params_billions, weights_gib
-from nightbatch.settings import ModelSpec, Settings
+from nightbatch.model_spec import ModelSpec
+from nightbatch.settings import SETTINGS, Settings, nest
 
 # Context keys this app reads; anything else in the context belongs to the CDK itself.
 CONTEXT_KEYS = (
@@ -46,8 +47,8 @@ FORBIDDEN_LIMITS: dict[str, str] = {
     **dict.fromkeys(("api_keys", "api_key", "link_secret", "api_keys_secret"), "a secret"),
     "allow_private_targets": "lets webhooks reach the VPC and loopback; never in AWS",
     **dict.fromkeys(("mode", "region", "bucket", "table", "state_machine_arn", "topic_arn", "job_queue",
-                     "webhook_queue_url", "upload_queue_url", "models_json", "batch_id", "shard_id",
-                     "worker_engine", "email_sender", "email_configuration_set", "base_url"),
+                     "webhook_queue_url", "upload_queue_url", "models_json", "worker_engine", "email_sender",
+                     "email_configuration_set", "base_url"),
                     "set by the stack"),
     **dict.fromkeys(("hour_seconds", "upload_compose_delay_seconds"), "development only"),
 }
@@ -268,7 +269,8 @@ class DeployConfig(_Strict):
     # 125 MiB/s default makes that minutes). Throughput may be at most IOPS / 4.
     worker_volume_throughput: int = Field(1000, alias="workerVolumeThroughputMiBps", ge=125, le=2000)
     worker_volume_iops: int = Field(4000, alias="workerVolumeIops", ge=3000, le=16000)
-    # Runtime limits, keyed by `nightbatch.settings.Settings` field name; set on every Lambda and the worker.
+    # Runtime limits, keyed by setting name (NIGHTBATCH_<NAME> lower-cased, `nightbatch.settings.SETTINGS`); set
+    # on every Lambda and the worker.
     limits: dict[str, Any] = Field(default_factory=dict)
     notifications: Notifications = Notifications()
     alarms: Alarms = Alarms()
@@ -316,20 +318,20 @@ class DeployConfig(_Strict):
     @field_validator("limits")
     @classmethod
     def _limits_are_settings(cls, limits: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(limits) - set(Settings.model_fields))
+        unknown = sorted(set(limits) - set(SETTINGS))
         if unknown:
-            raise ValueError(f"limits: {unknown} are not fields of nightbatch.settings.Settings")
+            raise ValueError(f"limits: {unknown} are not settings (nightbatch/settings.py)")
         refused = sorted(set(limits) & set(FORBIDDEN_LIMITS))
         if refused:
             raise ValueError("limits: " + "; ".join(f"{k!r} may not be set here ({FORBIDDEN_LIMITS[k]})"
                                                     for k in refused))
-        Settings.model_validate(limits)
+        Settings.model_validate(nest(limits))
         return limits
 
     @property
     def max_window_hours(self) -> int:
-        return int(self.limits.get("max_completion_window_hours", Settings.model_fields[
-            "max_completion_window_hours"].default))
+        return int(self.limits.get("max_completion_window_hours",
+                                   SETTINGS["max_completion_window_hours"].info.default))
 
     @property
     def hf_token_secret(self) -> str | None:
@@ -337,8 +339,10 @@ class DeployConfig(_Strict):
 
     @property
     def models_json(self) -> str:
-        """The value of NIGHTBATCH_MODELS_JSON: exactly what `Settings.models` parses back."""
-        return json.dumps([m.spec.model_dump(mode="json") for m in self.models], separators=(",", ":"))
+        """The value of NIGHTBATCH_MODELS_JSON: exactly what `Settings.serving.models` parses back."""
+        # Defaults left out: the parse applies them again, and the 4 KB Lambda environment has room for more models.
+        return json.dumps([m.spec.model_dump(mode="json", exclude_defaults=True) for m in self.models],
+                          separators=(",", ":"))
 
     @classmethod
     def from_context(cls, get: Any) -> DeployConfig:

@@ -1,19 +1,17 @@
-"""Lambda and worker environments built from `nightbatch.settings.Settings` field names, so they cannot drift."""
+"""Lambda and worker environments built from setting names (`nightbatch.settings.SETTINGS`), so they cannot drift."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from nightbatch.settings import Settings
-
-ENV_PREFIX = str(Settings.model_config.get("env_prefix", ""))
+from nightbatch.settings import SETTINGS
 
 
-def env_name(field: str) -> str:
-    if field not in Settings.model_fields:
-        raise KeyError(f"{field!r} is not a field of nightbatch.settings.Settings")
-    return f"{ENV_PREFIX}{field}".upper()
+def env_name(setting: str) -> str:
+    if setting not in SETTINGS:
+        raise KeyError(f"{setting!r} is not a setting of nightbatch.settings.Settings")
+    return SETTINGS[setting].env
 
 
 def _render(value: Any) -> str:
@@ -22,6 +20,6 @@ def _render(value: Any) -> str:
     return str(value)
 
 
-def settings_environment(fields: Mapping[str, Any]) -> dict[str, str]:
-    """{"bucket": ref} -> {"NIGHTBATCH_BUCKET": ref}; unknown field names fail at synth."""
-    return {env_name(field): _render(value) for field, value in fields.items()}
+def settings_environment(settings: Mapping[str, Any]) -> dict[str, str]:
+    """{"bucket": ref} -> {"NIGHTBATCH_BUCKET": ref}; unknown setting names fail at synth."""
+    return {env_name(setting): _render(value) for setting, value in settings.items()}

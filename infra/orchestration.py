@@ -21,6 +21,7 @@ from constructs import Construct
 from infra.environment import settings_environment
 from infra.lambdas import LambdaFunction
 from infra.limits import definition_problems
+from nightbatch.settings import JobInputs
 
 # Version of the task input/output documents; handlers accept the versions they know, so a deploy
 # during running batches does not break executions started by the previous definition.
@@ -141,8 +142,8 @@ class Orchestration(Construct):
                 "SchedulingPriorityOverride.$": "$.capacity.priority",
                 "RetryStrategy.$": "$.capacity.retry_strategy",
                 "ContainerOverrides": {"Environment": [
-                    {"Name": "NIGHTBATCH_BATCH_ID", "Value.$": "$.batch_id"},
-                    {"Name": "NIGHTBATCH_SHARD_ID", "Value.$": "$.shard_id"},
+                    {"Name": JobInputs.env_name("batch_id"), "Value.$": "$.batch_id"},
+                    {"Name": JobInputs.env_name("shard_id"), "Value.$": "$.shard_id"},
                 ]},
             },
             # Keep the iteration's output small (CDK drops a null ResultPath from a CustomState).

@@ -38,8 +38,9 @@ class ShardTime:
 
 
 def price_per_gpu_second(settings: Settings) -> float:
-    hourly = settings.instance_price_per_hour or PRICES.get(settings.instance_type, {}).get(settings.capacity, 0.0)
-    return hourly / 3600.0 / max(1, settings.gpus_per_instance)
+    a = settings.accounting
+    hourly = a.instance_price_per_hour or PRICES.get(a.instance_type, {}).get(a.capacity, 0.0)
+    return hourly / 3600.0 / max(1, a.gpus_per_instance)
 
 
 def collect_shard_times(blobs: BlobStore, results_prefixes: list[str]) -> ShardTime:
@@ -61,8 +62,8 @@ def cost_summary(settings: Settings, times: ShardTime, total_tokens: int, output
         "gpu_seconds": round(gpu_seconds, 3),
         "model_load_seconds": round(times.model_load_seconds, 3),
         "load_share": round(times.model_load_seconds / gpu_seconds, 4) if gpu_seconds else 0.0,
-        "instance_type": settings.instance_type,
-        "capacity": settings.capacity,
+        "instance_type": settings.accounting.instance_type,
+        "capacity": settings.accounting.capacity,
         "estimated_cost_usd": round(cost, 6),
         "usd_per_1m_tokens": round(cost / total_tokens * 1e6, 6) if total_tokens else None,
         "usd_per_1m_output_tokens": round(cost / output_tokens * 1e6, 6) if output_tokens else None,

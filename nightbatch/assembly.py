@@ -50,7 +50,7 @@ class AssemblyService:
             return "file deleted"
         keys = list(item.parts or [])
         if not keys:
-            self.jobs.purge_parts(upload_id, delay_seconds=self.settings.upload_parts_grace_seconds)
+            self.jobs.purge_parts(upload_id, delay_seconds=self.settings.uploads.parts_grace_seconds)
             return "already composed"
         sizes = self.parts.sizes(upload_prefix(upload_id))
         missing = [k for k in keys if k not in sizes]
@@ -68,7 +68,7 @@ class AssemblyService:
             self.parts.blobs.delete(item.s3_key)
             self.purge(upload_id)
             return "file deleted"
-        self.jobs.purge_parts(upload_id, delay_seconds=self.settings.upload_parts_grace_seconds)
+        self.jobs.purge_parts(upload_id, delay_seconds=self.settings.uploads.parts_grace_seconds)
         log.info("upload %s composed into %s (%s)", upload_id, file_id, outcome)
         return outcome
 

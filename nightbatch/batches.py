@@ -19,8 +19,9 @@ from nightbatch.errors import (
 )
 from nightbatch.files import FileService, check_expiry_seconds
 from nightbatch.ids import new_batch_id
+from nightbatch.model_spec import ENDPOINTS
 from nightbatch.options import check_options
-from nightbatch.settings import ENDPOINTS, Settings
+from nightbatch.settings import Settings
 from nightbatch.storage import Table
 from nightbatch.storage.records import BatchRecord
 from nightbatch.wire import Batch, BatchErrors, ListPage, RequestCounts, Usage, list_page
@@ -138,7 +139,7 @@ class BatchService:
 
     def create(self, tenant: str, req: CreateBatchRequest, *, batch_id: str | None = None) -> Batch:
         check_supported(req.endpoint, ENDPOINTS, param="endpoint")
-        hours = window_hours(req.completion_window, self.settings.max_completion_window_hours)
+        hours = window_hours(req.completion_window, self.settings.validation.max_completion_window_hours)
         check_metadata(req.metadata)
         # Known keys only, a few KB at most; a bad e-mail address is a 400 now rather than a dropped e-mail later.
         check_options(req.nightbatch, self.settings)
@@ -151,7 +152,7 @@ class BatchService:
         rec = BatchRecord(
             pk=batch_id, tenant=tenant, status="validating", endpoint=req.endpoint,
             input_file_id=req.input_file_id, completion_window=req.completion_window, created_at=created,
-            expires_at=created + int(hours * self.settings.hour_seconds),
+            expires_at=created + int(hours * self.settings.validation.hour_seconds),
             request_counts={"total": 0, "completed": 0, "failed": 0}, metadata=req.metadata,
             output_expires_after_seconds=req.output_expires_after.seconds if req.output_expires_after else None,
             options=req.nightbatch or None,

@@ -60,16 +60,16 @@ def register(sub: Any) -> None:
 
 def resolve_target(args: argparse.Namespace, settings: Settings | None = None) -> Target:
     settings = settings or Settings()
-    region = args.region or settings.region
+    region = args.region or settings.deployment.region
     if args.table:
         return Target(args.table, region, args.endpoint_url, "--table")
-    if "table" in settings.model_fields_set:
-        return Target(settings.table, region, args.endpoint_url, "NIGHTBATCH_TABLE")
+    if "table" in settings.deployment.model_fields_set:
+        return Target(settings.deployment.table, region, args.endpoint_url, "NIGHTBATCH_TABLE")
     local = _running_local()
     if local is not None:
         return Target(str(local["table"]), str(local.get("region") or region),
                       args.endpoint_url or str(local["aws_endpoint_url"]), "nightbatch local")
-    return Target(settings.table, region, args.endpoint_url, "default")
+    return Target(settings.deployment.table, region, args.endpoint_url, "default")
 
 
 def _running_local() -> dict[str, Any] | None:
@@ -96,7 +96,7 @@ def open_store(target: Target) -> KeyStore:
     if target.source == "nightbatch local":
         for k, v in LOCAL_CREDENTIALS.items():
             os.environ.setdefault(k, v)
-    settings = Settings(table=target.table, region=target.region)
+    settings = Settings(deployment={"table": target.table, "region": target.region})
     return KeyStore(make_adapters(settings, endpoint_url=target.endpoint_url).table)
 
 

@@ -32,11 +32,11 @@ def locate(settings: Settings, blobs: BlobStore, item: FileRecord) -> Redirect |
             f"File {item.pk} cannot be downloaded: {details}",
             param="file_id", code="file_unusable",
         )
-    limit = settings.max_inline_download_bytes
+    limit = settings.files.max_inline_download_bytes
     if limit <= 0 or item.bytes <= limit:
         return None
     if item.parts:
-        if settings.mode == "local":
+        if settings.deployment.mode == "local":
             return None  # no response-size limit in front of the local stack: stream through the parts
         raise ConflictError(
             f"File {item.pk} is being assembled from its upload parts; retry in a few seconds.",
@@ -44,5 +44,5 @@ def locate(settings: Settings, blobs: BlobStore, item: FileRecord) -> Redirect |
             headers={"retry-after": str(ASSEMBLING_RETRY_AFTER_SECONDS)},
         )
     return Redirect(blobs.presign_get(
-        item.s3_key, expires=settings.presigned_url_seconds, filename=item.filename,
+        item.s3_key, expires=settings.files.presigned_url_seconds, filename=item.filename,
     ))

@@ -43,8 +43,8 @@ def _queue_ahead_seconds(services: Services) -> float:
                 tokens += batch.est_tokens or 0
     if not tokens:
         return 0.0
-    work = tokens / max(1e-9, settings.shard_tokens_per_second)
-    return _wall(work, settings.max_gpus, settings.max_gpus, 0.0)
+    work = tokens / max(1e-9, settings.pipeline.shard_tokens_per_second)
+    return _wall(work, settings.pipeline.max_gpus, settings.pipeline.max_gpus, 0.0)
 
 
 def estimate(services: Services, tenant: str, req: EstimateRequest) -> dict[str, Any]:
@@ -53,37 +53,38 @@ def estimate(services: Services, tenant: str, req: EstimateRequest) -> dict[str,
         raise InvalidRequestError(f"Invalid value: '{req.endpoint}'. Supported values are: "
                                   f"{', '.join(repr(e) for e in ENDPOINTS)}.", param="endpoint",
                                   code="invalid_value")
-    hours = window_hours(req.completion_window, settings.max_completion_window_hours)
+    hours = window_hours(req.completion_window, settings.validation.max_completion_window_hours)
     item = services.files.item(tenant, req.input_file_id)  # 404 for another tenant's file, like every endpoint
     validator = Validator(settings=settings, endpoint=req.endpoint)
     errors: list[dict[str, Any]] = []
     requests = input_tokens = output_tokens = 0
-    for raw in split_lines(services.files.chunks(item, read_ahead=True), max_bytes=settings.max_line_bytes):
+    for raw in split_lines(services.files.chunks(item, read_ahead=True), max_bytes=settings.validation.max_line_bytes):
         if raw.data is not None and not raw.data.strip():
             continue
         try:
             valid = validator.check(raw.number, raw.data, raw.size)
         except LineInvalid as e:
-            if len(errors) < settings.max_reported_errors:
+            if len(errors) < settings.validation.max_reported_errors:
                 errors.append(line_error(raw.number, e).model_dump())
             continue
         requests += 1
         prompt = _estimate(len(valid.raw))
         input_tokens += prompt
         output_tokens += valid.est_tokens - prompt
-    if requests > settings.max_requests_per_batch:
+    if requests > settings.validation.max_requests_per_batch:
         errors.append({"code": "too_many_requests", "line": None, "param": None, "message":
-                       f"The file has {requests} requests, over the limit of {settings.max_requests_per_batch}."})
+                       f"The file has {requests} requests, over the limit of "
+                       f"{settings.validation.max_requests_per_batch}."})
     total = input_tokens + output_tokens
-    window_seconds = hours * settings.hour_seconds
-    segments = max(1, math.ceil(requests / max(1, settings.segment_max_lines)))
+    window_seconds = hours * settings.validation.hour_seconds
+    segments = max(1, math.ceil(requests / max(1, settings.pipeline.segment_max_lines)))
     plan = plan_shards(total, segments, settings, window_seconds)
-    gpus_per_instance = max(1, settings.gpus_per_instance)
-    prices = PRICES.get(settings.instance_type, {})
+    gpus_per_instance = max(1, settings.accounting.gpus_per_instance)
+    prices = PRICES.get(settings.accounting.instance_type, {})
     cost = {capacity: round(plan.gpu_seconds * prices.get(capacity, 0.0) / 3600 / gpus_per_instance, 6)
             for capacity in ("spot", "on-demand")}
-    if settings.instance_price_per_hour:
-        cost[settings.capacity] = round(plan.gpu_seconds * settings.instance_price_per_hour / 3600
+    if settings.accounting.instance_price_per_hour:
+        cost[settings.accounting.capacity] = round(plan.gpu_seconds * settings.accounting.instance_price_per_hour / 3600
                                         / gpus_per_instance, 6)
     ahead = _queue_ahead_seconds(services)
     return {
@@ -100,7 +101,7 @@ def estimate(services: Services, tenant: str, req: EstimateRequest) -> dict[str,
         "expected_output_tokens": output_tokens,
         "token_method": "approximate: request bytes / 4 for input; max_tokens (else the default) for output",
         "gpu_seconds": round(plan.gpu_seconds, 3),
-        "instance_type": settings.instance_type,
+        "instance_type": settings.accounting.instance_type,
         "cost_usd": cost,
         "usd_per_1m_tokens": {k: round(v / total * 1e6, 6) if total else None for k, v in cost.items()},
         "shard_plan": plan.as_dict(),

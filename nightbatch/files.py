@@ -58,8 +58,8 @@ class FileService:
         """Every purpose expires, no later than the bucket's 31-day lifecycle removes its bytes (infra/storage.py):
         an item must never outlive its object."""
         if purpose == "batch_output":
-            return min(self.settings.output_file_ttl_seconds, MAX_EXPIRY_SECONDS)
-        return min(self.settings.input_file_ttl_seconds, MAX_EXPIRY_SECONDS)
+            return min(self.settings.files.output_file_ttl_seconds, MAX_EXPIRY_SECONDS)
+        return min(self.settings.files.input_file_ttl_seconds, MAX_EXPIRY_SECONDS)
 
     def upload(
         self, tenant: str, *, filename: str, purpose: str, fileobj: BinaryIO, size: int,
@@ -69,7 +69,7 @@ class FileService:
         check_supported(purpose, UPLOAD_PURPOSES, param="purpose")
         if expires_after_anchor is not None:
             check_supported(expires_after_anchor, ("created_at",), param="expires_after[anchor]")
-        limit = self.settings.max_upload_bytes
+        limit = self.settings.files.max_upload_bytes
         if size > limit:
             raise PayloadTooLargeError(
                 f"File is {size} bytes, over the {limit} byte limit for POST /v1/files on this deployment. "

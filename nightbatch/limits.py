@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 
 from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError, RateLimitError, StorageConflictError
-from nightbatch.settings import Settings, get_settings
+from nightbatch.settings import Settings
 from nightbatch.storage import Table, quota
 from nightbatch.storage.records import BatchRecord, FileRecord, RateCounter, UploadRecord, UsageCounters
 from nightbatch.wire import TERMINAL_STATUSES, BatchError
@@ -72,13 +72,13 @@ def _overrides(raw: str) -> dict[str, dict[str, int]]:
 
 def limits_for(settings: Settings, tenant: str) -> TenantLimits:
     base = {
-        "queued_requests": settings.limit_queued_requests,
-        "queued_tokens": settings.limit_queued_tokens,
-        "batches_in_flight": settings.limit_batches_in_flight,
-        "requests_per_minute": settings.limit_requests_per_minute,
-        "stored_bytes": settings.limit_stored_bytes,
+        "queued_requests": settings.limits.queued_requests,
+        "queued_tokens": settings.limits.queued_tokens,
+        "batches_in_flight": settings.limits.batches_in_flight,
+        "requests_per_minute": settings.limits.requests_per_minute,
+        "stored_bytes": settings.limits.stored_bytes,
     }
-    overrides = _overrides(settings.tenant_limits_json)
+    overrides = _overrides(settings.limits.tenant_limits_json)
     base.update(overrides.get(tenant, overrides.get("*", {})))
     return TenantLimits.model_validate(base)
 
@@ -93,14 +93,13 @@ def _usage_fields(tenant: str) -> dict[str, Any]:
 
 def check_queue_limits(
     table: Table, tenant: str, batch_id: str, requests: int, est_tokens: int,
-    *, model: str | None = None, settings: Settings | None = None,
+    *, settings: Settings, model: str | None = None,
 ) -> BatchError | None:
     """Reserves this batch's requests and estimated tokens in the tenant's queue, or says why it cannot.
 
     Called by Validate once the input is known to be good. Idempotent per batch: a re-run Validate does not
     count the batch twice. The BatchError (code `token_limit_exceeded`, OpenAI's) carries the numbers.
     """
-    settings = settings or get_settings()
     lim = limits_for(settings, tenant)
     amounts = {"queued_requests": requests, "queued_tokens": est_tokens}
     caps = {"queued_requests": lim.queued_requests, "queued_tokens": lim.queued_tokens}
@@ -156,7 +155,7 @@ def admit_batch(table: Table, tenant: str, batch_id: str, *, settings: Settings)
     raise RateLimitError(
         f"Too many batches in flight for tenant '{tenant}': {used} unfinished batches, limit "
         f"{lim.batches_in_flight}. Wait for a batch to finish (or cancel one), then try again.",
-        headers={"retry-after": str(max(1, min(60, settings.limit_in_flight_retry_after)))},
+        headers={"retry-after": str(max(1, min(60, settings.limits.in_flight_retry_after)))},
     )
 
 

@@ -100,10 +100,10 @@ def parse_link_keys(raw: str) -> LinkKeys:
 def link_keys(settings: Settings, read_secret: Callable[[str], str] | None = None) -> LinkKeys:
     """From `link_keys_secret` (Secrets Manager, through `read_secret`), else `link_secret`, else this process's
     own key."""
-    if settings.link_keys_secret and read_secret is not None:
-        return parse_link_keys(read_secret(settings.link_keys_secret))
-    if settings.link_secret:
-        return parse_link_keys(settings.link_secret)
+    if settings.links.keys_secret and read_secret is not None:
+        return parse_link_keys(read_secret(settings.links.keys_secret))
+    if settings.links.secret:
+        return parse_link_keys(settings.links.secret)
     return LinkKeys(current="p", keys={"p": _PROCESS_SECRET})
 
 
@@ -118,7 +118,7 @@ def sign_link(settings: Settings, file_id: str, *, ttl_seconds: int | None = Non
               keys: LinkKeys | None = None, api_key_id: str = "") -> SignedLink:
     """A link to `file_id` for `ttl_seconds` (default `link_ttl_seconds`). Check the caller's access first."""
     keys = keys or link_keys(settings)
-    ttl = ttl_seconds if ttl_seconds is not None else settings.link_ttl_seconds
+    ttl = ttl_seconds if ttl_seconds is not None else settings.links.ttl_seconds
     expires_at = (at if at is not None else now()) + ttl
     sig = _signature(keys.keys[keys.current], file_id, expires_at, keys.current, api_key_id)
     return SignedLink(file_id=file_id, expires_at=expires_at, kid=keys.current, ak=api_key_id, sig=sig)
@@ -156,9 +156,9 @@ def link_keys_from(adapters: Adapters) -> LinkKeys:
     """The deployment's link keys, read through the adapters' Secrets Manager reader (cached for
     `key_cache_seconds`, at least a second) when configured."""
     settings = adapters.settings
-    max_age = max(1.0, settings.key_cache_seconds)
+    max_age = max(1.0, settings.api.key_cache_seconds)
 
     def read(secret_id: str) -> str:
         return adapters.secrets.read(secret_id, max_age=max_age)
 
-    return link_keys(settings, read if settings.link_keys_secret else None)
+    return link_keys(settings, read if settings.links.keys_secret else None)

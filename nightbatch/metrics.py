@@ -42,6 +42,6 @@ def emf_line(values: dict[str, float], *, units: dict[str, str] | None = None,
 def emit(settings: Settings, values: dict[str, float], *, units: dict[str, str] | None = None,
          dimensions: dict[str, str] | None = None, out: TextIO | None = None) -> None:
     """Writes one EMF record in AWS; locally there is no CloudWatch to feed, so nothing is written."""
-    if settings.mode != "aws" or not values:
+    if settings.deployment.mode != "aws" or not values:
         return
     print(emf_line(values, units=units, dimensions=dimensions), file=out or sys.stdout, flush=True)

@@ -55,17 +55,17 @@ def build_services(
     settings = adapters.settings
     if workflow is None:
         workflow = StepFunctionsWorkflow(
-            client=adapters.stepfunctions, state_machine_arn=settings.state_machine_arn
+            client=adapters.stepfunctions, state_machine_arn=settings.pipeline.state_machine_arn
         )
     files = FileService(settings=settings, blobs=adapters.blobs, table=adapters.table)
     batches = BatchService(settings=settings, table=adapters.table, files=files, workflow=workflow)
     parts = PartStore(adapters.blobs)
     thread_jobs: ThreadUploadJobs | None = None
     if upload_jobs is None:
-        if settings.upload_queue_url:
-            upload_jobs = SqsUploadJobs(client=adapters.client("sqs"), queue_url=settings.upload_queue_url)
+        if settings.uploads.queue_url:
+            upload_jobs = SqsUploadJobs(client=adapters.client("sqs"), queue_url=settings.uploads.queue_url)
         else:
-            if settings.mode == "aws":
+            if settings.deployment.mode == "aws":
                 log.warning("upload_queue_url is not set: uploads compose on a thread of the API process")
             upload_jobs = thread_jobs = ThreadUploadJobs()
     assembly = AssemblyService(settings=settings, table=adapters.table, parts=parts, jobs=upload_jobs)
@@ -83,15 +83,16 @@ def build_notifier(
 ) -> Notifier:
     """SQS when a queue URL is configured; in the local mode, an in-process delayed queue feeding the same code."""
     settings = adapters.settings
-    topic = Topic(client=adapters.sns, topic_arn=settings.topic_arn) if settings.topic_arn else None
+    notes = settings.notifications
+    topic = Topic(client=adapters.sns, topic_arn=notes.topic_arn) if notes.topic_arn else None
     mailer = None
-    if settings.email_sender:
-        mailer = Mailer(client=adapters.client("ses"), sender=settings.email_sender,
-                        configuration_set=settings.email_configuration_set)
+    if settings.notifications.email_sender:
+        mailer = Mailer(client=adapters.client("ses"), sender=settings.notifications.email_sender,
+                        configuration_set=settings.notifications.email_configuration_set)
     if queue is None:
-        if settings.webhook_queue_url:
-            queue = SqsDeliveryQueue(client=adapters.client("sqs"), queue_url=settings.webhook_queue_url)
-        elif settings.mode == "local":
+        if settings.notifications.webhook_queue_url:
+            queue = SqsDeliveryQueue(client=adapters.client("sqs"), queue_url=settings.notifications.webhook_queue_url)
+        elif settings.deployment.mode == "local":
             # The consumer is the Deliveries made just below (the name is looked up when a message arrives).
             queue = InProcessQueue(lambda message: deliveries.handle_message(message))
     sealer = sealer_of(adapters)
@@ -106,7 +107,7 @@ def build_notifier(
 
 def sealer_of(adapters: Adapters) -> Sealer:
     """Webhook signing secrets sealed with the stack's KMS key when one is configured (the AWS mode)."""
-    key = adapters.settings.secrets_kms_key
+    key = adapters.settings.notifications.secrets_kms_key
     return KmsSealer(client=adapters.client("kms"), key_id=key) if key else PlainSealer()
 
 

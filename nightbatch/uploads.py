@@ -122,7 +122,7 @@ class UploadService:
 
     def create(self, tenant: str, req: CreateUploadRequest) -> Upload:
         check_supported(req.purpose, UPLOAD_PURPOSES, param="purpose")
-        limit = self.settings.max_upload_total_bytes
+        limit = self.settings.uploads.max_total_bytes
         if not 0 <= req.bytes <= limit:
             raise InvalidRequestError(
                 f"Invalid 'bytes': {req.bytes}. An Upload holds between 0 and {limit} bytes "
@@ -144,7 +144,7 @@ class UploadService:
         upload_id = new_upload_id()
         created = now()
         # OpenAI: an Upload expires an hour after creation (`hour_seconds` shortens it in tests).
-        expires = created + max(1, round(self.settings.hour_seconds))
+        expires = created + max(1, round(self.settings.validation.hour_seconds))
         rec = UploadRecord(
             pk=upload_id, tenant=tenant, bytes=req.bytes, filename=req.filename, mime_type=req.mime_type,
             purpose=req.purpose, status="pending", created_at=created, expires_at=expires,
@@ -163,7 +163,7 @@ class UploadService:
     # -- parts ----------------------------------------------------------------------------------------------
 
     def add_part(self, tenant: str, upload_id: str, fileobj: BinaryIO, size: int) -> UploadPart:
-        limit = self.settings.max_upload_part_bytes
+        limit = self.settings.uploads.max_part_bytes
         if size > limit:
             raise PayloadTooLargeError(part_limit_message(limit), param="data")
         item = self.require_pending(self.item(tenant, upload_id), "no more parts can be added")
@@ -180,7 +180,7 @@ class UploadService:
         `max_upload_parts` parts, and no more bytes than the Upload declared (concurrent parts cannot race past
         either check)."""
         upload_id = item.pk
-        max_parts = self.settings.max_upload_parts
+        max_parts = self.settings.uploads.max_parts
         try:
             self.table.update_attributes(UploadRecord, upload_id, add={"parts_received": 1, "bytes_received": size},
                                          expect_in={"status": ("pending",)},
@@ -268,7 +268,7 @@ class UploadService:
         self.digests.forget(upload_id)
         if keys:
             # A failure here is a 500: the SDK retries, and the retried complete dispatches again.
-            self.jobs.compose(file_id, upload_id, delay_seconds=self.settings.upload_compose_delay_seconds)
+            self.jobs.compose(file_id, upload_id, delay_seconds=self.settings.uploads.compose_delay_seconds)
         return self.to_wire(item, file=file)
 
     def _completed_again(self, item: UploadRecord) -> Upload:
@@ -279,10 +279,10 @@ class UploadService:
         return self.to_wire(item)
 
     def _listed_parts(self, upload_id: str, part_ids: list[str]) -> tuple[list[str], int]:
-        if len(part_ids) > self.settings.max_upload_parts:
+        if len(part_ids) > self.settings.uploads.max_parts:
             raise InvalidRequestError(
                 f"Invalid 'part_ids': {len(part_ids)} parts; an Upload holds at most "
-                f"{self.settings.max_upload_parts} on this deployment.",
+                f"{self.settings.uploads.max_parts} on this deployment.",
                 param="part_ids", code="invalid_value",
             )
         if len(set(part_ids)) != len(part_ids):

@@ -10,7 +10,8 @@ from typing import Any
 
 import msgspec
 
-from nightbatch.settings import ModelSpec, Settings
+from nightbatch.model_spec import ModelSpec
+from nightbatch.settings import Settings
 from nightbatch.wire import BatchError
 
 MAX_CUSTOM_ID = 512
@@ -53,7 +54,7 @@ class Validator:
         s = self.settings
         if data is None:
             raise LineInvalid("line_too_long", f"Line {number} is {size} bytes, over the limit of "
-                              f"{s.max_line_bytes} bytes per line.")
+                              f"{s.validation.max_line_bytes} bytes per line.")
         try:
             # Compiled fast path: a line it parses is valid UTF-8 (bytes outside strings can only be JSON
             # syntax) and means what json.loads says it means.
@@ -90,9 +91,9 @@ class Validator:
         return ValidRequest(number, custom_id, body, est, data)
 
     def _check_model(self, model: str) -> ModelSpec:
-        spec = self.settings.model(model)
+        spec = self.settings.serving.model(model)
         if spec is None or self.endpoint not in spec.endpoints:
-            served = ", ".join(m.name for m in self.settings.models if self.endpoint in m.endpoints)
+            served = ", ".join(m.name for m in self.settings.serving.models if self.endpoint in m.endpoints)
             raise LineInvalid("model_not_found", f"The provided model {echo(model)} is not supported by the Batch "
                               f"API for {self.endpoint}. Served models: {served or 'none'}.", "body.model")
         return spec
@@ -113,7 +114,7 @@ class Validator:
             raise LineInvalid("streaming_unsupported", "Streaming is not supported in the Batch API.",
                               "body.stream")
         max_out = body.get("max_completion_tokens", body.get("max_tokens"))
-        out = max_out if isinstance(max_out, int) and max_out > 0 else self.settings.default_max_tokens
+        out = max_out if isinstance(max_out, int) and max_out > 0 else self.settings.serving.default_max_tokens
         if self.endpoint == "/v1/chat/completions":
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
@@ -123,7 +124,7 @@ class Validator:
             check_media(self.settings, messages)
             return _estimate(line_bytes) + out * _choices(self.settings, body)
         if self.endpoint == "/v1/responses":
-            return _estimate(line_bytes) + check_responses(spec, body, self.settings.default_max_tokens)
+            return _estimate(line_bytes) + check_responses(spec, body, self.settings.serving.default_max_tokens)
         if self.endpoint == "/v1/completions":
             if "prompt" not in body:
                 raise LineInvalid("invalid_request", "Prompt parameter is required.", "body.prompt")
@@ -132,14 +133,15 @@ class Validator:
         if inputs is None or inputs == "" or inputs == []:
             raise LineInvalid("invalid_request", "Input parameter is required.", "body.input")
         n = len(inputs) if isinstance(inputs, list) and inputs and not isinstance(inputs[0], int) else 1
-        cap = self.settings.max_embedding_inputs_per_request
+        cap = self.settings.validation.max_embedding_inputs_per_request
         if cap and n > cap:
             raise LineInvalid("too_many_inputs", f"This request has {n} inputs; at most {cap} are allowed per "
                               "embeddings request.", "body.input")
         self.embedding_inputs += n
-        if self.embedding_inputs > self.settings.max_embedding_inputs:
-            raise LineInvalid("too_many_inputs", f"The batch has more than {self.settings.max_embedding_inputs}"
-                              " embedding inputs across its requests.", "body.input")
+        if self.embedding_inputs > self.settings.validation.max_embedding_inputs:
+            raise LineInvalid("too_many_inputs", "The batch has more than "
+                              f"{self.settings.validation.max_embedding_inputs} embedding inputs across its requests.",
+                              "body.input")
         return _estimate(line_bytes)
 
 
@@ -180,7 +182,8 @@ def check_media(settings: Settings, messages: list[Any]) -> None:
                 if isinstance(url, str) and url.startswith("data:"):
                     continue
                 if allowed is None:
-                    allowed = {d.strip().lower() for d in settings.media_allowed_domains.split(",") if d.strip()}
+                    domains = settings.validation.media_allowed_domains
+                    allowed = {d.strip().lower() for d in domains.split(",") if d.strip()}
                 m = re.match(r"^https://([^/:?#@]+)(?::443)?(?:[/?#]|$)", url) if isinstance(url, str) else None
                 if m is None or m.group(1).lower() not in allowed:
                     raise LineInvalid(
@@ -195,7 +198,7 @@ def _choices(settings: Settings, body: dict[str, Any]) -> int:
     if "n" not in body and "best_of" not in body:
         return 1  # the common line: checked without a call per parameter
     n, best_of = _choices_param(body, "n"), _choices_param(body, "best_of")
-    cap = settings.max_choices_per_request
+    cap = settings.validation.max_choices_per_request
     if cap and max(n, best_of) > cap:
         name = "n" if n >= best_of else "best_of"
         raise LineInvalid("invalid_value", f"Invalid '{name}': {max(n, best_of)}. At most {cap} completions per "

@@ -87,7 +87,7 @@ def settings_for_test(**overrides: Any) -> Settings:
         "table": unique_name("nb-test"),
     }
     values.update(overrides)
-    return Settings(**values)
+    return Settings.from_names(values)
 
 
 @pytest.fixture(scope="session")
@@ -107,8 +107,8 @@ def fresh_aws(moto_server: MotoServer, _boto_session: Any) -> Iterator[Callable[
             session=_boto_session,
             endpoint_url=moto_server.endpoint_url,
         )
-        adapters.blobs.client.create_bucket(Bucket=adapters.settings.bucket)
-        create_table(adapters.client("dynamodb"), adapters.settings.table)
+        adapters.blobs.client.create_bucket(Bucket=adapters.settings.deployment.bucket)
+        create_table(adapters.client("dynamodb"), adapters.settings.deployment.table)
         _ = adapters.table  # built here, not lazily in a server thread: boto3 sessions aren't thread-safe
         made.append(adapters)
         return adapters
@@ -117,7 +117,7 @@ def fresh_aws(moto_server: MotoServer, _boto_session: Any) -> Iterator[Callable[
     for adapters in made:
         # Frees moto's memory; a `mock_aws` test may already have reset everything, hence the broad except.
         with contextlib.suppress(Exception):
-            adapters.client("dynamodb").delete_table(TableName=adapters.settings.table)
+            adapters.client("dynamodb").delete_table(TableName=adapters.settings.deployment.table)
 
 
 @pytest.fixture

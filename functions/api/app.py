@@ -32,8 +32,8 @@ def create_app(services: Callable[[], Services] = default_services) -> FastAPI:
     for r in (files.router, batches.router, models.router, usage.router, limits.router, uploads.router,
               links.router, dashboard.router, dashboard_api.router, webhooks.router, estimate.router):
         app.include_router(r)
-    app.add_middleware(BodyLimitMiddleware, upload_limit=lambda: services().settings.max_upload_bytes,
-                       part_limit=lambda: services().settings.max_upload_part_bytes)
-    app.add_middleware(SchemaGateMiddleware, enabled=lambda: services().settings.mode == "local")
+    app.add_middleware(BodyLimitMiddleware, upload_limit=lambda: services().settings.files.max_upload_bytes,
+                       part_limit=lambda: services().settings.uploads.max_part_bytes)
+    app.add_middleware(SchemaGateMiddleware, enabled=lambda: services().settings.deployment.mode == "local")
     app.add_middleware(RequestIdMiddleware)
     return app

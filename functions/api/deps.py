@@ -48,18 +48,18 @@ def auth_caches(services: Services) -> AuthCaches:
     settings = services.settings
     with _caches_lock:
         caches = _caches.get(table)
-        if caches is None or caches.stored.ttl != settings.key_cache_seconds:
+        if caches is None or caches.stored.ttl != settings.api.key_cache_seconds:
             read_secret = None
-            if settings.api_keys_secret:
-                secrets, secret_id = services.adapters.secrets, settings.api_keys_secret
-                ttl = settings.key_cache_seconds
+            if settings.api.api_keys_secret:
+                secrets, secret_id = services.adapters.secrets, settings.api.api_keys_secret
+                ttl = settings.api.key_cache_seconds
 
                 def read_secret() -> str:
                     return secrets.read(secret_id, max_age=ttl)
 
             caches = AuthCaches(
-                stored=KeyCache(KeyStore(table), ttl=settings.key_cache_seconds),
-                bootstrap=BootstrapKeys(settings.accepted_keys, read_secret, ttl=settings.key_cache_seconds),
+                stored=KeyCache(KeyStore(table), ttl=settings.api.key_cache_seconds),
+                bootstrap=BootstrapKeys(settings.api.accepted_keys, read_secret, ttl=settings.api.key_cache_seconds),
             )
             _caches[table] = caches
         return caches

@@ -105,8 +105,8 @@ async def get_idempotency(
         return Idempotency(store=None, tenant=principal.tenant, key=None, fingerprint="")
     check_key(idempotency_key)
     settings = services.settings
-    store = IdempotencyStore(services.adapters.table, ttl_seconds=settings.idempotency_ttl_seconds,
-                             lock_seconds=settings.idempotency_lock_seconds)
+    store = IdempotencyStore(services.adapters.table, ttl_seconds=settings.api.idempotency_ttl_seconds,
+                             lock_seconds=settings.api.idempotency_lock_seconds)
     return Idempotency(store=store, tenant=principal.tenant, key=idempotency_key,
                        fingerprint=await fingerprint_request(request))
 

@@ -13,7 +13,7 @@ from nightbatch.storage.functions import AsyncInvoker
 @tracer.capture_lambda_handler(capture_response=False)
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     services = default_services()
-    name = services.settings.notify_function
+    name = services.settings.notifications.notify_function
     notify = None
     if name:
         invoker = AsyncInvoker(client=services.adapters.client("lambda"), function_name=name)

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from gpu_worker.engines.base import EngineFailedError, EngineReply
 from gpu_worker.model_prep import resolve_model_dir
 from nightbatch.local.templates import resolve_chat_template
-from nightbatch.settings import ModelSpec
+from nightbatch.model_spec import ModelSpec
 
 # vLLM reads these when its EngineCore process starts. Defaults for a small CPU box (local-engines.md §2):
 # vLLM otherwise reserves one of two cores and computes on a single thread.

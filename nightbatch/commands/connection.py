@@ -11,7 +11,7 @@ import openai
 from pydantic import ValidationError
 
 from nightbatch.local.stack import state_file
-from nightbatch.settings import Settings
+from nightbatch.settings import Settings, variable_of
 
 
 class CommandError(Exception):
@@ -36,13 +36,12 @@ def resolve_target(base_url: str | None, api_key: str | None) -> Target:
         settings = Settings()
     except ValidationError as e:
         first = e.errors()[0]
-        name = "NIGHTBATCH_" + str(first["loc"][0]).upper() if first["loc"] else "NIGHTBATCH_*"
-        raise CommandError(f"{name} in the environment is invalid: {first['msg']}") from None
-    url = base_url or settings.base_url or running_local_url()
+        raise CommandError(f"{variable_of(first['loc'])} in the environment is invalid: {first['msg']}") from None
+    url = base_url or settings.cli.base_url or running_local_url()
     if not url:
         raise CommandError("no server given: pass --base-url or set NIGHTBATCH_BASE_URL "
                            "(or start one here with `nightbatch local`)")
-    key = api_key or settings.api_key
+    key = api_key or settings.api.api_key
     if not key:
         raise CommandError("no API key given: pass --api-key or set NIGHTBATCH_API_KEY "
                            "(`nightbatch local` prints its key when it starts)")

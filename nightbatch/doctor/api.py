@@ -14,7 +14,7 @@ import openai
 from openai.types import Batch
 
 from nightbatch.doctor.report import Check, Probe
-from nightbatch.settings import ENDPOINTS
+from nightbatch.model_spec import ENDPOINTS
 from nightbatch.wire import TERMINAL_STATUSES
 
 PROMPT = "Reply with the single word OK."

@@ -79,18 +79,18 @@ def start_embedded_aws(settings: Settings, *, host: str = "127.0.0.1") -> Embedd
     # boto3 in this process (and any child process) reaches moto without code changes.
     for k, v in FAKE_CREDENTIALS.items():
         os.environ.setdefault(k, v)
-    os.environ["AWS_DEFAULT_REGION"] = settings.region
+    os.environ["AWS_DEFAULT_REGION"] = settings.deployment.region
     os.environ["MOTO_PORT"] = str(port)
     server = AtomicMotoServer(ip_address=host, port=port, verbose=False)
     server.start()
     endpoint = f"http://{host}:{port}"
     os.environ["AWS_ENDPOINT_URL"] = endpoint
     adapters = make_adapters(settings, endpoint_url=endpoint)
-    adapters.client("s3").create_bucket(Bucket=settings.bucket)
-    create_table(adapters.client("dynamodb"), settings.table)
+    adapters.client("s3").create_bucket(Bucket=settings.deployment.bucket)
+    create_table(adapters.client("dynamodb"), settings.deployment.table)
     # Notifications: the topic infra/ creates, and the sender's domain verified in SES (moto enforces it).
     topic_arn = str(adapters.sns.create_topic(Name=LOCAL_TOPIC)["TopicArn"])
-    sender = parseaddr(settings.email_sender)[1]
+    sender = parseaddr(settings.notifications.email_sender)[1]
     if "@" in sender:
         adapters.client("ses").verify_domain_identity(Domain=sender.rsplit("@", 1)[1])
     return EmbeddedAws(server=server, endpoint_url=endpoint, port=port, topic_arn=topic_arn)

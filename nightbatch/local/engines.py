@@ -11,7 +11,8 @@ from collections.abc import Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from nightbatch.settings import ModelSpec, Settings
+from nightbatch.model_spec import ModelSpec
+from nightbatch.settings import Settings
 
 log = logging.getLogger("nightbatch.local")
 T = TypeVar("T")
@@ -36,7 +37,7 @@ class EngineHost:
         lock = self.locks.setdefault(name, asyncio.Lock())
         async with lock:
             if name not in self.engines:
-                spec = self.settings.model(name)
+                spec = self.settings.serving.model(name)
                 if spec is None:
                     raise LookupError(f"model {name!r} is not configured")
                 self.engines[name] = await self._start(spec)
@@ -59,7 +60,7 @@ class EngineHost:
 
     def warm_up(self) -> Future[None]:
         async def all_engines() -> None:
-            for spec in self.settings.models:
+            for spec in self.settings.serving.models:
                 try:
                     await self.engine(spec.name)
                 except Exception:

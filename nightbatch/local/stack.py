@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from nightbatch.settings import Settings
+from nightbatch.settings import SETTINGS, Settings
 
 log = logging.getLogger("nightbatch.local")
 
@@ -34,10 +34,10 @@ def local_settings(**overrides: Any) -> Settings:
                                 # Webhook receivers on this machine are fine; e-mail only reaches the embedded SES.
                                 "allow_private_targets": True, "email_sender": LOCAL_SENDER}
     # Local defaults yield to NIGHTBATCH_* variables; explicit overrides win over both.
-    values = {k: v for k, v in defaults.items() if f"NIGHTBATCH_{k.upper()}" not in os.environ}
+    values = {k: v for k, v in defaults.items() if SETTINGS[k].env not in os.environ}
     values.update(overrides)
     values["mode"] = "local"
-    return Settings(**values)
+    return Settings.from_names(values)
 
 
 def serve(host: str = "127.0.0.1", port: int = 8000, *, engines: bool = True) -> None:
@@ -57,9 +57,9 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engines: bool = True) ->
     key = env_key or f"nb-dev-{secrets.token_urlsafe(24)}"
     settings = local_settings(api_key=key)
     aws = start_embedded_aws(settings, host="127.0.0.1")
-    settings = settings.model_copy(update={
-        "topic_arn": settings.topic_arn or aws.topic_arn,
-        "public_base_url": settings.public_base_url or f"http://{host}:{port}",
+    settings = settings.updated({
+        "topic_arn": settings.notifications.topic_arn or aws.topic_arn,
+        "public_base_url": settings.notifications.public_base_url or f"http://{host}:{port}",
     })
     adapters = make_adapters(settings, endpoint_url=aws.endpoint_url)
     workflow = LocalWorkflow(adapters, engines=engines)
@@ -106,8 +106,8 @@ def _record(base_url: str, aws_endpoint: str, settings: Settings) -> None:
     path = state_file()
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({
-        "base_url": base_url, "aws_endpoint_url": aws_endpoint, "table": settings.table,
-        "bucket": settings.bucket, "region": settings.region, "pid": os.getpid(),
+        "base_url": base_url, "aws_endpoint_url": aws_endpoint, "table": settings.deployment.table,
+        "bucket": settings.deployment.bucket, "region": settings.deployment.region, "pid": os.getpid(),
     }))
 
 

@@ -63,7 +63,7 @@ class Deliveries:
     sealer: Sealer = field(default_factory=PlainSealer)
 
     def backoff(self, attempts_done: int) -> float:
-        s = self.settings
+        s = self.settings.notifications
         return float(min(s.webhook_retry_base_seconds * 2 ** (attempts_done - 1), s.webhook_retry_max_delay_seconds))
 
     def create(self, event: EventRecord, endpoint: WebhookEndpointRecord) -> DeliveryRecord:
@@ -74,7 +74,7 @@ class Deliveries:
             pk=pk, tenant=event.tenant, endpoint_id=endpoint.pk, event_id=event.event_id,
             event_type=event.type, batch_id=event.batch_id, body=event.body, status="pending",
             created_at=created, next_attempt_at=created, created_ts=time.time(),
-            ttl=created + int(self.settings.webhook_max_age_seconds) + RETAIN_SECONDS,
+            ttl=created + int(self.settings.notifications.webhook_max_age_seconds) + RETAIN_SECONDS,
         )
         try:
             self.table.put_record(rec, new=True)
@@ -121,7 +121,7 @@ class Deliveries:
         status, next_at = "succeeded", None
         if not result.ok:
             delay = self.backoff(n)
-            give_up_at = float(item.created_ts or item.created_at) + self.settings.webhook_max_age_seconds
+            give_up_at = float(item.created_ts or item.created_at) + self.settings.notifications.webhook_max_age_seconds
             if final or item.test or time.time() + delay > give_up_at:  # a test event is never retried
                 status = "failed"
             else:
@@ -148,12 +148,13 @@ class Deliveries:
 
     def _post(self, delivery_id: str, body: bytes, endpoint: WebhookEndpointRecord, at: int) -> transport.PostResult:
         try:
-            target = resolve_target(endpoint.url, allow_private=self.settings.allow_private_targets,
+            target = resolve_target(endpoint.url, allow_private=self.settings.notifications.allow_private_targets,
                                     resolver=self.resolver)
         except TargetRefusedError as e:
             return transport.PostResult(None, e.message, 0)
         headers = signed_headers(delivery_id, body, signing_secrets(endpoint, at=at, sealer=self.sealer), at=at)
-        return self.post(target, body=body, headers=headers, timeout=self.settings.webhook_timeout_seconds)
+        return self.post(target, body=body, headers=headers,
+                         timeout=self.settings.notifications.webhook_timeout_seconds)
 
     def enqueue_test(self, endpoint: WebhookEndpointRecord, event_type: str) -> DeliveryRecord:
         """`webhooks.test`: one signed sample event, recorded `pending` and queued like any delivery.
@@ -170,7 +171,7 @@ class Deliveries:
             pk=f"wh_{secrets.token_hex(16)}", tenant=endpoint.tenant, endpoint_id=endpoint.pk, event_id=event_id,
             event_type=event_type, batch_id=batch_id, body=event_body(event_id, event_type, at, batch_id),
             status="pending", test=True, created_at=at, next_attempt_at=at, created_ts=time.time(),
-            ttl=at + int(self.settings.webhook_max_age_seconds) + RETAIN_SECONDS,
+            ttl=at + int(self.settings.notifications.webhook_max_age_seconds) + RETAIN_SECONDS,
         )
         self.table.put_record(rec, new=True)
         try:

@@ -33,12 +33,12 @@ def domain_allowed(settings: Settings, address: str) -> bool:
     """NIGHTBATCH_EMAIL_ALLOWED_DOMAINS: "*" allows any domain; empty allows none in AWS, where anyone holding
     an API key could otherwise make the deployment's SES identity mail anywhere, and any in the local mode,
     whose SES is the embedded emulation that sends nothing."""
-    domains = {d.lower() for d in _split(settings.email_allowed_domains)}
+    domains = {d.lower() for d in _split(settings.notifications.email_allowed_domains)}
     m = ADDRESS_RE.match(address)
     if m is None:
         return False
     if not domains:
-        return settings.mode == "local"
+        return settings.deployment.mode == "local"
     return "*" in domains or m.group(1).lower() in domains
 
 
@@ -62,7 +62,7 @@ def recipients(settings: Settings, options: dict[str, Any] | None) -> tuple[list
     """(to send to, refused): the operator's recipients, then the batch's own that pass the domain rule."""
     out: list[str] = []
     refused: list[str] = []
-    for a in _split(settings.email_recipients):
+    for a in _split(settings.notifications.email_recipients):
         if a.lower() not in (x.lower() for x in out):
             out.append(a)
     for a in requested(options)[:MAX_BATCH_RECIPIENTS]:

@@ -100,7 +100,7 @@ class WebhookEndpointService:
 
     def _check_url(self, url: str) -> str:
         # Checked again at every delivery: DNS may change after creation.
-        resolve_target(url, allow_private=self.settings.allow_private_targets, resolver=self.resolver)
+        resolve_target(url, allow_private=self.settings.notifications.allow_private_targets, resolver=self.resolver)
         return url
 
     def _check_room(self, tenant: str, url: str, *, exclude: str | None = None) -> None:
@@ -109,7 +109,7 @@ class WebhookEndpointService:
         if any(r.url == url for r in existing):
             raise InvalidRequestError("Invalid 'url': another webhook endpoint of this project already has this "
                                       "URL.", param="url", code="duplicate_url")
-        cap = self.settings.max_webhook_endpoints
+        cap = self.settings.notifications.max_webhook_endpoints
         if exclude is None and cap and len(existing) >= cap:
             raise InvalidRequestError(f"This project already has {len(existing)} webhook endpoints, the most "
                                       "allowed on this deployment; delete one first.", code="too_many_endpoints")

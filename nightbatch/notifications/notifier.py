@@ -170,13 +170,13 @@ class Notifier:
     def _links(self, file_ids: list[str]) -> tuple[dict[str, str | None], int | None]:
         """Signed download links (nightbatch.links), or none when they could not be followed."""
         s = self.settings
-        base = s.public_base_url.rstrip("/").removesuffix("/v1")
+        base = s.notifications.public_base_url.rstrip("/").removesuffix("/v1")
         # Without a shared key each process signs with its own, and only the local mode (one process) could
         # verify what the Notify Lambda signs.
-        if not file_ids or not base or (s.mode != "local" and not (s.link_secret or s.link_keys_secret)):
+        if not file_ids or not base or (s.deployment.mode != "local" and not (s.links.secret or s.links.keys_secret)):
             return {}, None
         keys = link_keys_from(self.adapters) if self.adapters is not None else link_keys(s)
-        signed = [sign_link(s, fid, ttl_seconds=s.email_link_ttl_seconds, keys=keys) for fid in file_ids]
+        signed = [sign_link(s, fid, ttl_seconds=s.notifications.email_link_ttl_seconds, keys=keys) for fid in file_ids]
         return {link.file_id: base + link.path for link in signed}, signed[0].expires_at
 
 

@@ -60,30 +60,30 @@ def scheduling_priority(seconds_left: float) -> int:
 
 
 def queues(settings: Settings) -> dict[str, str]:
-    parsed: dict[str, str] = json.loads(settings.job_queues_json or "{}")
+    parsed: dict[str, str] = json.loads(settings.capacity.job_queues_json or "{}")
     return parsed
 
 
 def remaining_work_seconds(services: Services, batch_id: str) -> float:
     """Wall seconds the batch's unfinished shards still need on max_gpus GPUs, one cold start each."""
     settings, blobs = services.settings, services.adapters.blobs
-    manifest = json.loads(blobs.get_bytes(layout.manifest_key(batch_id)) or b"[]")
+    manifest = layout.read_manifest(blobs, batch_id)
     done = {k.split("/")[-2] for k in blobs.list_keys(layout.all_results_prefix(batch_id))
             if k.endswith("/" + layout.DONE_NAME)}
     tokens, shards = 0, 0
     for item in manifest:
-        if item["shard_id"] in done:
+        if item.shard_id in done:
             continue
-        est = item.get("est_tokens")
+        est = item.est_tokens
         if est is None:  # a manifest written before Plan recorded the estimate: read the shard itself
-            doc = json.loads(blobs.get_bytes(layout.shard_key(batch_id, item["shard_id"])) or b"{}")
-            est = doc.get("est_tokens", 0)
-        tokens += int(est)
+            spec = layout.read_shard(blobs, batch_id, item.shard_id)
+            est = spec.est_tokens if spec else 0
+        tokens += est
         shards += 1
     if not shards:
         return 0.0
-    work = tokens / max(1e-9, settings.shard_tokens_per_second)
-    return _wall(work, shards, min(shards, settings.max_gpus), settings.shard_cold_start_seconds)
+    work = tokens / max(1e-9, settings.pipeline.shard_tokens_per_second)
+    return _wall(work, shards, min(shards, settings.pipeline.max_gpus), settings.pipeline.shard_cold_start_seconds)
 
 
 def _status_reason(error: dict[str, Any] | None) -> str:
@@ -131,25 +131,25 @@ def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
             decision = choose("on-demand", reason)
         else:
             failures = int(prev.get("failures", 0)) + 1
-            if failures > settings.shard_retry_attempts:
+            if failures > settings.capacity.retry_attempts:
                 decision = choose(prev.get("capacity", "spot"), f"gave up after {failures} failed attempts: "
                                   f"{status_reason[:200]}", failures=failures)
                 decision = decision.model_copy(update={"action": "give_up"})
             else:
-                wait = int(settings.shard_retry_interval_seconds
-                           * settings.shard_retry_backoff ** (failures - 1))
+                wait = int(settings.capacity.retry_interval_seconds
+                           * settings.capacity.retry_backoff ** (failures - 1))
                 decision = choose(prev.get("capacity", "spot"), f"retry after: {status_reason[:200]}",
                                   failures=failures, wait=wait)
     elif batch.capacity_on_demand:
         decision = choose("on-demand", f"batch moved to on-demand: {batch.capacity_on_demand}")
     else:
         slack = seconds_left - remaining_work_seconds(services, batch_id)
-        if slack < settings.capacity_margin_seconds:
-            reason = f"slack {slack:.0f} s < margin {settings.capacity_margin_seconds:.0f} s"
+        if slack < settings.capacity.margin_seconds:
+            reason = f"slack {slack:.0f} s < margin {settings.capacity.margin_seconds:.0f} s"
             table.update_attributes(BatchRecord, batch_id, set_={"capacity_on_demand": reason})
             decision = choose("on-demand", reason)
         else:
-            decision = choose("spot", f"slack {slack:.0f} s >= margin {settings.capacity_margin_seconds:.0f} s")
+            decision = choose("spot", f"slack {slack:.0f} s >= margin {settings.capacity.margin_seconds:.0f} s")
     services.adapters.blobs.put_bytes(
         layout.capacity_key(layout.results_prefix(batch_id, shard_id), attempt),
         json.dumps({"at": t, **decision.model_dump(exclude={"retry_strategy"})}).encode(),

@@ -44,7 +44,7 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
     if batch is not None and batch.status == "in_progress":
         model = batch.model or ""
         segments = layout.read_segment_index(blobs, inp.batch_id)
-        job_definitions: dict[str, str] = json.loads(settings.job_definitions_json or "{}")
+        job_definitions: dict[str, str] = json.loads(settings.pipeline.job_definitions_json or "{}")
         job_definition = job_definitions.get(model, "")
         window = max(0.0, float(batch.expires_at) - now()) if batch.expires_at else None
         # fleet's sizing decides how many shards; placement decides which segments go in each.
@@ -61,5 +61,5 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
     manifest_key = layout.write_manifest(blobs, inp.batch_id, items)
     if batch is not None:
         table.update_attributes(BatchRecord, inp.batch_id, set_={"shard_count": len(items)})
-    return PlanOutput(batch_id=inp.batch_id, manifest_bucket=settings.bucket, manifest_key=manifest_key,
+    return PlanOutput(batch_id=inp.batch_id, manifest_bucket=settings.deployment.bucket, manifest_key=manifest_key,
                       shard_count=len(items))

@@ -53,13 +53,29 @@ def _content_text(content: Any) -> str:
     return "" if content is None else str(content)
 
 
-def prefix_group(body: dict[str, Any], *, groups: int, min_chars: int) -> int:
-    """1..groups for a prompt of at least `min_chars` characters, by the hash of its first `min_chars`
-    (requests sharing that head land in the same group); 0 for shorter prompts, and when grouping is off."""
-    if groups <= 0:
-        return 0
-    head = prompt_text(body, limit=min_chars)
-    if len(head) < min_chars:
-        return 0
-    digest = hashlib.blake2b(head.encode("utf-8", "surrogatepass"), digest_size=8).digest()
-    return 1 + int.from_bytes(digest, "big") % groups
+class PrefixGroups:
+    """Prefix groups of one input file, 1..groups for prompts of at least `min_chars` characters, keyed on
+    their first `min_chars`; 0 for shorter prompts and when grouping is off. The first `groups` distinct heads
+    get a group each, in order of appearance, so that up to `groups` shared prefixes never share a group (a
+    hash alone put two of four system prompts in one of eight groups); heads past those fall back to the
+    hash of the head. Memory: at most `groups` 8-byte digests."""
+
+    def __init__(self, *, groups: int, min_chars: int) -> None:
+        self.groups = groups
+        self.min_chars = min_chars
+        self._first: dict[bytes, int] = {}
+
+    def of(self, body: dict[str, Any]) -> int:
+        if self.groups <= 0:
+            return 0
+        head = prompt_text(body, limit=self.min_chars)
+        if len(head) < self.min_chars:
+            return 0
+        digest = hashlib.blake2b(head.encode("utf-8", "surrogatepass"), digest_size=8).digest()
+        group = self._first.get(digest)
+        if group is None:
+            if len(self._first) < self.groups:
+                group = self._first[digest] = len(self._first) + 1
+            else:
+                group = 1 + int.from_bytes(digest, "big") % self.groups
+        return group

@@ -37,22 +37,22 @@ def _wall(work: float, shards: int, gpus: int, cold: float) -> float:
 def plan_shards(est_tokens: int, segments: int, settings: Settings, window_seconds: float | None = None) -> ShardPlan:
     """The shard count for `est_tokens` of work held in `segments` whole segments (a shard is >= 1 segment)."""
     segments = max(1, segments)
-    cold = max(0.0, settings.shard_cold_start_seconds)
-    work = est_tokens / max(1e-9, settings.shard_tokens_per_second)
-    cap = min(segments, max(1, settings.max_gpus * settings.shards_per_gpu))
-    if settings.shard_target_tokens > 0:  # a fixed size per shard (tests, benches, operators who want it)
-        n = math.ceil(est_tokens / settings.shard_target_tokens)
+    cold = max(0.0, settings.pipeline.shard_cold_start_seconds)
+    work = est_tokens / max(1e-9, settings.pipeline.shard_tokens_per_second)
+    cap = min(segments, max(1, settings.pipeline.max_gpus * settings.pipeline.shards_per_gpu))
+    if settings.pipeline.shard_target_tokens > 0:  # a fixed size per shard (tests, benches, operators who want it)
+        n = math.ceil(est_tokens / settings.pipeline.shard_target_tokens)
     else:
         # Each shard needs work >= cold * (1 - share) / share for the cold start to be <= share of its GPU time.
-        share = min(0.99, max(0.01, settings.shard_cold_start_share))
+        share = min(0.99, max(0.01, settings.pipeline.shard_cold_start_share))
         n = math.floor(work / (cold * (1 - share) / share)) if cold > 0 else cap
     n = max(1, min(cap, n))
     if window_seconds is not None:
         # More shards (up to one per GPU, then the cap) when the amortised count would miss the window.
-        budget = window_seconds * (1 - settings.window_safety_share)
-        while n < cap and _wall(work, n, min(n, settings.max_gpus), cold) > budget:
+        budget = window_seconds * (1 - settings.pipeline.window_safety_share)
+        while n < cap and _wall(work, n, min(n, settings.pipeline.max_gpus), cold) > budget:
             n += 1
-    gpus = min(n, settings.max_gpus)
+    gpus = min(n, settings.pipeline.max_gpus)
     wall = _wall(work, n, gpus, cold)
     gpu_seconds = work + n * cold
     return ShardPlan(

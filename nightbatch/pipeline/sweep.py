@@ -57,7 +57,7 @@ def sweep(services: Services, *, stale_seconds: int = STALE_SECONDS,
             except Exception:
                 log.exception("sweep: batch %s skipped", batch_id, extra={"batch_id": batch_id})
                 skipped.append(batch_id)
-    cancelled_jobs = _sweep_jobs(services, t) if settings.job_queue else []
+    cancelled_jobs = _sweep_jobs(services, t) if settings.pipeline.job_queue else []
     try:
         expired_uploads = services.uploads.sweep_expired()
     except Exception:
@@ -98,7 +98,7 @@ def _renotify(services: Services, t: int, notify: Callable[[str], object], grace
 def _sweep_jobs(services: Services, t: int) -> list[str]:
     settings, table = services.settings, services.adapters.table
     every = [BatchJobs(client=services.adapters.client("batch"), queue=q.strip())
-             for q in settings.job_queue.split(",") if q.strip()]  # the Spot and on-demand queues
+             for q in settings.pipeline.job_queue.split(",") if q.strip()]  # the Spot and on-demand queues
     cancelled: list[str] = []
     counts: dict[str, int] = {}
     oldest_runnable = 0

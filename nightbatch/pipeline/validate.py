@@ -15,7 +15,7 @@ from nightbatch.jsonl import split_lines
 from nightbatch.limits import check_queue_limits
 from nightbatch.metrics import emit
 from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
-from nightbatch.pipeline.prefixes import prefix_group
+from nightbatch.pipeline.prefixes import PrefixGroups
 from nightbatch.pipeline.segments import segment_line
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore
@@ -101,25 +101,29 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
         return _fail(services, batch, [BatchError(
             code="invalid_request", param="file_id", line=None,
             message=f"Cannot find file {batch.input_file_id}, or it was deleted before the batch ran.")])
-    if file_item.bytes > settings.max_input_bytes:
+    if file_item.bytes > settings.validation.max_input_bytes:
         return _fail(services, batch, [BatchError(
             code="file_too_large", param=None, line=None,
             message=f"The input file is {file_item.bytes} bytes, over the limit of "
-                    f"{settings.max_input_bytes} bytes per batch.")])
+                    f"{settings.validation.max_input_bytes} bytes per batch.")])
 
     validator = Validator(settings=settings, endpoint=batch.endpoint)
-    writer = SegmentWriter(blobs, inp.batch_id, settings.segment_max_lines, settings.segment_max_bytes)
+    prefix_groups = PrefixGroups(groups=settings.pipeline.plan_prefix_groups,
+                                 min_chars=settings.pipeline.plan_prefix_chars)
+    writer = SegmentWriter(blobs, inp.batch_id, settings.pipeline.segment_max_lines,
+                           settings.pipeline.segment_max_bytes)
     errors: list[BatchError] = []
     errors_bytes = 0
     count = 0
-    for raw in split_lines(services.files.chunks(file_item, read_ahead=True), max_bytes=settings.max_line_bytes):
+    chunks = services.files.chunks(file_item, read_ahead=True)
+    for raw in split_lines(chunks, max_bytes=settings.validation.max_line_bytes):
         if raw.data is not None and not raw.data.strip():
             continue  # blank lines are skipped but keep their numbers
         count += 1
-        if count > settings.max_requests_per_batch:
+        if count > settings.validation.max_requests_per_batch:
             errors.append(BatchError(
                 code="too_many_requests", line=raw.number, param=None,
-                message=f"The batch has more than {settings.max_requests_per_batch} requests (line "
+                message=f"The batch has more than {settings.validation.max_requests_per_batch} requests (line "
                         f"{raw.number}); split the file or raise the limit."))
             break
         try:
@@ -127,14 +131,13 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
         except LineInvalid as e:
             errors.append(line_error(raw.number, e))
             errors_bytes += len(errors[-1].model_dump_json())
-            if len(errors) >= settings.max_reported_errors or errors_bytes >= MAX_ERRORS_BYTES:
+            if len(errors) >= settings.validation.max_reported_errors or errors_bytes >= MAX_ERRORS_BYTES:
                 break
             continue
         if not errors:
             # A line shorter than plan_prefix_chars bytes cannot hold a prompt that long: no need to look.
-            long_enough = settings.plan_prefix_groups and len(req.raw) >= settings.plan_prefix_chars
-            group = prefix_group(req.body, groups=settings.plan_prefix_groups,
-                                 min_chars=settings.plan_prefix_chars) if long_enough else 0
+            long_enough = settings.pipeline.plan_prefix_groups and len(req.raw) >= settings.pipeline.plan_prefix_chars
+            group = prefix_groups.of(req.body) if long_enough else 0
             writer.add(req.number, req.raw, req.est_tokens, group)
     if not errors and count == 0:
         errors.append(BatchError(code="empty_file", param=None, line=None,

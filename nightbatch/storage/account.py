@@ -85,6 +85,18 @@ class AwsAccount:
         except (ClientError, BotoCoreError) as e:
             raise AccountReadError(f"{service} {operation}: {_code(e)}: {e}") from None
 
+    def _exists(self, service: str, operation: str, missing: str, **kw: Any) -> bool:
+        """False when the call fails with the `missing` error code; any other failure is an AccountReadError."""
+        try:
+            getattr(self.client(service), operation)(**kw)
+        except ClientError as e:
+            if _code(e) == missing:
+                return False
+            raise AccountReadError(f"{service} {operation}: {_code(e)}: {e}") from None
+        except BotoCoreError as e:
+            raise AccountReadError(f"{service} {operation}: {_code(e)}: {e}") from None
+        return True
+
     # --------------------------------------------------------------------------------- CloudFormation
 
     def stack_outputs(self, stack: str) -> dict[str, str]:
@@ -191,29 +203,13 @@ class AwsAccount:
         return float(quota["Quota"]["Value"])
 
     def role_exists(self, name: str) -> bool:
-        try:
-            self.client("iam").get_role(RoleName=name)
-        except ClientError as e:
-            if _code(e) == "NoSuchEntity":
-                return False
-            raise AccountReadError(f"iam get_role: {_code(e)}: {e}") from None
-        except BotoCoreError as e:
-            raise AccountReadError(f"iam get_role: {_code(e)}: {e}") from None
-        return True
+        return self._exists("iam", "get_role", "NoSuchEntity", RoleName=name)
 
     def ses_production_access(self) -> bool:
         return bool(self._call("sesv2", "get_account").get("ProductionAccessEnabled", False))
 
     def secret_exists(self, secret: str) -> bool:
-        try:
-            self.client("secretsmanager").describe_secret(SecretId=secret)
-        except ClientError as e:
-            if _code(e) == "ResourceNotFoundException":
-                return False
-            raise AccountReadError(f"secretsmanager describe_secret: {_code(e)}: {e}") from None
-        except BotoCoreError as e:
-            raise AccountReadError(f"secretsmanager describe_secret: {_code(e)}: {e}") from None
-        return True
+        return self._exists("secretsmanager", "describe_secret", "ResourceNotFoundException", SecretId=secret)
 
     def log_tail(self, group: str, stream: str, lines: int = 50) -> list[str]:
         events = self._call("logs", "get_log_events", logGroupName=group, logStreamName=stream, limit=lines,

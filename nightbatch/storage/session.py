@@ -27,12 +27,12 @@ class Adapters:
 
         # SigV4 so pre-signed URLs work in every region (moto and us-east-1 default to SigV2 otherwise).
         cfg = Config(signature_version="s3v4", retries={"max_attempts": 5, "mode": "standard"})
-        return BlobStore(client=self.client("s3", config=cfg), bucket=self.settings.bucket)
+        return BlobStore(client=self.client("s3", config=cfg), bucket=self.settings.deployment.bucket)
 
     @cached_property
     def table(self) -> Table:
         resource = self.session.resource("dynamodb", endpoint_url=self.endpoint_url)
-        return Table(resource=resource, name=self.settings.table)
+        return Table(resource=resource, name=self.settings.deployment.table)
 
     @cached_property
     def stepfunctions(self) -> Any:
@@ -52,5 +52,5 @@ def make_adapters(settings: Settings, *, endpoint_url: str | None = None) -> Ada
     # Imported here, not at the top: the API's cold import stays free of boto3 until a request needs AWS.
     import boto3
 
-    session = boto3.session.Session(region_name=settings.region)
+    session = boto3.session.Session(region_name=settings.deployment.region)
     return Adapters(settings=settings, session=session, endpoint_url=endpoint_url)

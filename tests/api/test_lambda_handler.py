@@ -52,14 +52,14 @@ def handler(
 ) -> Iterator[Callable[[dict[str, Any], Any], dict[str, Any]]]:
     adapters = fresh_aws()
     state_machine = adapters.stepfunctions.create_state_machine(
-        name=adapters.settings.table, roleArn="arn:aws:iam::123456789012:role/sfn",
+        name=adapters.settings.deployment.table, roleArn="arn:aws:iam::123456789012:role/sfn",
         definition=json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Pass", "End": True}}}),
     )["stateMachineArn"]
     monkeypatch.setenv("NIGHTBATCH_STATE_MACHINE_ARN", state_machine)
-    monkeypatch.setenv("NIGHTBATCH_BUCKET", adapters.settings.bucket)
-    monkeypatch.setenv("NIGHTBATCH_TABLE", adapters.settings.table)
+    monkeypatch.setenv("NIGHTBATCH_BUCKET", adapters.settings.deployment.bucket)
+    monkeypatch.setenv("NIGHTBATCH_TABLE", adapters.settings.deployment.table)
     monkeypatch.setenv("NIGHTBATCH_API_KEY", KEY)
-    monkeypatch.setenv("NIGHTBATCH_REGION", adapters.settings.region)
+    monkeypatch.setenv("NIGHTBATCH_REGION", adapters.settings.deployment.region)
     from functions.api.handler import handler as lambda_handler
 
     # The Lambda reads its settings once per cold start; each test is a cold start.
@@ -99,7 +99,7 @@ def test_multipart_upload_through_api_gateway(handler: Any, make_jsonl: Callable
     assert batch["status"] == "validating"
     sfn = get_settings()
     executions = default_services().adapters.stepfunctions.list_executions(
-        stateMachineArn=sfn.state_machine_arn)["executions"]
+        stateMachineArn=sfn.pipeline.state_machine_arn)["executions"]
     assert [e["name"] for e in executions] == [batch["id"]]  # one execution, named after the batch
     listed = handler(event("GET", "/v1/files", query="limit=1&order=asc"), None)
     assert [x["id"] for x in json.loads(body_of(listed))["data"]] == [f["id"]]
@@ -144,7 +144,7 @@ def test_webhooks_test_is_queued_on_sqs_not_sent_by_the_api(handler: Any, monkey
     """M5: the API Lambda only records the sample event and sends it to the webhook queue (Deliver posts it)."""
     adapters = default_services().adapters
     sqs = adapters.client("sqs")
-    queue_url = sqs.create_queue(QueueName=f"{adapters.settings.table}-webhooks")["QueueUrl"]
+    queue_url = sqs.create_queue(QueueName=f"{adapters.settings.deployment.table}-webhooks")["QueueUrl"]
     monkeypatch.setenv("NIGHTBATCH_WEBHOOK_QUEUE_URL", queue_url)
     get_settings.cache_clear()
     default_services.cache_clear()

@@ -173,6 +173,8 @@ def test_submit_wait_follows_the_batch_until_it_completes(cli: Any, api_server: 
     # Read on through the same buffered pipe (communicate() would drop what readline() read ahead).
     assert proc.stderr is not None
     rest, err = proc.stdout.read(), proc.stderr.read()
+    proc.stdout.close()
+    proc.stderr.close()
     assert (proc.wait(timeout=30), err) == (0, "")
 
     # Not a terminal: plain timestamped lines, one per change of status.

@@ -13,7 +13,7 @@ from nightbatch.settings import Settings
 if TYPE_CHECKING:
     from tests.conftest import ApiServer
 
-SETTINGS = Settings(link_secret="s3cret", link_ttl_seconds=300)
+SETTINGS = Settings(links={"secret": "s3cret", "ttl_seconds": 300})
 
 
 def test_a_signed_link_verifies_until_it_expires() -> None:
@@ -42,7 +42,7 @@ def test_a_changed_link_is_refused(file_id: str, expires: str, sig_change: str) 
 def test_links_are_bound_to_the_secret() -> None:
     link = sign_link(SETTINGS, "file-abc", at=1_000)
     with pytest.raises(InvalidLinkError):
-        verify_link(Settings(link_secret="another"), "file-abc", "1300", link.sig, kid=link.kid, at=1_001)
+        verify_link(Settings(links={"secret": "another"}), "file-abc", "1300", link.sig, kid=link.kid, at=1_001)
     # Without a configured secret, one process signs and verifies with its own random key.
     unset = Settings()
     own = sign_link(unset, "file-abc", at=1_000)

@@ -1,22 +1,25 @@
-"""The README's configuration table lists every Settings field with its default, in declaration order, and
-every `make` target it mentions exists. Run this file as a script to print the table (existing descriptions
-kept, new fields marked TODO)."""
+"""The README's configuration tables list every setting, section by section in declaration order, with its
+environment variable and default (then the per-job inputs of a shard), and every `make` target it mentions
+exists. Run this file as a script to print the tables (existing descriptions kept, new settings marked TODO);
+`--write` puts them into README.md."""
 
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
-from nightbatch.settings import Settings
+from pydantic import BaseModel
+
+from nightbatch.settings import SETTINGS, JobInputs, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 ROW = re.compile(r"^\| `(NIGHTBATCH_[A-Z0-9_]+)` \| `([^`]*)` \| (.*) \|$")
-
-
-def env_name(field: str) -> str:
-    return f"NIGHTBATCH_{field.upper()}"
+START = "<!-- settings-table: generated from nightbatch/settings.py by `python tests/docs/test_readme.py --write` -->"
+END = "<!-- /settings-table -->"
+HEADER = ["| variable | default | what it sets |", "|---|---|---|"]
 
 
 def render_default(value: Any) -> str:
@@ -37,23 +40,38 @@ def documented() -> dict[str, tuple[str, str]]:
     return rows
 
 
-def settings_table() -> str:
-    rows = documented()
-    lines = ["| variable | default | what it sets |", "|---|---|---|"]
-    for name, field in Settings.model_fields.items():
-        var = env_name(name)
-        description = rows.get(var, ("", "TODO: describe"))[1]
-        lines.append(f"| `{var}` | `{render_default(field.default)}` | {description} |")
-    return "\n".join(lines)
+def _summary(model: type[BaseModel]) -> str:
+    return (model.__doc__ or "").strip().splitlines()[0]
 
 
-def test_every_setting_is_documented_with_its_default() -> None:
+def settings_tables() -> str:
+    """One table per section (its field path, e.g. `settings.worker`, and what it is for), then the job inputs."""
     rows = documented()
-    expected = [(env_name(n), render_default(f.default)) for n, f in Settings.model_fields.items()]
-    actual = [(var, default) for var, (default, _) in rows.items()]
-    assert actual == expected, (
-        "README.md's configuration table is out of date with nightbatch/settings.py. Replace it with the output "
-        "of `python tests/docs/test_readme.py` (and describe any TODO rows):\n\n" + settings_table()
+
+    def row(env: str, default: Any) -> str:
+        return f"| `{env}` | `{render_default(default)}` | {rows.get(env, ('', 'TODO: describe'))[1]} |"
+
+    lines = [START]
+    for section, info in Settings.model_fields.items():
+        model: type[BaseModel] = info.annotation  # type: ignore[assignment]
+        lines += ["", f"**`settings.{section}`**: {_summary(model)}", "", *HEADER]
+        lines += [row(s.env, s.info.default) for s in SETTINGS.values() if s.section == section]
+    lines += ["", f"**Per job** (`JobInputs`, not part of `Settings`): {_summary(JobInputs)}", "", *HEADER]
+    lines += [row(JobInputs.env_name(name), f.default) for name, f in JobInputs.model_fields.items()]
+    return "\n".join([*lines, "", END])
+
+
+def _block(text: str) -> str:
+    start, end = text.index(START), text.index(END) + len(END)
+    return text[start:end]
+
+
+def test_every_setting_is_documented_with_its_default_in_its_section() -> None:
+    tables = settings_tables()
+    assert "TODO: describe" not in tables, "describe the new settings in README.md:\n\n" + tables
+    assert _block(README.read_text()) == tables, (
+        "README.md's configuration tables are out of date with nightbatch/settings.py. Run "
+        "`python tests/docs/test_readme.py --write` (and describe any TODO rows)."
     )
 
 
@@ -71,4 +89,8 @@ def test_readme_names_the_seed_compat_setting() -> None:
 
 
 if __name__ == "__main__":
-    print(settings_table())
+    if sys.argv[1:] == ["--write"]:
+        text = README.read_text()
+        README.write_text(text.replace(_block(text), settings_tables()))
+    else:
+        print(settings_tables())

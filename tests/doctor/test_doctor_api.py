@@ -16,7 +16,7 @@ from nightbatch.doctor.api import _model_loaded, probe_pairs
 from nightbatch.doctor.report import Check, Phase, Probe, Report
 from nightbatch.doctor.run import Doctor
 from nightbatch.doctor.webhook import WebhookWatcher
-from nightbatch.settings import ENDPOINTS, LOCAL_MODELS
+from nightbatch.model_spec import ENDPOINTS, LOCAL_MODELS
 from tests.conftest import ApiServer
 
 CHAT = LOCAL_MODELS[0]

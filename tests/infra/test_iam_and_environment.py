@@ -8,8 +8,9 @@ import json
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
-from nightbatch.settings import Settings
+from nightbatch.settings import SETTINGS, Settings
 from tests.infra.cfn import of_type, one_of_type, resolve
 
 # Actions AWS offers no resource-level permissions for, so "*" is the only possible resource.
@@ -163,15 +164,22 @@ def _job_env(template: dict[str, Any]) -> dict[str, Any]:
     return envs[0]
 
 
+BY_ENV = {s.env: s for s in SETTINGS.values()}
+
+
 def _field(env_name: str) -> str:
-    prefix = str(Settings.model_config.get("env_prefix", ""))
-    assert env_name.startswith(prefix), env_name
-    return env_name[len(prefix):].lower()
+    """The setting a variable sets (its name), "" when it sets none; each name is a real section field."""
+    setting = BY_ENV.get(env_name)
+    if setting is None:
+        return ""
+    model: type[BaseModel] = Settings.model_fields[setting.section].annotation  # type: ignore[assignment]
+    assert setting.field in model.model_fields, setting
+    return setting.name
 
 
 def test_every_lambda_variable_is_a_settings_field(template: dict[str, Any]) -> None:
     for handler, env in _lambda_envs(template).items():
-        unknown = {name for name in env if _field(name) not in Settings.model_fields}
+        unknown = {name for name in env if not _field(name)}
         assert not unknown, f"{handler}: {unknown} are not Settings fields"
         assert {_field(n) for n in env} >= REQUIRED, handler
         assert env["NIGHTBATCH_MODE"] == "aws"
@@ -230,7 +238,7 @@ def test_link_keys_are_read_at_run_time_never_in_an_environment(template: dict[s
 
 def test_job_definition_variables_are_settings_fields_or_worker_constants(template: dict[str, Any]) -> None:
     env = _job_env(template)
-    unknown = {n for n in env if n not in WORKER_ONLY_ENV and _field(n) not in Settings.model_fields}
+    unknown = {n for n in env if n not in WORKER_ONLY_ENV and not _field(n)}
     assert not unknown
     assert {_field(n) for n in env if n not in WORKER_ONLY_ENV} >= REQUIRED
     if importlib.util.find_spec("gpu_worker.model_prep") is None:
@@ -255,8 +263,8 @@ def test_environment_parses_into_settings(template: dict[str, Any], which: str,
         for name, value in rendered.items():
             monkeypatch.setenv(name, str(value))
         settings = Settings()
-        assert settings.mode == "aws"
-        assert [m.name for m in settings.models] == [m["name"] for m in json.loads(
+        assert settings.deployment.mode == "aws"
+        assert [m.name for m in settings.serving.models] == [m["name"] for m in json.loads(
             rendered["NIGHTBATCH_MODELS_JSON"])]
         for name in rendered:
             monkeypatch.delenv(name)

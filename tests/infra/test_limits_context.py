@@ -9,6 +9,8 @@ import pytest
 from pydantic import ValidationError
 
 from infra.config import FORBIDDEN_LIMITS, DeployConfig
+from infra.environment import settings_environment
+from nightbatch.settings import SETTINGS, Settings, nest
 from tests.infra.synth import ROOT
 
 CDK_JSON: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["context"]
@@ -27,3 +29,16 @@ def test_real_limits_are_still_accepted() -> None:
                                                           "public_base_url": "https://x.example"}}.get)
     assert c.limits["max_requests_per_batch"] == 10
     assert not set(CDK_JSON["limits"]) & set(FORBIDDEN_LIMITS)
+
+
+def test_limits_are_setting_names_whatever_section_reads_them() -> None:
+    # The names of the variables (NIGHTBATCH_LIMIT_QUEUED_TOKENS -> limit_queued_tokens), as before the sections;
+    # a section's own field name is not a setting name.
+    limits = {"limit_queued_tokens": 5, "worker_poll_seconds": 2.5, "link_ttl_seconds": 60}
+    c = DeployConfig.from_context({**CDK_JSON, "limits": limits}.get)
+    settings = Settings.model_validate(nest(c.limits))
+    assert (settings.limits.queued_tokens, settings.worker.poll_seconds, settings.links.ttl_seconds) == (5, 2.5, 60)
+    assert settings_environment(c.limits)["NIGHTBATCH_LIMIT_QUEUED_TOKENS"] == "5"
+    with pytest.raises(ValidationError, match="not settings"):
+        DeployConfig.from_context({**CDK_JSON, "limits": {"queued_tokens": 5}}.get)
+    assert set(FORBIDDEN_LIMITS) <= set(SETTINGS)

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from nightbatch.settings import JobInputs
 from tests.infra.cfn import one_of_type, resolve
 from tests.infra.synth import TEST_CONTEXT
 
@@ -97,6 +98,9 @@ def test_shard_loop_capacity_then_job_sync_with_share_priority_and_catch(asl: di
         {"Name": "NIGHTBATCH_BATCH_ID", "Value.$": "$.batch_id"},
         {"Name": "NIGHTBATCH_SHARD_ID", "Value.$": "$.shard_id"},
     ]
+    # The per-job inputs the worker reads (JobInputs), each of them and nothing else.
+    assert {e["Name"] for e in params["ContainerOverrides"]["Environment"]} == {
+        JobInputs.env_name(f) for f in JobInputs.model_fields}
     # A fair-share queue requires ShareIdentifier; the queue, priority and retry strategy are Capacity's choice.
     assert {params[k] for k in ("JobQueue.$", "ShareIdentifier.$", "SchedulingPriorityOverride.$",
                                 "RetryStrategy.$")} == {"$.capacity.queue", "$.capacity.share",

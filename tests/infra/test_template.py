@@ -261,7 +261,7 @@ def test_compose_upload_lambda_consumes_its_queue_one_message_at_a_time(template
 
 
 def test_deliver_lambda_consumes_the_webhook_queue_reporting_item_failures(template: dict[str, Any]) -> None:
-    from nightbatch.settings import Settings
+    from nightbatch.settings import SETTINGS
 
     mapping, queue, function = _consumers(template)["functions.tasks.deliver.handler"]
     webhook_queue, _ = one_of_type(template, "AWS::SQS::Queue", "NotificationsWebhookQueue")
@@ -269,7 +269,7 @@ def test_deliver_lambda_consumes_the_webhook_queue_reporting_item_failures(templ
     assert mapping["FunctionResponseTypes"] == ["ReportBatchItemFailures"]
     assert 1 <= mapping["BatchSize"] <= 10
     # Each message is one POST bounded by the receiver timeout, one after the other: the batch fits, with room.
-    receiver_timeout = Settings.model_fields["webhook_timeout_seconds"].default
+    receiver_timeout = SETTINGS["webhook_timeout_seconds"].info.default
     assert function["Timeout"] >= mapping["BatchSize"] * receiver_timeout + 15
     # A crashed or timed-out invocation's messages must not reappear while it may still be running.
     assert queue["VisibilityTimeout"] >= 6 * function["Timeout"]

@@ -179,7 +179,8 @@ def deliveries(stack: Stack, endpoint_id: str) -> list[dict[str, Any]]:
 def sns_notifications(stack: Stack) -> list[tuple[Any, ...]]:
     from moto.sns.models import sns_backends
 
-    return list(sns_backends[DEFAULT_ACCOUNT_ID][REGION].topics[stack.settings.topic_arn].sent_notifications)
+    topic = sns_backends[DEFAULT_ACCOUNT_ID][REGION].topics[stack.settings.notifications.topic_arn]
+    return list(topic.sent_notifications)
 
 
 def ses_messages() -> list[Any]:

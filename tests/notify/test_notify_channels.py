@@ -138,7 +138,8 @@ def test_notify_options_are_checkable_at_batch_create(stack):
     ("local", "other.test", False),
 ])
 def test_empty_allowed_domains_allow_none_in_aws_and_any_locally(mode, domains, allowed):
-    s = Settings(mode=mode, email_allowed_domains=domains, email_recipients="ops@example.org")
+    s = Settings(deployment={"mode": mode},
+                 notifications={"email_allowed_domains": domains, "email_recipients": "ops@example.org"})
     options = {"notify": {"email": "alice@example.com"}}
     assert recipients(s, options) == ((["ops@example.org", "alice@example.com"], []) if allowed else
                                       (["ops@example.org"], ["alice@example.com"])), "operators' are never checked"

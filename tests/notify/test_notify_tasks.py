@@ -25,14 +25,15 @@ from tests.notify.support import deliveries, make_batch
 def aws_env(make_stack, monkeypatch):
     """A stack in aws mode whose settings reach the handlers the way a Lambda's environment does."""
     stack = make_stack(mode="aws", webhook_retry_base_seconds=1.0)
-    queue_name = f"{stack.settings.table}-deliveries"
+    queue_name = f"{stack.settings.deployment.table}-deliveries"
     queue_url = stack.adapters.client("sqs").create_queue(QueueName=queue_name)["QueueUrl"]
     s = stack.settings
-    env = {"MODE": "aws", "REGION": REGION, "BUCKET": s.bucket, "TABLE": s.table, "TOPIC_ARN": s.topic_arn,
+    env = {"MODE": "aws", "REGION": REGION, "BUCKET": s.deployment.bucket, "TABLE": s.deployment.table,
+           "TOPIC_ARN": s.notifications.topic_arn,
            "WEBHOOK_QUEUE_URL": queue_url, "WEBHOOK_RETRY_BASE_SECONDS": "1", "WEBHOOK_TIMEOUT_SECONDS": "2",
            # the test's receivers are on loopback; the SSRF rules themselves are tested elsewhere
-           "ALLOW_PRIVATE_TARGETS": "true", "EMAIL_SENDER": s.email_sender, "API_KEY": s.api_key,
-           "LINK_SECRET": s.link_secret, "PUBLIC_BASE_URL": s.public_base_url}
+           "ALLOW_PRIVATE_TARGETS": "true", "EMAIL_SENDER": s.notifications.email_sender, "API_KEY": s.api.api_key,
+           "LINK_SECRET": s.links.secret, "PUBLIC_BASE_URL": s.notifications.public_base_url}
     for k, v in env.items():
         monkeypatch.setenv(f"NIGHTBATCH_{k}", v)
     monkeypatch.setenv("AWS_ENDPOINT_URL", stack.moto_url)
@@ -109,8 +110,8 @@ def test_local_embedded_aws_has_the_topic_and_a_verified_sender(monkeypatch):
         assert aws.topic_arn.endswith(":nightbatch-events")
         adapters = make_adapters(settings, endpoint_url=aws.endpoint_url)
         ses = adapters.client("ses")
-        ses.send_email(Source=settings.email_sender, Destination={"ToAddresses": ["x@example.com"]},
+        ses.send_email(Source=settings.notifications.email_sender, Destination={"ToAddresses": ["x@example.com"]},
                        Message={"Subject": {"Data": "s"}, "Body": {"Text": {"Data": "b"}}})
-        assert settings.allow_private_targets
+        assert settings.notifications.allow_private_targets
     finally:
         aws.stop()

@@ -139,7 +139,7 @@ def test_webhooks_test_answers_before_a_tarpit_receiver_does(stack, receiver_fac
     client = stack.client()
     tarpit = Tarpit()
     try:
-        stack.settings.webhook_timeout_seconds = 60.0  # the tarpit, not the timeout, decides when it ends
+        stack.settings.notifications.webhook_timeout_seconds = 60.0  # the tarpit, not the timeout, decides when it ends
         ep = client.webhooks.create(name="slow", url=tarpit.url, event_types=["batch.completed"])
         result = client.webhooks.test(ep.id, event_type="batch.completed")
         # The answer is here although the tarpit has not answered (it waits for `release`, set only below).

@@ -20,7 +20,7 @@ def make_state_machine(adapters: Adapters, name: str) -> str:
 
 
 def test_start_names_the_execution_after_the_batch_and_is_idempotent(adapters: Adapters) -> None:
-    arn = make_state_machine(adapters, adapters.settings.table)
+    arn = make_state_machine(adapters, adapters.settings.deployment.table)
     workflow = StepFunctionsWorkflow(client=adapters.stepfunctions, state_machine_arn=arn)
     workflow.start("batch_abc")
     workflow.start("batch_abc")  # a retried create: no second run, no error

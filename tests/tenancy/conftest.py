@@ -103,7 +103,8 @@ def tenancy_settings(**overrides: Any) -> dict[str, Any]:
 def fresh_adapters(moto_endpoint: str, **overrides: Any) -> Adapters:
     """A new bucket and table (for fixtures wider than one test, where tests/conftest.py's fresh_aws can't go)."""
     name = f"nb-{uuid.uuid4().hex[:12]}"
-    settings = Settings(**{"region": "us-east-1", "table": name, "bucket": name, **tenancy_settings(**overrides)})
+    settings = Settings.from_names({"region": "us-east-1", "table": name, "bucket": name,
+                                    **tenancy_settings(**overrides)})
     adapters = make_adapters(settings, endpoint_url=moto_endpoint)
     adapters.client("s3").create_bucket(Bucket=name)
     create_table(adapters.client("dynamodb"), name)

@@ -33,7 +33,7 @@ def test_create_list_revoke_against_a_deployed_table(make_stack: Any, moto_endpo
                                                       tmp_path: Path) -> None:
     stack: Stack = make_stack()
     env = {**base_env(tmp_path), "AWS_ENDPOINT_URL": moto_endpoint}
-    flags = ["--table", stack.settings.table, "--region", "us-east-1"]
+    flags = ["--table", stack.settings.deployment.table, "--region", "us-east-1"]
 
     made = cli("create", "--name", "ci", "--tenant", "team-a", *flags, env=env)
     assert made.returncode == 0, made.stderr
@@ -43,7 +43,7 @@ def test_create_list_revoke_against_a_deployed_table(make_stack: Any, moto_endpo
     # The printed key works against the API at once, as tenant team-a.
     assert stack.client(key).files.list().data == []
 
-    env_table = {**env, "NIGHTBATCH_TABLE": stack.settings.table, "NIGHTBATCH_REGION": "us-east-1"}
+    env_table = {**env, "NIGHTBATCH_TABLE": stack.settings.deployment.table, "NIGHTBATCH_REGION": "us-east-1"}
     other = cli("create", "--name", "ops", "--json", env=env_table)  # table from the environment
     assert other.returncode == 0, other.stderr
     ops = json.loads(other.stdout)
@@ -75,7 +75,7 @@ def test_uses_a_running_nightbatch_local(make_stack: Any, moto_endpoint: str, tm
     state = tmp_path / "state" / "nightbatch" / "local.json"
     state.parent.mkdir(parents=True)
     state.write_text(json.dumps({"base_url": stack.base_url, "aws_endpoint_url": moto_endpoint,
-                                 "table": stack.settings.table, "bucket": stack.settings.bucket,
+                                 "table": stack.settings.deployment.table, "bucket": stack.settings.deployment.bucket,
                                  "region": "us-east-1", "pid": os.getpid()}))
     made = cli("create", "--name", "dev", "--tenant", "team-b", env=env)
     assert made.returncode == 0, made.stderr

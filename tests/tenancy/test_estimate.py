@@ -35,12 +35,12 @@ def test_estimate_matches_the_cost_model_and_creates_no_batch(two: Any) -> None:
     lines = data.splitlines()
     assert est["input_tokens"] == sum(len(line) // 4 + 1 for line in lines)
     max_tokens = json.loads(lines[0])["body"].get("max_tokens")
-    settings = Settings(mode="local")
-    assert est["expected_output_tokens"] == 40 * (max_tokens or settings.default_max_tokens)
+    settings = Settings(deployment={"mode": "local"})
+    assert est["expected_output_tokens"] == 40 * (max_tokens or settings.serving.default_max_tokens)
     total = est["input_tokens"] + est["expected_output_tokens"]
-    plan = plan_shards(total, 1, settings, 24 * settings.hour_seconds)
+    plan = plan_shards(total, 1, settings, 24 * settings.validation.hour_seconds)
     assert est["shard_plan"]["shards"] == plan.shards and est["gpu_seconds"] == round(plan.gpu_seconds, 3)
-    price = PRICES[settings.instance_type]
+    price = PRICES[settings.accounting.instance_type]
     for capacity in ("spot", "on-demand"):
         assert est["cost_usd"][capacity] == pytest.approx(plan.gpu_seconds * price[capacity] / 3600, abs=1e-6)
     assert est["cost_usd"]["spot"] < est["cost_usd"]["on-demand"]

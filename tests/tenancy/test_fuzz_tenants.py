@@ -53,7 +53,7 @@ def fuzz(moto_endpoint: str) -> Iterator[Fuzz]:
     schema = schemathesis.openapi.from_dict(spec)
     yield Fuzz(stack, key_a, key_b, [fb.id, bb.id], {"file_id": fa.id, "batch_id": ba.id}, schema)
     stop_stack(stack)
-    stack.services.adapters.client("dynamodb").delete_table(TableName=stack.settings.table)
+    stack.services.adapters.client("dynamodb").delete_table(TableName=stack.settings.deployment.table)
 
 
 def check(fz: Fuzz, case: Any) -> httpx.Response | Any:

@@ -60,7 +60,7 @@ def test_an_internal_failure_is_a_generic_500(make_stack: Any, captured_logs: io
     client = stack.client(key)
     client.files.list()
     # Real AWS failure: the table disappears under the running API.
-    stack.services.adapters.client("dynamodb").delete_table(TableName=stack.settings.table)
+    stack.services.adapters.client("dynamodb").delete_table(TableName=stack.settings.deployment.table)
     for call in (lambda: httpx.get(f"{stack.base_url}/files", headers={"Authorization": f"Bearer {key}"}),
                  lambda: httpx.get(f"{stack.base_url}/batches/batch_1",
                                    headers={"Authorization": f"Bearer {BOOTSTRAP_KEY}"})):
@@ -68,7 +68,7 @@ def test_an_internal_failure_is_a_generic_500(make_stack: Any, captured_logs: io
         assert r.status_code == 500
         body = r.text
         assert not INTERNALS.search(body), body
-        assert stack.settings.table not in body
+        assert stack.settings.deployment.table not in body
         assert r.json()["error"]["type"] == "server_error"
         assert r.headers["x-request-id"].startswith("req_")
     lines = [json.loads(x) for x in captured_logs.getvalue().splitlines()]
@@ -154,7 +154,7 @@ def test_s3_keys_are_built_from_ids_not_user_strings(make_stack: Any) -> None:
                                   completion_window="24h", metadata={"path": "../../EVILMETA"})
     wait_for(lambda: client.batches.retrieve(batch.id).status in ("completed", "failed"))
     s3 = stack.services.adapters.client("s3")
-    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=stack.settings.bucket).get("Contents", [])]
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket=stack.settings.deployment.bucket).get("Contents", [])]
     assert keys
     for k in keys:
         assert re.fullmatch(r"[A-Za-z0-9_.\-/]+", k), k

@@ -22,7 +22,7 @@ def test_key_format_and_only_the_hash_is_stored(make_stack: Any) -> None:
     assert re.fullmatch(r"nb-[A-Za-z0-9_-]{43,}", key)  # 32 random bytes, URL-safe
     assert rec.tenant == "team-a" and rec.name == "ci" and rec.active
     assert rec.key_id.startswith("key_") and key.startswith(rec.prefix)
-    raw = stack.services.adapters.client("dynamodb").scan(TableName=stack.settings.table)["Items"]
+    raw = stack.services.adapters.client("dynamodb").scan(TableName=stack.settings.deployment.table)["Items"]
     dumped = json.dumps(raw)
     assert key not in dumped and key[len(rec.prefix):] not in dumped
     assert hash_key(key) in dumped

@@ -24,14 +24,14 @@ def new_batch(client: openai.OpenAI, lines: int = 1) -> Any:
 
 
 def test_limits_come_from_settings_with_per_tenant_overrides() -> None:
-    s = Settings(limit_queued_tokens=1000, tenant_limits_json=json.dumps({
-        "big": {"queued_tokens": 10**9}, "*": {"requests_per_minute": 5}}))
+    s = Settings(limits={"queued_tokens": 1000, "tenant_limits_json": json.dumps({
+        "big": {"queued_tokens": 10**9}, "*": {"requests_per_minute": 5}})})
     assert limits_for(s, "big").queued_tokens == 10**9
-    assert limits_for(s, "big").requests_per_minute == s.limit_requests_per_minute
+    assert limits_for(s, "big").requests_per_minute == s.limits.requests_per_minute
     assert limits_for(s, "small").queued_tokens == 1000
     assert limits_for(s, "small").requests_per_minute == 5
     with pytest.raises(ValueError):
-        limits_for(Settings(tenant_limits_json='{"x": {"queued_tokenz": 1}}'), "x")
+        limits_for(Settings(limits={"tenant_limits_json": '{"x": {"queued_tokenz": 1}}'}), "x")
 
 
 def test_queue_limits_reserve_once_per_batch_and_release(make_stack: Any) -> None:
@@ -147,7 +147,7 @@ def test_limits_endpoint_shows_limits_and_use(make_stack: Any) -> None:
     body = r.json()
     assert body["object"] == "nightbatch.limits" and body["tenant"] == "team-a"
     assert body["limits"]["queued_tokens"] == 1234
-    assert body["limits"]["batches_in_flight"] == stack.settings.limit_batches_in_flight
+    assert body["limits"]["batches_in_flight"] == stack.settings.limits.batches_in_flight
     assert body["usage"]["batches_in_flight"] == 1
     assert body["usage"]["queued_requests"] == 3 and body["usage"]["queued_tokens"] == 100
     assert body["usage"]["requests_this_minute"] >= 1

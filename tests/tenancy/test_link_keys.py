@@ -18,8 +18,8 @@ def test_keys_rotate_without_breaking_links_in_flight(make_stack: Any) -> None:
     stack: Stack = make_stack()
     sm = stack.services.adapters.client("secretsmanager")
     arn = sm.create_secret(Name="nb-links-test", SecretString=json.dumps({"current": "k1", "k1": "a" * 64}))["ARN"]
-    stack.settings.link_keys_secret = arn
-    stack.settings.link_secret = ""
+    stack.settings.links.keys_secret = arn
+    stack.settings.links.secret = ""
     adapters = stack.services.adapters
     old = sign_link(stack.settings, "file-x", keys=link_keys_from(adapters))
     assert old.kid == "k1" and "kid=k1" in old.path

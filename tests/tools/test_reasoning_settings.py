@@ -12,8 +12,9 @@ import pytest
 from pydantic import ValidationError
 
 from gpu_worker.engines.vllm_engine import _fields, _split_args
+from nightbatch.model_spec import ModelSpec
 from nightbatch.pipeline.results import Tally, summarize_result_line
-from nightbatch.settings import ModelSpec, Settings
+from nightbatch.settings import Settings
 from nightbatch.validation import LineInvalid, Validator
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
@@ -58,7 +59,8 @@ def test_embedding_models_take_no_reasoning_parser() -> None:
 
 
 def test_settings_round_trip_through_models_json() -> None:
-    parsed = Settings(models_json=json.dumps([QWEN3.model_dump(mode="json")])).model("Qwen3-8B")
+    parsed = Settings(serving={"models_json": json.dumps([QWEN3.model_dump(mode="json")])}).serving.model(
+        "Qwen3-8B")
     assert parsed == QWEN3
 
 
@@ -68,7 +70,7 @@ def line(**body: Any) -> bytes:
 
 
 def test_chat_template_kwargs_pass_validation_as_they_are() -> None:
-    validator = Validator(settings=Settings(models_json=json.dumps([QWEN3.model_dump(mode="json")])),
+    validator = Validator(settings=Settings(serving={"models_json": json.dumps([QWEN3.model_dump(mode="json")])}),
                           endpoint="/v1/chat/completions")
     data = line(chat_template_kwargs={"enable_thinking": True})
     assert validator.check(1, data, len(data)).body["chat_template_kwargs"] == {"enable_thinking": True}

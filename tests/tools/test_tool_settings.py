@@ -13,7 +13,8 @@ from pydantic import ValidationError
 from gpu_worker.engines.vllm_engine import _split_args
 from infra.config import DeployConfig
 from nightbatch.local.templates import DIRECTORY, resolve_chat_template
-from nightbatch.settings import LOCAL_MODELS, ModelSpec, Settings
+from nightbatch.model_spec import LOCAL_MODELS, ModelSpec
+from nightbatch.settings import Settings
 from nightbatch.validation import LineInvalid, Validator
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -79,7 +80,7 @@ def test_aws_defaults_serve_qwen_with_the_hermes_parser_and_auto_tool_choice() -
     config = DeployConfig.from_context(context.get)
     qwen = next(m.spec for m in config.models if m.spec.name == "Qwen2.5-7B-Instruct")
     assert (qwen.tool_call_parser, qwen.enable_auto_tool_choice) == ("hermes", True)
-    parsed = Settings(models_json=config.models_json).model("Qwen2.5-7B-Instruct")
+    parsed = Settings(serving={"models_json": config.models_json}).serving.model("Qwen2.5-7B-Instruct")
     assert parsed is not None and parsed.tool_call_parser == "hermes"
     _, frontend = args(parsed)
     assert (frontend.tool_call_parser, frontend.enable_auto_tool_choice) == ("hermes", True)
@@ -126,7 +127,7 @@ def chat(**body: Any) -> bytes:
 
 def validator(**spec: Any) -> Validator:
     models = [{"name": "m", "source": "hf:a/b", **spec}]
-    return Validator(settings=Settings(models_json=json.dumps(models)), endpoint="/v1/chat/completions")
+    return Validator(settings=Settings(serving={"models_json": json.dumps(models)}), endpoint="/v1/chat/completions")
 
 
 @pytest.mark.parametrize("body", [

@@ -19,6 +19,7 @@ from nightbatch.local.aws import FAKE_CREDENTIALS, free_port
 from nightbatch.local.runner import LocalWorkflow
 from nightbatch.local.stack import local_settings
 from nightbatch.services import build_services
+from nightbatch.settings import SETTINGS
 from nightbatch.storage import make_adapters
 from nightbatch.storage.dynamo import create_table
 from tests.uploads.stack import API_KEY, Stack
@@ -51,8 +52,8 @@ def stack(aws_endpoint: str) -> Iterator[Stack]:
         upload_parts_grace_seconds=0,
     )
     adapters = make_adapters(settings, endpoint_url=aws_endpoint)
-    adapters.client("s3").create_bucket(Bucket=settings.bucket)
-    create_table(adapters.client("dynamodb"), settings.table)
+    adapters.client("s3").create_bucket(Bucket=settings.deployment.bucket)
+    create_table(adapters.client("dynamodb"), settings.deployment.table)
     workflow = LocalWorkflow(adapters, engines=False)
     services = build_services(adapters, workflow)
     workflow.bind(services)
@@ -94,15 +95,15 @@ def override(stack: Stack) -> Iterator[Callable[..., None]]:
 
     def apply(**values: Any) -> None:
         for k, v in values.items():
-            saved.setdefault(k, getattr(stack.settings, k))
-            setattr(stack.settings, k, v)
+            saved.setdefault(k, SETTINGS[k].get(stack.settings))
+            SETTINGS[k].set(stack.settings, v)
 
     try:
         yield apply
     finally:
         stack.jobs.drain()
         for k, v in saved.items():
-            setattr(stack.settings, k, v)
+            SETTINGS[k].set(stack.settings, v)
 
 
 @pytest.fixture

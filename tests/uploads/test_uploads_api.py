@@ -195,7 +195,7 @@ def test_md5_without_a_running_digest_is_checked_by_the_compose_step_never_by_co
 
 def test_expired_upload_refuses_parts_and_complete(stack: Stack, client: openai.OpenAI) -> None:
     upload = client.uploads.create(bytes=8, filename="a.jsonl", mime_type="text/plain", purpose="batch")
-    assert upload.expires_at == upload.created_at + round(stack.settings.hour_seconds)
+    assert upload.expires_at == upload.created_at + round(stack.settings.validation.hour_seconds)
     part = client.uploads.parts.create(upload_id=upload.id, data=b"abcd")
     # Its hour passes (moved in the table: a 1-second hour raced the first part on a loaded machine).
     stack.services.adapters.table.update(upload.id, set_={"expires_at": now() - 1})

@@ -116,8 +116,8 @@ class ShardWorld:
 
 
 def _create_resources(adapters: Adapters) -> None:
-    adapters.client("s3").create_bucket(Bucket=adapters.settings.bucket)
-    create_table(adapters.client("dynamodb"), adapters.settings.table)
+    adapters.client("s3").create_bucket(Bucket=adapters.settings.deployment.bucket)
+    create_table(adapters.client("dynamodb"), adapters.settings.deployment.table)
 
 
 WORKER_OVERRIDES: dict[str, Any] = {
@@ -127,7 +127,8 @@ WORKER_OVERRIDES: dict[str, Any] = {
 
 
 def worker_settings() -> Settings:
-    return Settings(bucket="nb-worker-test", table="nb-worker-test", region="us-east-1", **WORKER_OVERRIDES)
+    return Settings.from_names({"bucket": "nb-worker-test", "table": "nb-worker-test", "region": "us-east-1",
+                                **WORKER_OVERRIDES})
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +168,7 @@ def served_world(fresh_aws: Callable[..., Adapters]) -> ShardWorld:
 @pytest.fixture
 def env(world: ShardWorld, monkeypatch: pytest.MonkeyPatch) -> Iterator[ShardWorld]:
     """The environment `python -m gpu_worker` reads in a job, pointing at this world's shard."""
-    s = world.settings
+    s = world.settings.deployment
     for name, value in {
         "NIGHTBATCH_BUCKET": s.bucket, "NIGHTBATCH_TABLE": s.table, "NIGHTBATCH_REGION": s.region,
         "NIGHTBATCH_BATCH_ID": world.batch_id, "NIGHTBATCH_SHARD_ID": world.shard_id,

@@ -23,7 +23,7 @@ DETERMINISTIC = "tests.support.deterministic_engine:DeterministicEngine"
 
 
 def worker_env(world: ShardWorld, **overrides: str) -> dict[str, str]:
-    s = world.settings
+    s = world.settings.deployment
     assert world.adapters.endpoint_url, "worker subprocesses need a moto server, not mock_aws"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NIGHTBATCH_", "AWS_"))}
     env.update(FAKE_CREDENTIALS)
@@ -125,8 +125,8 @@ def job_definition_launch(template: dict[str, Any], world: ShardWorld, *, model:
     assert argv[0] in ("python3", "python")
     argv[0] = sys.executable  # the image's interpreter
 
-    refs = {one_of_type(template, "AWS::S3::Bucket")[0]: world.settings.bucket,
-            one_of_type(template, "AWS::DynamoDB::GlobalTable")[0]: world.settings.table}
+    refs = {one_of_type(template, "AWS::S3::Bucket")[0]: world.settings.deployment.bucket,
+            one_of_type(template, "AWS::DynamoDB::GlobalTable")[0]: world.settings.deployment.table}
     job_env = {e["Name"]: str(resolve(e["Value"], refs, lambda logical, attr: f"{logical}.{attr}"))
                for e in container["Environment"]}
     _, machine = one_of_type(template, "AWS::StepFunctions::StateMachine")

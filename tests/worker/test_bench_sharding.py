@@ -28,7 +28,8 @@ from bench.sharding import (
 )
 from bench.worker import compare_tokens, write_inputs
 from bench.worker_sides import RunResult, Usage
-from nightbatch.settings import ModelSpec, get_settings
+from nightbatch.model_spec import ModelSpec
+from nightbatch.settings import get_settings
 
 ENGINE = "tests.support.deterministic_engine:DeterministicEngine"
 AWS_KEYS = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")

@@ -13,7 +13,8 @@ from gpu_worker.results import result_line
 from gpu_worker.runner import ShardJob, ShardReport, run_shard
 from nightbatch.ids import batch_request_id
 from nightbatch.layout import checkpoint_key, done_key
-from nightbatch.settings import LOCAL_MODELS, ModelSpec, Settings
+from nightbatch.model_spec import LOCAL_MODELS, ModelSpec
+from nightbatch.settings import Settings
 from nightbatch.wire import BatchRequestOutput
 from tests.support.deterministic_engine import DeterministicEngine
 
@@ -89,7 +90,7 @@ def test_every_line_gets_exactly_one_result(world: ShardWorld) -> None:
 def test_engine_stays_saturated_up_to_max_in_flight(world: ShardWorld) -> None:
     world.seed(chat_requests(64))
     engine = DeterministicEngine(CHAT_SPEC, delay=0.02)
-    report = run(world, engine, settings=world.settings.model_copy(update={"max_in_flight": 8}))
+    report = run(world, engine, settings=world.settings.updated({"max_in_flight": 8}))
     assert report.finished
     assert engine.peak_in_flight == 8
 
@@ -126,7 +127,7 @@ def test_default_max_tokens_applied_only_when_no_limit_is_given(world: ShardWorl
     run(world, engine)
 
     seen = {body["messages"][0]["content"]: body for _, body in engine.received}
-    default = world.settings.default_max_tokens
+    default = world.settings.serving.default_max_tokens
     assert seen["question 0"]["max_tokens"] == default
     assert seen["question 1"]["max_tokens"] == 5
     assert "max_tokens" not in seen["question 2"] and seen["question 2"]["max_completion_tokens"] == 7
@@ -139,7 +140,7 @@ def test_default_max_tokens_for_completions_but_not_embeddings(world: ShardWorld
     engine = DeterministicEngine(CHAT_SPEC)
     run(world, engine)
     assert engine.received == [("/v1/completions", {"model": CHAT_MODEL, "prompt": "Once upon",
-                                                    "max_tokens": world.settings.default_max_tokens})]
+                                                    "max_tokens": world.settings.serving.default_max_tokens})]
 
     other = ShardWorld(settings=world.settings, adapters=world.adapters, batch_id=world.batch_id + "e")
     other.put_batch()
@@ -154,7 +155,7 @@ def test_default_max_tokens_for_completions_but_not_embeddings(world: ShardWorld
 
 def test_checkpoints_every_n_lines(world: ShardWorld) -> None:
     world.seed(chat_requests(35))
-    settings = world.settings.model_copy(update={
+    settings = world.settings.updated({
         "checkpoint_every_lines": 10, "checkpoint_every_seconds": 60.0, "max_in_flight": 1,
     })
     report = run(world, DeterministicEngine(CHAT_SPEC, delay=0.01), settings=settings)
@@ -172,7 +173,7 @@ def test_checkpoints_every_n_lines(world: ShardWorld) -> None:
 
 def test_checkpoints_every_t_seconds(world: ShardWorld) -> None:
     world.seed(chat_requests(40))
-    settings = world.settings.model_copy(update={
+    settings = world.settings.updated({
         "checkpoint_every_lines": 1000, "checkpoint_every_seconds": 0.2, "max_in_flight": 2,
     })
     report = run(world, DeterministicEngine(CHAT_SPEC, delay=0.05), settings=settings)  # ~1 s of work
@@ -189,7 +190,7 @@ def test_cancel_mid_run_stops_with_partial_results_and_no_done_marker(world: Sha
             await asyncio.sleep(0.02)
         await asyncio.to_thread(world.set_status, "cancelling")
 
-    settings = world.settings.model_copy(update={"max_in_flight": 4})
+    settings = world.settings.updated({"max_in_flight": 4})
     report = run(world, engine, settings=settings, during=cancel_after_first_checkpoint)
 
     assert not report.finished and report.stopped_reason == "cancelling"
@@ -203,7 +204,7 @@ def test_cancel_mid_run_stops_with_partial_results_and_no_done_marker(world: Sha
 def test_expiry_stops_the_shard(world: ShardWorld) -> None:
     world.put_batch(expires_in=1.0)
     ids = world.seed(chat_requests(300))
-    settings = world.settings.model_copy(update={"max_in_flight": 4})
+    settings = world.settings.updated({"max_in_flight": 4})
     report = run(world, DeterministicEngine(CHAT_SPEC, delay=0.04), settings=settings)  # ~3 s of work
 
     assert not report.finished and report.stopped_reason == "expired"
@@ -220,9 +221,7 @@ def test_stop_event_flushes_and_returns(world: ShardWorld) -> None:
         await asyncio.sleep(0.3)
         stop.set()
 
-    settings = world.settings.model_copy(
-        update={"checkpoint_every_seconds": 60.0, "checkpoint_every_lines": 1000}
-    )
+    settings = world.settings.updated({"checkpoint_every_seconds": 60.0, "checkpoint_every_lines": 1000})
     engine = DeterministicEngine(CHAT_SPEC, delay=0.02)
     report = run(world, engine, settings=settings, stop=stop, during=stop_soon)
 
@@ -312,16 +311,18 @@ def test_result_lines_round_trip_as_json_lines(world: ShardWorld) -> None:
 
 def test_cancelling_run_shard_leaves_no_task_behind(world: ShardWorld) -> None:
     world.seed(chat_requests(200))
-    engine = DeterministicEngine(CHAT_SPEC, delay=0.02)
+    # Slow enough that the shard cannot finish before the cancel, however loaded the machine is.
+    engine = DeterministicEngine(CHAT_SPEC, delay=5.0)
 
     async def go() -> list[asyncio.Task[Any]]:
         job = ShardJob(batch_id=world.batch_id, shard_id=world.shard_id)
-        with pytest.raises(TimeoutError):
-            await asyncio.wait_for(
-                run_shard(job, engine=engine, blobs=world.adapters.blobs, table=world.adapters.table,
-                          settings=world.settings),
-                timeout=0.5,
-            )
+        run = asyncio.create_task(run_shard(job, engine=engine, blobs=world.adapters.blobs,
+                                            table=world.adapters.table, settings=world.settings))
+        while not engine.received and not run.done():  # cancel mid-inference: requests are in the engine
+            await asyncio.sleep(0.01)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
         await asyncio.sleep(0.1)
         return [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
 
@@ -344,7 +345,7 @@ class AbortAnsweringEngine(DeterministicEngine):
 
 def test_requests_aborted_by_a_stop_leave_no_result_line(world: ShardWorld) -> None:
     world.seed(chat_requests(6))
-    settings = world.settings.model_copy(update={"worker_drain_seconds": 0.2})
+    settings = world.settings.updated({"worker_drain_seconds": 0.2})
 
     async def cancel_soon() -> None:
         await asyncio.sleep(0.5)

@@ -12,8 +12,9 @@ from typing import Any
 from gpu_worker.runner import ShardJob, ShardReport, run_shard
 from gpu_worker.scheduling import OrderPolicy, in_flight_limit, order_window, ordered
 from gpu_worker.shard import PendingRequest
+from nightbatch.model_spec import LOCAL_MODELS
 from nightbatch.pipeline.prefixes import prompt_text
-from nightbatch.settings import LOCAL_MODELS, Settings
+from nightbatch.settings import Settings
 from tests.support.deterministic_engine import DeterministicEngine
 
 from .conftest import CHAT_MODEL, ShardWorld
@@ -171,11 +172,11 @@ def test_in_flight_floor_follows_the_engine_sequence_slots() -> None:
     class Slots:
         max_num_seqs = 1024
 
-    settings = Settings(max_in_flight=256, worker_in_flight_per_slot=2.0)
+    settings = Settings(worker={"max_in_flight": 256, "in_flight_per_slot": 2.0})
     assert in_flight_limit(settings, Slots()) == 2048
     assert in_flight_limit(settings, object()) == 256  # an engine that does not say keeps max_in_flight
-    assert in_flight_limit(settings.model_copy(update={"worker_in_flight_per_slot": 0.0}), Slots()) == 256
-    assert in_flight_limit(Settings(max_in_flight=4096), Slots()) == 4096
+    assert in_flight_limit(settings.updated({"worker_in_flight_per_slot": 0.0}), Slots()) == 256
+    assert in_flight_limit(Settings(worker={"max_in_flight": 4096}), Slots()) == 4096
 
 
 def run(world: ShardWorld, engine: DeterministicEngine, settings: Settings,
@@ -204,7 +205,7 @@ def test_the_runner_submits_groups_together_and_answers_every_line_once(world: S
     requests = mixed_requests(150)
     ids = world.seed(requests, per_segment=40)
     engine = DeterministicEngine(CHAT_SPEC, delay=0.002)
-    settings = world.settings.model_copy(update={"worker_order_window_lines": 200, "max_in_flight": 8})
+    settings = world.settings.updated({"worker_order_window_lines": 200, "max_in_flight": 8})
     report = run(world, engine, settings)
 
     assert report.finished and report.done == 150 and report.running_seconds > 0
@@ -217,7 +218,7 @@ def test_the_runner_submits_groups_together_and_answers_every_line_once(world: S
 
 def test_resume_with_ordering_skips_what_an_earlier_attempt_finished(world: ShardWorld) -> None:
     ids = world.seed(mixed_requests(160), per_segment=50)
-    settings = world.settings.model_copy(update={
+    settings = world.settings.updated({
         "worker_order_window_lines": 48, "max_in_flight": 4, "checkpoint_every_lines": 5,
     })
     first_engine = DeterministicEngine(CHAT_SPEC, delay=0.005)

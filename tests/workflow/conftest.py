@@ -33,10 +33,11 @@ def services(monkeypatch: pytest.MonkeyPatch) -> Iterator[Services]:
         monkeypatch.setenv(k, "testing")
     monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
     with mock_aws():
-        settings = Settings(mode="local", bucket="wf-bucket", table="wf-table", segment_max_lines=7)
+        settings = Settings(deployment={"mode": "local", "bucket": "wf-bucket", "table": "wf-table"},
+                            pipeline={"segment_max_lines": 7})
         adapters = make_adapters(settings)
-        adapters.client("s3").create_bucket(Bucket=settings.bucket)
-        create_table(adapters.client("dynamodb"), settings.table)
+        adapters.client("s3").create_bucket(Bucket=settings.deployment.bucket)
+        create_table(adapters.client("dynamodb"), settings.deployment.table)
         yield build_services(adapters, RecordingWorkflow())
 
 

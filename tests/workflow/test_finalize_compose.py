@@ -47,8 +47,8 @@ def test_composer_copies_big_ranges_and_merges_small_ones(services: Services) ->
 
 
 def test_finalize_rerun_writes_the_same_files(services: Services) -> None:
-    services.settings.segment_max_lines = 300
-    services.settings.shard_target_tokens = 2_000  # a few shards
+    services.settings.pipeline.segment_max_lines = 300
+    services.settings.pipeline.shard_target_tokens = 2_000  # a few shards
     n = 900
     batch_id = make_batch(services, jsonl([chat_line(i) for i in range(n)]))
     inp = BatchTaskInput(batch_id=batch_id)

@@ -56,7 +56,7 @@ def test_n_and_best_of_multiply_the_token_estimate(services: Services) -> None:
 
 
 def test_n_is_capped_by_a_setting(services: Services) -> None:
-    services.settings.max_choices_per_request = 4
+    services.settings.validation.max_choices_per_request = 4
     for body, param in (({"n": 5}, "body.n"), ({"best_of": 50}, "body.best_of"), ({"n": 0}, "body.n"),
                         ({"n": "3"}, "body.n")):
         [err] = _errors(services, jsonl([{**chat_line(1), "body": {**chat_line(1)["body"], **body}}]))
@@ -66,7 +66,7 @@ def test_n_is_capped_by_a_setting(services: Services) -> None:
 
 def test_an_embeddings_request_is_capped_in_inputs(services: Services) -> None:
     """L4: OpenAI's 2048 inputs per embeddings request (settable)."""
-    services.settings.max_embedding_inputs_per_request = 3
+    services.settings.validation.max_embedding_inputs_per_request = 3
     line = {"custom_id": "e", "method": "POST", "url": "/v1/embeddings",
             "body": {"model": "all-MiniLM-L6-v2", "input": ["a", "b", "c", "d"]}}
     batch_id = make_batch(services, jsonl([line]), endpoint="/v1/embeddings")
@@ -90,7 +90,7 @@ def test_media_urls_are_data_urls_unless_a_domain_is_allowed(services: Services)
         assert err.code == "invalid_value" and err.param == "body.messages[0].content[1].image_url.url", url
     batch_id = make_batch(services, jsonl([_image("data:image/png;base64,iVBORw0KGgo=")]))
     assert validate_batch(BatchTaskInput(batch_id=batch_id), services).valid
-    services.settings.media_allowed_domains = "media.example.com"
+    services.settings.validation.media_allowed_domains = "media.example.com"
     batch_id = make_batch(services, jsonl([_image("https://media.example.com/cat.png")]))
     assert validate_batch(BatchTaskInput(batch_id=batch_id), services).valid
     [err] = _errors(services, jsonl([_image("https://evil.example/x.png")]))

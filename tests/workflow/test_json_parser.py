@@ -27,7 +27,7 @@ BODY = b'{"model":"SmolLM2-135M-Instruct","messages":[{"role":"user","content":"
 
 
 def check(data: bytes) -> Any:
-    return Validator(settings=Settings(mode="local"), endpoint=CHAT).check(3, data, len(data))
+    return Validator(settings=Settings(deployment={"mode": "local"}), endpoint=CHAT).check(3, data, len(data))
 
 
 @pytest.mark.parametrize(("data", "error"), [

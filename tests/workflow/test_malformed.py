@@ -9,6 +9,7 @@ import pytest
 
 from nightbatch.pipeline import BatchTaskInput, validate_batch
 from nightbatch.services import Services
+from nightbatch.settings import SETTINGS
 from tests.workflow.conftest import chat_line, jsonl, make_batch
 
 CHAT = "/v1/chat/completions"
@@ -111,7 +112,7 @@ CASES: list[tuple[str, bytes, str, dict[str, Any], str, int | None]] = [
 def test_malformed_input_fails_with_code_and_line(services: Services, payload: bytes, endpoint: str,
                                                   overrides: dict[str, Any], code: str, line_no: int | None) -> None:
     for k, v in overrides.items():
-        setattr(services.settings, k, v)
+        SETTINGS[k].set(services.settings, v)
     batch_id = make_batch(services, payload, endpoint=endpoint)
     assert validate_batch(BatchTaskInput(batch_id=batch_id), services).valid is False
     batch = services.batches.get("default", batch_id)
@@ -137,7 +138,7 @@ def test_accepted_variants_validate(services: Services, payload: bytes) -> None:
 
 
 def test_reported_errors_are_capped(services: Services) -> None:
-    services.settings.max_reported_errors = 10
+    services.settings.validation.max_reported_errors = 10
     batch_id = make_batch(services, b"nope\n" * 500)
     validate_batch(BatchTaskInput(batch_id=batch_id), services)
     batch = services.batches.get("default", batch_id)

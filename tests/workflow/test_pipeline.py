@@ -59,7 +59,7 @@ def read_file(services: Services, file_id: str | None) -> list[dict[str, Any]]:
 
 
 def test_valid_batch_completes_with_one_line_per_input(services: Services) -> None:
-    services.settings.shard_target_tokens = 50
+    services.settings.pipeline.shard_target_tokens = 50
     batch_id = make_batch(services, jsonl([chat_line(i) for i in range(1, 31)]))
     shards = run_to_shards(services, batch_id)
     assert len(shards) > 1
@@ -92,7 +92,7 @@ def test_finalize_twice_is_idempotent(services: Services) -> None:
 
 
 def test_shard_without_results_ends_as_shard_failed(services: Services) -> None:
-    services.settings.shard_target_tokens = 50
+    services.settings.pipeline.shard_target_tokens = 50
     batch_id = make_batch(services, jsonl([chat_line(i) for i in range(1, 21)]))
     shards = run_to_shards(services, batch_id)
     write_results(services, batch_id, shards[0])

@@ -9,7 +9,7 @@ from nightbatch import layout
 from nightbatch.layout import SegmentEntry
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.pipeline.placement import place_by_prefix
-from nightbatch.pipeline.prefixes import prefix_group
+from nightbatch.pipeline.prefixes import PrefixGroups
 from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services
 from tests.workflow.conftest import jsonl, make_batch
@@ -44,14 +44,27 @@ def test_prefix_group_keys_on_the_head_of_long_prompts() -> None:
     a = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "one"}]}
     b = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": "two"}]}
     short = {"messages": [{"role": "user", "content": "hi"}]}
-    assert prefix_group(a, groups=8, min_chars=1024) == prefix_group(b, groups=8, min_chars=1024) > 0
-    assert prefix_group(short, groups=8, min_chars=1024) == 0
-    assert prefix_group(a, groups=0, min_chars=1024) == 0
+    groups = PrefixGroups(groups=8, min_chars=1024)
+    assert groups.of(a) == groups.of(b) > 0
+    assert groups.of(short) == 0
+    assert PrefixGroups(groups=0, min_chars=1024).of(a) == 0
+
+
+def test_distinct_prefixes_get_distinct_groups_until_the_groups_run_out() -> None:
+    def body(k: int) -> dict[str, object]:
+        return {"messages": [{"role": "system", "content": f"Prompt {k}. " + "Be brief. " * 120},
+                             {"role": "user", "content": "q"}]}
+
+    groups = PrefixGroups(groups=8, min_chars=1024)
+    first = [groups.of(body(k)) for k in range(8)]
+    assert first == list(range(1, 9))  # no two of the first eight share a group, whatever their hashes
+    assert [groups.of(body(k)) for k in range(8)] == first  # and keep it
+    assert all(1 <= groups.of(body(k)) <= 8 for k in range(8, 40))  # past eight: by hash, in range
 
 
 def test_plan_keeps_each_system_prompt_in_few_shards(services: Services) -> None:
-    services.settings.segment_max_lines = 10
-    services.settings.shard_target_tokens = 20_000
+    services.settings.pipeline.segment_max_lines = 10
+    services.settings.pipeline.shard_target_tokens = 20_000
     systems = [f"System prompt {k}: " + "follow the house style. " * 60 for k in range(3)]
     lines = []
     for i in range(240):

@@ -11,7 +11,7 @@ TOKENS_PER_LINE = 750  # ~500 prompt + ~250 output tokens
 
 
 def settings(**overrides: object) -> Settings:
-    return Settings(mode="local", **overrides)  # type: ignore[arg-type]
+    return Settings.from_names({"mode": "local", **overrides})
 
 
 @pytest.mark.parametrize(("lines", "shards"), [(1_000, 1), (100_000, 11), (1_000_000, 12)])
@@ -22,8 +22,8 @@ def test_defaults_for_1k_100k_1m_lines(lines: int, shards: int) -> None:
     assert plan.shards == shards
     assert plan.fits_window
     if lines >= 100_000:  # enough work to amortise: the cold start stays under the share
-        assert plan.cold_start_share <= s.shard_cold_start_share + 1e-9
-    assert plan.gpus == min(shards, s.max_gpus)
+        assert plan.cold_start_share <= s.pipeline.shard_cold_start_share + 1e-9
+    assert plan.gpus == min(shards, s.pipeline.max_gpus)
 
 
 def test_a_short_window_buys_parallelism_with_cold_starts() -> None:
@@ -31,11 +31,11 @@ def test_a_short_window_buys_parallelism_with_cold_starts() -> None:
     relaxed = plan_shards(2_000_000, segments=50, settings=s, window_seconds=24 * 3600)
     assert relaxed.shards == 1  # 500 s of work: one cold start is cheapest
     tight = plan_shards(2_000_000, segments=50, settings=s, window_seconds=900)
-    assert tight.shards > 1 and tight.wall_seconds <= 900 * (1 - s.window_safety_share)
+    assert tight.shards > 1 and tight.wall_seconds <= 900 * (1 - s.pipeline.window_safety_share)
     assert tight.cold_start_share > relaxed.cold_start_share
     # Infeasible even on every GPU: capped, and says so.
     hopeless = plan_shards(10**9, segments=50, settings=s, window_seconds=3600)
-    assert hopeless.shards == s.max_gpus * s.shards_per_gpu and hopeless.fits_window is False
+    assert hopeless.shards == s.pipeline.max_gpus * s.pipeline.shards_per_gpu and hopeless.fits_window is False
 
 
 def test_caps_and_fixed_target() -> None:

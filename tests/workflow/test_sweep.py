@@ -32,7 +32,7 @@ def test_batch_past_its_window_is_finalized_as_expired(services: Services) -> No
 
 def test_gauges_are_emf_in_aws_mode(services: Services, capsys: pytest.CaptureFixture[str]) -> None:
     make_batch(services, jsonl([chat_line(1)]))
-    services.settings.mode = "aws"
+    services.settings.deployment.mode = "aws"
     sweep(services, stale_seconds=3600)
     records = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     open_ = [r for r in records if "BatchesOpen" in r]

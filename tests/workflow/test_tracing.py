@@ -61,8 +61,9 @@ def test_a_task_lambda_traces_its_aws_calls_under_the_batch_id(adapters: Adapter
         "LAMBDA_TASK_ROOT": str(ROOT), "AWS_LAMBDA_FUNCTION_NAME": "nightbatch-capacity",
         "_X_AMZN_TRACE_ID": TRACE_HEADER, "AWS_XRAY_DAEMON_ADDRESS": f"127.0.0.1:{daemon.getsockname()[1]}",
         "AWS_ENDPOINT_URL": str(adapters.endpoint_url), "NIGHTBATCH_MODE": "aws",
-        "NIGHTBATCH_REGION": adapters.settings.region,
-        "NIGHTBATCH_TABLE": adapters.settings.table, "NIGHTBATCH_BUCKET": adapters.settings.bucket,
+        "NIGHTBATCH_REGION": adapters.settings.deployment.region,
+        "NIGHTBATCH_TABLE": adapters.settings.deployment.table,
+        "NIGHTBATCH_BUCKET": adapters.settings.deployment.bucket,
     }
     code = ("import types, functions.tasks.capacity as c; print(c.handler({'batch_id': 'batch_traced', "
             "'shard_id': '0'}, types.SimpleNamespace(aws_request_id='r1'))['action'])")

@@ -62,7 +62,7 @@ def list_files(
 def retrieve_file(file_id: str, request: Request, principal: PrincipalDep, services: ServicesDep) -> Any:
     item = services.files.item(principal.tenant, file_id)
     if (
-        services.settings.seed_compat_file_get
+        services.settings.files.seed_compat_file_get
         and item.purpose == "batch_output"
         and "application/json" not in request.headers.get("accept", "")
     ):
