@@ -286,27 +286,21 @@ def test_json_body_that_is_not_an_object(api_server: ApiServer, body: bytes) -> 
     assert_error(resp, 400)
 
 
+def post_raw(api_server: ApiServer, path: str, data: bytes, content_type: str | None) -> requests.Response:
+    """POST exactly `data` to /v1/<path> with the key and this Content-Type (none when None)."""
+    headers = {**api_server.auth, **({"Content-Type": content_type} if content_type else {})}
+    return requests.post(f"{api_server.v1}/{path}", data=data, headers=headers, timeout=30)
+
+
 @pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
 def test_wrong_content_type_for_batch_create(
     api_server: ApiServer, input_file_id: str, content_type: str | None
 ) -> None:
-    headers = dict(api_server.auth)
-    if content_type:
-        headers["Content-Type"] = content_type
-    resp = requests.post(
-        f"{api_server.v1}/batches", data=b'{"input_file_id": "x"}', headers=headers, timeout=30
-    )
-    assert_error(resp, 400)
+    assert_error(post_raw(api_server, "batches", b'{"input_file_id": "x"}', content_type), 400)
 
 
 def test_empty_body_with_json_content_type_on_create(api_server: ApiServer) -> None:
-    resp = requests.post(
-        f"{api_server.v1}/batches",
-        data=b"",
-        headers={**api_server.auth, "Content-Type": "application/json"},
-        timeout=30,
-    )
-    assert_error(resp, 400)
+    assert_error(post_raw(api_server, "batches", b"", "application/json"), 400)
 
 
 def test_cancel_with_an_empty_json_body_works(api_server: ApiServer, input_file_id: str) -> None:
@@ -399,20 +393,12 @@ def test_upload_with_a_text_field_as_file(api_server: ApiServer) -> None:
 
 @pytest.mark.parametrize("content_type", ["application/json", "text/plain", None])
 def test_upload_that_is_not_multipart(api_server: ApiServer, content_type: str | None) -> None:
-    headers = dict(api_server.auth)
-    if content_type:
-        headers["Content-Type"] = content_type
-    resp = requests.post(f"{api_server.v1}/files", headers=headers, data=b'{"purpose": "batch"}', timeout=30)
-    assert_error(resp, 400)
+    assert_error(post_raw(api_server, "files", b'{"purpose": "batch"}', content_type), 400)
 
 
 def test_multipart_with_a_broken_body(api_server: ApiServer) -> None:
-    resp = requests.post(
-        f"{api_server.v1}/files",
-        data=b"--xyz\r\nContent-Disposition: form-data; name=",
-        headers={**api_server.auth, "Content-Type": "multipart/form-data; boundary=xyz"},
-        timeout=30,
-    )
+    resp = post_raw(api_server, "files", b"--xyz\r\nContent-Disposition: form-data; name=",
+                    "multipart/form-data; boundary=xyz")
     assert_error(resp, 400)
 
 

@@ -152,34 +152,41 @@ def test_a_healthy_account_passes_every_prerequisite(world: World) -> None:
     assert "production access" in found["SES"][0].detail
 
 
+def preflight_check(watcher: StackWatcher, name: str) -> Any:
+    """The first check called `name` of the doctor's preflight."""
+    report = Report(base_url="", stack=STACK)
+    watcher.preflight(report)
+    return checks(report)[name][0]
+
+
+def stuck_runnable(watcher: StackWatcher, *, at: float) -> tuple[Any, str, str]:
+    """A shard job left RUNNABLE, observed `at` seconds into the probe: the probe, and the doctor's diagnosis of
+    the STARTING phase (detail, remedy)."""
+    submit_job(watcher, status="RUNNABLE")
+    probe = probe_in_progress()
+    watcher.observe(probe, at)
+    detail, remedy = watcher.diagnose(probe, probe.phase("job STARTING")) or ("", "")
+    return probe, detail, remedy
+
+
 def test_gpu_quota_0_keeps_jobs_runnable_and_names_the_quota(world: World) -> None:
     spot_role()
     watcher = world.watcher(gpu_vcpus=0)
-    report = Report(base_url="", stack=STACK)
-    watcher.preflight(report)
-    quota = checks(report)["GPU quota"][0]
+    quota = preflight_check(watcher, "GPU quota")
     assert quota.status == "failed" and "is 0 vCPUs; one g6.xlarge needs 4: jobs stay RUNNABLE" in quota.detail
     assert "--quota-code L-3819A6DF --desired-value 16" in quota.remedy
 
-    submit_job(watcher, status="RUNNABLE")
-    probe = probe_in_progress()
-    watcher.observe(probe, 12.0)
+    probe, detail, remedy = stuck_runnable(watcher, at=12.0)
     assert [probe.phase(n).status for n in ("job queued", "job RUNNABLE", "job STARTING")] == ["ok", "ok", "pending"]
-    detail, remedy = watcher.diagnose(probe, probe.phase("job STARTING")) or ("", "")
     assert "L-3819A6DF" in detail and "request-service-quota-increase" in remedy
 
 
 def test_a_missing_spot_service_linked_role_is_named_with_its_command(world: World) -> None:
     watcher = world.watcher()
-    report = Report(base_url="", stack=STACK)
-    watcher.preflight(report)
-    role = checks(report)["Spot role"][0]
+    role = preflight_check(watcher, "Spot role")
     assert role.status == "failed" and "AWSServiceRoleForEC2Spot is missing" in role.detail
     assert "aws iam create-service-linked-role --aws-service-name spot.amazonaws.com" in role.remedy
-    submit_job(watcher, status="RUNNABLE")
-    probe = probe_in_progress()
-    watcher.observe(probe, 3.0)
-    detail, remedy = watcher.diagnose(probe, probe.phase("job STARTING")) or ("", "")
+    _, detail, remedy = stuck_runnable(watcher, at=3.0)
     assert "AWSServiceRoleForEC2Spot" in detail and "create-service-linked-role" in remedy
 
 
@@ -210,9 +217,7 @@ def test_a_missing_hugging_face_secret_and_a_gated_model(world: World) -> None:
     boto3.client("secretsmanager", region_name=REGION).delete_secret(SecretId=world.secret_arn,
                                                                      ForceDeleteWithoutRecovery=True)
     watcher = world.watcher()
-    report = Report(base_url="", stack=STACK)
-    watcher.preflight(report)
-    token = checks(report)["HF token"][0]
+    token = preflight_check(watcher, "HF token")
     assert token.status == "failed" and "does not exist" in token.detail
     assert "aws secretsmanager create-secret --name nightbatch/hf-token" in token.remedy
 
@@ -275,13 +280,8 @@ def test_a_disabled_compute_environment_is_why_jobs_wait(world: World) -> None:
     name = batch.describe_compute_environments()["computeEnvironments"][0]["computeEnvironmentName"]
     batch.update_compute_environment(computeEnvironment=name, state="DISABLED")
     watcher = world.watcher()
-    report = Report(base_url="", stack=STACK)
-    watcher.preflight(report)
-    compute = checks(report)["compute"][0]
+    compute = preflight_check(watcher, "compute")
     assert compute.status == "failed" and f"Spot environment {name} is DISABLED" in compute.detail
     assert f"--compute-environment {name} --state ENABLED" in compute.remedy
-    submit_job(watcher, status="RUNNABLE")
-    probe = probe_in_progress()
-    watcher.observe(probe, 5.0)
-    detail, _ = watcher.diagnose(probe, probe.phase("job STARTING")) or ("", "")
+    _, detail, _ = stuck_runnable(watcher, at=5.0)
     assert "is DISABLED" in detail

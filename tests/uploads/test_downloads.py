@@ -30,6 +30,14 @@ def upload_file(client: openai.OpenAI, data: bytes, name: str = "results.jsonl")
     return client.files.create(file=(name, data, "application/jsonl"), purpose="batch").id
 
 
+def upload_chunked(client: openai.OpenAI, data: bytes, filename: str, mime_type: str, *, part_size: int) -> str:
+    """The SDK's own chunked upload (the Uploads API); the File's id."""
+    upload = client.uploads.upload_file_chunked(
+        file=data, filename=filename, bytes=len(data), mime_type=mime_type, purpose="batch", part_size=part_size)
+    assert upload.file is not None
+    return upload.file.id
+
+
 def test_sdk_follows_the_redirect_without_the_api_key(stack: Stack, override: Callable[..., None]) -> None:
     override(max_inline_download_bytes=64 * 1024)
     seen: list[tuple[str, dict[str, str]]] = []
@@ -97,16 +105,7 @@ def test_file_still_in_parts_streams_locally_and_asks_to_retry_behind_lambda(
         b'"SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}]}}\n' % i
         for i in range(100)
     )
-    upload = client.uploads.upload_file_chunked(
-        file=lines,
-        filename="in.jsonl",
-        bytes=len(lines),
-        mime_type="application/jsonl",
-        purpose="batch",
-        part_size=4096,
-    )
-    assert upload.file is not None
-    file_id = upload.file.id
+    file_id = upload_chunked(client, lines, "in.jsonl", "application/jsonl", part_size=4096)
     item = stack.file_item(file_id)
     assert len(item["parts"]) == -(-len(lines) // 4096)
     # A batch can be created from a file still made of parts.
@@ -139,14 +138,6 @@ def test_sdk_retries_until_the_file_is_assembled(stack: Stack, override: Callabl
     override(upload_compose_delay_seconds=1.0, max_inline_download_bytes=MiB, mode="aws")
     data = os.urandom(3 * MiB)
     client = stack.client()
-    upload = client.uploads.upload_file_chunked(
-        file=data,
-        filename="d.bin",
-        bytes=len(data),
-        mime_type="application/octet-stream",
-        purpose="batch",
-        part_size=2 * MiB,
-    )
-    assert upload.file is not None
+    file_id = upload_chunked(client, data, "d.bin", "application/octet-stream", part_size=2 * MiB)
     retrying = openai.OpenAI(base_url=stack.base_url, api_key=API_KEY, max_retries=3)
-    assert retrying.files.content(upload.file.id).read() == data
+    assert retrying.files.content(file_id).read() == data
