@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+import threading
 
 import openai
 import pytest
@@ -33,8 +33,16 @@ def test_long_filenames_and_mime_types_are_refused_and_leave_no_object(stack: St
 
 
 def test_only_a_processed_file_is_batch_input(stack: Stack, client: openai.OpenAI,
-                                               override: Callable[..., None]) -> None:
-    override(upload_compose_delay_seconds=3)
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # Composition is held until the batch has been refused (a 3 s compose delay raced it on a loaded machine).
+    assembly = stack.services.assembly
+    compose, release = assembly.compose, threading.Event()
+
+    def held(file_id: str, upload_id: str) -> str:
+        release.wait(timeout=600)
+        return compose(file_id, upload_id)
+
+    monkeypatch.setattr(assembly, "compose", held)
     line = (b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": '
             b'"SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}]}}\n')
     upload = client.uploads.create(bytes=len(line), filename="in.jsonl", mime_type="text/plain", purpose="batch")
@@ -47,3 +55,6 @@ def test_only_a_processed_file_is_batch_input(stack: Stack, client: openai.OpenA
     with pytest.raises(openai.BadRequestError) as err:
         client.batches.create(input_file_id=done.file.id, endpoint="/v1/chat/completions", completion_window="24h")
     assert err.value.code == "file_not_ready" and "still being processed" in err.value.message
+    release.set()
+    stack.jobs.drain()
+    assert stack.services.files.item("default", done.file.id).status is None  # verified once composed
