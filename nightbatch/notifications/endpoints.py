@@ -67,10 +67,6 @@ def signing_secrets(rec: WebhookEndpointRecord, *, at: int, sealer: Sealer | Non
     return out
 
 
-def owner(tenant: str) -> str:
-    return f"{tenant}#webhook_endpoint"
-
-
 def check_event_types(values: list[Any]) -> list[str]:
     if not values:
         raise InvalidRequestError("Invalid 'event_types': expected at least one event type.",
@@ -143,12 +139,12 @@ class WebhookEndpointService:
         cursor = self.table.get_owned(WebhookEndpointRecord, tenant, after) if after else None
         if after and cursor is None:
             raise InvalidRequestError(f"Invalid 'after': no webhook endpoint with id '{after}'.", param="after")
-        recs, has_more = self.table.page(WebhookEndpointRecord, owner(tenant), limit=limit,
+        recs, has_more = self.table.page(WebhookEndpointRecord, WebhookEndpointRecord.owner_of(tenant), limit=limit,
                                          after_sk=cursor.owner_sk if cursor else None)
         return list_page([to_wire(r) for r in recs], has_more)
 
     def all_items(self, tenant: str) -> builtins.list[WebhookEndpointRecord]:
-        return list(self.table.records(WebhookEndpointRecord, owner(tenant), ascending=True))
+        return list(self.table.records(WebhookEndpointRecord, WebhookEndpointRecord.owner_of(tenant), ascending=True))
 
     def update(self, tenant: str, endpoint_id: str, req: UpdateWebhookEndpointRequest) -> WebhookEndpoint:
         rec = self.item(tenant, endpoint_id)

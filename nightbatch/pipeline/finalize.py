@@ -147,8 +147,8 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str) -> tup
                         if not raw.data:
                             continue
                         custom_id = parse_segment_line(raw.data).custom_id
-                        if digest(custom_id) not in seen:
-                            seen.add(digest(custom_id))
+                        if (d := digest(custom_id)) not in seen:
+                            seen.add(d)
                             err.write(unrun_line(batch_id, custom_id, unrun_code))
                             tally.failed += 1
         out_bytes = out.close()

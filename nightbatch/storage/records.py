@@ -101,7 +101,7 @@ class ListedRecord(Record):
         return sort_key(self.created_at, self.pk)
 
     @classmethod
-    def owner_of(cls, tenant: str) -> str | None:
+    def owner_of(cls, tenant: str) -> str:
         return f"{tenant}#{cls.KIND}"
 
 
@@ -222,7 +222,7 @@ class KeyRecord(ListedRecord):
         return sort_key(self.created_at, self.key_id)  # the public id: the pk is the hash
 
     @classmethod
-    def owner_of(cls, tenant: str) -> str | None:
+    def owner_of(cls, tenant: str) -> str:
         return cls.LIST_OWNER  # every tenant's keys on one listing, for `nightbatch keys list`
 
     @property

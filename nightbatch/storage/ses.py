@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nightbatch.storage.botoerrors import client_error
-
-if TYPE_CHECKING:
-    pass
 
 # SES's answers that sending again cannot change (an unverified recipient in the sandbox, a bad address, an
 # unverified sender); throttling and service errors stay ordinary exceptions, worth a retry.

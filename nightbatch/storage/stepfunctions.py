@@ -4,12 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nightbatch.storage.botoerrors import botocore_error, client_error
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger(__name__)
 
