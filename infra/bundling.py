@@ -120,7 +120,7 @@ def source_hash(root: Path, requirements: Sequence[str], platform: str, python_v
     digest = hashlib.sha256()
     for item in (*requirements, platform, python_version, "pyc" if compiled else "py"):
         digest.update(item.encode() + b"\0")
-    for path in (Path(__file__).with_name("asset_files.py"), *code_files(root)):
+    for path in (root / "infra" / "asset_files.py", *code_files(root)):  # the script Docker bundling runs
         digest.update(str(path.relative_to(root)).encode() + b"\0")
         digest.update(path.read_bytes())
     return digest.hexdigest()

@@ -41,12 +41,12 @@ class Services:
     batches: BatchService
     uploads: UploadService
     assembly: AssemblyService
-    webhooks: WebhookEndpointService
 
     @cached_property
     def notifier(self) -> Notifier:
-        """Built on first use: only the Notify and delivery steps (and webhook tests) need its clients."""
-        return build_notifier(self.adapters, endpoints=self.webhooks)
+        """Built on first use: only the Notify and delivery steps and webhook CRUD need its clients (SQS, SES,
+        SNS, KMS), so a request that needs none of them creates none."""
+        return build_notifier(self.adapters)
 
 
 def build_services(
@@ -72,9 +72,8 @@ def build_services(
     if thread_jobs is not None:
         thread_jobs.bind(assembly)
     uploads = UploadService(settings=settings, table=adapters.table, files=files, parts=parts, jobs=upload_jobs)
-    webhooks = WebhookEndpointService(settings=settings, table=adapters.table, sealer=sealer_of(adapters))
     return Services(settings=settings, adapters=adapters, files=files, batches=batches, uploads=uploads,
-                    assembly=assembly, webhooks=webhooks)
+                    assembly=assembly)
 
 
 def build_notifier(
