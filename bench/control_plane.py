@@ -3,8 +3,11 @@
 The floor reads the same input object from the same S3 endpoint and parses every line. Two floors are
 printed: with the standard library's `json` and with msgspec, the compiled parser nightbatch uses on its hot
 paths; the speed ratio is taken against the msgspec floor (the same parser on both sides). S3 is moto's server
-in another process. Each measurement runs in a fresh child process so that its peak RSS is its own; each size
-runs `--repeat` times (floors and ours alternating) and the table shows medians with the min..max spread.
+in another process; a second table splits each side's time into its own process CPU and the CPU the S3
+server spent meanwhile (work real S3 does on its own machines: Finalize's UploadPartCopy and
+CompleteMultipartUpload are copies inside moto here). Each measurement runs in a fresh child process so that
+its peak RSS is its own; each size runs `--repeat` times (floors and ours alternating) and the tables show
+medians with the min..max spread.
 
     .venv/bin/python -m bench.control_plane --sizes 10,10000,100000,1000000
 """
@@ -72,6 +75,32 @@ def start_s3() -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("moto server did not start")
 
 
+class Clocks:
+    """This process's CPU and the S3 server's (BENCH_S3_PID), summed over the timed sections."""
+
+    def __init__(self) -> None:
+        self.cpu = 0.0
+        self.s3_cpu = 0.0
+        self.pid = os.environ.get("BENCH_S3_PID", "")
+
+    def _s3(self) -> float:
+        if not self.pid:
+            return 0.0
+        fields = Path(f"/proc/{self.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+    def __enter__(self) -> Clocks:
+        self._t = (time.process_time(), self._s3())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.cpu += time.process_time() - self._t[0]
+        self.s3_cpu += self._s3() - self._t[1]
+
+    def fields(self) -> dict[str, float]:
+        return {"cpu": self.cpu, "s3_cpu": self.s3_cpu}
+
+
 def prepare(n: int) -> dict[str, Any]:
     """Uploads an n-line input, creates the batch (not timed)."""
     from nightbatch.batches import CreateBatchRequest
@@ -123,17 +152,20 @@ def child_ours(batch_id: str) -> dict[str, Any]:
 
     services = build_services(make_adapters(settings()), NoWorkflow())
     inp = BatchTaskInput(batch_id=batch_id)
+    clocks = Clocks()
     t0 = time.perf_counter()
-    assert validate_batch(inp, services).valid
-    plan_batch(inp, services)
+    with clocks:
+        assert validate_batch(inp, services).valid
+        plan_batch(inp, services)
     t_plan = time.perf_counter() - t0
     write_results(services, batch_id)
     t1 = time.perf_counter()
-    out = finalize_batch(inp, services)
+    with clocks:
+        out = finalize_batch(inp, services)
     t_final = time.perf_counter() - t1
     batch = services.batches.get("bench", batch_id)
-    return {"seconds": t_plan + t_final, "status": out.status, "completed": batch.request_counts.completed,
-            "total": batch.request_counts.total}
+    return {"seconds": t_plan + t_final, "validate_plan_s": t_plan, "finalize_s": t_final, **clocks.fields(),
+            "status": out.status, "completed": batch.request_counts.completed, "total": batch.request_counts.total}
 
 
 def child_floor(file_key: str, parser: str) -> dict[str, Any]:
@@ -144,13 +176,15 @@ def child_floor(file_key: str, parser: str) -> dict[str, Any]:
 
     parse = msgspec.json.Decoder().decode if parser == "msgspec" else json.loads
     blobs = make_adapters(settings()).blobs
+    clocks = Clocks()
     t0 = time.perf_counter()
     n = 0
-    for raw in split_lines(blobs.iter_chunks(file_key), max_bytes=1 << 20):
-        if raw.data:
-            parse(raw.data)
-            n += 1
-    return {"seconds": time.perf_counter() - t0, "lines": n}
+    with clocks:
+        for raw in split_lines(blobs.iter_chunks(file_key), max_bytes=1 << 20):
+            if raw.data:
+                parse(raw.data)
+                n += 1
+    return {"seconds": time.perf_counter() - t0, "lines": n, **clocks.fields()}
 
 
 def peak_rss_mb() -> float:
@@ -176,7 +210,8 @@ def spread(xs: list[float]) -> str:
 def measure(sizes: list[int], repeat: int = 1) -> list[dict[str, Any]]:
     proc, url = start_s3()
     env = {**os.environ, "AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-           "AWS_DEFAULT_REGION": "us-east-1", "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+           "AWS_DEFAULT_REGION": "us-east-1", "BENCH_S3_PID": str(proc.pid),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
     rows = []
     try:
@@ -204,6 +239,9 @@ def measure(sizes: list[int], repeat: int = 1) -> list[dict[str, Any]]:
                          "fast_s": spread(secs["fast"]), "ours_s": spread(secs["ours"]),
                          "speed": [f / o for f, o in zip(secs["fast"], secs["ours"], strict=True)],
                          "speed_std": [f / o for f, o in zip(secs["std"], secs["ours"], strict=True)],
+                         "parts": {k: spread([x[k] for x in runs["ours"]])
+                                   for k in ("validate_plan_s", "finalize_s", "cpu", "s3_cpu")},
+                         "floor_parts": {k: spread([x[k] for x in runs["fast"]]) for k in ("cpu", "s3_cpu")},
                          "floor_rss_mb": max(x["rss_mb"] for x in runs["fast"]),
                          "ours_rss_mb": max(x["rss_mb"] for x in runs["ours"])})
     finally:
@@ -224,6 +262,16 @@ def print_table(rows: list[dict[str, Any]], repeat: int) -> None:
               f"{statistics.median(sp):.0%} ({min(sp):.0%}..{max(sp):.0%}) | "
               f"{statistics.median(sd):.0%} ({min(sd):.0%}..{max(sd):.0%}) | "
               f"{r['floor_rss_mb']:.0f} / {r['ours_rss_mb']:.0f} |")
+    print()
+    print("Where the time goes (medians, min..max): nightbatch's two timed sections; this process's CPU and the "
+          "S3 server's CPU during them, for nightbatch and for the msgspec floor")
+    print("| lines | validate + plan (s) | finalize (s) | nightbatch CPU (s) | S3 server CPU (s) | floor CPU (s) | "
+          "floor's S3 server CPU (s) |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        p, f = r["parts"], r["floor_parts"]
+        print(f"| {r['lines']} | {p['validate_plan_s']} | {p['finalize_s']} | {p['cpu']} | {p['s3_cpu']} | "
+              f"{f['cpu']} | {f['s3_cpu']} |")
 
 
 def main() -> None:

@@ -173,6 +173,14 @@ def print_table(name: str, runs: dict[str, list[BatchRun]], repeat: int) -> list
         cached = statistics.median(sum(r.tokens()[2] for r in b.results) for b in rs)
         print(f"| {label} | {spread([r.out_tps for r in rs])} | {spread([100 * r.hit_rate for r in rs])} % "
               f"| {spread(secs)} | {cached:.0f} / {prompt:.0f} |")
+    prefilled = {label: statistics.median(sum(r.tokens()[0] - r.tokens()[2] for r in b.results) for b in rs)
+                 for label, rs in runs.items()}
+    if prefilled[PREFIX_AWARE]:
+        # Placement only changes which prompt tokens are prefilled; decoding is the same work on both sides.
+        print(f"\n{name}: prompt tokens prefilled (not cached), contiguous / prefix-aware: "
+              f"{prefilled[CONTIGUOUS]:.0f} / {prefilled[PREFIX_AWARE]:.0f} = "
+              f"{prefilled[CONTIGUOUS] / prefilled[PREFIX_AWARE]:.2f}x, roughly the ceiling of the out tok/s gain "
+              "(reached only if prefill took all the time)")
     print(f"\n{name}: prefix-aware / contiguous out tok/s **{statistics.median(ratios):.2f}x** "
           f"({min(ratios):.2f}..{max(ratios):.2f}) (goal >= 1.3x mixed, >= 0.97x uniform)")
     return ratios

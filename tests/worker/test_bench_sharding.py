@@ -98,6 +98,10 @@ def test_rates_hit_rate_and_ratio_are_over_the_whole_batch(capsys: pytest.Captur
     assert ratios == [2.0]
     out = capsys.readouterr().out
     assert "**2.00x** (2.00..2.00)" in out and "25.0 (25.0..25.0) %" in out
+    assert "prefilled" not in out  # nothing left to prefill on the prefix-aware side: no ceiling to print
+    print_table("mixed", {CONTIGUOUS: base, PREFIX_AWARE: [BatchRun([shard(1.0, 75), shard(1.0, 75)])]}, 1)
+    # 150 prompt tokens prefilled in input order against 50: placement can gain about 3x at most.
+    assert "contiguous / prefix-aware: 150 / 50 = 3.00x" in capsys.readouterr().out
 
 
 def test_on_the_uniform_input_both_placements_plan_the_same_shards(side: ShardedSide, tmp_path: Path) -> None:
