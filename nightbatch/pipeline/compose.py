@@ -5,16 +5,22 @@ Every part but the last is at least 5 MiB (S3's floor). A range of at least 5 Mi
 bytes passing through this process; when a smaller merged part is pending, it is first topped up from the
 head of the range (whose bytes the caller already holds, since it read them to count usage). The part layout
 depends only on the sequence of ranges, so a re-run writes the same object.
+
+Parts are sent by a few threads while the caller reads on: Finalize parses the next checkpoint while S3
+copies the last one (part numbers are given in order when a part is queued, so the object is the same).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from nightbatch.storage import BlobStore
 
 MIN_PART_BYTES = 5 * 1024 * 1024
 MERGED_PART_BYTES = 8 * 1024 * 1024
+IN_FLIGHT = 3  # parts being sent at once: at most this many merged parts (8 MiB each) held beyond the buffer
 
 
 class PartComposer:
@@ -25,7 +31,8 @@ class PartComposer:
         self.key = key
         self.buf = bytearray()
         self.upload_id: str | None = None
-        self.etags: list[str] = []
+        self.parts: list[Future[str]] = []  # ETag of part n + 1, in part order
+        self.pool: ThreadPoolExecutor | None = None
         self.size = 0
         self.copied = 0  # bytes S3 copied server-side
 
@@ -52,12 +59,10 @@ class PartComposer:
         if len(data) < MIN_PART_BYTES:
             self.add_bytes(data)
             return
-        self._start()
-        resp = self.client.upload_part_copy(
-            Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=len(self.etags) + 1,
-            CopySource={"Bucket": self.bucket, "Key": source},
-            CopySourceRange=f"bytes={start}-{start + len(data) - 1}")
-        self.etags.append(str(resp["CopyPartResult"]["ETag"]))
+        copy_range = f"bytes={start}-{start + len(data) - 1}"
+        self._send(lambda common: str(self.client.upload_part_copy(
+            CopySource={"Bucket": self.bucket, "Key": source}, CopySourceRange=copy_range,
+            **common)["CopyPartResult"]["ETag"]))
         self.size += len(data)
         self.copied += len(data)
 
@@ -70,21 +75,40 @@ class PartComposer:
         if self.buf:
             self._upload(bytes(self.buf))
             self.buf.clear()
+        etags = [f.result() for f in self.parts]
+        self._shutdown()
         self.client.complete_multipart_upload(
             Bucket=self.bucket, Key=self.key, UploadId=self.upload_id,
-            MultipartUpload={"Parts": [{"ETag": e, "PartNumber": n} for n, e in enumerate(self.etags, 1)]})
+            MultipartUpload={"Parts": [{"ETag": e, "PartNumber": n} for n, e in enumerate(etags, 1)]})
         return self.size
 
     def abort(self) -> None:
+        for f in self.parts:
+            f.exception()  # wait for every part in flight; the upload is dropped whatever they did
+        self._shutdown()
         if self.upload_id is not None:
             self.client.abort_multipart_upload(Bucket=self.bucket, Key=self.key, UploadId=self.upload_id)
 
-    def _start(self) -> None:
+    def _upload(self, body: bytes) -> None:
+        self._send(lambda common: str(self.client.upload_part(Body=body, **common)["ETag"]))
+
+    def _send(self, call: Callable[[dict[str, Any]], str]) -> None:
+        """Queues the next part; waits first while IN_FLIGHT parts are still being sent (bounded memory)."""
         if self.upload_id is None:
             self.upload_id = str(self.client.create_multipart_upload(Bucket=self.bucket, Key=self.key)["UploadId"])
+            self.pool = ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="compose")
+        assert self.pool is not None
+        busy = [f for f in self.parts if not f.done()]
+        if len(busy) >= IN_FLIGHT:
+            busy[0].result()
+        for f in self.parts:  # a part that failed fails the file now rather than at close
+            if f.done() and f.exception() is not None:
+                f.result()
+        common = {"Bucket": self.bucket, "Key": self.key, "UploadId": self.upload_id,
+                  "PartNumber": len(self.parts) + 1}
+        self.parts.append(self.pool.submit(call, common))
 
-    def _upload(self, body: bytes) -> None:
-        self._start()
-        common: dict[str, Any] = {"Bucket": self.bucket, "Key": self.key, "UploadId": self.upload_id}
-        resp = self.client.upload_part(Body=body, PartNumber=len(self.etags) + 1, **common)
-        self.etags.append(str(resp["ETag"]))
+    def _shutdown(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None

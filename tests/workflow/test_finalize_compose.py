@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+from botocore.exceptions import ClientError
+
 from nightbatch import layout
 from nightbatch.ids import batch_request_id
 from nightbatch.jsonl import dumps_line
@@ -90,3 +93,17 @@ def test_finalize_rerun_writes_the_same_files(services: Services) -> None:
     assert finalize_batch(inp, services).status == "completed"
     assert blobs.get_bytes(layout.output_key(batch_id)) == out1
     assert blobs.get_bytes(layout.error_key(batch_id)) == err1
+
+
+def test_a_part_that_fails_fails_the_file_and_abort_leaves_no_upload(services: Services) -> None:
+    blobs = services.adapters.blobs
+    big = b"x" * (6 * 1024 * 1024)
+    blobs.put_bytes("src/big", big)
+    c = PartComposer(blobs, "dst-broken")
+    c.add_range("src/big", 0, big)
+    c.add_range("src/gone", 0, big)  # no such object: S3 refuses the copy (in a sending thread)
+    with pytest.raises(ClientError):  # S3's own error, raised in the caller's thread
+        c.close()
+    c.abort()
+    assert blobs.get_bytes("dst-broken") is None
+    assert not blobs.client.list_multipart_uploads(Bucket=blobs.bucket).get("Uploads")
