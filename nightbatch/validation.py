@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+from msgspec import UNSET
 
+from nightbatch.ids import custom_id_digest
+from nightbatch.jsonl import loads
 from nightbatch.model_spec import ModelSpec
 from nightbatch.settings import Settings
 from nightbatch.wire import BatchError
@@ -30,13 +32,50 @@ class LineInvalid(Exception):
         self.error = (code, message, param)
 
 
-@dataclass
 class ValidRequest:
-    number: int
+    """A valid line. `body` is decoded from `raw` on first use when the fast path did not build it."""
+
+    __slots__ = ("_body", "custom_id", "est_tokens", "number", "raw")
+
+    def __init__(self, number: int, custom_id: str, body: dict[str, Any] | None, est_tokens: int,
+                 raw: bytes) -> None:
+        self.number, self.custom_id, self._body, self.est_tokens, self.raw = number, custom_id, body, est_tokens, raw
+
+    @property
+    def body(self) -> dict[str, Any]:
+        if self._body is None:
+            self._body = loads(self.raw)["body"]
+        return self._body
+
+
+class _Message(msgspec.Struct):
+    role: str
+    content: str  # text only: a list of parts (media) takes the general path
+
+
+class _ChatBody(msgspec.Struct):
+    """The fields the general path reads from a chat body; any of the optional ones present sends the line there."""
+
+    model: str
+    messages: list[_Message]
+    max_tokens: int | msgspec.UnsetType | None = msgspec.UNSET
+    max_completion_tokens: int | msgspec.UnsetType | None = msgspec.UNSET
+    stream: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    tools: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    tool_choice: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    chat_template_kwargs: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    n: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    best_of: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+class _ChatLine(msgspec.Struct):
     custom_id: str
-    body: dict[str, Any]
-    est_tokens: int
-    raw: bytes
+    method: str
+    url: str
+    body: _ChatBody
+
+
+_decode_chat = msgspec.json.Decoder(_ChatLine).decode
 
 
 @dataclass
@@ -49,8 +88,47 @@ class Validator:
     spec: ModelSpec | None = None
     seen: set[int] = field(default_factory=set)
     embedding_inputs: int = 0
+    # Lines at least this long take the general path, which builds their body (Validate's prefix groups read
+    # the body of long lines; decoding it twice would cost more than the fast path saves).
+    fast_max_bytes: int = 1 << 62
 
     def check(self, number: int, data: bytes | None, size: int) -> ValidRequest:
+        if data is not None and self.endpoint == "/v1/chat/completions" and len(data) < self.fast_max_bytes:
+            req = self._check_plain_chat(number, data)
+            if req is not None:
+                return req
+        return self._check(number, data, size)
+
+    def _check_plain_chat(self, number: int, data: bytes) -> ValidRequest | None:
+        """The common chat line (text messages, none of the parameters that need a closer look) checked on
+        msgspec's typed decode, in the general path's order with its messages; None sends the line there.
+        Only lines the general path accepts as they are pass here: the typed decode refuses everything
+        the general path would look at twice, and it skips unknown fields without checking their UTF-8."""
+        try:
+            line = _decode_chat(data)
+        except (msgspec.MsgspecError, RecursionError):
+            return None
+        body = line.body
+        if (body.stream is not UNSET or body.tools is not UNSET or body.tool_choice is not UNSET
+                or body.chat_template_kwargs is not UNSET or body.n is not UNSET or body.best_of is not UNSET
+                or not body.messages or not body.model or (not data.isascii() and not _utf8(data))):
+            return None
+        custom_id = line.custom_id
+        if not custom_id or len(custom_id) > MAX_CUSTOM_ID or line.method != "POST" or line.url != self.endpoint:
+            return None
+        model = body.model
+        if model != self.model or self.spec is None:
+            return None  # the batch's first line, or a model to report: the general path checks it
+        max_out = body.max_tokens if body.max_completion_tokens is UNSET else body.max_completion_tokens
+        out = max_out if isinstance(max_out, int) and max_out > 0 else self.settings.serving.default_max_tokens
+        est = _estimate(len(data)) + out
+        digest = custom_id_digest(custom_id)
+        if digest in self.seen:
+            return None  # reported by the general path
+        self.seen.add(digest)
+        return ValidRequest(number, custom_id, None, est, data)
+
+    def _check(self, number: int, data: bytes | None, size: int) -> ValidRequest:
         s = self.settings
         if data is None:
             raise LineInvalid("line_too_long", f"Line {number} is {size} bytes, over the limit of "
@@ -82,7 +160,7 @@ class Validator:
         if not isinstance(body, dict):
             raise LineInvalid("invalid_request", "'body' must be a JSON object.", "body")
         est = self._check_body(body, len(data))
-        digest = int.from_bytes(hashlib.blake2b(custom_id.encode(), digest_size=8).digest(), "big")
+        digest = custom_id_digest(custom_id)
         if digest in self.seen:
             raise LineInvalid("duplicate_custom_id", f"The custom_id '{custom_id}' for this request is a "
                               "duplicate of another request. The custom_id parameter must be unique for each "
@@ -143,6 +221,14 @@ class Validator:
                               f"{self.settings.validation.max_embedding_inputs} embedding inputs across its requests.",
                               "body.input")
         return _estimate(line_bytes)
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _stdlib_parse(number: int, data: bytes) -> Any:

@@ -16,14 +16,14 @@ from nightbatch import layout, lifecycle
 from nightbatch.accounting import collect_shard_times, cost_summary
 from nightbatch.clock import now
 from nightbatch.errors import BatchItemTooLargeError, StorageConflictError
-from nightbatch.ids import derived_id
+from nightbatch.ids import custom_id_digest, derived_id
 from nightbatch.jsonl import split_lines
 from nightbatch.metrics import emit
 from nightbatch.phases import summarize as summarize_phases
 from nightbatch.pipeline.capacity import collect_decisions
 from nightbatch.pipeline.compose import PartComposer
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
-from nightbatch.pipeline.results import MAX_RESULT_LINE, Tally, digest, summarize_result_line, unrun_line
+from nightbatch.pipeline.results import MAX_RESULT_LINE, Tally, summarize_result_line, unrun_line
 from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore, LineWriter
@@ -147,7 +147,7 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str) -> tup
                         if not raw.data:
                             continue
                         custom_id = parse_segment_line(raw.data).custom_id
-                        if (d := digest(custom_id)) not in seen:
+                        if (d := custom_id_digest(custom_id)) not in seen:
                             seen.add(d)
                             err.write(unrun_line(batch_id, custom_id, unrun_code))
                             tally.failed += 1
@@ -208,7 +208,7 @@ def _merge_object(batch_id: str, key: str, data: bytes, seen: set[int], out: Par
         elif line:
             clean = line[:-1] if line[-1] == 13 else line  # CRLF: the CR is dropped, as split_lines does
             summary = summarize_result_line(clean)
-            d = digest(summary.custom_id)
+            d = custom_id_digest(summary.custom_id)
             if d not in seen:  # else a zombie attempt's duplicate: the first result wins
                 seen.add(d)
                 if summary.ok:
@@ -239,7 +239,7 @@ def _merge_streamed(blobs: BlobStore, batch_id: str, key: str, seen: set[int], o
         if not raw.data:
             continue
         summary = summarize_result_line(raw.data)
-        d = digest(summary.custom_id)
+        d = custom_id_digest(summary.custom_id)
         if d in seen:
             continue
         seen.add(d)

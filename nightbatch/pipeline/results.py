@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,10 +82,6 @@ def _summarize_any(data: bytes) -> ResultSummary:
     ok = response is not None and 200 <= int(response.get("status_code", 0)) < 300
     body = (response or {}).get("body") or {}
     return ResultSummary(str(line["custom_id"]), ok, body.get("usage") or {} if ok else {})
-
-
-def digest(custom_id: str) -> int:
-    return int.from_bytes(hashlib.blake2b(custom_id.encode(), digest_size=8).digest(), "big")
 
 
 @dataclass

@@ -107,7 +107,10 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
             message=f"The input file is {file_item.bytes} bytes, over the limit of "
                     f"{settings.validation.max_input_bytes} bytes per batch.")])
 
-    validator = Validator(settings=settings, endpoint=batch.endpoint)
+    # Long lines take the general path: it builds the body their prefix group is read from.
+    validator = Validator(settings=settings, endpoint=batch.endpoint,
+                          fast_max_bytes=settings.pipeline.plan_prefix_chars if settings.pipeline.plan_prefix_groups
+                          else Validator.fast_max_bytes)
     prefix_groups = PrefixGroups(groups=settings.pipeline.plan_prefix_groups,
                                  min_chars=settings.pipeline.plan_prefix_chars)
     writer = SegmentWriter(blobs, inp.batch_id, settings.pipeline.segment_max_lines,

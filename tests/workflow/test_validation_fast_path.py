@@ -1,0 +1,114 @@
+"""The plain-chat fast path of Validator.check decides exactly as the general path: same requests accepted
+with the same estimate and body, same errors for the same lines, over sequences of odd lines."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nightbatch.settings import Settings
+from nightbatch.validation import LineInvalid, Validator
+
+CHAT = "/v1/chat/completions"
+MODEL = "SmolLM2-135M-Instruct"
+ODD_VALUES = [b"null", b"true", b"0", b"-3", b"7", b"1e400", b"NaN", b"12345678901234567890123", b'"x"', b"[]",
+              b"{}", b'"\xff"', b'"\\ud800"', b'"\xc3\xa9"', b"[[[[1]]]]", b'"\\u0000"', b"2.5"]
+BODY_KEYS = ["max_tokens", "max_completion_tokens", "stream", "n", "best_of", "tools", "tool_choice",
+             "chat_template_kwargs", "temperature", "seed", "user"]
+
+
+def chat_line(rng: random.Random, i: int) -> bytes:
+    """A chat line: half plain (the fast path's), half with odd values, missing or duplicated keys."""
+    odd = rng.random() < 0.5
+
+    def pick(plain: list[Any], strange: list[Any]) -> Any:
+        return rng.choice(strange if odd and rng.random() < 0.3 else plain)
+
+    custom_id = pick([f'"r{i}"'], ['"dup"', '""', '"' + "x" * 513 + '"', "7", "null"])
+    content = pick([b'"hi"', b'"h\xc3\xa9"', b'"\\ud83d\\ude00"'],
+                   [b'[{"type":"text","text":"hi"}]', b"null", b"3", b'"\xed\xa0\x80"', b'"\\ud800"'])
+    role = pick([b'"user"', b'"system"'], [b"1"])
+    messages = pick([b'[{"role":%s,"content":%s}]' % (role, content),
+                     b'[{"role":"user","content":"a"},{"role":"assistant","content":%s,"name":"x"}]' % content],
+                    [b"[]", b'"hi"'])
+    model = pick([f'"{MODEL}"'], ['"other-model"', '""', "3"]).encode()
+    body = [b'"model":' + model, b'"messages":' + messages]
+    keys = BODY_KEYS if odd else ["max_tokens", "max_completion_tokens", "temperature", "seed", "user"]
+    values = ODD_VALUES if odd else [b"null", b"7", b"2.5", b'"x"', b"0", b"-3"]
+    for key in rng.sample(keys, rng.randint(0, 3)):
+        body.append(b'"%s":%s' % (key.encode(), rng.choice(values)))
+    if rng.random() < 0.1:
+        body.append(b'"max_tokens":5')  # maybe a duplicate: the last one wins
+    rng.shuffle(body)
+    fields = [b'"custom_id":' + custom_id.encode(), b'"method":' + pick([b'"POST"'], [b'"GET"']),
+              b'"url":' + pick([f'"{CHAT}"'.encode()], [b'"/v1/embeddings"']),
+              b'"body":{' + b",".join(body) + b"}"]
+    if odd and rng.random() < 0.1:
+        fields.pop(rng.randrange(len(fields)))
+    if rng.random() < 0.1:
+        fields.append(b'"extra":' + rng.choice(ODD_VALUES if odd else [b"1", b'"x"']))
+    rng.shuffle(fields)
+    return b"{" + b",".join(fields) + b"}"
+
+
+def outcomes(lines: list[bytes], fast: bool) -> list[Any]:
+    v = Validator(settings=Settings(deployment={"mode": "local"}), endpoint=CHAT,
+                  fast_max_bytes=Validator.fast_max_bytes if fast else 0)
+    out: list[Any] = []
+    for n, data in enumerate(lines, 1):
+        try:
+            req = v.check(n, data, len(data))
+        except LineInvalid as e:
+            out.append(e.error)
+        else:
+            out.append((req.number, req.custom_id, req.est_tokens, req.raw, repr(req.body)))
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32))
+def test_fast_path_decides_as_the_general_path(seed: int) -> None:
+    rng = random.Random(seed)
+    lines = [chat_line(rng, i) for i in range(rng.randint(1, 30))]
+    assert outcomes(lines, fast=True) == outcomes(lines, fast=False)
+
+
+def test_the_corpus_reaches_the_fast_path() -> None:
+    """Most generated lines after the first valid one are plain: the comparison above is not vacuous."""
+    v = Validator(settings=Settings(deployment={"mode": "local"}), endpoint=CHAT)
+    plain = b'{"custom_id":"a%d","method":"POST","url":"%s","body":{"model":"%s","messages":[{"role":"user",' \
+            b'"content":"hi"}],"max_tokens":%d}}'
+    first = v.check(1, plain % (0, CHAT.encode(), MODEL.encode(), 5), 200)
+    assert first._body is not None  # the batch's first line: the general path checked its model
+    second = v.check(2, plain % (1, CHAT.encode(), MODEL.encode(), 9), 200)
+    assert second._body is None and second.est_tokens == len(plain % (1, CHAT.encode(), MODEL.encode(), 9)) // 4 + 1 + 9
+    assert second.body == json.loads(plain % (1, CHAT.encode(), MODEL.encode(), 9))["body"]  # decoded when asked
+    rng = random.Random(1)
+    lines = [chat_line(rng, i) for i in range(400)]
+    fast = Validator(settings=Settings(deployment={"mode": "local"}), endpoint=CHAT)
+    accepted = [r for n, data in enumerate(lines, 1) if (r := _try(fast, n, data)) is not None]
+    assert sum(1 for r in accepted if r._body is None) > 50
+
+
+def _try(v: Validator, n: int, data: bytes) -> Any:
+    try:
+        return v.check(n, data, len(data))
+    except LineInvalid:
+        return None
+
+
+@pytest.mark.parametrize("extra", [b'"\xff\xfe"', b'"\xc3\x28"'])
+def test_invalid_utf8_in_a_field_nobody_reads_is_still_an_encoding_error(extra: bytes) -> None:
+    v = Validator(settings=Settings(deployment={"mode": "local"}), endpoint=CHAT)
+    line = b'{"custom_id":"%s","method":"POST","url":"%s","body":{"model":"%s","messages":[{"role":"user",' \
+           b'"content":"hi"}],"user":%s}}'
+    v.check(1, line % (b"a", CHAT.encode(), MODEL.encode(), b'"ok"'), 10)
+    bad = line % (b"b", CHAT.encode(), MODEL.encode(), extra)
+    with pytest.raises(LineInvalid) as e:
+        v.check(2, bad, len(bad))
+    assert e.value.error[0] == "invalid_encoding"
