@@ -48,12 +48,12 @@ class ValidRequest:
         return self._body
 
 
-class _Message(msgspec.Struct):
+class _Message(msgspec.Struct, gc=False):
     role: str
     content: str  # text only: a list of parts (media) takes the general path
 
 
-class _ChatBody(msgspec.Struct):
+class _ChatBody(msgspec.Struct, gc=False):
     """The fields the general path reads from a chat body; any of the optional ones present sends the line there."""
 
     model: str
@@ -68,7 +68,7 @@ class _ChatBody(msgspec.Struct):
     best_of: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
 
 
-class _ChatLine(msgspec.Struct):
+class _ChatLine(msgspec.Struct, gc=False):  # no cycles: not tracked by the GC
     custom_id: str
     method: str
     url: str

@@ -23,7 +23,13 @@ from nightbatch.phases import summarize as summarize_phases
 from nightbatch.pipeline.capacity import collect_decisions
 from nightbatch.pipeline.compose import PartComposer
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
-from nightbatch.pipeline.results import MAX_RESULT_LINE, Tally, summarize_result_line, unrun_line
+from nightbatch.pipeline.results import (
+    MAX_RESULT_LINE,
+    Tally,
+    summarize_result_line,
+    tally_plain_lines,
+    unrun_line,
+)
 from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore, LineWriter
@@ -34,6 +40,7 @@ from nightbatch.wire import TERMINAL_STATUSES
 log = logging.getLogger("nightbatch.finalize")
 UNRUN_CODE = {"cancelled": "batch_cancelled", "expired": "batch_expired", "completed": "shard_failed"}
 READ_WHOLE_BYTES = 64 * 1024 * 1024  # checkpoint objects up to this size are read in one GET, larger streamed
+PIECE_BYTES = 4 * 1024 * 1024  # lines counted in bulk at a time (bounds the decoded lines held at once)
 
 
 def decide_target(batch: BatchRecord) -> str:
@@ -195,39 +202,53 @@ def _too_long(batch_id: str, key: str, number: int, size: int) -> None:
 def _merge_object(batch_id: str, key: str, data: bytes, seen: set[int], out: PartComposer, err: LineWriter,
                   tally: Tally) -> None:
     """Runs of successful lines that need no rewrite go to the output as ranges of `key` (copied by S3 when
-    big enough); everything else is written line by line."""
+    big enough); everything else is written line by line. The object is read in pieces of whole lines; a
+    piece whose lines are all plain is counted in bulk (results.tally_plain_lines), the others line by line."""
     view = memoryview(data)
     run = -1  # start of the current run of lines kept as they are
-    pos = 0
-    for number, line in enumerate(data.split(b"\n"), 1):
-        nxt = pos + len(line) + 1
-        keep = False
-        rewrite: bytes | None = None
-        if len(line) > MAX_RESULT_LINE:
-            _too_long(batch_id, key, number, len(line))
-        elif line:
-            clean = line[:-1] if line[-1] == 13 else line  # CRLF: the CR is dropped, as split_lines does
-            summary = summarize_result_line(clean)
-            d = custom_id_digest(summary.custom_id)
-            if d not in seen:  # else a zombie attempt's duplicate: the first result wins
-                seen.add(d)
-                if summary.ok:
-                    tally.add_success(summary.usage)
-                    keep = clean is line and nxt <= len(data)
-                    rewrite = None if keep else clean + b"\n"
-                else:
-                    err.write(clean + b"\n")
-                    tally.failed += 1
-        if keep:
+    size = len(data)
+    pos = number = 0
+    while pos < size:
+        cut = data.find(b"\n", min(pos + PIECE_BYTES, size) - 1)
+        end = size if cut < 0 else cut + 1  # the piece [pos, end) ends after a newline, or at the end
+        plain = tally_plain_lines(data[pos:end], seen, tally)
+        if plain:
             run = pos if run < 0 else run
-        elif run >= 0:
-            out.add_range(key, run, view[run:pos])
-            run = -1
-        if rewrite is not None:
-            out.add_bytes(rewrite)
-        pos = nxt
+            number += plain
+            pos = end
+            continue
+        while pos < end:
+            nl = data.find(b"\n", pos, end)
+            nxt = end + 1 if nl < 0 else nl + 1  # past the end: the last line has no newline
+            line = data[pos:nxt - 1]
+            number += 1
+            keep = False
+            rewrite: bytes | None = None
+            if len(line) > MAX_RESULT_LINE:
+                _too_long(batch_id, key, number, len(line))
+            elif line:
+                clean = line[:-1] if line[-1] == 13 else line  # CRLF: the CR is dropped, as split_lines does
+                summary = summarize_result_line(clean)
+                d = custom_id_digest(summary.custom_id)
+                if d not in seen:  # else a zombie attempt's duplicate: the first result wins
+                    seen.add(d)
+                    if summary.ok:
+                        tally.add_success(summary.usage)
+                        keep = clean is line and nxt <= size
+                        rewrite = None if keep else clean + b"\n"
+                    else:
+                        err.write(clean + b"\n")
+                        tally.failed += 1
+            if keep:
+                run = pos if run < 0 else run
+            elif run >= 0:
+                out.add_range(key, run, view[run:pos])
+                run = -1
+            if rewrite is not None:
+                out.add_bytes(rewrite)
+            pos = nxt
     if run >= 0:
-        out.add_range(key, run, view[run:min(pos, len(data))])
+        out.add_range(key, run, view[run:min(pos, size)])
 
 
 def _merge_streamed(blobs: BlobStore, batch_id: str, key: str, seen: set[int], out: PartComposer,

@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from nightbatch.ids import batch_request_id
+from nightbatch.ids import batch_request_id, custom_id_digest
 from nightbatch.jsonl import dumps_line, loads
 
 UNRUN_MESSAGES = {
@@ -74,6 +74,79 @@ def summarize_result_line(data: bytes) -> ResultSummary:
     ok = r is not None and 200 <= r.status_code < 300
     usage = (r.body.usage if r is not None and r.body is not None else None) or {}
     return ResultSummary(line.custom_id, ok, usage if ok else {})
+
+
+class _Details(msgspec.Struct, gc=False):
+    cached_tokens: int | None = None
+    reasoning_tokens: int | None = None
+
+
+class _Usage(msgspec.Struct, gc=False):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    prompt_tokens_details: _Details | None = None
+    completion_tokens_details: _Details | None = None
+    input_tokens: int | msgspec.UnsetType | None = msgspec.UNSET  # present: a Responses object's usage
+    output_tokens: int | None = None
+    input_tokens_details: _Details | None = None
+    output_tokens_details: _Details | None = None
+
+
+class _PlainBody(msgspec.Struct, gc=False):
+    usage: _Usage | None = None
+
+
+class _PlainResponse(msgspec.Struct, gc=False):
+    status_code: int
+    body: _PlainBody | None = None
+
+
+class _PlainLine(msgspec.Struct, gc=False):  # no cycles: not tracked by the GC
+    custom_id: str
+    response: _PlainResponse
+
+
+_decode_plain = msgspec.json.Decoder(_PlainLine).decode
+
+
+def tally_plain_lines(piece: bytes, seen: set[int], tally: Tally) -> int:
+    """Counts a run of result lines that all go to the output as they are, in bulk: every line `\n`-ended
+    (no CR, none blank), a successful response with integer usage, its custom_id new. Returns how many
+    lines were counted, or 0 (nothing counted, `seen` untouched) when any line needs the line-by-line path."""
+    if not piece.endswith(b"\n") or b"\r" in piece or b"\n\n" in piece or piece.startswith(b"\n"):
+        return 0
+    try:
+        lines = [_decode_plain(raw) for raw in piece[:-1].split(b"\n")]
+    except msgspec.MsgspecError:
+        return 0
+    digests = {custom_id_digest(line.custom_id) for line in lines}
+    if len(digests) != len(lines) or not digests.isdisjoint(seen):
+        return 0
+    sums = [0, 0, 0, 0]  # input, output, cached, reasoning
+    for line in lines:
+        r = line.response
+        if not 200 <= r.status_code < 300:
+            return 0
+        u = r.body.usage if r.body is not None else None
+        if u is None:
+            continue
+        if u.input_tokens is not msgspec.UNSET:  # as Tally.add_success reads a Responses usage
+            sums[0] += u.input_tokens or 0
+            sums[1] += u.output_tokens or 0
+            sums[2] += (u.input_tokens_details.cached_tokens or 0) if u.input_tokens_details else 0
+            sums[3] += (u.output_tokens_details.reasoning_tokens or 0) if u.output_tokens_details else 0
+        else:
+            sums[0] += u.prompt_tokens or 0
+            sums[1] += u.completion_tokens or 0
+            sums[2] += (u.prompt_tokens_details.cached_tokens or 0) if u.prompt_tokens_details else 0
+            sums[3] += (u.completion_tokens_details.reasoning_tokens or 0) if u.completion_tokens_details else 0
+    seen |= digests
+    tally.completed += len(lines)
+    tally.input_tokens += sums[0]
+    tally.output_tokens += sums[1]
+    tally.cached_tokens += sums[2]
+    tally.reasoning_tokens += sums[3]
+    return len(lines)
 
 
 def _summarize_any(data: bytes) -> ResultSummary:
