@@ -118,15 +118,18 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
     errors: list[BatchError] = []
     errors_bytes = 0
     count = 0
+    # Read once, not per line: the loop runs a million times for a big batch.
+    max_requests = settings.validation.max_requests_per_batch
+    grouping, prefix_chars = settings.pipeline.plan_prefix_groups, settings.pipeline.plan_prefix_chars
     chunks = services.files.chunks(file_item, read_ahead=True)
     for raw in split_lines(chunks, max_bytes=settings.validation.max_line_bytes):
         if raw.data is not None and not raw.data.strip():
             continue  # blank lines are skipped but keep their numbers
         count += 1
-        if count > settings.validation.max_requests_per_batch:
+        if count > max_requests:
             errors.append(BatchError(
                 code="too_many_requests", line=raw.number, param=None,
-                message=f"The batch has more than {settings.validation.max_requests_per_batch} requests (line "
+                message=f"The batch has more than {max_requests} requests (line "
                         f"{raw.number}); split the file or raise the limit."))
             break
         try:
@@ -139,8 +142,7 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
             continue
         if not errors:
             # A line shorter than plan_prefix_chars bytes cannot hold a prompt that long: no need to look.
-            long_enough = settings.pipeline.plan_prefix_groups and len(req.raw) >= settings.pipeline.plan_prefix_chars
-            group = prefix_groups.of(req.body) if long_enough else 0
+            group = prefix_groups.of(req.body) if grouping and len(req.raw) >= prefix_chars else 0
             writer.add(req.number, req.raw, req.est_tokens, group)
     if not errors and count == 0:
         errors.append(BatchError(code="empty_file", param=None, line=None,
