@@ -10,6 +10,8 @@ its peak RSS is its own; each size runs `--repeat` times (floors and ours altern
 medians with the min..max spread.
 
     .venv/bin/python -m bench.control_plane --sizes 10,10000,100000,1000000
+    .venv/bin/python -m bench.control_plane --sizes 1000000 --baseline /tmp/base   # a speed-up against REV:
+                                           # git worktree add /tmp/base REV
 """
 
 from __future__ import annotations
@@ -195,8 +197,8 @@ def peak_rss_mb() -> float:
     return float("nan")
 
 
-def run_child(kind: str, arg: str, env: dict[str, str]) -> dict[str, Any]:
-    out = subprocess.run([sys.executable, "-m", "bench.control_plane", "--child", kind, arg], env=env,
+def run_child(kind: str, arg: str, env: dict[str, str], cwd: Path | None = None) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "bench.control_plane", "--child", kind, arg], env=env, cwd=cwd,
                          capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"{kind} child failed:\n{out.stderr[-3000:]}")
@@ -207,7 +209,9 @@ def spread(xs: list[float]) -> str:
     return f"{statistics.median(xs):.2f} ({min(xs):.2f}..{max(xs):.2f})"
 
 
-def measure(sizes: list[int], repeat: int = 1) -> list[dict[str, Any]]:
+def measure(sizes: list[int], repeat: int = 1, baseline: Path | None = None) -> list[dict[str, Any]]:
+    """`baseline`: another checkout of nightbatch (e.g. `git worktree add /tmp/base REV`) whose validate + plan +
+    finalize run alternating with this one's, on batches of the same input, for a speed-up measured side by side."""
     proc, url = start_s3()
     env = {**os.environ, "AWS_ENDPOINT_URL": url, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
            "AWS_DEFAULT_REGION": "us-east-1", "BENCH_S3_PID": str(proc.pid),
@@ -222,13 +226,15 @@ def measure(sizes: list[int], repeat: int = 1) -> list[dict[str, Any]]:
         a.client("s3").create_bucket(Bucket=BUCKET)
         create_table(a.client("dynamodb"), TABLE)
         for n in sizes:
-            runs: dict[str, list[dict[str, Any]]] = {"std": [], "fast": [], "ours": []}
+            runs: dict[str, list[dict[str, Any]]] = {"std": [], "fast": [], "ours": [], "base": []}
+            kinds = ["std", "fast", "ours", *(["base"] if baseline else [])]
             for r in range(repeat):
                 prep = prepare(n)  # a fresh batch each run (Validate and Finalize run once per batch)
-                order = ["std", "fast", "ours"] if r % 2 == 0 else ["ours", "fast", "std"]
-                for kind in order:
-                    if kind == "ours":
-                        res = run_child("ours", prep["batch_id"], env)
+                for kind in kinds if r % 2 == 0 else kinds[::-1]:
+                    if kind in ("ours", "base"):
+                        batch_id = prep["batch_id"] if kind == "ours" else prepare(n)["batch_id"]
+                        res = run_child("ours", batch_id, env) if kind == "ours" else run_child(
+                            "ours", batch_id, {**env, "PYTHONPATH": str(baseline)}, cwd=baseline)
                         assert res["total"] == n and res["completed"] == n, res
                     else:
                         res = run_child("floor-" + ("msgspec" if kind == "fast" else "stdlib"), prep["file_key"],
@@ -243,7 +249,9 @@ def measure(sizes: list[int], repeat: int = 1) -> list[dict[str, Any]]:
                                    for k in ("validate_plan_s", "finalize_s", "cpu", "s3_cpu")},
                          "floor_parts": {k: spread([x[k] for x in runs["fast"]]) for k in ("cpu", "s3_cpu")},
                          "floor_rss_mb": max(x["rss_mb"] for x in runs["fast"]),
-                         "ours_rss_mb": max(x["rss_mb"] for x in runs["ours"])})
+                         "ours_rss_mb": max(x["rss_mb"] for x in runs["ours"]),
+                         "base_s": spread(secs["base"]) if baseline else "",
+                         "vs_base": [b / o for b, o in zip(secs["base"], secs["ours"], strict=False)]})
     finally:
         proc.terminate()
         proc.wait()
@@ -251,33 +259,41 @@ def measure(sizes: list[int], repeat: int = 1) -> list[dict[str, Any]]:
 
 
 def print_table(rows: list[dict[str, Any]], repeat: int) -> None:
+    def ratio(xs: list[float]) -> str:
+        return f"{statistics.median(xs):.0%} ({min(xs):.0%}..{max(xs):.0%})"
+
     print(f"S3: moto server in another process; {repeat} runs per size, alternating order; "
           "median (min..max); RSS = the highest peak")
-    print("| lines | MB | floor, stdlib json (s) | floor, msgspec (s) | nightbatch (s) | speed vs msgspec floor "
-          "(goal >= 50 %) | speed vs stdlib floor | peak RSS floor / ours (MB) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        sp, sd = r["speed"], r["speed_std"]
-        print(f"| {r['lines']} | {r['mb']:.1f} | {r['std_s']} | {r['fast_s']} | {r['ours_s']} | "
-              f"{statistics.median(sp):.0%} ({min(sp):.0%}..{max(sp):.0%}) | "
-              f"{statistics.median(sd):.0%} ({min(sd):.0%}..{max(sd):.0%}) | "
-              f"{r['floor_rss_mb']:.0f} / {r['ours_rss_mb']:.0f} |")
-    print()
-    print("Where the time goes (medians, min..max): nightbatch's two timed sections; this process's CPU and the "
+    markdown_table(["lines", "MB", "floor, stdlib json (s)", "floor, msgspec (s)", "nightbatch (s)",
+                    "speed vs msgspec floor (goal >= 50 %)", "speed vs stdlib floor", "peak RSS floor / ours (MB)"],
+                   [[r["lines"], f"{r['mb']:.1f}", r["std_s"], r["fast_s"], r["ours_s"], ratio(r["speed"]),
+                     ratio(r["speed_std"]), f"{r['floor_rss_mb']:.0f} / {r['ours_rss_mb']:.0f}"] for r in rows])
+    print("\nWhere the time goes (medians, min..max): nightbatch's two timed sections; this process's CPU and the "
           "S3 server's CPU during them, for nightbatch and for the msgspec floor")
-    print("| lines | validate + plan (s) | finalize (s) | nightbatch CPU (s) | S3 server CPU (s) | floor CPU (s) | "
-          "floor's S3 server CPU (s) |")
-    print("|---:|---:|---:|---:|---:|---:|---:|")
-    for r in rows:
-        p, f = r["parts"], r["floor_parts"]
-        print(f"| {r['lines']} | {p['validate_plan_s']} | {p['finalize_s']} | {p['cpu']} | {p['s3_cpu']} | "
-              f"{f['cpu']} | {f['s3_cpu']} |")
+    markdown_table(["lines", "validate + plan (s)", "finalize (s)", "nightbatch CPU (s)", "S3 server CPU (s)",
+                    "floor CPU (s)", "floor's S3 server CPU (s)"],
+                   [[r["lines"], *(r["parts"][k] for k in ("validate_plan_s", "finalize_s", "cpu", "s3_cpu")),
+                     r["floor_parts"]["cpu"], r["floor_parts"]["s3_cpu"]] for r in rows])
+    if any(r["vs_base"] for r in rows):
+        print("\nAgainst the baseline checkout, side by side (speed-up: its time over ours, run by run)")
+        markdown_table(["lines", "baseline (s)", "nightbatch (s)", "speed-up"],
+                       [[r["lines"], r["base_s"], r["ours_s"],
+                         f"{statistics.median(r['vs_base']):.2f}x ({min(r['vs_base']):.2f}..{max(r['vs_base']):.2f})"]
+                        for r in rows])
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> None:
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---:|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(str(x) for x in row) + " |")
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", default="10,10000,100000,1000000")
     p.add_argument("--repeat", type=int, default=3, help="runs per size (default 3)")
+    p.add_argument("--baseline", type=Path, help="another nightbatch checkout to run side by side (a speed-up)")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
@@ -286,7 +302,7 @@ def main() -> None:
         result["rss_mb"] = peak_rss_mb()
         print(json.dumps(result))
         return
-    print_table(measure([int(x) for x in args.sizes.split(",")], args.repeat), args.repeat)
+    print_table(measure([int(x) for x in args.sizes.split(",")], args.repeat, args.baseline), args.repeat)
 
 
 if __name__ == "__main__":
