@@ -32,6 +32,7 @@ class PartComposer:
         self.buf = bytearray()
         self.upload_id: str | None = None
         self.parts: list[Future[str]] = []  # ETag of part n + 1, in part order
+        self.settled = 0  # parts[:settled] are sent (and succeeded)
         self.pool: ThreadPoolExecutor | None = None
         self.size = 0
         self.copied = 0  # bytes S3 copied server-side
@@ -98,12 +99,12 @@ class PartComposer:
             self.upload_id = str(self.client.create_multipart_upload(Bucket=self.bucket, Key=self.key)["UploadId"])
             self.pool = ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="compose")
         assert self.pool is not None
-        busy = [f for f in self.parts if not f.done()]
+        busy = [f for f in self.parts[self.settled:] if not f.done()]
         if len(busy) >= IN_FLIGHT:
             busy[0].result()
-        for f in self.parts:  # a part that failed fails the file now rather than at close
-            if f.done() and f.exception() is not None:
-                f.result()
+        while self.settled < len(self.parts) and self.parts[self.settled].done():
+            self.parts[self.settled].result()  # a part that failed fails the file now rather than at close
+            self.settled += 1
         common = {"Bucket": self.bucket, "Key": self.key, "UploadId": self.upload_id,
                   "PartNumber": len(self.parts) + 1}
         self.parts.append(self.pool.submit(call, common))
