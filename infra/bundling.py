@@ -38,6 +38,7 @@ RUNTIME = lambda_.Runtime.PYTHON_3_14
 ARCHITECTURE = lambda_.Architecture.ARM_64
 PIP_PLATFORM = "manylinux2014_aarch64"
 RUNTIME_PYTHON = RUNTIME.name.removeprefix("python")
+ASSET_SCRIPT = "infra/asset_files.py"  # what Docker bundling runs (relative to the repository root)
 
 BundlingMode = Literal["auto", "docker", "local"]
 
@@ -110,7 +111,7 @@ def image_command(requirements: Sequence[str]) -> list[str]:
     Lambda build image (its python3 is the runtime's). /asset-input is the repository root."""
     pip = PipLocalBundler(root=Path("/asset-input"), requirements=requirements, python_version=RUNTIME_PYTHON)
     install = ["python3", *pip.pip_command("/asset-output")[1:], "--no-cache-dir"] if requirements else ["true"]
-    copy = ["python3", "/asset-input/infra/asset_files.py", "/asset-input", "/asset-output", "--compile"]
+    copy = ["python3", f"/asset-input/{ASSET_SCRIPT}", "/asset-input", "/asset-output", "--compile"]
     return ["bash", "-c", f"{shlex.join(install)} && {shlex.join(copy)}"]
 
 
@@ -120,7 +121,7 @@ def source_hash(root: Path, requirements: Sequence[str], platform: str, python_v
     digest = hashlib.sha256()
     for item in (*requirements, platform, python_version, "pyc" if compiled else "py"):
         digest.update(item.encode() + b"\0")
-    for path in (root / "infra" / "asset_files.py", *code_files(root)):  # the script Docker bundling runs
+    for path in (root / ASSET_SCRIPT, *code_files(root)):  # the script Docker bundling runs
         digest.update(str(path.relative_to(root)).encode() + b"\0")
         digest.update(path.read_bytes())
     return digest.hexdigest()

@@ -194,7 +194,7 @@ class BatchService:
         cursor = self.table.get_owned(BatchRecord, tenant, after) if after else None
         if after and cursor is None:
             raise InvalidRequestError(f"Invalid 'after': no batch with id '{after}'.", param="after")
-        recs, has_more = self.table.page(BatchRecord, f"{tenant}#batch", limit=limit,
+        recs, has_more = self.table.page(BatchRecord, BatchRecord.owner_of(tenant), limit=limit,
                                          after_sk=cursor.owner_sk if cursor else None)
         return list_page([to_wire(r) for r in recs], has_more)
 

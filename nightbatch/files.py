@@ -133,7 +133,7 @@ class FileService:
             raise InvalidRequestError(f"Invalid 'after': no file with id '{after}'.", param="after")
         t = now()
         recs, has_more = self.table.page(
-            FileRecord, f"{tenant}#file", limit=limit, ascending=order == "asc",
+            FileRecord, FileRecord.owner_of(tenant), limit=limit, ascending=order == "asc",
             after_sk=cursor.owner_sk if cursor else None,
             keep=lambda r: (not purpose or r.purpose == purpose) and r.live(t),
         )

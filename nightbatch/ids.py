@@ -52,7 +52,7 @@ def batch_request_id(batch_id: str, custom_id: str) -> str:
 def custom_id_digest(custom_id: str) -> int:
     """The fixed-size (64-bit) key Validate and Finalize keep per custom_id to find duplicates in one run.
 
-    Python's own string hash: keyed SipHash with a key drawn per process, so nobody can craft two custom_ids
-    that collide (an unkeyed 64-bit hash can be attacked by brute force), at a twentieth of blake2b's cost
-    per line. Process-local: never stored or compared across processes."""
+    Python's own string hash: keyed SipHash with a key drawn per process (unless PYTHONHASHSEED pins it), so
+    nobody can craft two custom_ids that collide (an unkeyed 64-bit hash can be attacked by brute force), and
+    cheaper per line than blake2b. Process-local: never stored or compared across processes."""
     return hash(custom_id)

@@ -256,10 +256,10 @@ def recount_storage(table: Table, tenant: str) -> int:
     """Sets the counter to what the tenant's live files and pending Uploads hold; returns it."""
     t = now()
     total = 0
-    for file in table.records(FileRecord, FileRecord.owner_of(tenant) or "", ascending=True, page_size=1000):
+    for file in table.records(FileRecord, FileRecord.owner_of(tenant), ascending=True, page_size=1000):
         if file.live(t):
             total += file.quota_bytes
-    for upload in table.records(UploadRecord, UploadRecord.owner_of(tenant) or "", ascending=True, page_size=1000):
+    for upload in table.records(UploadRecord, UploadRecord.owner_of(tenant), ascending=True, page_size=1000):
         if upload.status == "pending" and upload.expires_at > t:
             total += upload.quota_bytes
     table.update_attributes(UsageCounters, usage_pk(tenant), set_={"stored_bytes": total, **_usage_fields(tenant)},

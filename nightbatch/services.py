@@ -78,28 +78,26 @@ def build_services(
 
 def build_notifier(
     adapters: Adapters, *, queue: DeliveryQueue | None = None, post: Poster = transport.post,
-    resolver: Resolver | None = None, endpoints: WebhookEndpointService | None = None,
+    resolver: Resolver | None = None,
 ) -> Notifier:
     """SQS when a queue URL is configured; in the local mode, an in-process delayed queue feeding the same code."""
     settings = adapters.settings
     notes = settings.notifications
     topic = Topic(client=adapters.sns, topic_arn=notes.topic_arn) if notes.topic_arn else None
     mailer = None
-    if settings.notifications.email_sender:
-        mailer = Mailer(client=adapters.client("ses"), sender=settings.notifications.email_sender,
-                        configuration_set=settings.notifications.email_configuration_set)
+    if notes.email_sender:
+        mailer = Mailer(client=adapters.client("ses"), sender=notes.email_sender,
+                        configuration_set=notes.email_configuration_set)
     if queue is None:
-        if settings.notifications.webhook_queue_url:
-            queue = SqsDeliveryQueue(client=adapters.client("sqs"), queue_url=settings.notifications.webhook_queue_url)
+        if notes.webhook_queue_url:
+            queue = SqsDeliveryQueue(client=adapters.client("sqs"), queue_url=notes.webhook_queue_url)
         elif settings.deployment.mode == "local":
             # The consumer is the Deliveries made just below (the name is looked up when a message arrives).
             queue = InProcessQueue(lambda message: deliveries.handle_message(message))
     sealer = sealer_of(adapters)
     deliveries = Deliveries(settings=settings, table=adapters.table, queue=queue, post=post, resolver=resolver,
                             sealer=sealer)
-    if endpoints is None or resolver is not None:
-        endpoints = WebhookEndpointService(settings=settings, table=adapters.table, resolver=resolver,
-                                           sealer=sealer)
+    endpoints = WebhookEndpointService(settings=settings, table=adapters.table, resolver=resolver, sealer=sealer)
     return Notifier(settings=settings, table=adapters.table, topic=topic, mailer=mailer, endpoints=endpoints,
                     deliveries=deliveries, adapters=adapters)
 

@@ -291,6 +291,11 @@ class CliSettings(Section):
 ENV_PREFIX = "NIGHTBATCH_"
 
 
+
+def env_var(name: str) -> str:
+    """The environment variable a setting (or a job input) of that name is read from."""
+    return ENV_PREFIX + name.upper()
+
 @dataclass(frozen=True)
 class SettingField:
     """One setting: its name (its environment variable without the prefix, lower-cased), section and field."""
@@ -301,7 +306,7 @@ class SettingField:
 
     @property
     def env(self) -> str:
-        return ENV_PREFIX + self.name.upper()
+        return env_var(self.name)
 
     @property
     def info(self) -> FieldInfo:
@@ -426,7 +431,7 @@ class JobInputs(BaseSettings):
     def env_name(cls, field: str) -> str:
         if field not in cls.model_fields:
             raise KeyError(f"{field!r} is not a job input")
-        return ENV_PREFIX + field.upper()
+        return env_var(field)
 
 
 @lru_cache(maxsize=1)

@@ -20,7 +20,7 @@ def tenant_usage(table: Table, tenant: str, *, start: int | None, end: int | Non
                               "estimated_cost_usd": 0.0}
     by_status: dict[str, int] = {}
     # Newest first from `end` back to `start`: the owner index is ordered by creation time.
-    for batch in table.records(BatchRecord, BatchRecord.owner_of(tenant) or "", ascending=False,
+    for batch in table.records(BatchRecord, BatchRecord.owner_of(tenant), ascending=False,
                                after_sk=sort_key(end, "")):
         if batch.created_at < start:
             break

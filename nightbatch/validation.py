@@ -111,7 +111,7 @@ class Validator:
         body = line.body
         if (body.stream is not UNSET or body.tools is not UNSET or body.tool_choice is not UNSET
                 or body.chat_template_kwargs is not UNSET or body.n is not UNSET or body.best_of is not UNSET
-                or not body.messages or not body.model or (not data.isascii() and not _utf8(data))):
+                or not body.messages or (not data.isascii() and not _utf8(data))):
             return None
         custom_id = line.custom_id
         if not custom_id or len(custom_id) > MAX_CUSTOM_ID or line.method != "POST" or line.url != self.endpoint:

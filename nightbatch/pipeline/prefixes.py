@@ -65,6 +65,10 @@ class PrefixGroups:
         self.min_chars = min_chars
         self._first: dict[bytes, int] = {}
 
+    def wants(self, line_bytes: int) -> bool:
+        """Whether a line this long may hold a prompt head worth grouping (a shorter one cannot: group 0)."""
+        return self.groups > 0 and line_bytes >= self.min_chars
+
     def of(self, body: dict[str, Any]) -> int:
         if self.groups <= 0:
             return 0

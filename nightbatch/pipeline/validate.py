@@ -107,12 +107,12 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
             message=f"The input file is {file_item.bytes} bytes, over the limit of "
                     f"{settings.validation.max_input_bytes} bytes per batch.")])
 
-    # Long lines take the general path: it builds the body their prefix group is read from.
-    validator = Validator(settings=settings, endpoint=batch.endpoint,
-                          fast_max_bytes=settings.pipeline.plan_prefix_chars if settings.pipeline.plan_prefix_groups
-                          else Validator.fast_max_bytes)
     prefix_groups = PrefixGroups(groups=settings.pipeline.plan_prefix_groups,
                                  min_chars=settings.pipeline.plan_prefix_chars)
+    # Lines prefix grouping reads take the general path: it builds the body their group is read from.
+    validator = Validator(settings=settings, endpoint=batch.endpoint,
+                          fast_max_bytes=prefix_groups.min_chars if prefix_groups.groups > 0
+                          else Validator.fast_max_bytes)
     writer = SegmentWriter(blobs, inp.batch_id, settings.pipeline.segment_max_lines,
                            settings.pipeline.segment_max_bytes)
     errors: list[BatchError] = []
@@ -120,7 +120,6 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
     count = 0
     # Read once, not per line: the loop runs a million times for a big batch.
     max_requests = settings.validation.max_requests_per_batch
-    grouping, prefix_chars = settings.pipeline.plan_prefix_groups, settings.pipeline.plan_prefix_chars
     chunks = services.files.chunks(file_item, read_ahead=True)
     for raw in split_lines(chunks, max_bytes=settings.validation.max_line_bytes):
         if raw.data is not None and not raw.data.strip():
@@ -141,8 +140,7 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
                 break
             continue
         if not errors:
-            # A line shorter than plan_prefix_chars bytes cannot hold a prompt that long: no need to look.
-            group = prefix_groups.of(req.body) if grouping and len(req.raw) >= prefix_chars else 0
+            group = prefix_groups.of(req.body) if prefix_groups.wants(len(req.raw)) else 0
             writer.add(req.number, req.raw, req.est_tokens, group)
     if not errors and count == 0:
         errors.append(BatchError(code="empty_file", param=None, line=None,

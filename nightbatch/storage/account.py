@@ -79,23 +79,15 @@ class AwsAccount:
             self._clients[service] = self._client(service)
         return self._clients[service]
 
-    def _call(self, service: str, operation: str, **kw: Any) -> Any:
+    def _call(self, service: str, operation: str, missing: str | None = None, **kw: Any) -> Any:
+        """The call's answer; None when it fails with the `missing` error code (the thing is not there). Any
+        other failure is an AccountReadError naming the call and the code."""
         try:
             return getattr(self.client(service), operation)(**kw)
         except (ClientError, BotoCoreError) as e:
+            if missing is not None and _code(e) == missing:
+                return None
             raise AccountReadError(f"{service} {operation}: {_code(e)}: {e}") from None
-
-    def _exists(self, service: str, operation: str, missing: str, **kw: Any) -> bool:
-        """False when the call fails with the `missing` error code; any other failure is an AccountReadError."""
-        try:
-            getattr(self.client(service), operation)(**kw)
-        except ClientError as e:
-            if _code(e) == missing:
-                return False
-            raise AccountReadError(f"{service} {operation}: {_code(e)}: {e}") from None
-        except BotoCoreError as e:
-            raise AccountReadError(f"{service} {operation}: {_code(e)}: {e}") from None
-        return True
 
     # --------------------------------------------------------------------------------- CloudFormation
 
@@ -175,14 +167,10 @@ class AwsAccount:
         # arn:aws:states:region:account:stateMachine:NAME → …:execution:NAME:<execution name>
         prefix, _, machine = state_machine_arn.rpartition(":stateMachine:")
         arn = f"{prefix}:execution:{machine}:{name}"
-        try:
-            described = self.client("stepfunctions").describe_execution(executionArn=arn)
-        except ClientError as e:
-            if _code(e) == "ExecutionDoesNotExist":
-                return None
-            raise AccountReadError(f"stepfunctions describe_execution: {_code(e)}: {e}") from None
-        except BotoCoreError as e:
-            raise AccountReadError(f"stepfunctions describe_execution: {_code(e)}: {e}") from None
+        described = self._call("stepfunctions", "describe_execution", missing="ExecutionDoesNotExist",
+                               executionArn=arn)
+        if described is None:
+            return None
         started: datetime = described["startDate"]
         events: list[tuple[float, str, str]] = []
         try:
@@ -203,13 +191,14 @@ class AwsAccount:
         return float(quota["Quota"]["Value"])
 
     def role_exists(self, name: str) -> bool:
-        return self._exists("iam", "get_role", "NoSuchEntity", RoleName=name)
+        return self._call("iam", "get_role", missing="NoSuchEntity", RoleName=name) is not None
 
     def ses_production_access(self) -> bool:
         return bool(self._call("sesv2", "get_account").get("ProductionAccessEnabled", False))
 
     def secret_exists(self, secret: str) -> bool:
-        return self._exists("secretsmanager", "describe_secret", "ResourceNotFoundException", SecretId=secret)
+        return self._call("secretsmanager", "describe_secret", missing="ResourceNotFoundException",
+                          SecretId=secret) is not None
 
     def log_tail(self, group: str, stream: str, lines: int = 50) -> list[str]:
         events = self._call("logs", "get_log_events", logGroupName=group, logStreamName=stream, limit=lines,

@@ -45,16 +45,20 @@ def test_only_a_processed_file_is_batch_input(stack: Stack, client: openai.OpenA
     monkeypatch.setattr(assembly, "compose", held)
     line = (b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {"model": '
             b'"SmolLM2-135M-Instruct", "messages": [{"role": "user", "content": "hi"}]}}\n')
-    upload = client.uploads.create(bytes=len(line), filename="in.jsonl", mime_type="text/plain", purpose="batch")
-    # The second half arrives first: no running digest, so the md5 is left to the compose step.
-    second = client.uploads.parts.create(upload_id=upload.id, data=line[50:]).id
-    first = client.uploads.parts.create(upload_id=upload.id, data=line[:50]).id
-    done = client.uploads.complete(upload_id=upload.id, part_ids=[first, second],
-                                   md5=hashlib.md5(line).hexdigest())
-    assert done.file is not None and done.file.status == "uploaded"
-    with pytest.raises(openai.BadRequestError) as err:
-        client.batches.create(input_file_id=done.file.id, endpoint="/v1/chat/completions", completion_window="24h")
-    assert err.value.code == "file_not_ready" and "still being processed" in err.value.message
-    release.set()
+    try:  # released whatever happens: the session's stack composes on one thread, later tests wait behind it
+        upload = client.uploads.create(bytes=len(line), filename="in.jsonl", mime_type="text/plain",
+                                       purpose="batch")
+        # The second half arrives first: no running digest, so the md5 is left to the compose step.
+        second = client.uploads.parts.create(upload_id=upload.id, data=line[50:]).id
+        first = client.uploads.parts.create(upload_id=upload.id, data=line[:50]).id
+        done = client.uploads.complete(upload_id=upload.id, part_ids=[first, second],
+                                       md5=hashlib.md5(line).hexdigest())
+        assert done.file is not None and done.file.status == "uploaded"
+        with pytest.raises(openai.BadRequestError) as err:
+            client.batches.create(input_file_id=done.file.id, endpoint="/v1/chat/completions",
+                                  completion_window="24h")
+        assert err.value.code == "file_not_ready" and "still being processed" in err.value.message
+    finally:
+        release.set()
     stack.jobs.drain()
     assert stack.services.files.item("default", done.file.id).status is None  # verified once composed
