@@ -320,7 +320,7 @@ class DeployConfig(_Strict):
     def _limits_are_settings(cls, limits: dict[str, Any]) -> dict[str, Any]:
         unknown = sorted(set(limits) - set(SETTINGS))
         if unknown:
-            raise ValueError(f"limits: {unknown} are not settings (nightbatch/settings.py)")
+            raise ValueError(f"limits: {unknown} are not settings (nightbatch/settings/)")
         refused = sorted(set(limits) & set(FORBIDDEN_LIMITS))
         if refused:
             raise ValueError("limits: " + "; ".join(f"{k!r} may not be set here ({FORBIDDEN_LIMITS[k]})"

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel
 
 from nightbatch import lifecycle
+from nightbatch.batch_object import to_wire
 from nightbatch.clock import now
 from nightbatch.errors import (
     ConflictError,
@@ -24,7 +25,7 @@ from nightbatch.options import check_options
 from nightbatch.settings import Settings
 from nightbatch.storage import Table
 from nightbatch.storage.records import BatchRecord
-from nightbatch.wire import Batch, BatchErrors, ListPage, RequestCounts, Usage, list_page
+from nightbatch.wire import Batch, ListPage, list_page
 
 MAX_BATCHES_LIMIT = 100
 WINDOW_RE = re.compile(r"^([1-9][0-9]{0,2})h$")
@@ -101,33 +102,6 @@ def _json_type(v: Any) -> str:
     if isinstance(v, dict):
         return "an object"
     return "null" if v is None else "a value"
-
-
-def to_wire(rec: BatchRecord) -> Batch:
-    counts = rec.request_counts
-    ext = dict(rec.ext or {})
-    if rec.status in ("in_progress", "cancelling", "finalizing"):
-        # Live progress: atomic adds from the workers (final numbers come from the files at finalize).
-        total = counts.get("total", 0)
-        counts = {"total": total, "completed": min(rec.live_completed or 0, total),
-                  "failed": min(rec.live_failed or 0, total)}
-        if rec.live_input_tokens is not None or rec.live_output_tokens is not None:
-            # Tokens so far, for tokens/s in the CLI and the dashboard; `usage` stays final-only.
-            live_in, live_out = rec.live_input_tokens or 0, rec.live_output_tokens or 0
-            ext["live_usage"] = {"input_tokens": live_in, "output_tokens": live_out,
-                                 "total_tokens": live_in + live_out}
-    return Batch(
-        id=rec.pk, endpoint=rec.endpoint, model=rec.model,
-        errors=BatchErrors.model_validate(rec.errors) if rec.errors else None,
-        input_file_id=rec.input_file_id, completion_window=rec.completion_window, status=rec.status,
-        output_file_id=rec.output_file_id, error_file_id=rec.error_file_id, created_at=rec.created_at,
-        in_progress_at=rec.in_progress_at, expires_at=rec.expires_at, finalizing_at=rec.finalizing_at,
-        completed_at=rec.completed_at, failed_at=rec.failed_at, expired_at=rec.expired_at,
-        cancelling_at=rec.cancelling_at, cancelled_at=rec.cancelled_at,
-        request_counts=RequestCounts.model_validate(counts),
-        usage=Usage.model_validate(rec.usage) if rec.usage else None,
-        metadata=rec.metadata, nightbatch=ext or None,
-    )
 
 
 class BatchService:

@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from nightbatch.errors import InvalidRequestError
+from nightbatch.notifications.email import check_notify_options
 from nightbatch.settings import Settings
 
 # Option -> the keys allowed inside it (None: a scalar or list value, not an object).
@@ -46,7 +47,4 @@ def check_options(options: dict[str, Any] | None, settings: Settings) -> None:
         raise InvalidRequestError(
             f"Invalid 'nightbatch': the options take {size} bytes; at most {MAX_OPTIONS_BYTES} are allowed.",
             param="nightbatch", code="invalid_value")
-    # Imported here: the notifications package imports nightbatch.batches, which imports this module.
-    from nightbatch.notifications.email import check_notify_options
-
     check_notify_options(options, settings)

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from nightbatch.batches import to_wire as batch_to_wire
+from nightbatch.batch_object import to_wire as batch_to_wire
 from nightbatch.errors import NightbatchError, check_supported
 from nightbatch.links import link_keys, link_keys_from, sign_link
 from nightbatch.notifications.delivery import Deliveries

@@ -17,7 +17,7 @@ from nightbatch.settings import SETTINGS, JobInputs, Settings
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 ROW = re.compile(r"^\| `(NIGHTBATCH_[A-Z0-9_]+)` \| `([^`]*)` \| (.*) \|$")
-START = "<!-- settings-table: generated from nightbatch/settings.py by `python tests/docs/test_readme.py --write` -->"
+START = "<!-- settings-table: generated from nightbatch/settings/ by `python tests/docs/test_readme.py --write` -->"
 END = "<!-- /settings-table -->"
 HEADER = ["| variable | default | what it sets |", "|---|---|---|"]
 
@@ -70,7 +70,7 @@ def test_every_setting_is_documented_with_its_default_in_its_section() -> None:
     tables = settings_tables()
     assert "TODO: describe" not in tables, "describe the new settings in README.md:\n\n" + tables
     assert _block(README.read_text()) == tables, (
-        "README.md's configuration tables are out of date with nightbatch/settings.py. Run "
+        "README.md's configuration tables are out of date with nightbatch/settings/. Run "
         "`python tests/docs/test_readme.py --write` (and describe any TODO rows)."
     )
 

@@ -43,7 +43,7 @@ def test_bundle_holds_the_lambda_packages_only(tmp_path: Path) -> None:
     assert bundler.try_bundle(str(tmp_path))
     top = {p.name for p in tmp_path.iterdir()}
     assert top == {"nightbatch", "functions"}
-    assert (tmp_path / "nightbatch" / "settings.py").is_file()
+    assert (tmp_path / "nightbatch" / "settings" / "__init__.py").is_file()
     assert not list(tmp_path.rglob("__pycache__")) and not list(tmp_path.rglob("*.pyc"))
     local = {p.relative_to(tmp_path / "nightbatch" / "local").as_posix()
              for p in (tmp_path / "nightbatch" / "local").rglob("*") if p.is_file()}
@@ -78,7 +78,7 @@ def test_asset_files_runs_with_the_standard_library_alone(tmp_path: Path) -> Non
     # As in the Lambda build image: no CDK, no project dependencies (-S: no site-packages).
     subprocess.run([sys.executable, "-S", str(ROOT / "infra" / "asset_files.py"), str(ROOT), str(tmp_path),
                     "--compile"], check=True, capture_output=True)
-    assert (tmp_path / "nightbatch" / "settings.py").is_file() and list(tmp_path.rglob("*.pyc"))
+    assert (tmp_path / "nightbatch" / "settings" / "__init__.py").is_file() and list(tmp_path.rglob("*.pyc"))
 
 
 def test_docker_bundling_compiles_with_the_runtime_python(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -54,7 +54,7 @@ def _append(path: str, text: str = "\n# edited\n") -> Callable[[Path], None]:
 UNRELATED = ["README.md", "docs/DEPLOY.md", "functions/api/app.py", "functions/tasks/plan.py", "scripts/new-script",
              "infra/stack.py", "tests/infra/test_worker_image.py", "bench/README.md", "nightbatch/local/stack.py",
              "app.py", "cdk.json"]
-IMAGE_INPUTS = ["gpu_worker/main.py", "gpu_worker/Dockerfile", "nightbatch/settings.py", "pyproject.toml",
+IMAGE_INPUTS = ["gpu_worker/main.py", "gpu_worker/Dockerfile", "nightbatch/settings/__init__.py", "pyproject.toml",
                 "nightbatch/local/templates/__init__.py"]
 
 

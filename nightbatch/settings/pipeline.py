@@ -1,0 +1,135 @@
+"""The sections the workflow reads: validation, per-tenant limits, Plan, Capacity, accounting and the GPU worker."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import field_validator
+
+from nightbatch.settings.base import Env, Section
+
+
+class ValidationSettings(Section):
+    """What one batch may hold and ask for (OpenAI's defaults, raisable), and its completion window."""
+
+    max_requests_per_batch: int = 50_000
+    max_input_bytes: int = 200 * 1000 * 1000
+    max_line_bytes: int = 4 * 1024 * 1024
+    max_embedding_inputs: int = 50_000
+    # Per request: OpenAI's 2048 inputs per embeddings call; completions per request (`n`, `best_of`), each of
+    # which multiplies the GPU work a line asks for. 0 = no cap.
+    max_embedding_inputs_per_request: int = 2048
+    max_choices_per_request: int = 16
+    # Comma-separated https hosts whose image/audio/video URLs requests may name; empty: inline data: URLs only.
+    media_allowed_domains: str = ""
+    max_reported_errors: int = 1000
+    max_completion_window_hours: int = 168
+    # Development only: the length of one "hour" of a completion window, so tests can expire batches in seconds.
+    hour_seconds: float = 3600.0
+
+    @field_validator("hour_seconds")
+    @classmethod
+    def _positive(cls, v: float) -> float:
+        if v <= 0:
+            raise ValueError("hour_seconds must be positive")
+        return v
+
+class LimitSettings(Section):
+    """Per-tenant limits (nightbatch/limits.py); 0 means unlimited.
+
+    NIGHTBATCH_TENANT_LIMITS_JSON overrides them per tenant:
+    {"team-a": {"queued_tokens": 1000000}, "*": {"requests_per_minute": 600}} ("*" = every other tenant).
+    """
+
+    queued_requests: Annotated[int, Env("limit_queued_requests")] = 1_000_000
+    queued_tokens: Annotated[int, Env("limit_queued_tokens")] = 50_000_000
+    batches_in_flight: Annotated[int, Env("limit_batches_in_flight")] = 1000
+    requests_per_minute: Annotated[int, Env("limit_requests_per_minute")] = 6000
+    # Bytes a tenant's uploaded files and open Uploads may hold (batch outputs are not counted).
+    stored_bytes: Annotated[int, Env("limit_stored_bytes")] = 100 * 1024**3
+    # Retry-After sent with a 429 for too many batches in flight (the SDK honours values up to 60 s).
+    in_flight_retry_after: Annotated[int, Env("limit_in_flight_retry_after")] = 30
+    tenant_limits_json: str = ""
+
+class PipelineSettings(Section):
+    """The workflow: Validate's segments, Plan's shards, the sweeper.
+
+    Validate writes the input as segments; Plan groups whole segments into shards. The shard count
+    (nightbatch/pipeline/sizing.py) keeps each shard's cold start (instance, image, weights, engine) <= the
+    cold-start share of its GPU time at the model's throughput, within max_gpus * shards_per_gpu, and raises
+    it (up to one shard per GPU, then the cap) when the batch would otherwise miss its window.
+    """
+
+    state_machine_arn: str = ""
+    segment_max_lines: int = 1000
+    segment_max_bytes: int = 4 * 1024 * 1024
+    # > 0: a fixed number of estimated tokens per shard instead (tests and benches use it).
+    shard_target_tokens: int = 0
+    shards_per_gpu: int = 3
+    # Prefix-aware placement (nightbatch/pipeline/placement.py): prompts of at least `plan_prefix_chars`
+    # characters are grouped by the hash of that head into `plan_prefix_groups` groups (0 = off), and Plan
+    # keeps each group in as few shards as balance allows, so a shared system prompt is prefilled once per
+    # shard it lands in rather than in every shard. Costs one open segment buffer per group in Validate.
+    plan_prefix_groups: int = 8
+    plan_prefix_chars: int = 1024
+    max_gpus: int = 4
+    # Estimated tokens (prompt + expected output) one GPU processes per second, and one shard's cold start.
+    # Defaults: an 8B model on one L40S/L4-class GPU (bench/cost: ~1.6k-5k output tok/s at 1:1 in/out) and
+    # ~3 min from job start to first result on a new host (instance + image pull + weights + engine;
+    # refine it from the phase metrics, FirstResultSeconds).
+    shard_tokens_per_second: float = 4000.0
+    shard_cold_start_seconds: float = 180.0
+    shard_cold_start_share: float = 0.10
+    # Share of a completion window kept free for queueing and Finalize when sizing for it.
+    window_safety_share: float = 0.25
+    # Plan: {"<model>": "<job definition ARN>"}, the job definition each shard of a model's batch runs with.
+    job_definitions_json: str = ""
+    # AWS Batch queue ARNs (comma-separated): the sweeper cancels a cancelled/expired batch's unstarted jobs.
+    job_queue: str = ""
+
+class CapacitySettings(Section):
+    """The Capacity step (nightbatch/pipeline/capacity.py): where and how often a shard is submitted."""
+
+    # {"spot": "<queue ARN>", "on-demand": "<queue ARN>"}; a batch moves to on-demand when its slack (time
+    # left - estimated remaining work) drops below the margin.
+    job_queues_json: str = ""
+    margin_seconds: Annotated[float, Env("capacity_margin_seconds")] = 1800.0
+    # Failed attempts of a shard (other than a Spot shortage) retried on the same capacity, with backoff.
+    retry_attempts: Annotated[int, Env("shard_retry_attempts")] = 2
+    retry_interval_seconds: Annotated[float, Env("shard_retry_interval_seconds")] = 60.0
+    retry_backoff: Annotated[float, Env("shard_retry_backoff")] = 2.0
+
+class AccountingSettings(Section):
+    """What one GPU-second costs, for `batch.nightbatch.cost` (estimates; set to your prices)."""
+
+    instance_type: str = "g6e.xlarge"
+    capacity: Literal["spot", "on-demand"] = "spot"
+    instance_price_per_hour: float = 0.0  # 0 = use the built-in price table for instance_type and capacity
+    gpus_per_instance: int = 1
+
+class WorkerSettings(Section):
+    """The GPU worker (gpu_worker/): its engine, checkpoints, polling, draining and request order."""
+
+    # "module:Class" of an engine taking a ModelSpec; empty means the vLLM engine.
+    engine: Annotated[str, Env("worker_engine")] = ""
+    # How often a running shard reads the batch item for cancel/expiry.
+    poll_seconds: Annotated[float, Env("worker_poll_seconds")] = 5.0
+    # How long a stopping shard lets in-flight requests finish: under ECS's 30 s SIGTERM-to-SIGKILL window.
+    drain_seconds: Annotated[float, Env("worker_drain_seconds")] = 20.0
+    checkpoint_every_lines: int = 64
+    checkpoint_every_seconds: float = 10.0
+    max_in_flight: int = 256
+    # Throughput (gpu_worker/scheduling.py): pending lines are read this far ahead and reordered within that
+    # window (0 = input order, no window); the char bound (prompt text) keeps a window of very long lines in
+    # bounded memory.
+    order_window_lines: Annotated[int, Env("worker_order_window_lines")] = 4096
+    order_window_chars: Annotated[int, Env("worker_order_window_chars")] = 64 * 1024 * 1024
+    # Requests whose prompts begin with the same `prefix_chars` characters (~64 tokens) go to the engine
+    # together, so vLLM's prefix cache computes their shared blocks once.
+    group_prefixes: Annotated[bool, Env("worker_group_prefixes")] = True
+    prefix_chars: Annotated[int, Env("worker_prefix_chars")] = 256
+    # "longest" prompt first (groups by their longest member, then within each group), "shortest", or "none".
+    length_order: Annotated[Literal["longest", "shortest", "none"], Env("worker_length_order")] = "longest"
+    # Keep at least this many requests in flight per engine sequence slot (vLLM's max_num_seqs), whatever
+    # max_in_flight says, so the engine's scheduler always has work waiting; 0 = max_in_flight alone.
+    in_flight_per_slot: Annotated[float, Env("worker_in_flight_per_slot")] = 2.0
