@@ -45,7 +45,7 @@ def command(name: str) -> Handler:
     def run(args: argparse.Namespace) -> int:
         import openai
 
-        from nightbatch.commands.connection import CommandError, explain
+        from nightbatch.connection import CommandError, explain
 
         handler: Handler = getattr(importlib.import_module("nightbatch.commands.batches"), name)
         try:
