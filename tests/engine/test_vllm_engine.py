@@ -213,3 +213,59 @@ def test_base64_embeddings_and_binary_formats(embed_engine: VllmEngine, run: Any
     assert encoded.status_code == 200, encoded.body
     assert isinstance(encoded.body["data"][0]["embedding"], str)
     assert assert_error(binary, 400)["param"] == "encoding_format"
+
+
+SCORE_QUERY = "A cat is sitting on a mat."
+SCORE_DOCS = ["Stock markets fell sharply today.", "The cat sits on the mat.", "A dog sleeps in the sun."]
+
+
+def test_score_is_the_cosine_of_the_embeddings(embed_engine: VllmEngine, run: Any) -> None:
+    """vLLM scores with an embedding model as a bi-encoder: the cosine similarity of the two sides."""
+    body = {"model": EMBED_SPEC.name, "text_1": SCORE_QUERY, "text_2": SCORE_DOCS}
+    reply = run(embed_engine.handle("/v1/score", body, "req-score"))
+    embedded = run(embed_engine.handle("/v1/embeddings", {"model": EMBED_SPEC.name,
+                                                          "input": [SCORE_QUERY, *SCORE_DOCS]}, "req-score-emb"))
+
+    assert reply.status_code == 200, reply.body
+    assert reply.body["id"] == "score-req-score"
+    assert reply.body["object"] == "list" and reply.body["model"] == EMBED_SPEC.name
+    assert [(d["index"], d["object"]) for d in reply.body["data"]] == [(0, "score"), (1, "score"), (2, "score")]
+    query, *docs = (item["embedding"] for item in embedded.body["data"])
+    for item, doc in zip(reply.body["data"], docs, strict=True):
+        assert math.isclose(item["score"], dot(query, doc), abs_tol=1e-4)
+    assert reply.body["usage"]["prompt_tokens"] > 0
+    assert reply.body["usage"]["total_tokens"] == reply.body["usage"]["prompt_tokens"]
+    # The queries/documents spelling of the same request scores the same pairs.
+    same = run(embed_engine.handle("/v1/score", {"model": EMBED_SPEC.name, "queries": SCORE_QUERY,
+                                                 "documents": SCORE_DOCS}, "req-score-qd"))
+    assert [d["score"] for d in same.body["data"]] == [d["score"] for d in reply.body["data"]]
+
+
+def test_rerank_orders_documents_and_keeps_top_n(embed_engine: VllmEngine, run: Any) -> None:
+    body = {"model": EMBED_SPEC.name, "query": SCORE_QUERY, "documents": SCORE_DOCS, "top_n": 2}
+    reply = run(embed_engine.handle("/v1/rerank", body, "req-rerank"))
+
+    assert reply.status_code == 200, reply.body
+    results = reply.body["results"]
+    assert results[0]["index"] == 1 and len(results) == 2
+    assert results[0]["document"] == {"text": SCORE_DOCS[1], "multi_modal": None}
+    assert results[0]["relevance_score"] > results[1]["relevance_score"]
+    assert reply.body["usage"]["prompt_tokens"] > 0
+    every = run(embed_engine.handle("/v1/rerank", {**body, "top_n": 0}, "req-rerank-all"))
+    assert sorted(r["index"] for r in every.body["results"]) == [0, 1, 2]
+
+
+def test_bad_score_requests_are_400_replies(embed_engine: VllmEngine, run: Any) -> None:
+    unpaired = {"model": EMBED_SPEC.name, "text_1": ["a", "b"], "text_2": ["c", "d", "e"]}
+    one_side = {"model": EMBED_SPEC.name, "text_1": "a"}
+    bad_top_n = {"model": EMBED_SPEC.name, "query": "a", "documents": ["b"], "top_n": -1}
+
+    assert "1:1, 1:N or N:N" in assert_error(run(embed_engine.handle("/v1/score", unpaired, "req-s1")), 400)["message"]
+    assert_error(run(embed_engine.handle("/v1/score", one_side, "req-s2")), 400)
+    assert assert_error(run(embed_engine.handle("/v1/rerank", bad_top_n, "req-s3")), 400)["param"] == "body.top_n"
+
+
+def test_a_chat_model_refuses_score_lines(chat_engine: VllmEngine, run: Any) -> None:
+    body = {"model": CHAT_SPEC.name, "query": "a", "documents": ["b"]}
+    error = assert_error(run(chat_engine.handle("/v1/rerank", body, "req-chat-rerank")), 501)
+    assert "Rerank" in error["message"]
