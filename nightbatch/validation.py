@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,7 +13,7 @@ from msgspec import UNSET
 
 from nightbatch.ids import custom_id_digest
 from nightbatch.jsonl import loads
-from nightbatch.model_spec import ModelSpec
+from nightbatch.model_spec import SCORE_ENDPOINTS, ModelSpec
 from nightbatch.settings import Settings
 from nightbatch.wire import BatchError
 
@@ -203,6 +204,10 @@ class Validator:
             return _estimate(line_bytes) + out * _choices(self.settings, body)
         if self.endpoint == "/v1/responses":
             return _estimate(line_bytes) + check_responses(spec, body, self.settings.serving.default_max_tokens)
+        if self.endpoint in SCORE_ENDPOINTS:
+            from nightbatch.scoring import check_scoring  # it imports this module's LineInvalid and checks
+
+            return check_scoring(self.settings, spec, self.endpoint, body, line_bytes)
         if self.endpoint == "/v1/completions":
             if "prompt" not in body:
                 raise LineInvalid("invalid_request", "Prompt parameter is required.", "body.prompt")
@@ -248,10 +253,11 @@ def _stdlib_parse(number: int, data: bytes) -> Any:
 MEDIA_PARTS = ("image_url", "video_url", "audio_url")
 
 
-def check_media(settings: Settings, messages: list[Any]) -> None:
+def check_media(settings: Settings, messages: list[Any],
+                where: Callable[[int], str] = lambda i: f"body.messages[{i}]") -> None:
     """Multimodal parts: inline `data:` URLs only, unless NIGHTBATCH_MEDIA_ALLOWED_DOMAINS names https hosts
     the engine may fetch from (a GPU worker fetching any URL a tenant names would reach its VPC and the
-    instance metadata service)."""
+    instance metadata service). `where` names the i-th item holding a `content` list in the error's param."""
     allowed: set[str] | None = None  # parsed from the settings only when a line names a URL (per-line hot path)
     for i, message in enumerate(messages):
         content = message.get("content") if isinstance(message, dict) else None
@@ -275,7 +281,7 @@ def check_media(settings: Settings, messages: list[Any]) -> None:
                     raise LineInvalid(
                         "invalid_value", f"Invalid '{kind}.url': only data: URLs are accepted"
                         + (f", or https URLs on {', '.join(sorted(allowed))}" if allowed else "") + ".",
-                        f"body.messages[{i}].content[{j}].{kind}.url")
+                        f"{where(i)}.content[{j}].{kind}.url")
 
 
 def _choices(settings: Settings, body: dict[str, Any]) -> int:
