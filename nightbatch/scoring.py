@@ -13,8 +13,8 @@ from collections.abc import Callable
 from typing import Any, NoReturn
 
 from nightbatch.model_spec import ModelSpec
+from nightbatch.request_checks import LineInvalid, check_media, echo, estimate_tokens
 from nightbatch.settings import Settings
-from nightbatch.validation import LineInvalid, _estimate, check_media, echo
 
 # vLLM's ScoreRequest is a union over these pairs of names; it tries them in this order.
 SCORE_PAIRS = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"), ("text_1", "text_2"))
@@ -106,7 +106,7 @@ def _check_top_n(body: dict[str, Any]) -> None:
 def _tokens(spec: ModelSpec, queries: list[Any], pairs: int, line_bytes: int) -> int:
     """About four bytes a token, as for every line. A cross-encoder reads the query again with each document
     (one forward pass per pair); an embedding model encodes each side once."""
-    tokens = _estimate(line_bytes)
+    tokens = estimate_tokens(line_bytes)
     if spec.task == "score" and len(queries) == 1 and pairs > 1 and isinstance(queries[0], str):
-        tokens += _estimate(len(queries[0].encode())) * (pairs - 1)
+        tokens += estimate_tokens(len(queries[0].encode())) * (pairs - 1)
     return tokens
