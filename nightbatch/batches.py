@@ -23,6 +23,7 @@ from nightbatch.ids import new_batch_id
 from nightbatch.model_spec import ENDPOINTS
 from nightbatch.options import check_options
 from nightbatch.settings import Settings
+from nightbatch.state_changes import StateChanges
 from nightbatch.storage import Table
 from nightbatch.storage.records import BatchRecord
 from nightbatch.wire import Batch, ListPage, list_page
@@ -105,11 +106,13 @@ def _json_type(v: Any) -> str:
 
 
 class BatchService:
-    def __init__(self, *, settings: Settings, table: Table, files: FileService, workflow: Workflow) -> None:
+    def __init__(self, *, settings: Settings, table: Table, files: FileService, workflow: Workflow,
+                 events: StateChanges | None = None) -> None:
         self.settings = settings
         self.table = table
         self.files = files
         self.workflow = workflow
+        self.events = events  # EventBridge state changes (nightbatch/state_changes.py), when configured
 
     def create(self, tenant: str, req: CreateBatchRequest, *, batch_id: str | None = None) -> Batch:
         check_supported(req.endpoint, ENDPOINTS, param="endpoint")
@@ -132,6 +135,8 @@ class BatchService:
             options=req.nightbatch or None,
         )
         self.table.put_record(rec, new=True)
+        if self.events is not None:
+            self.events.publish(rec)
         # A failed start leaves the batch in `validating`; the sweeper re-drives it.
         self.workflow.start(batch_id)
         return to_wire(rec)
@@ -181,7 +186,8 @@ class BatchService:
             if status not in lifecycle.TRANSITIONS["cancelling"]:
                 raise ConflictError(f"Cannot cancel a batch with status '{status}'.")
             try:
-                return to_wire(lifecycle.transition(self.table, batch_id, "cancelling", from_=(status,)))
+                return to_wire(lifecycle.transition(self.table, batch_id, "cancelling", from_=(status,),
+                                                          events=self.events))
             except StorageConflictError:
                 rec = self.item(tenant, batch_id)  # lost a race: decide again on the fresh status
         raise ConflictError("The batch changed while it was being cancelled; try again.", retry=True)

@@ -76,7 +76,8 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
         return _fail_unvalidated(services, batch)
     if target != "cancelled" and batch.status != "finalizing":
         try:
-            batch = lifecycle.transition(table, inp.batch_id, "finalizing", extra={"finalize_target": target})
+            batch = lifecycle.transition(table, inp.batch_id, "finalizing", extra={"finalize_target": target},
+                                         events=services.batches.events)
         except StorageConflictError:
             return finalize_batch(inp, services)  # cancelled meanwhile: decide again
     writers = _write_files(services, batch, UNRUN_CODE[target])
