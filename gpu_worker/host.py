@@ -8,6 +8,7 @@ of its instance, so a Batch attempt is priced by the deployment's configured typ
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Mapping
@@ -39,10 +40,8 @@ def detect(environ: Mapping[str, str] | None = None, resource_config: Path = RES
 
 def _instance_type(env: Mapping[str, str], resource_config: Path) -> str:
     texts = [env.get("SM_TRAINING_ENV") or ""]
-    try:
+    with contextlib.suppress(OSError):  # not a SageMaker host, or an old one without the file
         texts.append(resource_config.read_text())
-    except OSError:
-        pass
     for text in texts:
         try:
             found = json.loads(text or "{}").get("current_instance_type")
