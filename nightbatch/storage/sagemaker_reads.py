@@ -15,6 +15,8 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
+from nightbatch.storage.account import AccountReadError, AwsAccount, _code
+
 log = logging.getLogger("nightbatch.storage.sagemaker")
 
 TRAINING_QUOTA = " for training job usage"
@@ -109,3 +111,20 @@ def _training_quota(q: dict[str, Any], wanted: set[str]) -> TrainingQuota | None
                 return TrainingQuota(instance_type=instance_type, spot=spot, code=str(q.get("QuotaCode", "")),
                                      name=name, value=float(q.get("Value", 0.0)))
     return None
+
+
+# -- the doctor's reads, through its account (errors become AccountReadError, like every other doctor read) -----
+
+
+def account_training_jobs(account: AwsAccount, name_contains: str) -> list[TrainingJobView]:
+    try:
+        return training_jobs(account.client("sagemaker"), name_contains)
+    except (ClientError, BotoCoreError) as e:
+        raise AccountReadError(f"sagemaker list_training_jobs/describe_training_job: {_code(e)}: {e}") from None
+
+
+def account_training_quotas(account: AwsAccount, instance_types: Iterable[str]) -> list[TrainingQuota]:
+    try:
+        return training_quotas(account.client("service-quotas"), instance_types)
+    except (ClientError, BotoCoreError) as e:
+        raise AccountReadError(f"service-quotas list_service_quotas sagemaker: {_code(e)}: {e}") from None
