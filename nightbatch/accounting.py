@@ -124,7 +124,7 @@ def sagemaker_cost(settings: Settings, times: ShardTime,
             saving = min(1.0, max(0.0, 1.0 - billable / training))
             measured += 1
         else:
-            saving = a.sagemaker_spot_savings
+            saving = min(1.0, max(0.0, a.sagemaker_spot_savings))
         seconds += secs
         saved_seconds += secs * saving
         cost += secs * (1.0 - saving) * hourly / 3600.0 / max(1, a.gpus_per_instance)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import field_validator
 
 from nightbatch.settings.base import Env, Section
 
@@ -111,7 +111,7 @@ class AccountingSettings(Section):
     sagemaker_prices_json: str = ""
     # The managed-Spot saving assumed for a training job whose billable time Finalize could not read (0 = price
     # it on-demand, an upper bound).
-    sagemaker_spot_savings: float = Field(0.0, ge=0.0, le=1.0)
+    sagemaker_spot_savings: float = 0.0  # read as a share, clamped to 0-1
 
 class WorkerSettings(Section):
     """The GPU worker (gpu_worker/): its engine, checkpoints, polling, draining and request order."""
