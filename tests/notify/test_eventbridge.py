@@ -8,47 +8,36 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import boto3
 import pytest
-from moto import mock_aws
 
 from gpu_worker.main import serve_shard
 from gpu_worker.runner import ShardJob
 from nightbatch.notifications import NotifyError, notify_batch
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
 from nightbatch.services import Services, build_notifier, build_services
-from nightbatch.settings import Settings
 from nightbatch.state_changes import DETAIL_TYPE, SOURCE
 from nightbatch.storage import make_adapters
-from nightbatch.storage.dynamo import create_table
 from nightbatch.storage.records import BatchRecord, EventRecord
 from tests.worker.processes import DETERMINISTIC
 from tests.workflow.conftest import RecordingWorkflow, chat_line, jsonl, make_batch
+from tests.workflow.conftest import services as services  # the fixture, shared
 from tests.workflow.test_pipeline import run_to_shards
 
 REGION = "us-east-1"
 
 
-def _services(bus: str) -> Services:
-    settings = Settings(deployment={"mode": "local", "bucket": "eb-bucket", "table": "eb-table", "region": REGION},
-                        notifications={"event_bus": bus},
-                        worker={"poll_seconds": 0.1, "checkpoint_every_seconds": 0.2})
-    adapters = make_adapters(settings)
-    adapters.client("s3").create_bucket(Bucket=settings.deployment.bucket)
-    create_table(adapters.client("dynamodb"), settings.deployment.table)
-    return build_services(adapters, RecordingWorkflow())
+def _with_bus(base: Services, bus: str) -> Services:
+    """The workflow tests' services (moto in-process, bucket and table made) with state changes on `bus`."""
+    settings = base.settings.updated({"event_bus": bus, "worker_poll_seconds": 0.1, "checkpoint_every_seconds": 0.2})
+    return build_services(make_adapters(settings), RecordingWorkflow())
 
 
 @pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
-        monkeypatch.setenv(k, "testing")
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    with mock_aws():
-        yield
+def aws(services: Services) -> Services:
+    return services
 
 
 def rule_queue(bus: str = "default") -> str:
@@ -89,9 +78,9 @@ def run_batch(services: Services, lines: int) -> str:
     return batch_id
 
 
-def test_every_state_change_of_a_batch_arrives_on_the_rule_target(aws: None) -> None:
+def test_every_state_change_of_a_batch_arrives_on_the_rule_target(aws: Services) -> None:
     url = rule_queue()
-    services = _services("default")
+    services = _with_bus(aws, "default")
     batch_id = run_batch(services, 5)
     events = drain(url)
     print(json.dumps(events[-1], indent=2))  # the report quotes the event as moto delivered it
@@ -115,9 +104,9 @@ def test_every_state_change_of_a_batch_arrives_on_the_rule_target(aws: None) -> 
     assert drain(url) == []
 
 
-def test_cancel_is_a_state_change_too(aws: None) -> None:
+def test_cancel_is_a_state_change_too(aws: Services) -> None:
     url = rule_queue()
-    services = _services("default")
+    services = _with_bus(aws, "default")
     batch_id = make_batch(services, jsonl([chat_line(i) for i in range(1, 4)]))
     run_to_shards(services, batch_id)
     services.batches.cancel("default", batch_id)
@@ -132,8 +121,8 @@ def test_cancel_is_a_state_change_too(aws: None) -> None:
                        ("cancelling", "cancelled")]
 
 
-def test_a_refused_put_never_fails_a_transition_and_the_terminal_event_is_retried(aws: None) -> None:
-    services = _services("nightbatch-ops")  # a custom bus that does not exist yet: every put is refused
+def test_a_refused_put_never_fails_a_transition_and_the_terminal_event_is_retried(aws: Services) -> None:
+    services = _with_bus(aws, "nightbatch-ops")  # a custom bus that does not exist yet: every put is refused
     batch_id = make_batch(services, jsonl([chat_line(i) for i in range(1, 4)]))
     for shard in run_to_shards(services, batch_id):
         assert asyncio.run(serve_shard(ShardJob(batch_id=batch_id, shard_id=shard), services.settings,
