@@ -15,7 +15,6 @@ from typing import Any
 from nightbatch import layout
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, BlobStore
-from nightbatch.storage.sagemaker_reads import billing as read_billing
 
 # USD per instance-hour, us-east-1 (../shared/reference/perf-cost-anchors.md §3; prices drift — override with
 # NIGHTBATCH_INSTANCE_PRICE_PER_HOUR). Spot figures are typical, not guaranteed.
@@ -89,7 +88,12 @@ def collect_shard_times(blobs: BlobStore, results_prefixes: list[str]) -> ShardT
 def training_job_billing(adapters: Adapters, times: ShardTime) -> dict[str, tuple[float, float]]:
     """The billable and training seconds of the batch's SageMaker jobs (none read when none ran)."""
     jobs = times.training_jobs
-    return read_billing(adapters.client("sagemaker"), jobs) if jobs else {}
+    if not jobs:
+        return {}
+    # Here, not at the top: the API imports this module for its price table, and its cold import has no botocore.
+    from nightbatch.storage.sagemaker_reads import billing
+
+    return billing(adapters.client("sagemaker"), jobs)
 
 
 def ml_price_per_hour(settings: Settings, instance_type: str) -> float | None:
