@@ -48,7 +48,7 @@ FORBIDDEN_LIMITS: dict[str, str] = {
     "allow_private_targets": "lets webhooks reach the VPC and loopback; never in AWS",
     **dict.fromkeys(("mode", "region", "bucket", "table", "state_machine_arn", "topic_arn", "job_queue",
                      "webhook_queue_url", "upload_queue_url", "models_json", "worker_engine", "email_sender",
-                     "email_configuration_set", "base_url"),
+                     "email_configuration_set", "base_url", "event_bus"),
                     "set by the stack"),
     **dict.fromkeys(("hour_seconds", "upload_compose_delay_seconds"), "development only"),
 }
@@ -197,6 +197,9 @@ class Notifications(_Strict):
     allowed_domains: tuple[str, ...] = Field((), alias="allowedDomains")
     # Operator address subscribed to the alarm topic; empty means no subscription.
     alarm_email: str = Field("", alias="alarmEmail")
+    # EventBridge bus every batch state change is put on (docs/NOTIFICATIONS.md): "default" (the account's
+    # default bus), another bus's name or ARN in this account and region, or "" for none.
+    event_bus: str = Field("default", alias="eventBus", pattern=r"^$|^[A-Za-z0-9._\-/:]{1,1600}$")
 
     @field_validator("sender_email", "alarm_email")
     @classmethod

@@ -189,6 +189,9 @@ class NightbatchStack(cdk.Stack):
         config, runtime, retention = self.config, self.runtime, self.log_retention
         link_env = settings_environment({"link_keys_secret": self.link_secret.secret_arn})
         email_policy, notify_env = self._email_policy(), self._notify_environment()
+        # The principals that move a batch put its state changes on the bus (nightbatch/state_changes.py).
+        bus = self.config.notifications.event_bus
+        bus_env = settings_environment({"event_bus": bus}) if bus else {}
         self.uploads = UploadComposer(self, "Uploads", code=code, environment=runtime, log_retention=retention)
         upload_env = settings_environment({"upload_queue_url": self.uploads.queue.queue_url})
         # The webhook queue's consumer builds the same notifier as Notify; it signs no download links, so it
@@ -201,7 +204,9 @@ class NightbatchStack(cdk.Stack):
             code=code,
             environment=runtime,
             task_environment={
-                "notify": {**email_policy, **notify_env, **link_env},
+                "notify": {**email_policy, **notify_env, **link_env, **bus_env},
+                "validate": bus_env,
+                "finalize": bus_env,
                 # Plan names each shard's job definition (the model's) in the Map's manifest.
                 "plan": settings_environment({"job_definitions_json": cdk.Stack.of(self).to_json_string({
                     name: jd.job_definition_arn for name, jd in self.gpu.job_definitions.items()})}),
@@ -215,8 +220,8 @@ class NightbatchStack(cdk.Stack):
                     "shard_retry_backoff": config.shard_retry.backoff_rate,
                 }),
             },
-            sweeper_environment=settings_environment({"job_queue": cdk.Fn.join(",", [
-                q.job_queue_arn for q in self.gpu.queues.values()])}),
+            sweeper_environment={**bus_env, **settings_environment({"job_queue": cdk.Fn.join(",", [
+                q.job_queue_arn for q in self.gpu.queues.values()])})},
             bucket=self.storage.bucket,
             job_queues=list(self.gpu.queues.values()),
             max_concurrency=config.max_gpus,
@@ -226,7 +231,7 @@ class NightbatchStack(cdk.Stack):
         self.api = Api(
             self, "Api",
             code=code,
-            environment={**runtime, **link_env, **upload_env, **email_policy, **settings_environment({
+            environment={**runtime, **link_env, **upload_env, **email_policy, **bus_env, **settings_environment({
                 "state_machine_arn": self.orchestration.state_machine.state_machine_arn,
                 "api_keys_secret": self.api_keys.secret_arn,
                 "secrets_kms_key": self.secrets_key.key_arn,
@@ -298,6 +303,21 @@ class NightbatchStack(cdk.Stack):
         for model in self.config.models:
             if model.spec.source.startswith("s3://"):
                 self.grant_model_weights(model.spec.source)
+        self._grant_event_bus()
+
+    def _grant_event_bus(self) -> None:
+        """PutEvents on the one bus, for the principals that transition a batch (the API creates and cancels,
+        Validate, Finalize and the sweeper's Finalize move it, Notify puts the terminal change)."""
+        bus = self.config.notifications.event_bus
+        if not bus:
+            return
+        arn = bus if bus.startswith("arn:") else self.format_arn(service="events", resource="event-bus",
+                                                                  resource_name=bus)
+        tasks = self.orchestration.tasks
+        for role in (self.api.handler.role, tasks["validate"].role, tasks["finalize"].role, tasks["notify"].role,
+                     self.orchestration.sweeper.role):
+            assert role is not None
+            role.add_to_principal_policy(iam.PolicyStatement(actions=["events:PutEvents"], resources=[arn]))
 
     # --- limits and outputs ------------------------------------------------------------------------------------
 

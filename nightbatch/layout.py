@@ -167,6 +167,11 @@ class AttemptRecord(BaseModel):
     idle_seconds: float = 0.0
     finished: bool = False
     phases: dict[str, Any] = {}  # nightbatch.phases: when each phase of the attempt ended
+    # Where the attempt ran (gpu_worker/host.py), so Finalize prices it: AWS Batch at EC2 prices, SageMaker at
+    # ml.* prices; the instance type and training job name when the host says (SageMaker does).
+    backend: Literal["batch", "sagemaker"] = "batch"
+    instance_type: str = ""
+    training_job: str = ""
     shard_id: str = ""  # filled in on read, from the key
 
 

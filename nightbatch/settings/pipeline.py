@@ -109,6 +109,12 @@ class AccountingSettings(Section):
     capacity: Literal["spot", "on-demand"] = "spot"
     instance_price_per_hour: float = 0.0  # 0 = use the built-in price table for instance_type and capacity
     gpus_per_instance: int = 1
+    # SageMaker attempts (gpu_backend sagemaker/both): {"ml.g6.xlarge": 1.2} USD per instance-hour on top of the
+    # built-in ml.* table (nightbatch/accounting.py); the type is the job's, else "ml." + instance_type.
+    sagemaker_prices_json: str = ""
+    # The managed-Spot saving assumed for a training job whose billable time Finalize could not read (0 = price
+    # it on-demand, an upper bound).
+    sagemaker_spot_savings: float = 0.0  # read as a share, clamped to 0-1
 
 class WorkerSettings(Section):
     """The GPU worker (gpu_worker/): its engine, checkpoints, polling, draining and request order."""

@@ -298,6 +298,7 @@ class EventRecord(Record):
     open_status: str | None = None
     created_sk: str | None = None
     sns_message_id: str | None = None
+    bus_event_id: str | None = None  # EventBridge's id of the terminal state-change event (nightbatch/state_changes.py)
     emailed_to: list[str] | None = None
     email_rejected: list[str] | None = None
 
