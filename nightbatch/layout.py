@@ -154,6 +154,10 @@ class ShardItem(BaseModel):
     job_definition: str = ""
     # The shard's estimated tokens, so Capacity can weigh the remaining work from the manifest alone.
     est_tokens: int | None = None
+    # Where Plan sends the shard first (the model's `gpuBackend`); with `both` Capacity may move it to SageMaker.
+    backend: Literal["batch", "sagemaker"] = "batch"
+    # The model's `gpuBackend` allows a move to SageMaker when Batch cannot place the shard.
+    fallback: bool = False
 
 
 class AttemptRecord(BaseModel):
