@@ -374,7 +374,7 @@ class DeployConfig(_Strict):
             value = get(key)
             if value is None:
                 continue
-            if isinstance(value, str) and key not in ("stage", "account", "region", "lambdaBundling"):
+            if isinstance(value, str) and key not in ("stage", "account", "region", "lambdaBundling", "gpuBackend"):
                 value = json.loads(value)
             raw[key] = value
         return cls.model_validate(raw)
