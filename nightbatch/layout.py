@@ -109,6 +109,11 @@ def progress_key(prefix: str, attempt: str) -> str:
     return f"{prefix}progress-{attempt}.json"
 
 
+def worker_settings_key(batch_id: str) -> str:
+    """The deployment's settings for the batch's SageMaker jobs (nightbatch/settings/document.py)."""
+    return f"{batch_prefix(batch_id)}worker-settings.json"
+
+
 def output_key(batch_id: str) -> str:
     return f"{batch_prefix(batch_id)}output.jsonl"
 
