@@ -98,6 +98,11 @@ def iam_findings(stack: NaggedStack) -> dict[str, str]:
     for suffix in (":*", "/*:*"):
         findings[f"AwsSolutions-IAM5[Resource::{_arn(stack, 'states', 'execution:')}{execution}{suffix}]"] = (
             "The Distributed Map describes, stops and redrives its own child executions, named at run time.")
+    findings[f"AwsSolutions-IAM5[Resource::{_arn(stack, 'sagemaker', 'training-job/*')}]"] = (
+        "The workflow creates, describes and stops each shard attempt's SageMaker training job, named at run time "
+        "(nightbatch/pipeline/training_jobs.py).")
+    findings[f"AwsSolutions-IAM5[Resource::{_arn(stack, 'logs', 'log-group:/aws/sagemaker/TrainingJobs:*')}]"] = (
+        "SageMaker writes a training job's container logs to its fixed log group, one stream per job.")
     secret = stack.gpu.hf_token_secret
     if secret is not None:
         findings[f"AwsSolutions-IAM5[Resource::{_arn(stack, 'secretsmanager', 'secret:')}"

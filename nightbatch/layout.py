@@ -114,6 +114,11 @@ def worker_settings_key(batch_id: str) -> str:
     return f"{batch_prefix(batch_id)}worker-settings.json"
 
 
+def training_output_prefix(batch_id: str) -> str:
+    """Where SageMaker puts its (empty) model artifacts of the batch's training jobs."""
+    return f"{batch_prefix(batch_id)}training-jobs/"
+
+
 def output_key(batch_id: str) -> str:
     return f"{batch_prefix(batch_id)}output.jsonl"
 

@@ -56,6 +56,7 @@ class CapacityDecision(BaseModel):
     managed_spot: bool = False
     stopping_condition: dict[str, int] = {}
     settings_key: str = ""
+    output_uri: str = ""
 
 
 def share_identifier(tenant: str) -> str:
@@ -159,7 +160,8 @@ def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
                 spot=capacity == "spot", seconds_left=seconds_left,
                 budget_seconds=shard_work + slack() - margin if capacity == "spot" else seconds_left,
                 max_pending_seconds=sagemaker.max_pending_seconds),
-            settings_key=layout.worker_settings_key(batch_id), **base)
+            settings_key=layout.worker_settings_key(batch_id),
+            output_uri=f"s3://{settings.deployment.bucket}/{layout.training_output_prefix(batch_id)}", **base)
 
     def move_to_sagemaker(reason: str) -> CapacityDecision:
         # The batch's remaining shards follow; on-demand if the batch already moved there.
