@@ -175,6 +175,8 @@ def create_resources(template: dict[str, Any]) -> Deployment:
 
     iam = boto3.client("iam", region_name=REGION)
     role = iam.create_role(RoleName="nb-role", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    for role_id in of_type(template, "AWS::IAM::Role"):  # e.g. the SageMaker job role the workflow passes
+        d.attrs[(role_id, "Arn")] = f"arn:aws:iam::{ACCOUNT}:role/{role_id[:64]}"
     batch = boto3.client("batch", region_name=REGION)
     ce = batch.create_compute_environment(computeEnvironmentName="nb-gpu", type="UNMANAGED", state="ENABLED",
                                           serviceRole=role)["computeEnvironmentArn"]
