@@ -307,7 +307,7 @@ def patch_batch(monkeypatch: pytest.MonkeyPatch, d: Deployment) -> None:
 
 
 # Per-job variables: the state machine's overrides, Batch's own, and the worker's container-only path.
-JOB_ONLY_ENV = {"NIGHTBATCH_BATCH_ID", "NIGHTBATCH_SHARD_ID", "NIGHTBATCH_MODEL_CACHE", "AWS_BATCH_JOB_ID",
+JOB_ONLY_ENV = {"NIGHTBATCH_BATCH_ID", "NIGHTBATCH_SHARD_ID", "NIGHTBATCH_BACKEND", "NIGHTBATCH_MODEL_CACHE", "AWS_BATCH_JOB_ID",
                 "MANAGED_BY_AWS", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
 
 

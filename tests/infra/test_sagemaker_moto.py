@@ -21,7 +21,7 @@ from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord
 from tests.infra.moto_sagemaker import TrainingJobRecord, TrainingJobs, patch_state_task, patch_training_jobs
 from tests.infra.moto_workflow import Deployment, JobRecord, wait_for_execution
-from tests.infra.synth import synthesize
+from tests.infra.synth import Synth
 from tests.infra.test_capacity_moto import SPOT_SHORTAGE, assert_each_line_once, submit
 from tests.infra.test_workflow_moto import _clear_caches, deploy_in_moto, execution_arn
 
@@ -29,20 +29,14 @@ ENGINE = "tests.support.deterministic_engine:DeterministicEngine"
 LINES = 9  # three segments of three lines, one shard each
 
 
-def _template(tmp_path_factory: pytest.TempPathFactory, backend: str) -> dict[str, Any]:
-    synth = synthesize({"gpuBackend": backend}, tmp_path_factory.mktemp(f"cdk-{backend}") / "cdk.out")
-    assert synth.error is None, synth.error
-    return synth.template
+@pytest.fixture
+def sagemaker_template(sagemaker_synth: Synth) -> dict[str, Any]:
+    return sagemaker_synth.template
 
 
-@pytest.fixture(scope="module")
-def sagemaker_template(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return _template(tmp_path_factory, "sagemaker")
-
-
-@pytest.fixture(scope="module")
-def both_template(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    return _template(tmp_path_factory, "both")
+@pytest.fixture
+def both_template(both_synth: Synth) -> dict[str, Any]:
+    return both_synth.template
 
 
 def deploy_with_training_jobs(template: dict[str, Any],
