@@ -1,4 +1,5 @@
-"""What the worker needs from where it runs beyond its settings: SageMaker's settings document and failure file.
+"""What the worker needs from where it runs beyond its settings: SageMaker's settings document, HF token and
+failure file.
 
 A SageMaker training job's Environment cannot hold the deployment's settings (512 characters a value), so its
 Environment names an object Plan wrote (nightbatch/settings/document.py); an AWS Batch job definition carries
@@ -9,9 +10,11 @@ which Capacity reads to decide the next attempt.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
-from nightbatch.settings import JobInputs, Settings, get_settings
+from gpu_worker.model_prep import HF_TOKEN_ENV
+from nightbatch.settings import JobInputs, Settings
 from nightbatch.settings import document as settings_document
 from nightbatch.storage import make_adapters
 
@@ -19,23 +22,31 @@ log = logging.getLogger("gpu_worker")
 FAILURE_REASON_CHARS = 1024  # SageMaker keeps the start of it
 
 
-def apply_settings_document(inputs: JobInputs) -> None:
-    """Adds the document's settings to the environment (the job's own variables win), before any read them."""
+def apply_settings_document(inputs: JobInputs, bootstrap: Settings) -> bool:
+    """Adds the document's settings to the environment (the job's own variables win); True if there was one, and
+    the caller reads its settings again. `bootstrap`: what the job's Environment alone says (bucket, region)."""
     if not inputs.settings_key:
-        return
-    bootstrap = Settings()  # the bucket and region come with the job's Environment
+        return False
     raw = make_adapters(bootstrap).blobs.get_bytes(inputs.settings_key)
     if raw is None:
         raise LookupError(f"the settings document s3://{bootstrap.deployment.bucket}/{inputs.settings_key} "
                           "is missing")
     added = settings_document.apply(raw)
-    get_settings.cache_clear()
     log.info("%d settings from s3://%s/%s", len(added), bootstrap.deployment.bucket, inputs.settings_key)
+    return True
 
 
-def report_failure(reason: str) -> None:
+def apply_hf_token(settings: Settings) -> None:
+    """HF_TOKEN from the secret the job names, unless the platform injected it (AWS Batch does)."""
+    if not settings.worker.hf_token_secret or os.environ.get(HF_TOKEN_ENV):
+        return
+    secrets = make_adapters(settings).client("secretsmanager")
+    os.environ[HF_TOKEN_ENV] = str(secrets.get_secret_value(SecretId=settings.worker.hf_token_secret)["SecretString"])
+
+
+def report_failure(settings: Settings, reason: str) -> None:
     """One line where the platform reports it; nothing when the platform reads exit codes alone (AWS Batch)."""
-    path = Settings().worker.failure_file
+    path = settings.worker.failure_file
     if not path:
         return
     try:

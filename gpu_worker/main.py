@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpu_worker.engines.base import Engine
-from gpu_worker.job_environment import apply_settings_document, report_failure
+from gpu_worker.job_environment import apply_hf_token, apply_settings_document, report_failure
 from gpu_worker.runner import ShardJob, ShardReport, preflight, run_shard
 from gpu_worker.shard import load_shard
 from gpu_worker.watch import BATCH_REASONS, read_stop_reason
@@ -51,13 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     inputs = JobInputs()  # this job's shard, beside the deployment's settings
     phases.backend = inputs.backend
+    settings = get_settings()
     try:
-        apply_settings_document(inputs)
+        if apply_settings_document(inputs, settings):
+            get_settings.cache_clear()
+            settings = get_settings()
+        apply_hf_token(settings)
     except Exception as exc:
         log.exception("the job's settings could not be read")
-        report_failure(f"settings: {type(exc).__name__}: {exc}")
+        report_failure(settings, f"settings: {type(exc).__name__}: {exc}")
         return EXIT_ERROR
-    settings = get_settings()
     if settings.deployment.mode == "aws":
         configure_logging()  # JSON lines for CloudWatch Logs, each with the batch and shard ids
     else:
@@ -76,10 +79,10 @@ def main(argv: list[str] | None = None) -> int:
             code = asyncio.run(serve_shard(job, settings, adapters, engine_path=engine_path, phases=phases))
     except Exception as exc:
         log.exception("shard %s/%s failed", batch_id, shard_id)
-        report_failure(f"{type(exc).__name__}: {exc}")
+        report_failure(settings, f"{type(exc).__name__}: {exc}")
         return EXIT_ERROR
     if code == EXIT_INTERRUPTED:
-        report_failure("stopped by SIGTERM with lines left; a new attempt resumes from the checkpoints")
+        report_failure(settings, "stopped by SIGTERM with lines left; a new attempt resumes from the checkpoints")
     return code
 
 

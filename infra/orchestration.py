@@ -155,10 +155,11 @@ class Orchestration(Construct):
             "ResultSelector": {"JobId.$": "$.JobId", "Status.$": "$.Status"},
             "ResultPath": "$.job",
         })
-        # Transient Batch API errors (e.g. "Failed to create shareIdentifier") are retried in place.
-        run_shard.add_retry(errors=["Batch.ServerException", "Batch.AWSBatchException"], max_attempts=3,
-                            interval=cdk.Duration.seconds(5), backoff_rate=2.0)
-        run_shard.add_catch(capacity, errors=["States.ALL"], result_path="$.shard_error")
+        if use_batch:  # else it stays out of the graph (a catch would bind it): a SageMaker-only stack
+            # Transient Batch API errors (e.g. "Failed to create shareIdentifier") are retried in place.
+            run_shard.add_retry(errors=["Batch.ServerException", "Batch.AWSBatchException"], max_attempts=3,
+                                interval=cdk.Duration.seconds(5), backoff_rate=2.0)
+            run_shard.add_catch(capacity, errors=["States.ALL"], result_path="$.shard_error")
         # The second GPU backend (infra/training_jobs.py): Capacity names the backend of each attempt.
         run: sfn.IChainable = run_shard
         if training_jobs is not None:

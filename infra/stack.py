@@ -79,7 +79,8 @@ class NightbatchStack(cdk.Stack):
         self.gpu = self._gpu_compute(repo_root)
         # SageMaker Training Jobs for the models whose `gpuBackend` is sagemaker or both.
         self.training_jobs = (TrainingJobs(self, "TrainingJobs", image=self.gpu.image,
-                                           volume_gib=config.worker_volume_gib)
+                                           volume_gib=config.worker_volume_gib,
+                                           hf_token_secret=self.gpu.hf_token_secret)
                               if config.uses_sagemaker else None)
         code = lambda_code(repo_root, config.lambda_bundling, probe=self.bundling_required)
         self._secrets()
@@ -328,11 +329,12 @@ class NightbatchStack(cdk.Stack):
         self.notifications.grant_send_email(notify_role)
         # The sweeper lists the queue's jobs (ListJobs has no resource-level permissions: "*") and cancels the
         # unstarted ones of stopped batches (nightbatch/storage/batch_jobs.py); nothing else of Batch.
-        sweeper_role.add_to_policy(iam.PolicyStatement(actions=["batch:ListJobs"], resources=["*"]))
-        sweeper_role.add_to_policy(iam.PolicyStatement(
-            actions=["batch:CancelJob"],
-            resources=[self.format_arn(service="batch", resource="job", resource_name="*")],
-        ))
+        if self.config.uses_batch:
+            sweeper_role.add_to_policy(iam.PolicyStatement(actions=["batch:ListJobs"], resources=["*"]))
+            sweeper_role.add_to_policy(iam.PolicyStatement(
+                actions=["batch:CancelJob"],
+                resources=[self.format_arn(service="batch", resource="job", resource_name="*")],
+            ))
         for model in self.config.models:
             if model.spec.source.startswith("s3://"):
                 self.grant_model_weights(model.spec.source)

@@ -15,6 +15,7 @@ from typing import Any
 import aws_cdk as cdk
 from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_iam as iam
+from aws_cdk import aws_secretsmanager as secretsmanager
 from aws_cdk import aws_stepfunctions as sfn
 from constructs import Construct
 
@@ -39,13 +40,17 @@ SYNC_RULE = "StepFunctionsGetEventsForSageMakerTrainingJobsRule"
 class TrainingJobs(Construct):
     """The role SageMaker runs the worker as (its bucket/table grants are the stack's, like the Batch job role's)."""
 
-    def __init__(self, scope: Construct, id: str, *, image: ecr_assets.DockerImageAsset, volume_gib: int) -> None:
+    def __init__(self, scope: Construct, id: str, *, image: ecr_assets.DockerImageAsset, volume_gib: int,
+                 hf_token_secret: secretsmanager.ISecret | None) -> None:
         super().__init__(scope, id)
         self.image = image
         self.volume_gib = volume_gib
+        self.hf_token_secret = hf_token_secret
         self.job_role = iam.Role(self, "JobRole", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
                                  description="nightbatch GPU worker on SageMaker: its batch's objects and items only")
         image.repository.grant_pull(self.job_role)
+        if hf_token_secret is not None:  # SageMaker cannot inject it: the worker reads it (job_environment.py)
+            hf_token_secret.grant_read(self.job_role)
         stack = cdk.Stack.of(self)
         self.job_role.add_to_policy(iam.PolicyStatement(
             actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
@@ -58,7 +63,9 @@ class TrainingJobs(Construct):
     def state_json(self, bucket_name: str) -> dict[str, Any]:
         environment = {
             **settings_environment({"mode": "aws", "region": cdk.Aws.REGION, "bucket": bucket_name,
-                                    "worker_failure_file": FAILURE_FILE}),
+                                    "worker_failure_file": FAILURE_FILE,
+                                    **({"worker_hf_token_secret": self.hf_token_secret.secret_name}
+                                       if self.hf_token_secret is not None else {})}),
             **JOB_ENVIRONMENT,
             f"{JobInputs.env_name('batch_id')}.$": "$.batch_id",
             f"{JobInputs.env_name('shard_id')}.$": "$.shard_id",

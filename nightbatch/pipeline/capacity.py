@@ -10,6 +10,11 @@ The workflow asks before every submission of a shard (the first, and after each 
 - Share: the tenant (AWS Batch fair-share), so one tenant's huge batch cannot starve another's small one.
 - Other failures retry on the same capacity with backoff, `shard_retry_attempts` times, then give up (Finalize
   writes the shard's unrun lines as `shard_failed`).
+- Backend: the shard's (Plan's manifest item: the model's `gpuBackend`). With `both`, a Batch attempt its queue
+  could not place (CAPACITY:/COMPUTE_ENVIRONMENT_MAX_RESOURCE: no capacity, or an EC2 quota of 0) moves the shard
+  to SageMaker when Batch has no other capacity to try or the batch's slack is below the margin; the move is
+  recorded on the batch (`backend_moved`), so its remaining shards follow. On SageMaker, Spot is managed Spot and
+  a Spot attempt that waited past its bound or was reclaimed moves on-demand (nightbatch/pipeline/training_jobs.py).
 Each decision is written next to the shard's results (`capacity-<n>.json`); Finalize lists them in the batch's
 `nightbatch.capacity` extension.
 """

@@ -160,7 +160,7 @@ class _Environment(PydanticBaseSettingsSource):
 
 
 class JobInputs(BaseSettings):
-    """What one GPU worker job is asked to run: its shard, set per job by AWS Batch.
+    """What one GPU worker job is asked to run: its shard, set per job by AWS Batch or SageMaker.
 
     The state machine passes them as container overrides (infra/orchestration.py); the job definition's
     environment carries the deployment's settings.

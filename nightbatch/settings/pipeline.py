@@ -141,3 +141,6 @@ class WorkerSettings(Section):
     in_flight_per_slot: Annotated[float, Env("worker_in_flight_per_slot")] = 2.0
     # Where a failed run writes its cause in one line (SageMaker reports /opt/ml/output/failure as FailureReason).
     failure_file: Annotated[str, Env("worker_failure_file")] = ""
+    # A Secrets Manager secret holding a Hugging Face token, read by the worker itself where the platform cannot
+    # inject it (SageMaker; an AWS Batch job definition injects HF_TOKEN).
+    hf_token_secret: Annotated[str, Env("worker_hf_token_secret")] = ""

@@ -307,8 +307,8 @@ def patch_batch(monkeypatch: pytest.MonkeyPatch, d: Deployment) -> None:
 
 
 # Per-job variables: the state machine's overrides, Batch's own, and the worker's container-only path.
-JOB_ONLY_ENV = {"NIGHTBATCH_BATCH_ID", "NIGHTBATCH_SHARD_ID", "NIGHTBATCH_BACKEND", "NIGHTBATCH_MODEL_CACHE", "AWS_BATCH_JOB_ID",
-                "MANAGED_BY_AWS", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
+JOB_ONLY_ENV = {"NIGHTBATCH_BATCH_ID", "NIGHTBATCH_SHARD_ID", "NIGHTBATCH_BACKEND", "NIGHTBATCH_MODEL_CACHE",
+                "AWS_BATCH_JOB_ID", "MANAGED_BY_AWS", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
 
 
 def worker_in_process(monkeypatch: pytest.MonkeyPatch, *, engine: str) -> Callable[[dict[str, str]], None]:

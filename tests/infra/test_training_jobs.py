@@ -18,8 +18,8 @@ from nightbatch.ids import new_batch_id
 from nightbatch.pipeline import training_jobs
 from nightbatch.settings import JobInputs
 from tests.infra.cfn import of_type, one_of_type, resolve
-from tests.infra.synth import ROOT, Synth
-from tests.infra.test_least_privilege import _list, _statements_of_role
+from tests.infra.synth import ROOT, Synth, synthesize
+from tests.infra.test_least_privilege import _list, _statements_of_role, _worker_role
 
 _MODEL = botocore.session.get_session().get_service_model("sagemaker")
 CREATE = _MODEL.operation_model("CreateTrainingJob").input_shape
@@ -81,7 +81,7 @@ def test_the_task_runs_the_worker_image_with_its_entry_point_and_capacity_s_choi
     dockerfile = (ROOT / "gpu_worker" / "Dockerfile").read_text()
     assert f"ENTRYPOINT {json.dumps(list(WORKER_ENTRYPOINT))}" in dockerfile
     assert params["AlgorithmSpecification"]["ContainerEntrypoint"] == list(WORKER_ENTRYPOINT)
-    assert "WorkerImage" in json.dumps(params["AlgorithmSpecification"]["TrainingImage"])
+    assert "container-assets" in params["AlgorithmSpecification"]["TrainingImage"]  # the worker image asset
     assert {k: v for k, v in params.items() if k.endswith(".$")} == {
         "TrainingJobName.$": "$.capacity.job_name", "EnableManagedSpotTraining.$": "$.capacity.managed_spot",
         "StoppingCondition.$": "$.capacity.stopping_condition"}
@@ -127,7 +127,7 @@ def test_the_workflow_may_pass_only_the_job_role_and_run_training_jobs(sagemaker
 def test_the_sagemaker_job_role_holds_what_the_batch_job_role_holds(both_synth: Synth) -> None:
     template = both_synth.template
     sagemaker = _statements_of_role(template, _role_logical(template, "sagemaker.amazonaws.com"))
-    batch = _statements_of_role(template, _role_logical(template, "ecs-tasks.amazonaws.com"))
+    batch = _statements_of_role(template, _worker_role(template))
 
     def data(statements: list[dict[str, Any]]) -> list[str]:
         return sorted(json.dumps(st, sort_keys=True) for st in statements
@@ -139,6 +139,12 @@ def test_the_sagemaker_job_role_holds_what_the_batch_job_role_holds(both_synth: 
                       "ecr:GetAuthorizationToken", "logs:CreateLogGroup", "logs:CreateLogStream",
                       "logs:PutLogEvents", "logs:DescribeLogStreams"}
     assert not any(a.endswith("*") for st in sagemaker for a in _list(st["Action"]))
+    # The same image as the Batch job definitions'.
+    (image,) = {json.dumps(d["Properties"]["ContainerProperties"]["Image"])
+                for d in of_type(template, "AWS::Batch::JobDefinition").values()}
+    _, machine = one_of_type(template, "AWS::StepFunctions::StateMachine")
+    (asset_hash,) = re.findall(r"[0-9a-f]{64}", image)
+    assert asset_hash in json.dumps(machine["Properties"]["DefinitionString"])
 
 
 def _resolve_paths(node: Any, state: dict[str, Any]) -> Any:
@@ -210,3 +216,21 @@ def test_capacity_is_told_each_model_s_sagemaker_type(both_synth: Synth) -> None
     plan = next(f for f in functions if f["Properties"]["Handler"] == "functions.tasks.plan.handler")
     assert json.loads(plan["Properties"]["Environment"]["Variables"]["NIGHTBATCH_BACKENDS_JSON"]) == {
         "Qwen2.5-7B-Instruct": "both", "bge-small-en-v1.5": "both"}
+
+
+@pytest.mark.slow
+def test_gated_and_s3_weights_on_sagemaker(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The worker reads the HF token itself on SageMaker, and may read S3 weights; nag still acknowledges all."""
+    variant = synthesize({
+        "gpuBackend": "sagemaker",
+        "models": [{"name": "llama", "source": "s3://my-weights/llama/8b/"},
+                   {"name": "gated", "source": "hf:meta-llama/Llama-3.1-8B-Instruct", "tokenSecret": "nb/hf"}],
+    }, tmp_path_factory.mktemp("sagemaker-variant") / "cdk.out")
+    assert variant.error is None, variant.error
+    template = variant.template
+    env = _processor(variant)["RunShardSageMaker"]["Parameters"]["Environment"]
+    assert env["NIGHTBATCH_WORKER_HF_TOKEN_SECRET"] == "nb/hf"
+    statements = _statements_of_role(template, _role_logical(template, "sagemaker.amazonaws.com"))
+    actions = {a for st in statements for a in _list(st["Action"])}
+    assert {"secretsmanager:GetSecretValue", "s3:GetObject"} <= actions
+    assert any("my-weights/llama/8b/*" in json.dumps(st["Resource"]) for st in statements)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,16 @@ def test_a_missing_settings_document_fails_the_job_and_names_it(
     assert main(["--engine", DETERMINISTIC]) == 1
     assert layout.worker_settings_key(env.batch_id) in failure.read_text()
     assert env.done_marker() is None
+
+
+def test_a_sagemaker_job_reads_its_hugging_face_token_from_the_secret(
+        env: ShardWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    name = f"hf-token-{env.batch_id}"
+    env.adapters.client("secretsmanager").create_secret(Name=name, SecretString="hf_from_the_secret")
+    monkeypatch.setenv("HF_TOKEN", "unset")
+    monkeypatch.delenv("HF_TOKEN")  # SageMaker cannot inject it; monkeypatch restores its absence afterwards
+    monkeypatch.setenv("NIGHTBATCH_WORKER_HF_TOKEN_SECRET", name)
+    get_settings.cache_clear()
+    env.seed(chat_requests(2))
+    assert main(["--engine", DETERMINISTIC]) == 0
+    assert os.environ["HF_TOKEN"] == "hf_from_the_secret"
