@@ -168,6 +168,8 @@ class BatchRecord(ListedRecord):
     shard_count: int | None = None
     finalize_target: str | None = None
     capacity_on_demand: str | None = None
+    # Why Capacity moved the batch's remaining shards from AWS Batch to SageMaker (`gpuBackend: both`).
+    backend_moved: str | None = None
 
     def index_keys(self) -> dict[str, Any]:
         keys: dict[str, Any] = {"created_sk": sort_key(self.created_at, self.pk)}
