@@ -88,6 +88,9 @@ class NightbatchStack(cdk.Stack):
 
         self._grant_objects_and_table()
         self._grant_drivers()
+        if self.training_jobs is not None:  # Finalize (and the sweeper's inline Finalize) price managed Spot
+            for function in (self.orchestration.tasks["finalize"].function, self.orchestration.sweeper.function):
+                self.training_jobs.grant_describe(function)
         functions = self.lambda_functions()
         self._reserve_concurrency(functions)
         self.observability = Observability(
@@ -273,11 +276,16 @@ class NightbatchStack(cdk.Stack):
         if not config.uses_sagemaker:
             return {}
         return {"sagemaker_json": json.dumps({
-            "instance_types": {m.spec.name: f"ml.{config.instance_types_for(m)[0]}" for m in config.models
-                               if config.backend_for(m) != "batch"},
+            "instance_types": self._sagemaker_instance_types(),
             "spot": config.capacity.spot, "on_demand": config.capacity.on_demand,
             "max_pending_seconds": config.runnable_timeout_minutes * 60,
         }, separators=(",", ":"))}
+
+    def _sagemaker_instance_types(self) -> dict[str, str]:
+        """The ml.* type each model's training jobs run on: its first instance type."""
+        config = self.config
+        return {m.spec.name: f"ml.{config.instance_types_for(m)[0]}" for m in config.models
+                if config.backend_for(m) != "batch"}
 
     @property
     def worker_roles(self) -> list[iam.IRole]:
@@ -380,6 +388,9 @@ class NightbatchStack(cdk.Stack):
         cdk.CfnOutput(self, "StateMachineArn", value=self.orchestration.state_machine.state_machine_arn)
         for kind, queue in self.gpu.queues.items():
             cdk.CfnOutput(self, "SpotQueueArn" if kind == "spot" else "OnDemandQueueArn", value=queue.job_queue_arn)
+        if self.training_jobs is not None:  # the doctor reads these types' SageMaker quotas
+            cdk.CfnOutput(self, "SageMakerInstanceTypes",
+                          value=",".join(sorted(set(self._sagemaker_instance_types().values()))))
         cdk.CfnOutput(self, "TopicArn", value=self.notifications.topic.topic_arn)
         cdk.CfnOutput(self, "DashboardName", value=self.observability.dashboard.dashboard_name)
 

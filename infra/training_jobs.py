@@ -101,10 +101,18 @@ class TrainingJobs(Construct):
             "ResultPath": "$.job",
         }
 
+    def grant_describe(self, role: iam.IGrantable) -> None:
+        """Reading a job's billable seconds (nightbatch/storage/sagemaker_reads.py)."""
+        iam.Grant.add_to_principal(grantee=role, actions=["sagemaker:DescribeTrainingJob"],
+                                   resource_arns=[self._jobs_arn()])
+
+    def _jobs_arn(self) -> str:
+        return cdk.Stack.of(self).format_arn(service="sagemaker", resource="training-job", resource_name="*")
+
     def grant_run(self, role: iam.IGrantable) -> None:
         """What CDK's SageMakerCreateTrainingJob grants for `.sync` (a CustomState grants nothing itself)."""
         stack = cdk.Stack.of(self)
-        jobs = stack.format_arn(service="sagemaker", resource="training-job", resource_name="*")
+        jobs = self._jobs_arn()
         iam.Grant.add_to_principal(grantee=role, actions=[
             "sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob",
             # `.sync` tags each job MANAGED_BY_AWS=STARTED_BY_STEP_FUNCTIONS (aws-cdk#32294).

@@ -19,7 +19,7 @@ from nightbatch.pipeline import training_jobs
 from nightbatch.settings import JobInputs
 from tests.infra.cfn import of_type, one_of_type, resolve
 from tests.infra.synth import ROOT, Synth, synthesize
-from tests.infra.test_least_privilege import _list, _statements_of_role, _worker_role
+from tests.infra.test_least_privilege import _list, _role_of, _statements_of_role, _worker_role
 
 _MODEL = botocore.session.get_session().get_service_model("sagemaker")
 CREATE = _MODEL.operation_model("CreateTrainingJob").input_shape
@@ -234,3 +234,15 @@ def test_gated_and_s3_weights_on_sagemaker(tmp_path_factory: pytest.TempPathFact
     actions = {a for st in statements for a in _list(st["Action"])}
     assert {"secretsmanager:GetSecretValue", "s3:GetObject"} <= actions
     assert any("my-weights/llama/8b/*" in json.dumps(st["Resource"]) for st in statements)
+
+
+def test_finalize_and_the_sweeper_may_read_training_jobs_and_the_doctor_gets_their_types(
+        sagemaker_synth: Synth) -> None:
+    template = sagemaker_synth.template
+    for handler in ("functions.tasks.finalize.handler", "functions.tasks.sweep.handler"):
+        statements = _statements_of_role(template, _role_of(template, handler))
+        (describe,) = [st for st in statements if "sagemaker:DescribeTrainingJob" in _list(st["Action"])]
+        assert _list(describe["Action"]) == ["sagemaker:DescribeTrainingJob"]
+        assert ":training-job/*" in json.dumps(describe["Resource"])
+    types = template["Outputs"]["SageMakerInstanceTypes"]["Value"]
+    assert types and all(t.startswith("ml.") and t[3:] in GPU_SHAPES for t in types.split(",")), types
