@@ -11,7 +11,6 @@ from aws_cdk import aws_batch as batch
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_stepfunctions as sfn
@@ -19,7 +18,7 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from infra.environment import settings_environment
-from infra.lambdas import LambdaFunction
+from infra.lambdas import LambdaBase, LambdaFunction
 from infra.limits import definition_problems
 from infra.training_jobs import TrainingJobs
 from nightbatch.settings import JobInputs
@@ -75,25 +74,21 @@ class Orchestration(Construct):
         scope: Construct,
         id: str,
         *,
-        code: lambda_.Code,
-        environment: Mapping[str, str],
+        lambdas: LambdaBase,
         task_environment: Mapping[str, Mapping[str, str]],
         sweeper_environment: Mapping[str, str],
         bucket: s3.IBucket,
         job_queues: list[batch.IJobQueue],
         max_concurrency: int,
         execution_timeout: cdk.Duration,
-        log_retention: logs.RetentionDays,
         use_batch: bool = True,
         training_jobs: TrainingJobs | None = None,
     ) -> None:
         super().__init__(scope, id)
         self.tasks: dict[str, LambdaFunction] = {
-            name: LambdaFunction(
-                self, f"{name.capitalize()}Function", code=code, handler=handler,
-                description=f"nightbatch workflow: {name}",
-                environment={**environment, **task_environment.get(name, {})}, timeout=TASK_TIMEOUTS[name],
-                log_retention=log_retention,
+            name: lambdas.function(
+                self, f"{name.capitalize()}Function", handler=handler, description=f"nightbatch workflow: {name}",
+                environment=task_environment.get(name, {}), timeout=TASK_TIMEOUTS[name],
             )
             for name, handler in TASK_HANDLERS.items()
         }
@@ -207,7 +202,7 @@ class Orchestration(Construct):
                   .next(notify))
             .otherwise(notify)
         )
-        self.log_group = logs.LogGroup(self, "WorkflowLogs", retention=log_retention,
+        self.log_group = logs.LogGroup(self, "WorkflowLogs", retention=lambdas.log_retention,
                                        removal_policy=cdk.RemovalPolicy.DESTROY)
         self.state_machine = sfn.StateMachine(
             self, "Workflow",
@@ -221,15 +216,15 @@ class Orchestration(Construct):
 
         self.node.add_validation(_DefinitionLimit(self.state_machine))
 
-        self.sweeper = LambdaFunction(
-            self, "Sweeper", code=code, handler=SWEEP_HANDLER,
+        self.sweeper = lambdas.function(
+            self, "Sweeper", handler=SWEEP_HANDLER,
             description="nightbatch sweeper: re-drives stuck batches, finalizes abandoned ones, cancels their "
                         "queued jobs, emits gauges",
-            environment={**environment, **sweeper_environment,
+            environment={**sweeper_environment,
                          **settings_environment({"state_machine_arn": self.state_machine.state_machine_arn,
                                                  "notify_function": self.tasks["notify"].function.function_name})},
             # It finalizes abandoned batches inline (finalize_batch), so it gets Finalize's time.
-            timeout=TASK_TIMEOUTS["finalize"], log_retention=log_retention,
+            timeout=TASK_TIMEOUTS["finalize"],
         )
         self.schedule = events.Rule(
             self, "SweepSchedule", schedule=events.Schedule.rate(SWEEP_EVERY),

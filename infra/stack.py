@@ -21,6 +21,7 @@ from infra.bundling import lambda_code
 from infra.config import DeployConfig
 from infra.environment import env_name, settings_environment
 from infra.gpu_compute import GpuCompute, ModelJob
+from infra.lambdas import LambdaBase
 from infra.notifications import Notifications
 from infra.observability import Observability
 from infra.orchestration import Orchestration
@@ -202,17 +203,16 @@ class NightbatchStack(cdk.Stack):
         # The principals that move a batch put its state changes on the bus (nightbatch/state_changes.py).
         bus = self.config.notifications.event_bus
         bus_env = settings_environment({"event_bus": bus}) if bus else {}
-        self.uploads = UploadComposer(self, "Uploads", code=code, environment=runtime, log_retention=retention)
+        lambdas = LambdaBase(code, runtime, retention)
+        self.uploads = UploadComposer(self, "Uploads", lambdas=lambdas)
         upload_env = settings_environment({"upload_queue_url": self.uploads.queue.queue_url})
         # The webhook queue's consumer builds the same notifier as Notify; it signs no download links, so it
         # gets neither the link secret nor the API's URL.
         self.deliverer = self.notifications.add_deliverer(
-            code=code, environment={**runtime, **email_policy, **notify_env}, log_retention=retention,
-        )
+            lambdas=lambdas.with_environment({**email_policy, **notify_env}))
         self.orchestration = Orchestration(
             self, "Orchestration",
-            code=code,
-            environment=runtime,
+            lambdas=lambdas,
             task_environment={
                 "notify": {**email_policy, **notify_env, **link_env, **bus_env},
                 "validate": bus_env,
@@ -240,22 +240,20 @@ class NightbatchStack(cdk.Stack):
             training_jobs=self.training_jobs,
             max_concurrency=config.max_gpus,
             execution_timeout=cdk.Duration.hours(config.max_window_hours + config.finalize_margin_hours),
-            log_retention=retention,
         )
         self.api = Api(
             self, "Api",
-            code=code,
-            environment={**runtime, **link_env, **upload_env, **email_policy, **bus_env, **settings_environment({
+            lambdas=lambdas.with_environment({
+                **link_env, **upload_env, **email_policy, **bus_env, **settings_environment({
                 "state_machine_arn": self.orchestration.state_machine.state_machine_arn,
                 "api_keys_secret": self.api_keys.secret_arn,
                 "secrets_kms_key": self.secrets_key.key_arn,
                 # `webhooks.test` queues its sample event for Deliver instead of calling the receiver itself.
                 "webhook_queue_url": self.notifications.webhook_queue.queue_url,
-            })},
+                })}),
             memory_mb=config.api.memory_mb,
             rate_limit=config.api.rate_limit,
             burst_limit=config.api.burst_limit,
-            log_retention=retention,
         )
         # Notify signs download links into its e-mails; they point at this API, unless `limits` names another
         # public URL (a custom domain). No cycle: the HTTP API does not depend on the workflow, its Lambda does.
