@@ -43,18 +43,16 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
     items: list[ShardItem] = []
     if batch is not None and batch.status == "in_progress":
         model = batch.model or ""
-        segments = layout.read_segment_index(blobs, inp.batch_id)
+        index = layout.read_segments(blobs, inp.batch_id)
+        segments = index.segments
         job_definitions: dict[str, str] = json.loads(settings.pipeline.job_definitions_json or "{}")
         job_definition = job_definitions.get(model, "")
         window = max(0.0, float(batch.expires_at) - now()) if batch.expires_at else None
         # fleet's sizing decides how many shards; placement decides which segments go in each.
         for i, group in enumerate(place_by_prefix(group_segments(segments, settings, window))):
             shard_id = f"{i:05d}"
-            layout.write_shard(blobs, layout.ShardSpec(
-                batch_id=inp.batch_id, shard_id=shard_id, endpoint=batch.endpoint, model=model,
-                segments=[s.key for s in group], lines=sum(s.lines for s in group),
-                est_tokens=sum(s.est for s in group),
-            ))
+            layout.write_shard(blobs, layout.shard_spec(index, group, batch_id=inp.batch_id, shard_id=shard_id,
+                                                        endpoint=batch.endpoint, model=model))
             items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id, job_definition=job_definition,
                                    est_tokens=sum(s.est for s in group)))
     # Cancelled or expired before planning: an empty manifest sends the workflow straight to Finalize.

@@ -39,9 +39,15 @@ class BlobStore:
             raise
         return body
 
-    def iter_chunks(self, key: str, *, start: int = 0, chunk: int = CHUNK_BYTES) -> Iterator[bytes]:
+    def iter_chunks(self, key: str, *, start: int = 0, end: int | None = None,
+                    chunk: int = CHUNK_BYTES) -> Iterator[bytes]:
+        """The bytes [start, end) of `key` (to its end when `end` is None), streamed in one GET."""
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
-        if start:
+        if end is not None:
+            if end <= start:
+                return
+            kwargs["Range"] = f"bytes={start}-{end - 1}"
+        elif start:
             kwargs["Range"] = f"bytes={start}-"
         body = self.client.get_object(**kwargs)["Body"]
         try:
