@@ -11,9 +11,8 @@ from typing import Any
 
 from gpu_worker.results import usage_tokens
 from nightbatch import layout
-from nightbatch.jsonl import loads
 from nightbatch.layout import CHECKPOINT_RE, ShardSpec
-from nightbatch.pipeline.shard_lines import shard_lines
+from nightbatch.pipeline.shard_lines import shard_requests
 from nightbatch.storage import BlobStore
 
 log = logging.getLogger("gpu_worker.shard")
@@ -70,13 +69,11 @@ class PendingLines:
         self.skipped = 0
 
     def __iter__(self) -> Iterator[PendingRequest]:
-        for line in shard_lines(self.blobs, self.spec):
-            req = loads(line.raw)
-            custom_id = str(req["custom_id"])
-            if custom_id in self.skip:
+        for req in shard_requests(self.blobs, self.spec):
+            if req.custom_id in self.skip:
                 self.skipped += 1
                 continue
-            yield PendingRequest(n=line.number, custom_id=custom_id, body=req["body"])
+            yield PendingRequest(n=req.number, custom_id=req.custom_id, body=req.body)
 
 
 def read_progress(blobs: BlobStore, prefix: str) -> Progress:

@@ -17,7 +17,7 @@ from nightbatch.accounting import collect_shard_times, cost_summary
 from nightbatch.clock import now
 from nightbatch.errors import BatchItemTooLargeError, StorageConflictError
 from nightbatch.ids import custom_id_digest, derived_id
-from nightbatch.jsonl import loads, split_lines
+from nightbatch.jsonl import split_lines
 from nightbatch.metrics import emit
 from nightbatch.phases import summarize as summarize_phases
 from nightbatch.pipeline.capacity import collect_decisions
@@ -30,7 +30,7 @@ from nightbatch.pipeline.results import (
     tally_plain_lines,
     unrun_line,
 )
-from nightbatch.pipeline.shard_lines import shard_lines
+from nightbatch.pipeline.shard_lines import shard_requests
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore, LineWriter
 from nightbatch.storage.parts import PartStore
@@ -149,8 +149,8 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str) -> tup
             if shard_id is not None:
                 _merge_results(blobs, batch_id, shard_id, seen, out, err, tally)
             if len(seen) < spec.lines:
-                for line in shard_lines(blobs, spec):
-                    custom_id = str(loads(line.raw)["custom_id"])
+                for req in shard_requests(blobs, spec):
+                    custom_id = req.custom_id
                     if (d := custom_id_digest(custom_id)) not in seen:
                         seen.add(d)
                         err.write(unrun_line(batch_id, custom_id, unrun_code))

@@ -13,8 +13,9 @@ from collections.abc import Iterator
 from typing import NamedTuple
 
 from nightbatch import layout
-from nightbatch.jsonl import split_lines
+from nightbatch.jsonl import loads, split_lines
 from nightbatch.layout import InputSource, ShardSpec
+from nightbatch.pipeline.segments import SegmentRequest, split_segment_line
 from nightbatch.storage import BlobStore
 
 # Ranges closer than this are read in one GET: a GET costs a round trip (~20-50 ms on S3), which is worth
@@ -23,7 +24,6 @@ MERGE_GAP_BYTES = 1024 * 1024
 # A longer GET is split: the worker consumes a shard over hours and one GET should not stay open that long.
 MAX_GET_BYTES = 64 * 1024 * 1024
 CHUNK_BYTES = 1024 * 1024
-V1_REQ = b',"req":'  # segment_line's form: {"n":N,"est":E,"req":<request>}
 V1_MAX_LINE = 64 * 1024 * 1024  # a segment line holds one input line (itself bounded by max_line_bytes)
 
 
@@ -45,6 +45,13 @@ def shard_lines(blobs: BlobStore, spec: ShardSpec, *, chunk: int = CHUNK_BYTES) 
         yield from _v1_lines(blobs, spec.segments)
         return
     yield from _read_runs(InputReader(blobs, spec.input, chunk), _runs(blobs, spec.indexes))
+
+
+def shard_requests(blobs: BlobStore, spec: ShardSpec) -> Iterator[SegmentRequest]:
+    """shard_lines, each request decoded (its custom_id and body)."""
+    for line in shard_lines(blobs, spec):
+        req = loads(line.raw)
+        yield SegmentRequest(number=line.number, est=line.est, custom_id=str(req["custom_id"]), body=req["body"])
 
 
 def _runs(blobs: BlobStore, keys: list[str]) -> Iterator[Run]:
@@ -157,9 +164,5 @@ class _Cursor:
 def _v1_lines(blobs: BlobStore, keys: list[str]) -> Iterator[ShardLine]:
     for key in keys:
         for raw in split_lines(blobs.iter_chunks(key), max_bytes=V1_MAX_LINE):
-            data = raw.data
-            if not data or not data.strip():
-                continue
-            cut = data.index(V1_REQ)
-            n, est = data[5:cut].split(b',"est":')  # after b'{"n":'
-            yield ShardLine(int(n), int(est), data[cut + len(V1_REQ):data.rindex(b"}")].strip())
+            if raw.data and raw.data.strip():
+                yield ShardLine(*split_segment_line(raw.data))
