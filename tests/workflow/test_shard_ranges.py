@@ -4,6 +4,7 @@ release's segment copies gave (number, estimate, the request as uploaded), and V
 from __future__ import annotations
 
 import io
+import itertools
 import json
 from typing import Any
 
@@ -12,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nightbatch import layout
+from nightbatch.batches import CreateBatchRequest
 from nightbatch.jsonl import BOM, split_lines
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.pipeline.segments import segment_line
@@ -93,28 +95,33 @@ def test_four_mib_lines_straddling_every_chunk(services: Services) -> None:
     assert through_ranges(services, make_batch(services, data), chunk=1_000_003) == expected
 
 
-def test_an_upload_is_read_through_its_parts(services: Services) -> None:
+def test_an_upload_is_read_through_its_parts(services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Composition not run yet (it runs minutes later in AWS): the File reads through its parts.
+    monkeypatch.setattr(services.uploads.jobs, "compose", lambda *a, **k: None)
     data = b"".join(request(i, i) + b"\r\n" for i in range(30))
     cuts = [0, 1, 517, 518, 2000, len(data)]  # a one-byte part and parts cutting lines anywhere
     up = services.uploads.create("default", CreateUploadRequest(bytes=len(data), filename="in.jsonl",
                                                                 mime_type="text/jsonl", purpose="batch"))
     parts = [services.uploads.add_part("default", up.id, io.BytesIO(data[a:b]), b - a).id
-             for a, b in zip(cuts, cuts[1:], strict=False)]
+             for a, b in itertools.pairwise(cuts)]
     done = services.uploads.complete("default", up.id, CompleteUploadRequest(part_ids=parts))
     assert done.file is not None
     file = services.files.item("default", done.file.id)
     source = layout.InputSource(key=file.s3_key, bytes=file.bytes,
                                 parts=[layout.InputPart(key=k, bytes=services.adapters.blobs.size(k) or 0)
                                        for k in file.parts or []])
-    if source.parts:  # not composed yet: every range through the parts
-        reader = InputReader(services.adapters.blobs, source, chunk=7)
-        for a, b in [(0, len(data)), (1, 518), (517, 519), (300, 2100), (len(data) - 1, len(data))]:
-            assert b"".join(reader.read(a, b)) == data[a:b]
-    from nightbatch.batches import CreateBatchRequest
-
+    assert len(source.parts) == 5 and services.adapters.blobs.size(file.s3_key) is None
+    reader = InputReader(services.adapters.blobs, source, chunk=7)
+    for a, b in [(0, len(data)), (1, 518), (517, 519), (300, 2100), (len(data) - 1, len(data))]:
+        assert b"".join(reader.read(a, b)) == data[a:b]
     batch = services.batches.create("default", CreateBatchRequest(
         input_file_id=done.file.id, endpoint="/v1/chat/completions", completion_window="24h"))
     assert through_ranges(services, batch.id, chunk=64) == sorted(previous_release(services, data))
+    # Composed meanwhile (the parts purged later): the same ranges from the composed object.
+    services.assembly.compose(done.file.id, up.id)
+    assert services.adapters.blobs.size(file.s3_key) == len(data)
+    composed = InputReader(services.adapters.blobs, source, chunk=5)
+    assert b"".join(composed.read(1, 2001)) == data[1:2001] and composed.composed
 
 
 def test_validate_writes_an_index_not_a_copy(services: Services) -> None:
