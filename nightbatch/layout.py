@@ -28,6 +28,9 @@ PROGRESS_RE = re.compile(r"^progress-([0-9a-f]+)\.json$")
 FILES_PREFIX = "files/"
 BATCHES_PREFIX = "batches/"
 UPLOADS_PREFIX = "uploads/"
+# The bucket's lifecycle deletes objects under files/ and batches/ this many days after they were written
+# (infra/storage.py); a batch's input older than that by the batch's end is written again (pipeline/validate.py).
+OBJECT_EXPIRY_DAYS = 31
 
 
 # -- keys ----------------------------------------------------------------------------------------------------

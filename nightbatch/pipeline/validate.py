@@ -23,6 +23,7 @@ from nightbatch.validation import MAX_ERRORS_BYTES, LineInvalid, Validator, line
 from nightbatch.wire import BatchError
 
 log = logging.getLogger("nightbatch.validate")
+KEEP_MARGIN_SECONDS = 86400  # past the batch's expiry: the sweeper's grace, Finalize, retries
 
 
 def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
@@ -89,7 +90,9 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
         writer.abandon()
         blobs.delete_prefix(layout.segments_prefix(inp.batch_id))
         return _fail(services, batch, errors)
-    writer.close(_input_source(blobs, file_item))
+    source = _input_source(blobs, file_item)
+    writer.close(source)
+    _keep_input(blobs, source, inp.batch_id, batch.expires_at)
     est_total = sum(s.est for s in writer.index)
     over = check_queue_limits(table, batch.tenant, inp.batch_id, count, est_total, model=validator.model,
                               settings=settings)
@@ -115,6 +118,18 @@ def _input_source(blobs: BlobStore, file_item: FileRecord) -> layout.InputSource
         sizes = PartStore(blobs).sizes(layout.parts_prefix(file_item.upload_id))
         parts = [layout.InputPart(key=k, bytes=sizes[k]) for k in file_item.parts]
     return layout.InputSource(key=file_item.s3_key, bytes=file_item.bytes, parts=parts)
+
+
+def _keep_input(blobs: BlobStore, source: layout.InputSource, batch_id: str, expires_at: int | None) -> None:
+    """The shards read the input until the batch ends (up to its window plus Finalize, after the sweeper's grace),
+    but the bucket's lifecycle deletes it OBJECT_EXPIRY_DAYS after it was written: an input that would go
+    before then is written again in place, a server-side copy. (An Upload still in parts is composed anew.)"""
+    if source.parts or expires_at is None:
+        return
+    written = blobs.written_at(source.key)
+    if written is not None and written + layout.OBJECT_EXPIRY_DAYS * 86400 < expires_at + KEEP_MARGIN_SECONDS:
+        blobs.rewrite(source.key, {"nightbatch-kept-for": batch_id})
+        log.info("input rewritten to outlive the batch", extra={"batch_id": batch_id})
 
 
 def _fail(services: Services, batch: BatchRecord, errors: list[BatchError]) -> ValidateOutput:

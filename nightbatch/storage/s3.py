@@ -96,6 +96,20 @@ class BlobStore:
                 return None
             raise
 
+    def written_at(self, key: str) -> float | None:
+        """When the object was last written (epoch seconds): what S3's lifecycle counts its age from."""
+        try:
+            return float(self.client.head_object(Bucket=self.bucket, Key=key)["LastModified"].timestamp())
+        except client_error() as e:
+            if _missing(e):
+                return None
+            raise
+
+    def rewrite(self, key: str, metadata: dict[str, str]) -> None:
+        """Copies the object onto itself, server-side (multipart past 5 GB): same bytes, written now."""
+        self.client.copy({"Bucket": self.bucket, "Key": key}, self.bucket, key,
+                         ExtraArgs={"MetadataDirective": "REPLACE", "Metadata": metadata})
+
     def exists(self, key: str) -> bool:
         return self.size(key) is not None
 

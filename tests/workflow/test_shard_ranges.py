@@ -159,3 +159,21 @@ def test_a_shard_of_either_version_reads(services: Services, version: int) -> No
     else:
         got = through_ranges(services, make_batch(services, data), chunk=1 << 20)
     assert [(x.number, x.raw) for x in got] == [(i + 1, request(i, 0)) for i in range(5)]
+
+
+def test_an_input_the_lifecycle_would_delete_before_the_batch_ends_is_rewritten(
+        services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
+    blobs = services.adapters.blobs
+    data = b"".join(request(i, 0) + b"\n" for i in range(3))
+    fresh = make_batch(services, data)
+    assert validate_batch(BatchTaskInput(batch_id=fresh), services).valid
+    fresh_file = (services.adapters.table.get_record(BatchRecord, fresh) or pytest.fail()).input_file_id
+    assert blobs.client.head_object(Bucket=blobs.bucket, Key=layout.file_key(fresh_file))["Metadata"] == {}
+    # A file written (by the lifecycle's count) long before: as if the lifecycle ran after a day.
+    monkeypatch.setattr(layout, "OBJECT_EXPIRY_DAYS", 1)
+    old = make_batch(services, data)
+    assert validate_batch(BatchTaskInput(batch_id=old), services).valid
+    file_id = (services.adapters.table.get_record(BatchRecord, old) or pytest.fail()).input_file_id
+    head = blobs.client.head_object(Bucket=blobs.bucket, Key=layout.file_key(file_id))
+    assert head["Metadata"] == {"nightbatch-kept-for": old}
+    assert blobs.get_bytes(layout.file_key(file_id)) == data
