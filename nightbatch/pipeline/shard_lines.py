@@ -17,6 +17,7 @@ from nightbatch.jsonl import loads, split_lines
 from nightbatch.layout import InputSource, ShardSpec
 from nightbatch.pipeline.segments import SegmentRequest, split_segment_line
 from nightbatch.storage import BlobStore
+from nightbatch.storage.parts import PartStore
 
 # Ranges closer than this are read in one GET: a GET costs a round trip (~20-50 ms on S3), which is worth
 # ~1 MiB of transfer; prefix-grouped segments are scattered lines, each its own range.
@@ -107,7 +108,9 @@ class InputReader:
         self.composed = not source.parts
 
     def read(self, start: int, end: int) -> Iterator[bytes]:
-        if not self.composed and self.blobs.size(self.source.key) == self.source.bytes:
+        # By listing, not HEAD: the worker may list the input prefix but a HEAD of a missing key answers 403.
+        if not self.composed and PartStore(self.blobs).sizes(self.source.key).get(self.source.key) == \
+                self.source.bytes:
             self.composed = True  # the parts may be purged from now on
         if self.composed:
             yield from self.blobs.iter_chunks(self.source.key, start=start, end=end, chunk=self.chunk)
