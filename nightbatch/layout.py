@@ -256,10 +256,6 @@ def read_segments(blobs: Blobs, batch_id: str) -> SegmentIndex:
     return SegmentIndex.model_validate_json(raw)
 
 
-def read_segment_index(blobs: Blobs, batch_id: str) -> list[SegmentEntry]:
-    return read_segments(blobs, batch_id).segments
-
-
 def write_line_index(blobs: Blobs, key: str, index: LineIndex) -> None:
     blobs.put_bytes(key, index.model_dump_json().encode(), content_type="application/json")
 

@@ -1,10 +1,11 @@
 """The lines of a shard: (input line number, estimated tokens, the request's bytes as uploaded), in order.
 
 One reader for the worker (gpu_worker/shard.py) and Finalize (its unrun lines). A version 2 shard points
-into the input object: its line indexes (layout.LineIndex) hold byte ranges, which are read with ranged GETs,
-neighbouring ranges merged into one GET (the bytes between them read and dropped), each GET streamed in
-chunks so that memory holds one chunk and one line, never the shard. A version 1 shard (planned by the
-previous release) reads its segment copies.
+into the input object: its line indexes (layout.LineIndex) hold byte ranges, and neighbouring ranges are merged
+into one read (the bytes between them read and dropped), done as ranged GETs of at most BLOCK_BYTES each, each
+read whole: memory holds one block and one line, never the shard, and no GET stays open while the engine works
+through a block (the worker consumes its lines over hours). A version 1 shard (planned by the previous release)
+reads its segment copies.
 """
 
 from __future__ import annotations
@@ -19,12 +20,10 @@ from nightbatch.pipeline.segments import SegmentRequest, split_segment_line
 from nightbatch.storage import BlobStore
 from nightbatch.storage.parts import PartStore
 
-# Ranges closer than this are read in one GET: a GET costs a round trip (~20-50 ms on S3), which is worth
+# Ranges closer than this are read together: a GET costs a round trip (~20-50 ms on S3), which is worth
 # ~1 MiB of transfer; prefix-grouped segments are scattered lines, each its own range.
 MERGE_GAP_BYTES = 1024 * 1024
-# A longer GET is split: the worker consumes a shard over hours and one GET should not stay open that long.
-MAX_GET_BYTES = 64 * 1024 * 1024
-CHUNK_BYTES = 1024 * 1024
+BLOCK_BYTES = 8 * 1024 * 1024
 V1_MAX_LINE = 64 * 1024 * 1024  # a segment line holds one input line (itself bounded by max_line_bytes)
 
 
@@ -41,7 +40,7 @@ class Run(NamedTuple):
     est: list[int]  # the segment's estimates (shared by its runs)
 
 
-def shard_lines(blobs: BlobStore, spec: ShardSpec, *, chunk: int = CHUNK_BYTES) -> Iterator[ShardLine]:
+def shard_lines(blobs: BlobStore, spec: ShardSpec, *, chunk: int = BLOCK_BYTES) -> Iterator[ShardLine]:
     if spec.input is None:
         yield from _v1_lines(blobs, spec.segments)
         return
@@ -64,12 +63,11 @@ def _runs(blobs: BlobStore, keys: list[str]) -> Iterator[Run]:
 
 
 def _windows(runs: Iterator[Run]) -> Iterator[tuple[int, int, list[Run]]]:
-    """Runs grouped into GET windows [start, end): ascending, gaps under MERGE_GAP_BYTES, at most
-    MAX_GET_BYTES (a single longer run is its own window)."""
+    """Runs grouped into windows [start, end) read in one go: ascending, gaps under MERGE_GAP_BYTES."""
     group: list[Run] = []
     lo = hi = 0
     for run in runs:
-        if group and (run.start < hi or run.start - hi > MERGE_GAP_BYTES or run.end - lo > MAX_GET_BYTES):
+        if group and (run.start < hi or run.start - hi > MERGE_GAP_BYTES):
             yield lo, hi, group
             group = []
         if not group:
@@ -108,18 +106,27 @@ class InputReader:
         self.composed = not source.parts
 
     def read(self, start: int, end: int) -> Iterator[bytes]:
+        """The bytes [start, end) of the input, a GET of at most BLOCK_BYTES at a time, in `chunk` pieces."""
+        for lo in range(start, end, BLOCK_BYTES):
+            block = b"".join(self._get(lo, min(end, lo + BLOCK_BYTES)))
+            if len(block) <= self.chunk:
+                yield block
+            else:  # tests: lines straddling pieces
+                yield from (block[i:i + self.chunk] for i in range(0, len(block), self.chunk))
+
+    def _get(self, start: int, end: int) -> Iterator[bytes]:
         # By listing, not HEAD: the worker may list the input prefix but a HEAD of a missing key answers 403.
         if not self.composed and PartStore(self.blobs).sizes(self.source.key).get(self.source.key) == \
                 self.source.bytes:
             self.composed = True  # the parts may be purged from now on
         if self.composed:
-            yield from self.blobs.iter_chunks(self.source.key, start=start, end=end, chunk=self.chunk)
+            yield from self.blobs.iter_chunks(self.source.key, start=start, end=end)
             return
         at = 0
         for part in self.source.parts:
             lo, hi = max(start, at), min(end, at + part.bytes)
             if lo < hi:
-                yield from self.blobs.iter_chunks(part.key, start=lo - at, end=hi - at, chunk=self.chunk)
+                yield from self.blobs.iter_chunks(part.key, start=lo - at, end=hi - at)
             at += part.bytes
 
 

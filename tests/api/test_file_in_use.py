@@ -30,12 +30,9 @@ def test_a_file_in_use_keeps_its_bytes_until_its_batch_ends(
                                          completion_window="24h")
     deleted = openai_client.files.delete(f.id)
     assert (deleted.id, deleted.deleted) == (f.id, True)
-    with pytest.raises(openai.NotFoundError):
-        openai_client.files.retrieve(f.id)
-    with pytest.raises(openai.NotFoundError):
-        openai_client.files.content(f.id)
-    with pytest.raises(openai.NotFoundError):
-        openai_client.files.delete(f.id)
+    for call in (openai_client.files.retrieve, openai_client.files.content, openai_client.files.delete):
+        with pytest.raises(openai.NotFoundError):
+            call(f.id)
     assert f.id not in [x.id for x in openai_client.files.list()]
     with pytest.raises(openai.BadRequestError):  # no new batch takes a deleted file
         openai_client.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")

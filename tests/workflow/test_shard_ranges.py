@@ -7,6 +7,7 @@ import io
 import itertools
 import json
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +17,7 @@ from nightbatch import layout
 from nightbatch.batches import CreateBatchRequest
 from nightbatch.jsonl import BOM, split_lines
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
+from nightbatch.pipeline import shard_lines as shard_lines_module
 from nightbatch.pipeline.segments import segment_line
 from nightbatch.pipeline.shard_lines import InputReader, ShardLine, shard_lines
 from nightbatch.services import Services
@@ -75,17 +77,19 @@ odd_lines = st.lists(st.tuples(st.integers(0, 20), st.sampled_from([b"\n", b"\r\
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(odd_lines, st.booleans(), st.booleans(), st.integers(1, 300))
+@given(odd_lines, st.booleans(), st.booleans(), st.integers(1, 300), st.integers(200, 5000))
 def test_ranges_give_the_requests_segments_gave(services: Services, lines: list[tuple[int, bytes]], bom: bool,
-                                                 last_newline: bool, chunk: int) -> None:
+                                                 last_newline: bool, chunk: int, block: int) -> None:
     data = (BOM if bom else b"") + b"".join(request(i, v) + end for i, (v, end) in enumerate(lines))
     if not last_newline:
         data = data.rstrip(b"\r\n")
     expected = sorted(previous_release(services, data))
-    assert through_ranges(services, make_batch(services, data), chunk) == expected
+    with patch.object(shard_lines_module, "BLOCK_BYTES", block):  # lines straddling GETs, and pieces of them
+        assert through_ranges(services, make_batch(services, data), chunk) == expected
 
 
-def test_four_mib_lines_straddling_every_chunk(services: Services) -> None:
+def test_four_mib_lines_straddling_every_chunk(services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shard_lines_module, "BLOCK_BYTES", 1_500_000)
     big = chat_line(1)
     big["body"]["messages"][0]["content"] = "w " * (2 * 1024 * 1024 - 200)
     lines = [json.dumps(chat_line(0)).encode(), json.dumps(big).encode(), json.dumps(chat_line(2)).encode()]
