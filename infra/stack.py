@@ -50,6 +50,9 @@ TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
 # Only what the worker reads and writes: its shard definitions, segments, results and checkpoints, and the
 # models/ weight cache (the first job of a Hugging Face model writes its weights through; later jobs stream them).
 WORKER_PREFIXES = (BATCHES_PREFIX, MODELS_PREFIX)
+# A shard is byte ranges of the batch's input (nightbatch/pipeline/shard_lines.py): read-only, an Upload through
+# its parts until it is composed.
+WORKER_INPUT_PREFIXES = (FILES_PREFIX, UPLOADS_PREFIX)
 
 
 def _retention(days: int) -> logs.RetentionDays:
@@ -316,6 +319,7 @@ class NightbatchStack(cdk.Stack):
             self.uploads.queue.grant_send_messages(sender)
         for worker in self.worker_roles:
             self.grant_objects(worker, WORKER_PREFIXES, write=True, list_only_prefixes=True)
+            self.grant_objects(worker, WORKER_INPUT_PREFIXES, write=False, list_only_prefixes=True)
         roles = {"api": api_role, "sweep": sweeper.role, "compose_upload": composer,
                  "deliver": self.deliverer.role, **{name: t.role for name, t in tasks.items()}}
         for name, principal in roles.items():

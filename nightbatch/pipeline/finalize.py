@@ -30,7 +30,7 @@ from nightbatch.pipeline.results import (
     tally_plain_lines,
     unrun_line,
 )
-from nightbatch.pipeline.segments import parse_segment_line
+from nightbatch.pipeline.shard_lines import shard_requests
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore, LineWriter
 from nightbatch.storage.parts import PartStore
@@ -123,19 +123,19 @@ def _fail_unvalidated(services: Services, batch: BatchRecord) -> FinalizeOutput:
     return FinalizeOutput(batch_id=batch.pk, status="failed")
 
 
-def _shards(blobs: BlobStore, batch_id: str) -> Iterator[tuple[str | None, list[str], int]]:
-    """(shard_id, segment keys, lines) per planned shard; shard_id None for segments no shard took."""
+def _shards(blobs: BlobStore, batch_id: str) -> Iterator[tuple[str | None, layout.ShardSpec]]:
+    """(shard_id, spec) per planned shard; shard_id None for the segments no shard took."""
     items = layout.read_manifest(blobs, batch_id)
     if items:
         for item in items:
             shard = layout.read_shard(blobs, batch_id, item.shard_id)
             if shard is not None:
-                yield shard.shard_id, shard.segments, shard.lines
+                yield shard.shard_id, shard
         return
     # Never planned, or planned after a cancel/expiry (empty manifest): every validated segment is unrun.
-    segs = layout.read_segment_index(blobs, batch_id)
-    if segs:
-        yield None, [s.key for s in segs], sum(s.lines for s in segs)
+    index = layout.read_segments(blobs, batch_id)
+    if index.segments:
+        yield None, layout.shard_spec(index, index.segments, batch_id=batch_id, shard_id="")
 
 
 def _write_files(services: Services, batch: BatchRecord, unrun_code: str) -> tuple[
@@ -146,20 +146,17 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str) -> tup
     out = PartComposer(blobs, layout.output_key(batch_id))
     err = blobs.writer(layout.error_key(batch_id))
     try:
-        for shard_id, segments, lines in _shards(blobs, batch_id):
+        for shard_id, spec in _shards(blobs, batch_id):
             seen: set[int] = set()
             if shard_id is not None:
                 _merge_results(blobs, batch_id, shard_id, seen, out, err, tally)
-            if len(seen) < lines:
-                for key in segments:
-                    for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
-                        if not raw.data:
-                            continue
-                        custom_id = parse_segment_line(raw.data).custom_id
-                        if (d := custom_id_digest(custom_id)) not in seen:
-                            seen.add(d)
-                            err.write(unrun_line(batch_id, custom_id, unrun_code))
-                            tally.failed += 1
+            if len(seen) < spec.lines:
+                for req in shard_requests(blobs, spec):
+                    custom_id = req.custom_id
+                    if (d := custom_id_digest(custom_id)) not in seen:
+                        seen.add(d)
+                        err.write(unrun_line(batch_id, custom_id, unrun_code))
+                        tally.failed += 1
         out_bytes = out.close()
         err_bytes = err.close()
     except BaseException:

@@ -44,7 +44,8 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
     items: list[ShardItem] = []
     if batch is not None and batch.status == "in_progress":
         model = batch.model or ""
-        segments = layout.read_segment_index(blobs, inp.batch_id)
+        index = layout.read_segments(blobs, inp.batch_id)
+        segments = index.segments
         job_definitions: dict[str, str] = json.loads(settings.pipeline.job_definitions_json or "{}")
         job_definition = job_definitions.get(model, "")
         backend = json.loads(settings.pipeline.backends_json or "{}").get(model, "batch")
@@ -55,11 +56,8 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
         # fleet's sizing decides how many shards; placement decides which segments go in each.
         for i, group in enumerate(place_by_prefix(group_segments(segments, settings, window))):
             shard_id = f"{i:05d}"
-            layout.write_shard(blobs, layout.ShardSpec(
-                batch_id=inp.batch_id, shard_id=shard_id, endpoint=batch.endpoint, model=model,
-                segments=[s.key for s in group], lines=sum(s.lines for s in group),
-                est_tokens=sum(s.est for s in group),
-            ))
+            layout.write_shard(blobs, layout.shard_spec(index, group, batch_id=inp.batch_id, shard_id=shard_id,
+                                                        endpoint=batch.endpoint, model=model))
             items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id, job_definition=job_definition,
                                    est_tokens=sum(s.est for s in group),
                                    backend="sagemaker" if backend == "sagemaker" else "batch",

@@ -124,12 +124,20 @@ class FileRecord(ListedRecord):
     batch_id: str | None = None
     quota_bytes: int = 0  # what this file counts against the tenant's stored bytes (nightbatch.limits)
     composed_at: int | None = None  # an upload's parts were composed into the file's object
+    # Deleted through the API while open batches (held_by) read it: gone for the API, its bytes kept until
+    # those batches end (nightbatch.files: FileService.release_held, run by the sweeper).
+    deleted_at: int | None = None
+    held_by: list[str] | None = None
+
+    HELD_STATUS: ClassVar[str] = "file_held"
 
     def index_keys(self) -> dict[str, Any]:
+        if self.deleted_at is not None:  # no TTL: the sweeper, not DynamoDB, removes it with its bytes
+            return {"open_status": self.HELD_STATUS, "created_sk": sort_key(self.created_at, self.pk)}
         return {"ttl": self.expires_at} if self.expires_at is not None else {}
 
     def live(self, at: int) -> bool:
-        return self.expires_at is None or self.expires_at > at
+        return self.deleted_at is None and (self.expires_at is None or self.expires_at > at)
 
 
 class BatchRecord(ListedRecord):

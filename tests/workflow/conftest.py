@@ -10,7 +10,10 @@ from typing import Any
 import pytest
 from moto import mock_aws
 
+from nightbatch import layout
 from nightbatch.batches import CreateBatchRequest
+from nightbatch.pipeline.segments import SegmentRequest
+from nightbatch.pipeline.shard_lines import shard_requests
 from nightbatch.services import Services, build_services
 from nightbatch.settings import Settings
 from nightbatch.storage import make_adapters
@@ -65,6 +68,13 @@ def make_batch(services: Services, payload: bytes, endpoint: str = "/v1/chat/com
     b = services.batches.create(tenant, CreateBatchRequest(input_file_id=f.id, endpoint=endpoint,
                                                            completion_window="24h", **kw))
     return b.id
+
+
+def shard_requests_of(services: Services, batch_id: str, shard_id: str) -> list[SegmentRequest]:
+    """The requests of one planned shard, as the worker reads them."""
+    spec = layout.read_shard(services.adapters.blobs, batch_id, shard_id)
+    assert spec is not None
+    return list(shard_requests(services.adapters.blobs, spec))
 
 
 def jsonl(lines: list[dict[str, Any]]) -> bytes:
