@@ -39,6 +39,12 @@ class BlobStore:
             raise
         return body
 
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """The bytes [start, end) of an object that exists."""
+        body: bytes = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end - 1}")[
+            "Body"].read()
+        return body
+
     def iter_chunks(self, key: str, *, start: int = 0, chunk: int = CHUNK_BYTES) -> Iterator[bytes]:
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
         if start:

@@ -1,0 +1,160 @@
+"""A shard's checkpoints merged into the output and error files: which result of a custom_id counts, and where
+its bytes go.
+
+The rule is `checkpoints_in_order` and `merge_shard`: checkpoints in key order (seq, then attempt), the first
+result per custom_id wins and later ones (a zombie attempt's, a re-run's) are dropped. Successful lines go to
+the output as ranges of the checkpoint objects (nightbatch/pipeline/compose.py), the others to the error file.
+A checkpoint with a summary (nightbatch.layout.CheckpointSummary) is counted and placed from it, unparsed:
+only its error lines, its dropped duplicates and the bytes the composer must upload are read. One without (a
+previous release's worker, a summary that was not written or does not match) is read line by line.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from itertools import accumulate, islice
+from typing import Protocol
+
+from nightbatch import layout
+from nightbatch.ids import custom_id_digest
+from nightbatch.jsonl import split_lines
+from nightbatch.layout import CheckpointSummary
+from nightbatch.pipeline.compose import Read
+from nightbatch.pipeline.results import MAX_RESULT_LINE, Tally, summarize_result_line
+from nightbatch.storage import BlobStore
+from nightbatch.storage.parts import PartStore
+
+log = logging.getLogger("nightbatch.finalize")
+WINDOW_BYTES = 8 * 1024 * 1024  # a summarized checkpoint's bytes are read in ranged GETs of up to this much
+AHEAD = 8  # summaries fetched while earlier checkpoints are merged (S3 latency, not CPU)
+
+
+class Output(Protocol):
+    def add_range(self, source: str, start: int, end: int, read: Read) -> None: ...
+
+    def add_bytes(self, data: bytes | memoryview) -> None: ...
+
+
+class Errors(Protocol):
+    def write(self, data: bytes) -> None: ...
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    key: str
+    size: int
+    summarized: bool  # its summary object was listed beside it
+
+
+def checkpoints_in_order(blobs: BlobStore, batch_id: str, shard_id: str) -> list[Checkpoint]:
+    """The shard's checkpoints in the order that decides between results of one custom_id: the first wins."""
+    prefix = layout.results_prefix(batch_id, shard_id)
+    sizes = PartStore(blobs).sizes(prefix)
+    return [Checkpoint(k, sizes[k], layout.checkpoint_summary_key(k) in sizes)
+            for k in sorted(k for k in sizes if layout.is_checkpoint(prefix, k))]
+
+
+def merge_shard(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], out: Output, err: Errors,
+                tally: Tally) -> None:
+    """Adds the shard's winning results to `out` and `err` and counts them in `tally`; `seen` holds the
+    custom_id digests taken so far, and grows by this shard's."""
+    for cp, summary in _with_summaries(blobs, checkpoints_in_order(blobs, batch_id, shard_id)):
+        if summary is not None and summary.size == cp.size and summary.consistent():
+            _merge_summarized(blobs, cp.key, summary, seen, out, err, tally)
+            continue
+        if cp.summarized:
+            log.warning("summary of %s unreadable or not matching; its lines are parsed", cp.key,
+                        extra={"batch_id": batch_id})
+        _merge_parsed(blobs, batch_id, cp.key, seen, out, err, tally)
+
+
+def _with_summaries(blobs: BlobStore, checkpoints: list[Checkpoint]) -> Iterator[
+        tuple[Checkpoint, CheckpointSummary | None]]:
+    def fetch(cp: Checkpoint) -> CheckpointSummary | None:
+        return layout.read_checkpoint_summary(blobs, cp.key) if cp.summarized else None
+
+    todo = iter(checkpoints)
+    with ThreadPoolExecutor(AHEAD, thread_name_prefix="summaries") as pool:
+        queued: deque[tuple[Checkpoint, Future[CheckpointSummary | None]]] = deque(
+            (cp, pool.submit(fetch, cp)) for cp in islice(todo, AHEAD))
+        while queued:
+            cp, summary = queued.popleft()
+            nxt = next(todo, None)
+            if nxt is not None:
+                queued.append((nxt, pool.submit(fetch, nxt)))
+            yield cp, summary.result()
+
+
+class _Window:
+    """Ranged reads of one object, moving forward: a read outside the bytes held fetches a new window."""
+
+    def __init__(self, blobs: BlobStore, key: str, size: int) -> None:
+        self.blobs, self.key, self.size = blobs, key, size
+        self.lo = self.hi = 0
+        self.data = memoryview(b"")
+
+    def read(self, start: int, end: int) -> memoryview:
+        if not self.lo <= start <= end <= self.hi:
+            self.lo, self.hi = start, min(self.size, max(end, start + WINDOW_BYTES))
+            self.data = memoryview(self.blobs.get_range(self.key, self.lo, self.hi))
+        return self.data[start - self.lo:end - self.lo]
+
+
+def _merge_summarized(blobs: BlobStore, key: str, summary: CheckpointSummary, seen: set[int], out: Output,
+                      err: Errors, tally: Tally) -> None:
+    digests = list(map(custom_id_digest, summary.custom_ids))
+    fresh = set(digests)
+    dropped: set[int] = set()
+    if len(fresh) != len(digests) or not seen.isdisjoint(fresh):
+        for i, d in enumerate(digests):  # duplicates (a zombie attempt, a re-run): rare, so line by line
+            if d in seen:
+                dropped.add(i)
+            seen.add(d)
+    else:
+        seen |= fresh
+    tally.add_summary(summary)
+    ends = list(accumulate(summary.lengths))
+    window = _Window(blobs, key, summary.size)
+    failed = set(summary.failed)
+    less = Tally()  # the dropped duplicates, taken back out of the summary's totals
+    pos = 0  # start of the run of lines that go to the output as they are
+    for i in sorted(failed | dropped):
+        start = ends[i - 1] if i else 0
+        out.add_range(key, pos, start, window.read)
+        line = bytes(window.read(start, ends[i]))
+        if i not in dropped:
+            err.write(line)
+        elif i in failed:
+            less.failed += 1
+        else:
+            less.add_success(summarize_result_line(line[:-1]).usage)
+        pos = ends[i]
+    out.add_range(key, pos, summary.size, window.read)
+    tally.subtract(less)
+
+
+def _merge_parsed(blobs: BlobStore, batch_id: str, key: str, seen: set[int], out: Output, err: Errors,
+                  tally: Tally) -> None:
+    for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
+        if raw.data is None:
+            # Workers never write one (gpu_worker.results); its request ends as shard_failed, so say why.
+            log.error("result line %d of %s is %d bytes, over %d: its request is reported unrun", raw.number,
+                      key, raw.size, MAX_RESULT_LINE, extra={"batch_id": batch_id})
+            continue
+        if not raw.data:
+            continue
+        summary = summarize_result_line(raw.data)
+        d = custom_id_digest(summary.custom_id)
+        if d in seen:
+            continue
+        seen.add(d)
+        if summary.ok:
+            out.add_bytes(raw.data + b"\n")
+            tally.add_success(summary.usage)
+        else:
+            err.write(raw.data + b"\n")
+            tally.failed += 1
