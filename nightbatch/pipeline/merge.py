@@ -29,7 +29,7 @@ from nightbatch.storage import BlobStore
 from nightbatch.storage.parts import PartStore
 
 log = logging.getLogger("nightbatch.finalize")
-WINDOW_BYTES = 8 * 1024 * 1024  # a summarized checkpoint's bytes are read in ranged GETs of up to this much
+WINDOW_BYTES = 1024 * 1024  # least bytes of a ranged GET of a summarized checkpoint
 AHEAD = 8  # summaries fetched while earlier checkpoints are merged (S3 latency, not CPU)
 
 
@@ -90,18 +90,23 @@ def _with_summaries(blobs: BlobStore, checkpoints: list[Checkpoint]) -> Iterator
 
 
 class _Window:
-    """Ranged reads of one object, moving forward: a read outside the bytes held fetches a new window."""
+    """Ranged reads of one object, moving forward; each byte is fetched once, in GETs of WINDOW_BYTES or more
+    (so the lines of a small checkpoint, or error lines close together, cost one GET)."""
 
     def __init__(self, blobs: BlobStore, key: str, size: int) -> None:
         self.blobs, self.key, self.size = blobs, key, size
         self.lo = self.hi = 0
-        self.data = memoryview(b"")
+        self.data = b""  # the bytes [lo, hi)
 
     def read(self, start: int, end: int) -> memoryview:
-        if not self.lo <= start <= end <= self.hi:
-            self.lo, self.hi = start, min(self.size, max(end, start + WINDOW_BYTES))
-            self.data = memoryview(self.blobs.get_range(self.key, self.lo, self.hi))
-        return self.data[start - self.lo:end - self.lo]
+        if not self.lo <= start <= self.hi:
+            self.lo = self.hi = start
+            self.data = b""
+        if end > self.hi:
+            more = self.blobs.get_range(self.key, self.hi, min(self.size, max(end, self.hi + WINDOW_BYTES)))
+            self.data = self.data[start - self.lo:] + more
+            self.lo, self.hi = start, self.hi + len(more)
+        return memoryview(self.data)[start - self.lo:end - self.lo]
 
 
 def _merge_summarized(blobs: BlobStore, key: str, summary: CheckpointSummary, seen: set[int], out: Output,
