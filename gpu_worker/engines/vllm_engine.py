@@ -36,6 +36,8 @@ CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 EMBEDDINGS_URL = "/v1/embeddings"
 RESPONSES_URL = "/v1/responses"
+SCORE_URL = "/v1/score"
+RERANK_URL = "/v1/rerank"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +96,9 @@ class VllmEngine:
             args = Namespace(**{**_fields(frontend), **_fields(engine_args)})
             state = State()
             await init_app_state(client, state, args, await client.get_supported_tasks())
+            if self.spec.task == "score" and getattr(state, "serving_scores", None) is None:
+                raise ValueError(f"model {self.model_name!r} has task 'score', but vLLM serves no scoring API "
+                                 "for it: a cross-encoder needs a classification head with one label (num_labels=1)")
         except BaseException:
             await stack.aclose()
             raise
@@ -251,7 +256,7 @@ def _split_args(
         "enable_log_requests": False,
         "disable_log_stats": True,
     }
-    if spec.task == "embed":
+    if spec.task in ("embed", "score"):
         engine_kwargs["runner"] = "pooling"
     if load_format:
         # Run:ai streamer: safetensors read from S3 straight into GPU memory, config/tokenizer copied locally.
@@ -312,12 +317,16 @@ def _routes(state: State) -> dict[str, _Route]:
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
     from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
     from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
+    from vllm.entrypoints.pooling.scoring.protocol import RerankRequest, ScoreRequest
 
     chat = getattr(state, "openai_serving_chat", None)
     completion = getattr(state, "openai_serving_completion", None)
     embedding = getattr(state, "serving_embedding", None)
     responses = getattr(state, "openai_serving_responses", None)
     embedding_adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(EmbeddingRequest)
+    # One ServingScores answers both (a cross-encoder, or cosine similarity for an embedding model).
+    scores = getattr(state, "serving_scores", None)
+    score_adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(ScoreRequest)
     return {
         CHAT_URL: _Route(
             ChatCompletionRequest.model_validate,
@@ -341,6 +350,8 @@ def _routes(state: State) -> dict[str, _Route]:
             id_prefix="resp_",
             by_alias=True,
         ),
+        SCORE_URL: _Route(score_adapter.validate_python, scores, "The model does not support Score API"),
+        RERANK_URL: _Route(RerankRequest.model_validate, scores, "The model does not support Rerank (Score) API"),
     }
 
 
