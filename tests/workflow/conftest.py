@@ -10,7 +10,10 @@ from typing import Any
 import pytest
 from moto import mock_aws
 
+from nightbatch import layout
 from nightbatch.batches import CreateBatchRequest
+from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
+from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services, build_services
 from nightbatch.settings import Settings
 from nightbatch.storage import make_adapters
@@ -69,3 +72,20 @@ def make_batch(services: Services, payload: bytes, endpoint: str = "/v1/chat/com
 
 def jsonl(lines: list[dict[str, Any]]) -> bytes:
     return b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+
+
+def planned_shards(services: Services, n: int, *, segment_max_lines: int,
+                   shard_target_tokens: int) -> tuple[str, list[tuple[str, list[str]]]]:
+    """A validated and planned batch of n chat lines: its id, and each shard's id with its custom_ids in order."""
+    services.settings.pipeline.segment_max_lines = segment_max_lines
+    services.settings.pipeline.shard_target_tokens = shard_target_tokens
+    batch_id = make_batch(services, jsonl([chat_line(i) for i in range(n)]))
+    inp = BatchTaskInput(batch_id=batch_id)
+    assert validate_batch(inp, services).valid
+    blobs = services.adapters.blobs
+    shards = []
+    for item in json.loads(blobs.get_bytes(plan_batch(inp, services).manifest_key) or b"[]"):
+        shard = json.loads(blobs.get_bytes(layout.shard_key(batch_id, item["shard_id"])) or b"{}")
+        shards.append((item["shard_id"], [parse_segment_line(r).custom_id for k in shard["segments"]
+                                          for r in (blobs.get_bytes(k) or b"").splitlines()]))
+    return batch_id, shards

@@ -3,7 +3,6 @@ same lines as reading them through, first result per custom_id wins, and a re-ru
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -12,11 +11,10 @@ from botocore.exceptions import ClientError
 from nightbatch import layout
 from nightbatch.ids import batch_request_id
 from nightbatch.jsonl import dumps_line
-from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
+from nightbatch.pipeline import BatchTaskInput, finalize_batch
 from nightbatch.pipeline.compose import MIN_PART_BYTES, PartComposer
-from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services
-from tests.workflow.conftest import chat_line, jsonl, make_batch
+from tests.workflow.conftest import planned_shards
 
 PAD = "x" * 30_000  # ~30 KB per result line: a few hundred lines pass S3's 5 MiB part floor
 
@@ -63,21 +61,14 @@ def test_composer_copies_big_ranges_and_merges_small_ones(services: Services) ->
 
 
 def test_finalize_rerun_writes_the_same_files(services: Services) -> None:
-    services.settings.pipeline.segment_max_lines = 300
-    services.settings.pipeline.shard_target_tokens = 2_000  # a few shards
     n = 900
-    batch_id = make_batch(services, jsonl([chat_line(i) for i in range(n)]))
+    batch_id, shards = planned_shards(services, n, segment_max_lines=300, shard_target_tokens=2_000)
+    assert len(shards) > 1
     inp = BatchTaskInput(batch_id=batch_id)
-    assert validate_batch(inp, services).valid
     blobs = services.adapters.blobs
-    items = json.loads(blobs.get_bytes(plan_batch(inp, services).manifest_key) or b"[]")
-    assert len(items) > 1
     expected_ok: list[bytes] = []
     expected_err: list[bytes] = []
-    for item in items:
-        shard = json.loads(blobs.get_bytes(layout.shard_key(batch_id, item["shard_id"])) or b"{}")
-        ids = [parse_segment_line(r).custom_id for k in shard["segments"]
-               for r in (blobs.get_bytes(k) or b"").splitlines()]
+    for shard_id, ids in shards:
         objects: list[list[bytes]] = [[], [], []]
         for j, cid in enumerate(ids):
             line = result(batch_id, cid, 400 if j % 97 == 5 else 200)
@@ -87,10 +78,10 @@ def test_finalize_rerun_writes_the_same_files(services: Services) -> None:
         objects[2][:0] = [result(batch_id, ids[0], 200, attempt="zombie")]  # read after object 0: loses
         objects[1].append(objects[1][0].rstrip(b"\n") + b"\r\n")  # a CRLF duplicate: loses too
         objects[1][1] = objects[1][1].rstrip(b"\n") + b"\r\n"  # CRLF: written without the CR
-        prefix = layout.results_prefix(batch_id, item["shard_id"])
+        prefix = layout.results_prefix(batch_id, shard_id)
         for k, lines in enumerate(objects):
             blobs.put_bytes(f"{prefix}{k:06d}-a.jsonl", b"".join(lines))
-        blobs.put_bytes(layout.done_key(batch_id, item["shard_id"]), b"{}")
+        blobs.put_bytes(layout.done_key(batch_id, shard_id), b"{}")
     assert finalize_batch(inp, services).status == "completed"
     out1 = blobs.get_bytes(layout.output_key(batch_id))
     err1 = blobs.get_bytes(layout.error_key(batch_id))

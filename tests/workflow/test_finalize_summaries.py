@@ -5,7 +5,6 @@ summary), mixed with new ones, finalize alike; a summary that does not match its
 from __future__ import annotations
 
 import itertools
-import json
 from typing import Any
 from unittest import mock
 
@@ -16,13 +15,12 @@ from gpu_worker.engines.base import EngineReply
 from gpu_worker.results import result_line
 from nightbatch import layout
 from nightbatch.layout import CheckpointSummary
-from nightbatch.pipeline import BatchTaskInput, finalize_batch, merge, plan_batch, validate_batch
+from nightbatch.pipeline import BatchTaskInput, finalize_batch, merge
 from nightbatch.pipeline.compose import MIN_PART_BYTES, Read
 from nightbatch.pipeline.results import Tally, oversized_result_line, summarize_checkpoint
-from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore
-from tests.workflow.conftest import chat_line, jsonl, make_batch
+from tests.workflow.conftest import planned_shards
 
 KINDS = ["chat", "responses", "embeddings", "no_usage", "bad_request", "server_error", "oversized"]
 
@@ -170,21 +168,14 @@ def test_finalize_from_summaries_matches_finalize_by_parsing(services: Services)
     """A whole batch, finalized three times: every checkpoint with a summary, some without (a batch the
     previous release's workers began), none: the same output and error bytes, request_counts and usage. With
     summaries no checkpoint is parsed and only part of their bytes is read."""
-    services.settings.pipeline.segment_max_lines = 300
-    services.settings.pipeline.shard_target_tokens = 6_000  # two shards
     n = 600
-    batch_id = make_batch(services, jsonl([chat_line(i) for i in range(n)]))
+    batch_id, shards = planned_shards(services, n, segment_max_lines=300, shard_target_tokens=6_000)
+    assert len(shards) > 1
     inp = BatchTaskInput(batch_id=batch_id)
-    assert validate_batch(inp, services).valid
     blobs = services.adapters.blobs
-    items = json.loads(blobs.get_bytes(plan_batch(inp, services).manifest_key) or b"[]")
-    assert len(items) > 1
     keys: list[str] = []
     pad = "p" * 100_000  # lines of ~100 KB: runs of lines between errors pass S3's 5 MiB part floor
-    for item in items:
-        shard = json.loads(blobs.get_bytes(layout.shard_key(batch_id, item["shard_id"])) or b"{}")
-        ids = [parse_segment_line(r).custom_id for k in shard["segments"]
-               for r in (blobs.get_bytes(k) or b"").splitlines()]
+    for shard_id, ids in shards:
         objects: list[list[bytes]] = [[], [], []]
         for j, cid in enumerate(ids):
             kind = KINDS[j] if j < len(KINDS) else ["chat", "responses", "embeddings"][j % 3]
@@ -192,14 +183,14 @@ def test_finalize_from_summaries_matches_finalize_by_parsing(services: Services)
         # A zombie attempt's duplicates (read after object 0: they lose), an error among them.
         objects[2][:0] = [worker_line(batch_id, ids[0], "chat", 999, "zombie"),
                           worker_line(batch_id, ids[1], "server_error", 998)]
-        prefix = layout.results_prefix(batch_id, item["shard_id"])
+        prefix = layout.results_prefix(batch_id, shard_id)
         for k, lines in enumerate(objects):
             key = layout.checkpoint_key(prefix, k, "a")
             blobs.put_bytes(key, b"".join(lines))
             layout.write_checkpoint_summary(blobs, key, summarize_checkpoint(b"".join(lines)) or CheckpointSummary(
                 size=-1, custom_ids=[], lengths=[]))
             keys.append(key)
-        blobs.put_bytes(layout.done_key(batch_id, item["shard_id"]), b"{}")
+        blobs.put_bytes(layout.done_key(batch_id, shard_id), b"{}")
 
     def finalize() -> tuple[bytes | None, bytes | None, dict[str, Any], dict[str, Any]]:
         services.adapters.table.update(batch_id, set_={"status": "finalizing", "finalize_target": "completed"})
