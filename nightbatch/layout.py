@@ -193,8 +193,8 @@ class CheckpointSummary(BaseModel):
     """`<seq>-<attempt>.summary.json`, written by the worker after each checkpoint: what Finalize needs to count
     and place the checkpoint's lines without parsing them (nightbatch.pipeline.results.summarize_checkpoint).
 
-    Line i of the checkpoint is its bytes [sum(lengths[:i]), sum(lengths[:i + 1])), compact JSON ended by one
-    `\n`; custom_ids rather than digests, because our digest is keyed per process (nightbatch.ids). A reader
+    Line i of the checkpoint is its bytes [sum(lengths[:i]), sum(lengths[:i + 1])), compact JSON ended by a
+    newline; custom_ids rather than digests, because our digest is keyed per process (nightbatch.ids). A reader
     that finds no summary, another version, or a size other than the checkpoint's parses the checkpoint.
     """
 
@@ -213,7 +213,7 @@ class CheckpointSummary(BaseModel):
 
     def consistent(self) -> bool:
         return (len(self.custom_ids) == len(self.lengths) and sum(self.lengths) == self.size
-                and all(0 <= i < len(self.lengths) for i in self.failed))
+                and len(set(self.failed)) == len(self.failed) and all(0 <= i < len(self.lengths) for i in self.failed))
 
 
 _SEGMENTS = TypeAdapter(list[SegmentEntry])
