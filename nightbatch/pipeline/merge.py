@@ -20,7 +20,7 @@ from itertools import accumulate, islice
 from typing import Protocol
 
 from nightbatch import layout
-from nightbatch.ids import custom_id_digest
+from nightbatch.ids import custom_id_digest, custom_id_digests
 from nightbatch.jsonl import split_lines
 from nightbatch.layout import CheckpointSummary
 from nightbatch.pipeline.compose import Read
@@ -111,23 +111,23 @@ class _Window:
 
 def _merge_summarized(blobs: BlobStore, key: str, summary: CheckpointSummary, seen: set[int], out: Output,
                       err: Errors, tally: Tally) -> None:
-    digests = list(map(custom_id_digest, summary.custom_ids))
-    fresh = set(digests)
+    digests = custom_id_digests(summary.custom_ids)
     dropped: set[int] = set()
-    if len(fresh) != len(digests) or not seen.isdisjoint(fresh):
-        for i, d in enumerate(digests):  # duplicates (a zombie attempt, a re-run): rare, so line by line
-            if d in seen:
-                dropped.add(i)
-            seen.add(d)
+    if not seen.isdisjoint(digests):
+        dropped = _repeats(digests, seen)
     else:
-        seen |= fresh
+        taken = len(seen)
+        seen.update(digests)
+        if len(seen) - taken != len(digests):  # a custom_id twice in this checkpoint: only the first counts
+            dropped = _repeats(digests, set())
     tally.add_summary(summary)
-    ends = list(accumulate(summary.lengths))
-    window = _Window(blobs, key, summary.size)
     failed = set(summary.failed)
+    skip = sorted(failed | dropped)  # lines that leave the output's run: usually none
+    ends = list(accumulate(summary.lengths)) if skip else []
+    window = _Window(blobs, key, summary.size)
     less = Tally()  # the dropped duplicates, taken back out of the summary's totals
     pos = 0  # start of the run of lines that go to the output as they are
-    for i in sorted(failed | dropped):
+    for i in skip:
         start = ends[i - 1] if i else 0
         out.add_range(key, pos, start, window.read)
         line = bytes(window.read(start, ends[i]))
@@ -140,6 +140,17 @@ def _merge_summarized(blobs: BlobStore, key: str, summary: CheckpointSummary, se
         pos = ends[i]
     out.add_range(key, pos, summary.size, window.read)
     tally.subtract(less)
+
+
+def _repeats(digests: list[int], seen: set[int]) -> set[int]:
+    """Indices of the lines whose custom_id is in `seen` or came earlier (rare: a zombie attempt, a re-run);
+    adds the others to `seen`."""
+    repeats = set()
+    for i, d in enumerate(digests):
+        if d in seen:
+            repeats.add(i)
+        seen.add(d)
+    return repeats
 
 
 def _merge_parsed(blobs: BlobStore, batch_id: str, key: str, seen: set[int], out: Output, err: Errors,
