@@ -21,6 +21,7 @@ from constructs import Construct
 from infra.environment import settings_environment
 from infra.lambdas import LambdaFunction
 from infra.limits import definition_problems
+from infra.training_jobs import TrainingJobs
 from nightbatch.settings import JobInputs
 
 # Version of the task input/output documents; handlers accept the versions they know, so a deploy
@@ -83,6 +84,8 @@ class Orchestration(Construct):
         max_concurrency: int,
         execution_timeout: cdk.Duration,
         log_retention: logs.RetentionDays,
+        use_batch: bool = True,
+        training_jobs: TrainingJobs | None = None,
     ) -> None:
         super().__init__(scope, id)
         self.tasks: dict[str, LambdaFunction] = {
@@ -113,9 +116,10 @@ class Orchestration(Construct):
         # it), priority (earliest deadline first) and share (tenant); RunShard submits the model's job there. A
         # failed attempt goes back to Capacity, which moves it, retries it with backoff, or gives it up: then
         # Finalize finds no done marker and writes its unrun lines as `shard_failed`, so the iteration succeeds.
-        fields = ("batch_id", "shard_id", "job_definition", "capacity", "shard_error")
+        fields = ("batch_id", "shard_id", "job_definition", "backend", "fallback", "est_tokens", "capacity",
+                  "shard_error")
         new_shard = sfn.Pass(self, "NewShard", parameters={
-            "version": 1, **{f"{f}.$": f"$.{f}" for f in fields[:3]}, "capacity": {}, "shard_error": {}})
+            "version": 1, **{f"{f}.$": f"$.{f}" for f in fields[:-2]}, "capacity": {}, "shard_error": {}})
         capacity = tasks.LambdaInvoke(
             self, "Capacity", lambda_function=self.tasks["capacity"].function,
             payload=sfn.TaskInput.from_object({"version": 1, **{f"{f}.$": f"$.{f}" for f in fields}}),
@@ -144,19 +148,30 @@ class Orchestration(Construct):
                 "ContainerOverrides": {"Environment": [
                     {"Name": JobInputs.env_name("batch_id"), "Value.$": "$.batch_id"},
                     {"Name": JobInputs.env_name("shard_id"), "Value.$": "$.shard_id"},
+                    {"Name": JobInputs.env_name("backend"), "Value": "batch"},
                 ]},
             },
             # Keep the iteration's output small (CDK drops a null ResultPath from a CustomState).
             "ResultSelector": {"JobId.$": "$.JobId", "Status.$": "$.Status"},
             "ResultPath": "$.job",
         })
-        # Transient Batch API errors (e.g. "Failed to create shareIdentifier") are retried in place.
-        run_shard.add_retry(errors=["Batch.ServerException", "Batch.AWSBatchException"], max_attempts=3,
-                            interval=cdk.Duration.seconds(5), backoff_rate=2.0)
-        run_shard.add_catch(capacity, errors=["States.ALL"], result_path="$.shard_error")
+        if use_batch:  # else it stays out of the graph (a catch would bind it): a SageMaker-only stack
+            # Transient Batch API errors (e.g. "Failed to create shareIdentifier") are retried in place.
+            run_shard.add_retry(errors=["Batch.ServerException", "Batch.AWSBatchException"], max_attempts=3,
+                                interval=cdk.Duration.seconds(5), backoff_rate=2.0)
+            run_shard.add_catch(capacity, errors=["States.ALL"], result_path="$.shard_error")
+        # The second GPU backend (infra/training_jobs.py): Capacity names the backend of each attempt.
+        run: sfn.IChainable = run_shard
+        if training_jobs is not None:
+            run_training_job = training_jobs.task(self, "RunShardSageMaker", bucket_name=bucket.bucket_name)
+            run_training_job.add_catch(capacity, errors=["States.ALL"], result_path="$.shard_error")
+            run = run_training_job if not use_batch else (
+                sfn.Choice(self, "Backend")
+                .when(sfn.Condition.string_equals("$.capacity.backend", "sagemaker"), run_training_job)
+                .otherwise(run_shard))
         capacity.next(sfn.Choice(self, "RunOrGiveUp")
                       .when(sfn.Condition.string_equals("$.capacity.action", "give_up"), given_up)
-                      .otherwise(wait.next(run_shard)))
+                      .otherwise(wait.next(run)))
         self._job_queues = job_queues
 
         shards = sfn.DistributedMap(
@@ -222,6 +237,13 @@ class Orchestration(Construct):
                                             event=events.RuleTargetInput.from_object({"version": TASK_VERSION}))],
         )
         self.state_machine.grant_start_execution(self.sweeper.role)
+        if training_jobs is not None:
+            training_jobs.grant_run(self.state_machine)
+        if use_batch:
+            self._grant_batch()
+        self.tasks["notify"].function.grant_invoke(self.sweeper.role)
+
+    def _grant_batch(self) -> None:
         # What CDK's BatchSubmitJob would grant for .sync (the CustomState grants nothing itself).
         stack = cdk.Stack.of(self)
         self.state_machine.add_to_role_policy(iam.PolicyStatement(actions=["batch:SubmitJob"], resources=[
@@ -231,4 +253,3 @@ class Orchestration(Construct):
             actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
             resources=[stack.format_arn(service="events", resource="rule",
                                         resource_name="StepFunctionsGetEventsForBatchJobsRule")]))
-        self.tasks["notify"].function.grant_invoke(self.sweeper.role)

@@ -114,6 +114,16 @@ def progress_key(prefix: str, attempt: str) -> str:
     return f"{prefix}progress-{attempt}.json"
 
 
+def worker_settings_key(batch_id: str) -> str:
+    """The deployment's settings for the batch's SageMaker jobs (nightbatch/settings/document.py)."""
+    return f"{batch_prefix(batch_id)}worker-settings.json"
+
+
+def training_output_prefix(batch_id: str) -> str:
+    """Where SageMaker puts its (empty) model artifacts of the batch's training jobs."""
+    return f"{batch_prefix(batch_id)}training-jobs/"
+
+
 def output_key(batch_id: str) -> str:
     return f"{batch_prefix(batch_id)}output.jsonl"
 
@@ -159,6 +169,10 @@ class ShardItem(BaseModel):
     job_definition: str = ""
     # The shard's estimated tokens, so Capacity can weigh the remaining work from the manifest alone.
     est_tokens: int | None = None
+    # Where Plan sends the shard first (the model's `gpuBackend`); with `both` Capacity may move it to SageMaker.
+    backend: Literal["batch", "sagemaker"] = "batch"
+    # The model's `gpuBackend` allows a move to SageMaker when Batch cannot place the shard.
+    fallback: bool = False
 
 
 class AttemptRecord(BaseModel):
@@ -172,6 +186,11 @@ class AttemptRecord(BaseModel):
     idle_seconds: float = 0.0
     finished: bool = False
     phases: dict[str, Any] = {}  # nightbatch.phases: when each phase of the attempt ended
+    # Where the attempt ran (gpu_worker/host.py), so Finalize prices it: AWS Batch at EC2 prices, SageMaker at
+    # ml.* prices; the instance type and training job name when the host says (SageMaker does).
+    backend: Literal["batch", "sagemaker"] = "batch"
+    instance_type: str = ""
+    training_job: str = ""
     shard_id: str = ""  # filled in on read, from the key
 
 

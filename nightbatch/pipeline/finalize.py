@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from nightbatch import layout, lifecycle
-from nightbatch.accounting import collect_shard_times, cost_summary
+from nightbatch.accounting import collect_shard_times, cost_summary, training_job_billing
 from nightbatch.clock import now
 from nightbatch.errors import BatchItemTooLargeError, StorageConflictError
 from nightbatch.ids import custom_id_digest, derived_id
@@ -68,7 +68,8 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
         return _fail_unvalidated(services, batch)
     if target != "cancelled" and batch.status != "finalizing":
         try:
-            batch = lifecycle.transition(table, inp.batch_id, "finalizing", extra={"finalize_target": target})
+            batch = lifecycle.transition(table, inp.batch_id, "finalizing", extra={"finalize_target": target},
+                                         events=services.batches.events)
         except StorageConflictError:
             return finalize_batch(inp, services)  # cancelled meanwhile: decide again
     writers = _write_files(services, batch, UNRUN_CODE[target])
@@ -76,7 +77,8 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     usage = tally.usage()
     times = collect_shard_times(services.adapters.blobs, [layout.all_results_prefix(inp.batch_id)])
     ext = dict(batch.ext or {})
-    ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"])
+    ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"],
+                               billing=training_job_billing(services.adapters, times))
     if times.phases:
         ext["phases"] = summarize_phases(times.phases)
     decisions = collect_decisions(services, inp.batch_id)

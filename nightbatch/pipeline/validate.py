@@ -160,7 +160,7 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
     extra: dict[str, Any] = {"request_counts": {"total": count, "completed": 0, "failed": 0}, "model": validator.model,
              "est_tokens": est_total}
     try:
-        lifecycle.transition(table, inp.batch_id, "in_progress", extra=extra)
+        lifecycle.transition(table, inp.batch_id, "in_progress", extra=extra, events=services.batches.events)
     except StorageConflictError:
         # Cancelled (or expired by the sweeper) while validating: keep the totals so Finalize writes a line
         # per request.

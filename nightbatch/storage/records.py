@@ -168,6 +168,8 @@ class BatchRecord(ListedRecord):
     shard_count: int | None = None
     finalize_target: str | None = None
     capacity_on_demand: str | None = None
+    # Why Capacity moved the batch's remaining shards from AWS Batch to SageMaker (`gpuBackend: both`).
+    backend_moved: str | None = None
 
     def index_keys(self) -> dict[str, Any]:
         keys: dict[str, Any] = {"created_sk": sort_key(self.created_at, self.pk)}
@@ -298,6 +300,7 @@ class EventRecord(Record):
     open_status: str | None = None
     created_sk: str | None = None
     sns_message_id: str | None = None
+    bus_event_id: str | None = None  # EventBridge's id of the terminal state-change event (nightbatch/state_changes.py)
     emailed_to: list[str] | None = None
     email_rejected: list[str] | None = None
 

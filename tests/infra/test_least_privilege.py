@@ -96,3 +96,25 @@ def test_reserved_concurrency_keeps_the_workflow_s_room_and_caps_the_api(templat
                 for name, handler in HANDLERS.items()}
     assert reserved == {name: defaults.api if name == "api" else defaults.sweep if name == "sweep"
                         else defaults.workflow for name in HANDLERS}
+
+
+def test_only_the_principals_that_move_a_batch_may_put_events_and_only_on_the_default_bus(
+        template: dict[str, Any]) -> None:
+    """EventBridge state changes (nightbatch/state_changes.py): events:PutEvents on the default bus's ARN, for
+    the API (create, cancel), Validate, Finalize, Notify and the sweeper; no other events action anywhere."""
+    putters: dict[str, Any] = {}
+    for name, handler in HANDLERS.items():
+        for st in _statements_of_role(template, _role_of(template, handler)):
+            actions = _list(st["Action"])
+            if any(str(a).startswith("events:") for a in actions):
+                assert actions == ["events:PutEvents"], (name, actions)
+                putters[name] = st["Resource"]
+    assert set(putters) == {"api", "validate", "finalize", "notify", "sweep"}
+    for resource in putters.values():
+        assert "event-bus/default" in json.dumps(resource) and "*" not in json.dumps(resource)
+    assert not [st for st in _statements_of_role(template, _worker_role(template))
+                if any(str(a).startswith("events:") for a in _list(st["Action"]))]
+    for name in putters:
+        env = next(f for f in of_type(template, "AWS::Lambda::Function").values()
+                   if f["Properties"]["Handler"] == HANDLERS[name])["Properties"]["Environment"]["Variables"]
+        assert env["NIGHTBATCH_EVENT_BUS"] == "default", name
