@@ -5,9 +5,13 @@ printed: with the standard library's `json` and with msgspec, the compiled parse
 paths; the speed ratio is taken against the msgspec floor (the same parser on both sides). S3 is moto's server
 in another process; a second table splits each side's time into its own process CPU and the CPU the S3
 server spent meanwhile (work real S3 does on its own machines: Finalize's UploadPartCopy and
-CompleteMultipartUpload are copies inside moto here). Each measurement runs in a fresh child process so that
-its peak RSS is its own; each size runs `--repeat` times (floors and ours alternating) and the tables show
-medians with the min..max spread.
+CompleteMultipartUpload are copies inside moto here). A third table puts nightbatch's own CPU against the
+floor's, and counts the bytes sent to S3 (PutObject and UploadPart bodies; UploadPartCopy apart, as bytes
+S3 copies without them crossing the network) per input byte and against the output's size. Between the two
+timed sections stand-in workers write one checkpoint per shard and its summary (not timed; their bytes are
+counted as the workers'). Each measurement runs in a fresh child process so that its peak RSS is its own
+(nightbatch's: the higher of its two timed sections' peaks, the stand-in's left out); each size runs
+`--repeat` times (floors and ours alternating) and the tables show medians with the min..max spread.
 
     .venv/bin/python -m bench.control_plane --sizes 10,10000,100000,1000000
     .venv/bin/python -m bench.control_plane --sizes 1000000 --baseline /tmp/base   # a speed-up against REV:
@@ -17,6 +21,7 @@ medians with the min..max spread.
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import socket
@@ -25,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +108,34 @@ class Clocks:
         return {"cpu": self.cpu, "s3_cpu": self.s3_cpu}
 
 
+class S3Bytes:
+    """Bytes this process sends to S3 (PutObject and UploadPart bodies) and asks S3 to copy (UploadPartCopy:
+    its bytes never cross the network, so they are counted apart), by the phase set in `phase`."""
+
+    def __init__(self, client: Any) -> None:
+        self.phase = "control"
+        self.written: dict[str, int] = {}
+        self.copied = 0
+        events = client.meta.events
+        events.register("before-parameter-build.s3.PutObject", self._sent)
+        events.register("before-parameter-build.s3.UploadPart", self._sent)
+        events.register("before-parameter-build.s3.UploadPartCopy", self._copy)
+
+    def _sent(self, params: dict[str, Any], **_: Any) -> None:
+        body = params.get("Body", b"")
+        if isinstance(body, bytes | bytearray | memoryview):
+            size = len(body)
+        else:  # a file object, from where it stands to its end
+            at = body.tell()
+            size = body.seek(0, io.SEEK_END) - at
+            body.seek(at)
+        self.written[self.phase] = self.written.get(self.phase, 0) + size
+
+    def _copy(self, params: dict[str, Any], **_: Any) -> None:
+        first, last = params["CopySourceRange"].removeprefix("bytes=").split("-")
+        self.copied += int(last) - int(first) + 1
+
+
 def prepare(n: int) -> dict[str, Any]:
     """Uploads an n-line input, creates the batch (not timed)."""
     from nightbatch.batches import CreateBatchRequest
@@ -126,22 +160,52 @@ def prepare(n: int) -> dict[str, Any]:
 
 
 def write_results(services: Any, batch_id: str) -> None:
-    """Stands in for the GPU workers: one result line per planned request (not timed)."""
+    """Stands in for the GPU workers: one result line per planned request, one checkpoint per shard, and its
+    summary as gpu_worker.checkpoints writes it (not timed)."""
     from nightbatch import layout
-    from nightbatch.pipeline.shard_lines import shard_lines
+
+    try:  # a baseline checkout from before checkpoint summaries (`--baseline`, or this file copied into one)
+        from nightbatch.pipeline.results import summarize_checkpoint
+    except ImportError:
+        summarize_checkpoint = None
 
     blobs = services.adapters.blobs
-    for item in layout.read_manifest(blobs, batch_id):
-        shard = layout.read_shard(blobs, batch_id, item.shard_id)
-        assert shard is not None
-        w = blobs.writer(layout.checkpoint_key(layout.results_prefix(batch_id, item.shard_id), 0, "bec4"))
-        for line in shard_lines(blobs, shard):
-            w.write(result_line(batch_id, json.loads(line.raw)["custom_id"], line.number))
-        w.close()
-        blobs.put_bytes(layout.done_key(batch_id, item.shard_id), b"{}")
+    for item in json.loads(blobs.get_bytes(layout.manifest_key(batch_id)) or b"[]"):
+        key = layout.checkpoint_key(layout.results_prefix(batch_id, item["shard_id"]), 0, "bec4")
+        data = bytearray()
+        for number, custom_id in _planned_requests(blobs, batch_id, item["shard_id"]):
+            data += result_line(batch_id, custom_id, number)
+        blobs.put_bytes(key, bytes(data))
+        if summarize_checkpoint is not None:
+            summary = summarize_checkpoint(bytes(data))
+            assert summary is not None
+            layout.write_checkpoint_summary(blobs, key, summary)
+        blobs.put_bytes(layout.done_key(batch_id, item["shard_id"]), b"{}")
+
+
+def _planned_requests(blobs: Any, batch_id: str, shard_id: str) -> Iterator[tuple[int, str]]:
+    """(line number, custom_id) of a planned shard, read as the worker of that checkout reads it."""
+    from nightbatch import layout
+
+    try:
+        from nightbatch.pipeline.shard_lines import shard_lines
+    except ImportError:  # a baseline from before byte-range shards: the lines were copied into segments
+        from nightbatch.pipeline.segments import parse_segment_line
+
+        shard = json.loads(blobs.get_bytes(layout.shard_key(batch_id, shard_id)) or b"{}")
+        for segment in shard["segments"]:
+            for raw in io.BytesIO(blobs.get_bytes(segment) or b""):
+                line = parse_segment_line(raw)
+                yield line.number, line.custom_id
+        return
+    spec = layout.read_shard(blobs, batch_id, shard_id)
+    assert spec is not None
+    for line in shard_lines(blobs, spec):
+        yield line.number, json.loads(line.raw)["custom_id"]
 
 
 def child_ours(batch_id: str) -> dict[str, Any]:
+    from nightbatch import layout
     from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
     from nightbatch.services import build_services
     from nightbatch.storage import make_adapters
@@ -153,19 +217,30 @@ def child_ours(batch_id: str) -> dict[str, Any]:
     services = build_services(make_adapters(settings()), NoWorkflow())
     inp = BatchTaskInput(batch_id=batch_id)
     clocks = Clocks()
+    sent = S3Bytes(services.adapters.blobs.client)
     t0 = time.perf_counter()
     with clocks:
         assert validate_batch(inp, services).valid
         plan_batch(inp, services)
     t_plan = time.perf_counter() - t0
+    cpu_plan = clocks.cpu
+    rss_plan = peak_rss_mb()
+    sent.phase = "workers"
     write_results(services, batch_id)
+    sent.phase = "control"
+    Path("/proc/self/clear_refs").write_text("5")  # the stand-in workers' peak is not the control plane's
     t1 = time.perf_counter()
     with clocks:
         out = finalize_batch(inp, services)
     t_final = time.perf_counter() - t1
+    rss = max(rss_plan, peak_rss_mb())
     batch = services.batches.get("bench", batch_id)
+    output = services.adapters.blobs.size(layout.output_key(batch_id)) or 0
     return {"seconds": t_plan + t_final, "validate_plan_s": t_plan, "finalize_s": t_final, **clocks.fields(),
-            "status": out.status, "completed": batch.request_counts.completed, "total": batch.request_counts.total}
+            "status": out.status, "completed": batch.request_counts.completed, "total": batch.request_counts.total,
+            "written_control": sent.written.get("control", 0), "written_workers": sent.written.get("workers", 0),
+            "copied": sent.copied, "output_bytes": output, "rss_mb": rss, "validate_plan_cpu": cpu_plan,
+            "finalize_cpu": clocks.cpu - cpu_plan}
 
 
 def child_floor(file_key: str, parser: str) -> dict[str, Any]:
@@ -248,6 +323,13 @@ def measure(sizes: list[int], repeat: int = 1, baseline: Path | None = None) -> 
                          "floor_parts": {k: spread([x[k] for x in runs["fast"]]) for k in ("cpu", "s3_cpu")},
                          "floor_rss_mb": max(x["rss_mb"] for x in runs["fast"]),
                          "ours_rss_mb": max(x["rss_mb"] for x in runs["ours"]),
+                         "cpu_vs_floor": [f["cpu"] / o["cpu"] for f, o in zip(runs["fast"], runs["ours"],
+                                                                                strict=True)],
+                         "bytes": {k: statistics.median(x[k] for x in runs["ours"]) for k in (
+                             "written_control", "written_workers", "copied", "output_bytes")},
+                         "input_bytes": prep["bytes"],
+                         "cpu_split": " / ".join(spread([x[k] for x in runs["ours"]]) for k in (
+                             "validate_plan_cpu", "finalize_cpu")),
                          "base_s": spread(secs["base"]) if baseline else "",
                          "vs_base": [b / o for b, o in zip(secs["base"], secs["ours"], strict=False)]})
     finally:
@@ -272,6 +354,24 @@ def print_table(rows: list[dict[str, Any]], repeat: int) -> None:
                     "floor CPU (s)", "floor's S3 server CPU (s)"],
                    [[r["lines"], *(r["parts"][k] for k in ("validate_plan_s", "finalize_s", "cpu", "s3_cpu")),
                      r["floor_parts"]["cpu"], r["floor_parts"]["s3_cpu"]] for r in rows])
+    print("\nCPU and S3 bytes (medians): nightbatch's own CPU against the msgspec floor's (floor CPU / ours); "
+          "bytes sent to S3 in PutObject and UploadPart bodies by the control plane (validate, plan, finalize) "
+          "and by the stand-in workers (checkpoints and their summaries); UploadPartCopy counted apart, as copied "
+          "(no bytes cross the network)")
+    mb = 1e6
+
+    def written(r: dict[str, Any]) -> int:
+        return int(r["bytes"]["written_control"] + r["bytes"]["written_workers"])
+
+    markdown_table(["lines", "CPU vs floor (goal >= 50 %)", "CPU: validate + plan / finalize (s)",
+                    "written: control (MB)", "written: workers (MB)",
+                    "copied by S3 (MB)", "output (MB)", "written / input byte", "written / output (goal <= 1.1)",
+                    "peak RSS (goal <= 256 MB)"],
+                   [[r["lines"], ratio(r["cpu_vs_floor"]), r["cpu_split"], f"{r['bytes']['written_control'] / mb:.1f}",
+                     f"{r['bytes']['written_workers'] / mb:.1f}", f"{r['bytes']['copied'] / mb:.1f}",
+                     f"{r['bytes']['output_bytes'] / mb:.1f}",
+                     f"{written(r) / r['input_bytes']:.2f}", f"{written(r) / max(1, r['bytes']['output_bytes']):.2f}",
+                     f"{r['ours_rss_mb']:.0f}"] for r in rows])
     if any(r["vs_base"] for r in rows):
         print("\nAgainst the baseline checkout, side by side (speed-up: its time over ours, run by run)")
         markdown_table(["lines", "baseline (s)", "nightbatch (s)", "speed-up"],
@@ -297,7 +397,7 @@ def main() -> None:
     if args.child:
         kind, arg = args.child
         result = child_ours(arg) if kind == "ours" else child_floor(arg, kind.removeprefix("floor-"))
-        result["rss_mb"] = peak_rss_mb()
+        result.setdefault("rss_mb", peak_rss_mb())
         print(json.dumps(result))
         return
     print_table(measure([int(x) for x in args.sizes.split(",")], args.repeat, args.baseline), args.repeat)

@@ -1,4 +1,4 @@
-"""Checkpoints: finished result lines made durable in S3 every N lines or T seconds, then counted."""
+"""Checkpoints: finished result lines made durable in S3 every N lines or T seconds, summarized, then counted."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import time
 
 from gpu_worker.results import ResultLine
 from nightbatch.errors import StorageConflictError
-from nightbatch.layout import checkpoint_key, progress_key
+from nightbatch.layout import checkpoint_key, progress_key, write_checkpoint_summary
+from nightbatch.pipeline.results import summarize_checkpoint
 from nightbatch.storage import BlobStore, Table
 from nightbatch.storage.records import BatchRecord
 
@@ -95,16 +96,26 @@ class Checkpointer:
             return
         lines, self.buffer = self.buffer, []
         key = checkpoint_key(self.prefix, self.seq, self.attempt)
+        data = b"".join(line.data for line in lines)
         started = time.monotonic()
-        await asyncio.to_thread(
-            self.blobs.put_bytes, key, b"".join(line.data for line in lines), content_type="application/jsonl"
-        )
+        await asyncio.to_thread(self.blobs.put_bytes, key, data, content_type="application/jsonl")
         self.put_seconds += time.monotonic() - started
+        await asyncio.to_thread(self._summarize, key, data)
         self.seq += 1
         self.objects += 1
         self.written += len(lines)
         await asyncio.to_thread(self._count, lines)
         await asyncio.to_thread(self._sample, lines)
+
+    def _summarize(self, key: str, data: bytes) -> None:
+        """Writes the checkpoint's summary, so Finalize counts it without parsing it (after the checkpoint: a
+        checkpoint whose summary is missing is parsed instead, never lost)."""
+        try:
+            summary = summarize_checkpoint(data)
+            if summary is not None:
+                write_checkpoint_summary(self.blobs, key, summary)
+        except Exception:
+            log.exception("summary of %s not written; Finalize will parse the checkpoint", key)
 
     def _sample(self, lines: list[ResultLine]) -> None:
         completed = sum(1 for line in lines if line.ok)

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter
+from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
 if TYPE_CHECKING:  # infra/ reads the prefixes without the AWS adapters
     from nightbatch.storage import BlobStore as Blobs
@@ -95,6 +95,11 @@ def checkpoint_key(prefix: str, seq: int, attempt: str) -> str:
 
 def is_checkpoint(prefix: str, key: str) -> bool:
     return CHECKPOINT_RE.match(key[len(prefix):]) is not None
+
+
+def checkpoint_summary_key(checkpoint: str) -> str:
+    """The summary beside a checkpoint (`<seq>-<attempt>.summary.json`); CHECKPOINT_RE does not match it."""
+    return checkpoint.removesuffix(".jsonl") + ".summary.json"
 
 
 def done_key(batch_id: str, shard_id: str) -> str:
@@ -255,6 +260,33 @@ class DoneMarker(BaseModel):
     attempts: int = 1
 
 
+class CheckpointSummary(BaseModel):
+    """`<seq>-<attempt>.summary.json`, written by the worker after each checkpoint: what Finalize needs to count
+    and place the checkpoint's lines without parsing them (nightbatch.pipeline.results.summarize_checkpoint).
+
+    Line i of the checkpoint is its bytes [sum(lengths[:i]), sum(lengths[:i + 1])), compact JSON ended by a
+    newline; custom_ids rather than digests, because our digest is keyed per process (nightbatch.ids). A reader
+    that finds no summary, another version, or a size other than the checkpoint's parses the checkpoint.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    version: Literal[1] = 1
+    size: int  # bytes of the checkpoint object it describes
+    custom_ids: list[str]
+    lengths: list[int]  # bytes of each line, its newline included
+    failed: list[int] = []  # indices of the lines that are not successes (they go to the error file), ascending
+    # Usage over the successful lines, as nightbatch.pipeline.results.Tally adds it up.
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    reasoning_tokens: int = 0
+
+    def consistent(self) -> bool:
+        return (len(self.custom_ids) == len(self.lengths) and sum(self.lengths) == self.size
+                and len(set(self.failed)) == len(self.failed) and all(0 <= i < len(self.lengths) for i in self.failed))
+
+
 _SEGMENTS = TypeAdapter(list[SegmentEntry])
 _MANIFEST = TypeAdapter(list[ShardItem])
 
@@ -340,6 +372,20 @@ def read_attempts(blobs: Blobs, prefixes: Iterable[str]) -> Iterator[AttemptReco
             rec = AttemptRecord.model_validate_json(blobs.get_bytes(key) or b"{}")
             rec.shard_id = key.rsplit("/", 2)[-2]
             yield rec
+
+
+def write_checkpoint_summary(blobs: Blobs, checkpoint: str, summary: CheckpointSummary) -> None:
+    blobs.put_bytes(checkpoint_summary_key(checkpoint), summary.model_dump_json().encode(),
+                    content_type="application/json")
+
+
+def read_checkpoint_summary(blobs: Blobs, checkpoint: str) -> CheckpointSummary | None:
+    """None when there is none, or none this release can read (another version): the caller parses instead."""
+    raw = blobs.get_bytes(checkpoint_summary_key(checkpoint))
+    try:
+        return None if raw is None else CheckpointSummary.model_validate_json(raw)
+    except ValidationError:
+        return None
 
 
 def write_done(blobs: Blobs, batch_id: str, shard_id: str, marker: DoneMarker) -> None:

@@ -3,10 +3,10 @@ they are big enough to be parts of their own, the rest merged into uploaded part
 
 Every part but the last is at least 5 MiB (S3's floor). A range of at least 5 MiB is copied without its
 bytes passing through this process; when a smaller merged part is pending, it is first topped up from the
-head of the range (whose bytes the caller already holds, since it read them to count usage). The part layout
+head of the range (read from S3, or handed over by a caller that holds the bytes already). The part layout
 depends only on the sequence of ranges, so a re-run writes the same object.
 
-Parts are sent by a few threads while the caller reads on: Finalize parses the next checkpoint while S3
+Parts are sent by a few threads while the caller reads on: Finalize reads the next checkpoint while S3
 copies the last one (part numbers are given in order when a part is queued, so the object is the same).
 """
 
@@ -17,6 +17,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from nightbatch.storage import BlobStore
+
+Read = Callable[[int, int], bytes | memoryview]
 
 MIN_PART_BYTES = 5 * 1024 * 1024
 MERGED_PART_BYTES = 8 * 1024 * 1024
@@ -44,28 +46,31 @@ class PartComposer:
             self._upload(bytes(self.buf[:MERGED_PART_BYTES]))
             del self.buf[:MERGED_PART_BYTES]
 
-    def add_range(self, source: str, start: int, data: bytes | memoryview) -> None:
-        """`data` is the bytes [start, start + len(data)) of object `source`."""
+    def add_range(self, source: str, start: int, end: int, read: Read) -> None:
+        """Bytes [start, end) of object `source`. `read(a, b)` gives its bytes [a, b); it is asked only for
+        bytes that pass through this process: a range too small to copy, or the head that tops up a part."""
+        if start >= end:
+            return
         if self.buf:
             top = max(0, MIN_PART_BYTES - len(self.buf))
-            if len(data) - top < MIN_PART_BYTES:
-                self.add_bytes(data)  # too small to copy after topping up: merged
+            if end - start - top < MIN_PART_BYTES:
+                self.add_bytes(read(start, end))  # too small to copy after topping up: merged
                 return
-            self.buf += data[:top]
-            self.size += top
+            if top:
+                self.buf += read(start, start + top)
+                self.size += top
             self._upload(bytes(self.buf))
             self.buf.clear()
             start += top
-            data = data[top:]
-        if len(data) < MIN_PART_BYTES:
-            self.add_bytes(data)
+        if end - start < MIN_PART_BYTES:
+            self.add_bytes(read(start, end))
             return
-        copy_range = f"bytes={start}-{start + len(data) - 1}"
+        copy_range = f"bytes={start}-{end - 1}"
         self._send(lambda common: str(self.client.upload_part_copy(
             CopySource={"Bucket": self.bucket, "Key": source}, CopySourceRange=copy_range,
             **common)["CopyPartResult"]["ETag"]))
-        self.size += len(data)
-        self.copied += len(data)
+        self.size += end - start
+        self.copied += end - start
 
     def close(self) -> int:
         """Completes the object and returns its size (0: nothing was written, no object is left)."""

@@ -1,9 +1,9 @@
 """Finalize: merge shard results into the output and error files, then make the terminal transition.
 
 Idempotent: file ids derive from the batch id, a second run writes the same bytes (shards, checkpoints and
-lines are read in key order; the first result per custom_id wins) and finds the batch already terminal.
-Successful lines are not uploaded again: the output file is composed from ranges of the checkpoint objects
-(nightbatch/pipeline/compose.py); S3 copies every range of at least 5 MiB server-side.
+lines are read in key order; the first result per custom_id wins: nightbatch/pipeline/merge.py) and finds the
+batch already terminal. Successful lines are not uploaded again: the output file is composed from ranges of
+the checkpoint objects (nightbatch/pipeline/compose.py); S3 copies every range of at least 5 MiB server-side.
 """
 
 from __future__ import annotations
@@ -17,30 +17,21 @@ from nightbatch.accounting import collect_shard_times, cost_summary, training_jo
 from nightbatch.clock import now
 from nightbatch.errors import BatchItemTooLargeError, StorageConflictError
 from nightbatch.ids import custom_id_digest, derived_id
-from nightbatch.jsonl import split_lines
 from nightbatch.metrics import emit
 from nightbatch.phases import summarize as summarize_phases
 from nightbatch.pipeline.capacity import collect_decisions
 from nightbatch.pipeline.compose import PartComposer
+from nightbatch.pipeline.merge import merge_shard
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
-from nightbatch.pipeline.results import (
-    MAX_RESULT_LINE,
-    Tally,
-    summarize_result_line,
-    tally_plain_lines,
-    unrun_line,
-)
+from nightbatch.pipeline.results import Tally, unrun_line
 from nightbatch.pipeline.shard_lines import shard_requests
 from nightbatch.services import Services
-from nightbatch.storage import BlobStore, LineWriter
-from nightbatch.storage.parts import PartStore
+from nightbatch.storage import BlobStore
 from nightbatch.storage.records import BatchRecord
 from nightbatch.wire import TERMINAL_STATUSES
 
 log = logging.getLogger("nightbatch.finalize")
 UNRUN_CODE = {"cancelled": "batch_cancelled", "expired": "batch_expired", "completed": "shard_failed"}
-READ_WHOLE_BYTES = 64 * 1024 * 1024  # checkpoint objects up to this size are read in one GET, larger streamed
-PIECE_BYTES = 4 * 1024 * 1024  # lines counted in bulk at a time (bounds the decoded lines held at once)
 
 
 def decide_target(batch: BatchRecord) -> str:
@@ -149,7 +140,7 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str) -> tup
         for shard_id, spec in _shards(blobs, batch_id):
             seen: set[int] = set()
             if shard_id is not None:
-                _merge_results(blobs, batch_id, shard_id, seen, out, err, tally)
+                merge_shard(blobs, batch_id, shard_id, seen, out, err, tally)
             if len(seen) < spec.lines:
                 for req in shard_requests(blobs, spec):
                     custom_id = req.custom_id
@@ -179,93 +170,3 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str) -> tup
 
     return register(layout.output_key(batch_id), out_bytes, "output"), register(
         layout.error_key(batch_id), err_bytes, "error"), tally
-
-
-def _merge_results(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], out: PartComposer,
-                   err: LineWriter, tally: Tally) -> None:
-    prefix = layout.results_prefix(batch_id, shard_id)
-    sizes = PartStore(blobs).sizes(prefix)
-    for key in sorted(k for k in sizes if layout.is_checkpoint(prefix, k)):
-        if sizes[key] > READ_WHOLE_BYTES:
-            _merge_streamed(blobs, batch_id, key, seen, out, err, tally)
-        else:
-            _merge_object(batch_id, key, blobs.get_bytes(key) or b"", seen, out, err, tally)
-
-
-def _too_long(batch_id: str, key: str, number: int, size: int) -> None:
-    # Workers never write one (gpu_worker.results); its request ends as shard_failed, so say why.
-    log.error("result line %d of %s is %d bytes, over %d: its request is reported unrun", number, key, size,
-              MAX_RESULT_LINE, extra={"batch_id": batch_id})
-
-
-def _merge_object(batch_id: str, key: str, data: bytes, seen: set[int], out: PartComposer, err: LineWriter,
-                  tally: Tally) -> None:
-    """Runs of successful lines that need no rewrite go to the output as ranges of `key` (copied by S3 when
-    big enough); everything else is written line by line. The object is read in pieces of whole lines; a
-    piece whose lines are all plain is counted in bulk (results.tally_plain_lines), the others line by line."""
-    view = memoryview(data)
-    run = -1  # start of the current run of lines kept as they are
-    size = len(data)
-    pos = number = 0
-    while pos < size:
-        cut = data.find(b"\n", min(pos + PIECE_BYTES, size) - 1)
-        end = size if cut < 0 else cut + 1  # the piece [pos, end) ends after a newline, or at the end
-        plain = tally_plain_lines(data[pos:end], seen, tally)
-        if plain:
-            run = pos if run < 0 else run
-            number += plain
-            pos = end
-            continue
-        while pos < end:
-            nl = data.find(b"\n", pos, end)
-            nxt = end + 1 if nl < 0 else nl + 1  # past the end: the last line has no newline
-            line = data[pos:nxt - 1]
-            number += 1
-            keep = False
-            rewrite: bytes | None = None
-            if len(line) > MAX_RESULT_LINE:
-                _too_long(batch_id, key, number, len(line))
-            elif line:
-                clean = line[:-1] if line[-1] == 13 else line  # CRLF: the CR is dropped, as split_lines does
-                summary = summarize_result_line(clean)
-                d = custom_id_digest(summary.custom_id)
-                if d not in seen:  # else a zombie attempt's duplicate: the first result wins
-                    seen.add(d)
-                    if summary.ok:
-                        tally.add_success(summary.usage)
-                        keep = clean is line and nxt <= size
-                        rewrite = None if keep else clean + b"\n"
-                    else:
-                        err.write(clean + b"\n")
-                        tally.failed += 1
-            if keep:
-                run = pos if run < 0 else run
-            elif run >= 0:
-                out.add_range(key, run, view[run:pos])
-                run = -1
-            if rewrite is not None:
-                out.add_bytes(rewrite)
-            pos = nxt
-    if run >= 0:
-        out.add_range(key, run, view[run:min(pos, size)])
-
-
-def _merge_streamed(blobs: BlobStore, batch_id: str, key: str, seen: set[int], out: PartComposer,
-                    err: LineWriter, tally: Tally) -> None:
-    for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
-        if raw.data is None:
-            _too_long(batch_id, key, raw.number, raw.size)
-            continue
-        if not raw.data:
-            continue
-        summary = summarize_result_line(raw.data)
-        d = custom_id_digest(summary.custom_id)
-        if d in seen:
-            continue
-        seen.add(d)
-        if summary.ok:
-            out.add_bytes(raw.data + b"\n")
-            tally.add_success(summary.usage)
-        else:
-            err.write(raw.data + b"\n")
-            tally.failed += 1

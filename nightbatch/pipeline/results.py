@@ -7,8 +7,9 @@ from typing import Any
 
 import msgspec
 
-from nightbatch.ids import batch_request_id, custom_id_digest
+from nightbatch.ids import batch_request_id
 from nightbatch.jsonl import dumps_line, loads
+from nightbatch.layout import CheckpointSummary
 
 UNRUN_MESSAGES = {
     "batch_cancelled": "This request was not executed because the batch was cancelled.",
@@ -76,77 +77,29 @@ def summarize_result_line(data: bytes) -> ResultSummary:
     return ResultSummary(line.custom_id, ok, usage if ok else {})
 
 
-class _Details(msgspec.Struct, gc=False):
-    cached_tokens: int | None = None
-    reasoning_tokens: int | None = None
-
-
-class _Usage(msgspec.Struct, gc=False):
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    prompt_tokens_details: _Details | None = None
-    completion_tokens_details: _Details | None = None
-    input_tokens: int | msgspec.UnsetType | None = msgspec.UNSET  # present: a Responses object's usage
-    output_tokens: int | None = None
-    input_tokens_details: _Details | None = None
-    output_tokens_details: _Details | None = None
-
-
-class _PlainBody(msgspec.Struct, gc=False):
-    usage: _Usage | None = None
-
-
-class _PlainResponse(msgspec.Struct, gc=False):
-    status_code: int
-    body: _PlainBody | None = None
-
-
-class _PlainLine(msgspec.Struct, gc=False):  # no cycles: not tracked by the GC
-    custom_id: str
-    response: _PlainResponse
-
-
-_decode_plain = msgspec.json.Decoder(_PlainLine).decode
-
-
-def tally_plain_lines(piece: bytes, seen: set[int], tally: Tally) -> int:
-    """Counts a run of result lines that all go to the output as they are, in bulk: every line `\n`-ended
-    (no CR, none blank), a successful response with integer usage, its custom_id new. Returns how many
-    lines were counted, or 0 (nothing counted, `seen` untouched) when any line needs the line-by-line path."""
-    if not piece.endswith(b"\n") or b"\r" in piece or b"\n\n" in piece or piece.startswith(b"\n"):
-        return 0
-    try:
-        lines = [_decode_plain(raw) for raw in piece[:-1].split(b"\n")]
-    except msgspec.MsgspecError:
-        return 0
-    digests = {custom_id_digest(line.custom_id) for line in lines}
-    if len(digests) != len(lines) or not digests.isdisjoint(seen):
-        return 0
-    sums = [0, 0, 0, 0]  # input, output, cached, reasoning
-    for line in lines:
-        r = line.response
-        if not 200 <= r.status_code < 300:
-            return 0
-        u = r.body.usage if r.body is not None else None
-        if u is None:
-            continue
-        if u.input_tokens is not msgspec.UNSET:  # as Tally.add_success reads a Responses usage
-            sums[0] += u.input_tokens or 0
-            sums[1] += u.output_tokens or 0
-            sums[2] += (u.input_tokens_details.cached_tokens or 0) if u.input_tokens_details else 0
-            sums[3] += (u.output_tokens_details.reasoning_tokens or 0) if u.output_tokens_details else 0
+def summarize_checkpoint(data: bytes) -> CheckpointSummary | None:
+    """The summary the worker writes beside a checkpoint (nightbatch.layout.CheckpointSummary), made by reading
+    its lines as Finalize's parsing path reads them, so both paths count alike. None when a line is not plain
+    (blank, CR, over MAX_RESULT_LINE, or no newline at the end): such a checkpoint is left to that path."""
+    if not data.endswith(b"\n") or b"\r" in data or b"\n\n" in data or data.startswith(b"\n"):
+        return None
+    tally = Tally()
+    ids: list[str] = []
+    lengths: list[int] = []
+    failed: list[int] = []
+    for i, line in enumerate(data[:-1].split(b"\n")):
+        if len(line) > MAX_RESULT_LINE:
+            return None
+        summary = summarize_result_line(line)
+        ids.append(summary.custom_id)
+        lengths.append(len(line) + 1)
+        if summary.ok:
+            tally.add_success(summary.usage)
         else:
-            sums[0] += u.prompt_tokens or 0
-            sums[1] += u.completion_tokens or 0
-            sums[2] += (u.prompt_tokens_details.cached_tokens or 0) if u.prompt_tokens_details else 0
-            sums[3] += (u.completion_tokens_details.reasoning_tokens or 0) if u.completion_tokens_details else 0
-    seen |= digests
-    tally.completed += len(lines)
-    tally.input_tokens += sums[0]
-    tally.output_tokens += sums[1]
-    tally.cached_tokens += sums[2]
-    tally.reasoning_tokens += sums[3]
-    return len(lines)
+            failed.append(i)
+    return CheckpointSummary(size=len(data), custom_ids=ids, lengths=lengths, failed=failed,
+                             input_tokens=tally.input_tokens, cached_tokens=tally.cached_tokens,
+                             output_tokens=tally.output_tokens, reasoning_tokens=tally.reasoning_tokens)
 
 
 def _summarize_any(data: bytes) -> ResultSummary:
@@ -168,6 +121,23 @@ class Tally:
     output_tokens: int = 0
     reasoning_tokens: int = 0
     models: set[str] = field(default_factory=set)
+
+    def add_summary(self, summary: CheckpointSummary) -> None:
+        """Every line of a checkpoint, from its summary."""
+        self.completed += len(summary.lengths) - len(summary.failed)
+        self.failed += len(summary.failed)
+        self.input_tokens += summary.input_tokens
+        self.cached_tokens += summary.cached_tokens
+        self.output_tokens += summary.output_tokens
+        self.reasoning_tokens += summary.reasoning_tokens
+
+    def subtract(self, other: Tally) -> None:
+        self.completed -= other.completed
+        self.failed -= other.failed
+        self.input_tokens -= other.input_tokens
+        self.cached_tokens -= other.cached_tokens
+        self.output_tokens -= other.output_tokens
+        self.reasoning_tokens -= other.reasoning_tokens
 
     def add_success(self, usage: dict[str, Any]) -> None:
         self.completed += 1

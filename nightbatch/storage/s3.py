@@ -39,6 +39,10 @@ class BlobStore:
             raise
         return body
 
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """The bytes [start, end) of an object that exists."""
+        return b"".join(self.iter_chunks(key, start=start, end=end))
+
     def iter_chunks(self, key: str, *, start: int = 0, end: int | None = None,
                     chunk: int = CHUNK_BYTES) -> Iterator[bytes]:
         """The bytes [start, end) of `key` (to its end when `end` is None), streamed in one GET."""

@@ -12,8 +12,9 @@ from gpu_worker.engines.base import EngineFailedError, EngineReply
 from gpu_worker.results import result_line
 from gpu_worker.runner import ShardJob, ShardReport, run_shard
 from nightbatch.ids import batch_request_id
-from nightbatch.layout import checkpoint_key, done_key
+from nightbatch.layout import checkpoint_key, done_key, read_checkpoint_summary
 from nightbatch.model_spec import LOCAL_MODELS, ModelSpec
+from nightbatch.pipeline.results import summarize_checkpoint
 from nightbatch.settings import Settings
 from nightbatch.wire import BatchRequestOutput
 from tests.support.deterministic_engine import DeterministicEngine
@@ -169,6 +170,28 @@ def test_checkpoints_every_n_lines(world: ShardWorld) -> None:
     assert [k.rsplit("/", 1)[1] for k in keys] == [
         f"{i:06d}-{report.attempt}.jsonl" for i in range(len(keys))
     ]
+
+
+def test_each_checkpoint_has_its_summary(world: ShardWorld) -> None:
+    """What Finalize counts from (nightbatch.layout.CheckpointSummary): the summary beside each checkpoint is
+    what reading the checkpoint gives, error lines included."""
+    requests = chat_requests(12)
+    requests[4]["body"]["max_tokens"] = -1
+    requests[9]["body"]["messages"][0]["content"] = "please RAISE"
+    world.seed(requests)
+    settings = world.settings.updated({"checkpoint_every_lines": 5, "checkpoint_every_seconds": 60.0,
+                                       "max_in_flight": 1})
+    run(world, DeterministicEngine(CHAT_SPEC), settings=settings)
+    blobs = world.adapters.blobs
+    failed = 0
+    for key in world.checkpoint_keys():
+        data = blobs.get_bytes(key) or b""
+        summary = read_checkpoint_summary(blobs, key)
+        assert summary is not None and summary == summarize_checkpoint(data) and summary.consistent()
+        assert summary.size == len(data) and len(summary.custom_ids) == len(world.checkpoint_lines(key))
+        assert summary.input_tokens > 0 and summary.output_tokens > 0
+        failed += len(summary.failed)
+    assert failed == 2
 
 
 def test_checkpoints_every_t_seconds(world: ShardWorld) -> None:

@@ -12,6 +12,7 @@ from moto import mock_aws
 
 from nightbatch import layout
 from nightbatch.batches import CreateBatchRequest
+from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.pipeline.segments import SegmentRequest
 from nightbatch.pipeline.shard_lines import shard_requests
 from nightbatch.services import Services, build_services
@@ -79,3 +80,16 @@ def shard_requests_of(services: Services, batch_id: str, shard_id: str) -> list[
 
 def jsonl(lines: list[dict[str, Any]]) -> bytes:
     return b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+
+
+def planned_shards(services: Services, n: int, *, segment_max_lines: int,
+                   shard_target_tokens: int) -> tuple[str, list[tuple[str, list[str]]]]:
+    """A validated and planned batch of n chat lines: its id, and each shard's id with its custom_ids in order."""
+    services.settings.pipeline.segment_max_lines = segment_max_lines
+    services.settings.pipeline.shard_target_tokens = shard_target_tokens
+    batch_id = make_batch(services, jsonl([chat_line(i) for i in range(n)]))
+    inp = BatchTaskInput(batch_id=batch_id)
+    assert validate_batch(inp, services).valid
+    plan_batch(inp, services)
+    return batch_id, [(item.shard_id, [r.custom_id for r in shard_requests_of(services, batch_id, item.shard_id)])
+                      for item in layout.read_manifest(services.adapters.blobs, batch_id)]
