@@ -113,7 +113,8 @@ class BatchService:
     files: FileService
     workflow: Workflow
 
-    def create(self, tenant: str, req: CreateBatchRequest, *, batch_id: str | None = None) -> Batch:
+    def create(self, tenant: str, req: CreateBatchRequest, *, batch_id: str | None = None,
+               ext: dict[str, Any] | None = None) -> Batch:
         check_supported(req.endpoint, ENDPOINTS, param="endpoint")
         hours = window_hours(req.completion_window, self.settings.validation.max_completion_window_hours)
         check_metadata(req.metadata)
@@ -131,7 +132,7 @@ class BatchService:
             expires_at=created + int(hours * self.settings.validation.hour_seconds),
             request_counts={"total": 0, "completed": 0, "failed": 0}, metadata=req.metadata,
             output_expires_after_seconds=req.output_expires_after.seconds if req.output_expires_after else None,
-            options=req.nightbatch or None,
+            options=req.nightbatch or None, ext=ext or None,
         )
         self.table.put_record(rec, new=True)
         # A failed start leaves the batch in `validating`; the sweeper re-drives it.

@@ -121,8 +121,9 @@ def _fail_unvalidated(services: Services, batch: BatchRecord) -> FinalizeOutput:
     return FinalizeOutput(batch_id=batch.pk, status="failed")
 
 
-def _shards(blobs: BlobStore, batch_id: str) -> Iterator[tuple[str | None, list[str], int]]:
-    """(shard_id, segment keys, lines) per planned shard; shard_id None for segments no shard took."""
+def planned_shards(blobs: BlobStore, batch_id: str) -> Iterator[tuple[str | None, list[str], int]]:
+    """(shard_id, segment keys, lines) per planned shard, in the order Finalize merges them; shard_id None for
+    segments no shard took."""
     items = layout.read_manifest(blobs, batch_id)
     if items:
         for item in items:
@@ -144,7 +145,7 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str) -> tup
     out = PartComposer(blobs, layout.output_key(batch_id))
     err = blobs.writer(layout.error_key(batch_id))
     try:
-        for shard_id, segments, lines in _shards(blobs, batch_id):
+        for shard_id, segments, lines in planned_shards(blobs, batch_id):
             seen: set[int] = set()
             if shard_id is not None:
                 _merge_results(blobs, batch_id, shard_id, seen, out, err, tally)
@@ -182,12 +183,18 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str) -> tup
         layout.error_key(batch_id), err_bytes, "error"), tally
 
 
-def _merge_results(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], out: PartComposer,
-                   err: LineWriter, tally: Tally) -> None:
+def checkpoints_in_order(blobs: BlobStore, batch_id: str, shard_id: str) -> list[tuple[str, int]]:
+    """(key, size) of the shard's checkpoints in the order that decides between results of one custom_id:
+    the first wins (partial results read them the same way: nightbatch/partial_results.py)."""
     prefix = layout.results_prefix(batch_id, shard_id)
     sizes = PartStore(blobs).sizes(prefix)
-    for key in sorted(k for k in sizes if layout.is_checkpoint(prefix, k)):
-        if sizes[key] > READ_WHOLE_BYTES:
+    return [(k, sizes[k]) for k in sorted(k for k in sizes if layout.is_checkpoint(prefix, k))]
+
+
+def _merge_results(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], out: PartComposer,
+                   err: LineWriter, tally: Tally) -> None:
+    for key, size in checkpoints_in_order(blobs, batch_id, shard_id):
+        if size > READ_WHOLE_BYTES:
             _merge_streamed(blobs, batch_id, key, seen, out, err, tally)
         else:
             _merge_object(batch_id, key, blobs.get_bytes(key) or b"", seen, out, err, tally)
