@@ -56,7 +56,7 @@ def test_cancel_then_retry_covers_every_line_exactly_once(services: Services) ->
 
 
 def test_custom_ids_and_overrides(services: Services) -> None:
-    batch_id, payload = cancelled_half_way(services)
+    batch_id, _ = cancelled_half_way(services)
     new = retry_batch(services, TENANT, batch_id, RetryRequest(
         custom_ids=["req-2", "req-9"], completion_window="48h", metadata={"try": "2"}))
     assert (new.completion_window, new.metadata) == ("48h", {"try": "2"})
