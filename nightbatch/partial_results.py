@@ -54,7 +54,9 @@ class PartialResults:
         }
 
 
-def partial_results(services: Services, tenant: str, batch_id: str, kind: str) -> PartialResults:
+def partial_results(services: Services, tenant: str, batch_id: str, kind: str, *,
+                    scan_bytes: int | None = None) -> PartialResults:
+    """`scan_bytes`: stop after reading that much of the checkpoints (a preview's bounded read)."""
     check_supported(kind, KINDS, param="kind")
     batch = services.batches.item(tenant, batch_id)  # another tenant's batch: 404, as a missing one
     ok = kind == "output"
@@ -73,7 +75,7 @@ def partial_results(services: Services, tenant: str, batch_id: str, kind: str) -
         checkpoints, truncated = _within(checkpoints, limit)
     count = (batch.live_completed if ok else batch.live_failed) or 0
     return PartialResults(batch_id, batch.status, kind, False, count, truncated=truncated,
-                          lines=_lines(blobs, checkpoints, ok))
+                          lines=_lines(blobs, checkpoints, ok, scan_bytes))
 
 
 def _checkpoints(blobs: BlobStore, batch: BatchRecord) -> list[tuple[str, list[tuple[str, int]]]]:
@@ -98,11 +100,16 @@ def _within(shards: list[tuple[str, list[tuple[str, int]]]], limit: int) -> tupl
     return kept, False
 
 
-def _lines(blobs: BlobStore, shards: list[tuple[str, list[tuple[str, int]]]], ok: bool) -> Iterator[bytes]:
+def _lines(blobs: BlobStore, shards: list[tuple[str, list[tuple[str, int]]]], ok: bool,
+           scan_bytes: int | None) -> Iterator[bytes]:
+    scanned = 0
     for _shard_id, checkpoints in shards:
         seen: set[int] = set()  # per shard, as Finalize keeps it: a custom_id belongs to one shard
         for key, _size in checkpoints:
             for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
+                scanned += raw.size + 1
+                if scan_bytes is not None and scanned > scan_bytes:
+                    return
                 if not raw.data:
                     continue  # blank, or over MAX_RESULT_LINE: Finalize reports that request unrun
                 summary = summarize_result_line(raw.data)
