@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from nightbatch.errors import check_supported
 from nightbatch.ids import custom_id_digest
 from nightbatch.jsonl import split_lines
-from nightbatch.pipeline.finalize import checkpoints_in_order, planned_shards
+from nightbatch.pipeline.merge_order import checkpoints_in_order, planned_shards
 from nightbatch.pipeline.results import MAX_RESULT_LINE, summarize_result_line
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore

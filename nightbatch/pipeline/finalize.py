@@ -9,7 +9,6 @@ Successful lines are not uploaded again: the output file is composed from ranges
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 from nightbatch import layout, lifecycle
@@ -22,6 +21,7 @@ from nightbatch.metrics import emit
 from nightbatch.phases import summarize as summarize_phases
 from nightbatch.pipeline.capacity import collect_decisions
 from nightbatch.pipeline.compose import PartComposer
+from nightbatch.pipeline.merge_order import checkpoints_in_order, planned_shards
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
 from nightbatch.pipeline.results import (
     MAX_RESULT_LINE,
@@ -33,7 +33,6 @@ from nightbatch.pipeline.results import (
 from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore, LineWriter
-from nightbatch.storage.parts import PartStore
 from nightbatch.storage.records import BatchRecord
 from nightbatch.wire import TERMINAL_STATUSES
 
@@ -121,22 +120,6 @@ def _fail_unvalidated(services: Services, batch: BatchRecord) -> FinalizeOutput:
     return FinalizeOutput(batch_id=batch.pk, status="failed")
 
 
-def planned_shards(blobs: BlobStore, batch_id: str) -> Iterator[tuple[str | None, list[str], int]]:
-    """(shard_id, segment keys, lines) per planned shard, in the order Finalize merges them; shard_id None for
-    segments no shard took."""
-    items = layout.read_manifest(blobs, batch_id)
-    if items:
-        for item in items:
-            shard = layout.read_shard(blobs, batch_id, item.shard_id)
-            if shard is not None:
-                yield shard.shard_id, shard.segments, shard.lines
-        return
-    # Never planned, or planned after a cancel/expiry (empty manifest): every validated segment is unrun.
-    segs = layout.read_segment_index(blobs, batch_id)
-    if segs:
-        yield None, [s.key for s in segs], sum(s.lines for s in segs)
-
-
 def _write_files(services: Services, batch: BatchRecord, unrun_code: str) -> tuple[
         str | None, str | None, Tally]:
     blobs = services.adapters.blobs
@@ -181,14 +164,6 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str) -> tup
 
     return register(layout.output_key(batch_id), out_bytes, "output"), register(
         layout.error_key(batch_id), err_bytes, "error"), tally
-
-
-def checkpoints_in_order(blobs: BlobStore, batch_id: str, shard_id: str) -> list[tuple[str, int]]:
-    """(key, size) of the shard's checkpoints in the order that decides between results of one custom_id:
-    the first wins (partial results read them the same way: nightbatch/partial_results.py)."""
-    prefix = layout.results_prefix(batch_id, shard_id)
-    sizes = PartStore(blobs).sizes(prefix)
-    return [(k, sizes[k]) for k in sorted(k for k in sizes if layout.is_checkpoint(prefix, k))]
 
 
 def _merge_results(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], out: PartComposer,

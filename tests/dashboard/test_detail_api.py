@@ -166,10 +166,10 @@ def test_results_preview_of_a_running_batch(api_server: ApiServer) -> None:
              for i in range(3)]
     services.adapters.blobs.put_bytes(layout.checkpoint_key(layout.results_prefix(batch_id, "00000"), 0, "a"),
                                       ("\n".join(lines) + "\n").encode())
-    body = get(api_server, f"/nightbatch/batches/{batch_id}/results/preview?lines=1").json()
+    body = get(api_server, f"/nightbatch/batches/{batch_id}/preview?lines=1").json()
     assert (body["complete"], body["count"], body["status"]) == (False, 2, "in_progress")
     assert body["lines"] == [{"line": 1, "json": json.loads(lines[1])}]
-    errors = get(api_server, f"/nightbatch/batches/{batch_id}/results/preview?kind=error").json()
+    errors = get(api_server, f"/nightbatch/batches/{batch_id}/preview?kind=error").json()
     assert [x["json"]["custom_id"] for x in errors["lines"]] == ["r0"]
-    assert get(api_server, f"/nightbatch/batches/{batch_id}/results/preview?lines=99").status_code == 400
-    assert get(api_server, "/nightbatch/batches/batch_nope/results/preview").status_code == 404
+    assert get(api_server, f"/nightbatch/batches/{batch_id}/preview?lines=99").status_code == 400
+    assert get(api_server, "/nightbatch/batches/batch_nope/preview").status_code == 404

@@ -25,7 +25,7 @@ def get_batch_detail(batch_id: str, principal: PrincipalDep, services: ServicesD
     return batch_detail(services, principal.tenant, batch_id)
 
 
-@router.get("/batches/{batch_id}/results/preview")
+@router.get("/batches/{batch_id}/preview")
 def preview_partial_results(
     batch_id: str, principal: PrincipalDep, services: ServicesDep, kind: str = "output",
     lines: Annotated[int, Query()] = 10,

@@ -199,13 +199,13 @@ async function loadPreview(fileId, title) {
   }
 }
 
-// The lines finished so far of a running batch (GET /v1/nightbatch/batches/{id}/results/preview), fetched again
+// The lines finished so far of a running batch (GET /v1/nightbatch/batches/{id}/preview), fetched again
 // only when its counts moved.
 async function partialPreview(b) {
   const boxes = [];
   for (const [kind, title] of [["output", "Output so far"], ["error", "Errors so far"]]) {
     const p = await api("GET",
-      `/nightbatch/batches/${encodeURIComponent(b.id)}/results/preview?kind=${kind}&lines=${PREVIEW_LINES}`);
+      `/nightbatch/batches/${encodeURIComponent(b.id)}/preview?kind=${kind}&lines=${PREVIEW_LINES}`);
     if (!p.lines.length) continue;
     boxes.push(h("div", { class: "preview partial", "data-kind": kind }, h("h3", {}, title),
       h("ol", { class: "plines" }, p.lines.map(previewLine)),

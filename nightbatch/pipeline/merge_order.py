@@ -1,0 +1,35 @@
+"""The order in which Finalize merges results, which decides between two results of one custom_id (the first
+wins): shards in plan order, each shard's checkpoints in key order. Finalize and the partial results
+(nightbatch/partial_results.py) both read them through these two functions. Light on imports: the API
+imports it without the workflow's steps."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from nightbatch import layout
+from nightbatch.storage import BlobStore
+from nightbatch.storage.parts import PartStore
+
+
+def planned_shards(blobs: BlobStore, batch_id: str) -> Iterator[tuple[str | None, list[str], int]]:
+    """(shard_id, segment keys, lines) per planned shard, in merge order; shard_id None for segments no shard
+    took."""
+    items = layout.read_manifest(blobs, batch_id)
+    if items:
+        for item in items:
+            shard = layout.read_shard(blobs, batch_id, item.shard_id)
+            if shard is not None:
+                yield shard.shard_id, shard.segments, shard.lines
+        return
+    # Never planned, or planned after a cancel/expiry (empty manifest): every validated segment is unrun.
+    segs = layout.read_segment_index(blobs, batch_id)
+    if segs:
+        yield None, [s.key for s in segs], sum(s.lines for s in segs)
+
+
+def checkpoints_in_order(blobs: BlobStore, batch_id: str, shard_id: str) -> list[tuple[str, int]]:
+    """(key, size) of the shard's checkpoints in merge order."""
+    prefix = layout.results_prefix(batch_id, shard_id)
+    sizes = PartStore(blobs).sizes(prefix)
+    return [(k, sizes[k]) for k in sorted(k for k in sizes if layout.is_checkpoint(prefix, k))]
