@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import httpx
@@ -13,7 +12,7 @@ from openai.types import Batch
 
 from nightbatch.wire import BatchRequestOutput
 from tests.e2e.conftest import LocalStack
-from tests.e2e.sdk import submit, wait
+from tests.e2e.sdk import submit, wait, wait_for_a_result
 
 pytestmark = pytest.mark.e2e
 CHAT = "SmolLM2-135M-Instruct"
@@ -98,12 +97,7 @@ def test_cancel_mid_run_keeps_partial_results(local_stack: LocalStack) -> None:
              chat(i, f"Write a long story about the number {i}.", max_tokens=LONG_TOKENS, ignore_eos=True)
              for i in range(n)]
     batch = submit(client, lines, "/v1/chat/completions")
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        b = client.batches.retrieve(batch.id)
-        if b.request_counts and b.request_counts.completed >= 1:
-            break
-        time.sleep(0.5)
+    wait_for_a_result(client, batch.id)
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
     done = wait(client, batch.id)
@@ -153,12 +147,7 @@ def test_partial_results_then_cancel_then_retry_covers_every_line_once(local_sta
              chat(i, f"Write a long story about the number {i}.", max_tokens=512, ignore_eos=True)
              for i in range(n)]
     batch = submit(client, lines, "/v1/chat/completions")
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        b = client.batches.retrieve(batch.id)
-        if b.request_counts and b.request_counts.completed >= 1:
-            break
-        time.sleep(0.3)
+    wait_for_a_result(client, batch.id)
     partial = client.get(f"/nightbatch/batches/{batch.id}/results", cast_to=httpx.Response,
                          options={"params": {"kind": "output"}})
     shown = partial.content.splitlines(keepends=True)
