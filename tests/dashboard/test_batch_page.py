@@ -101,7 +101,8 @@ def test_the_pages_fit_a_phone(browser: Any, api_server: ApiServer, seeded: dict
         context.close()
 
 
-def test_a_running_batch_previews_its_results_so_far(page: Any, api_server: ApiServer) -> None:
+def test_a_running_batch_previews_its_results_so_far(api_server: ApiServer, page: Any) -> None:
+    # api_server first: the page (still polling a running batch) closes before the server's services go
     from playwright.sync_api import expect
 
     from nightbatch import layout
@@ -120,6 +121,7 @@ def test_a_running_batch_previews_its_results_so_far(page: Any, api_server: ApiS
     blobs.put_bytes(layout.checkpoint_key(prefix, 0, "a"), output_line(batch_id, 0) + output_line(batch_id, 1))
 
     sign_in(page, api_server.base_url, api_server.api_key)
+    expect(page.locator("tr.batch")).to_have_count(1)  # the list's first load done before navigating away
     page.goto(f"{api_server.base_url}/dashboard/batches/{batch_id}")
     partial = page.locator('.preview.partial[data-kind="output"] li.pline')
     expect(partial).to_have_count(2)
