@@ -89,6 +89,9 @@ def test_retry_over_http_with_idempotency_key(stack: Stack) -> None:
     with pytest.raises(openai.BadRequestError) as none:
         client.post(f"/nightbatch/batches/{batch_id}/retry", cast_to=dict, body={"error_codes": ["shard_failed"]})
     assert none.value.code == "no_matching_lines"
+    with pytest.raises(openai.BadRequestError) as unknown:  # a misspelt field is refused, not ignored
+        client.post(f"/nightbatch/batches/{batch_id}/retry", cast_to=dict, body={"error_code": ["shard_failed"]})
+    assert "error_code" in unknown.value.message
     other = stack.client(stack.new_key("team-b"))
     with pytest.raises(openai.NotFoundError):
         other.post(f"/nightbatch/batches/{batch_id}/retry", cast_to=dict, body={})
