@@ -17,7 +17,6 @@ medians with the min..max spread.
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import socket
@@ -129,18 +128,17 @@ def prepare(n: int) -> dict[str, Any]:
 def write_results(services: Any, batch_id: str) -> None:
     """Stands in for the GPU workers: one result line per planned request (not timed)."""
     from nightbatch import layout
-    from nightbatch.pipeline.segments import parse_segment_line
+    from nightbatch.pipeline.shard_lines import shard_lines
 
     blobs = services.adapters.blobs
-    for item in json.loads(blobs.get_bytes(layout.manifest_key(batch_id)) or b"[]"):
-        shard = json.loads(blobs.get_bytes(layout.shard_key(batch_id, item["shard_id"])) or b"{}")
-        w = blobs.writer(layout.checkpoint_key(layout.results_prefix(batch_id, item["shard_id"]), 0, "bec4"))
-        for key in shard["segments"]:
-            for raw in io.BytesIO(blobs.get_bytes(key) or b""):
-                line = parse_segment_line(raw)
-                w.write(result_line(batch_id, line.custom_id, line.number))
+    for item in layout.read_manifest(blobs, batch_id):
+        shard = layout.read_shard(blobs, batch_id, item.shard_id)
+        assert shard is not None
+        w = blobs.writer(layout.checkpoint_key(layout.results_prefix(batch_id, item.shard_id), 0, "bec4"))
+        for line in shard_lines(blobs, shard):
+            w.write(result_line(batch_id, json.loads(line.raw)["custom_id"], line.number))
         w.close()
-        blobs.put_bytes(layout.done_key(batch_id, item["shard_id"]), b"{}")
+        blobs.put_bytes(layout.done_key(batch_id, item.shard_id), b"{}")
 
 
 def child_ours(batch_id: str) -> dict[str, Any]:

@@ -142,16 +142,16 @@ def read_report(stdout: IO[str]) -> dict[str, Any] | None:
 
 
 def shared_prompts_per_shard(side: ShardedSide, shards: list[dict[str, Any]]) -> list[int]:
-    from nightbatch.pipeline.segments import parse_segment_line
+    from nightbatch.layout import ShardSpec
+    from nightbatch.pipeline.shard_lines import shard_requests
 
     out = []
     for shard in shards:
         systems = set()
-        for key in shard["segments"]:
-            for raw in (side.adapters.blobs.get_bytes(key) or b"").splitlines():
-                first = parse_segment_line(raw).body["messages"][0]
-                if first["role"] == "system":
-                    systems.add(first["content"])
+        for req in shard_requests(side.adapters.blobs, ShardSpec.model_validate(shard)):
+            first = req.body["messages"][0]
+            if first["role"] == "system":
+                systems.add(first["content"])
         out.append(len(systems))
     return out
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpu_worker.engines.base import Engine
+from gpu_worker.job_environment import apply_hf_token, apply_settings_document, report_failure
 from gpu_worker.runner import ShardJob, ShardReport, preflight, run_shard
 from gpu_worker.shard import load_shard
 from gpu_worker.watch import BATCH_REASONS, read_stop_reason
@@ -45,15 +46,27 @@ def main(argv: list[str] | None = None) -> int:
                              "env NIGHTBATCH_WORKER_ENGINE)")
     parser.add_argument("--batch-id", default=None, help="default: env NIGHTBATCH_BATCH_ID")
     parser.add_argument("--shard-id", default=None, help="default: env NIGHTBATCH_SHARD_ID")
+    # SageMaker starts an image as `<image> train` unless the job names an entry point.
+    parser.add_argument("mode", nargs="?", choices=("train",), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    inputs = JobInputs()  # this job's shard, beside the deployment's settings
+    phases.backend = inputs.backend
     settings = get_settings()
+    try:
+        if apply_settings_document(inputs, settings):
+            get_settings.cache_clear()
+            settings = get_settings()
+        apply_hf_token(settings)
+    except Exception as exc:
+        log.exception("the job's settings could not be read")
+        report_failure(settings, f"settings: {type(exc).__name__}: {exc}")
+        return EXIT_ERROR
     if settings.deployment.mode == "aws":
         configure_logging()  # JSON lines for CloudWatch Logs, each with the batch and shard ids
     else:
         logging.basicConfig(
             level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
         )
-    inputs = JobInputs()  # this job's shard, beside the deployment's settings
     batch_id = args.batch_id or inputs.batch_id
     shard_id = args.shard_id or inputs.shard_id
     if not batch_id or not shard_id:
@@ -63,10 +76,14 @@ def main(argv: list[str] | None = None) -> int:
     engine_path = args.engine or settings.worker.engine
     try:
         with log_context(batch_id=batch_id, shard_id=shard_id):
-            return asyncio.run(serve_shard(job, settings, adapters, engine_path=engine_path, phases=phases))
-    except Exception:
+            code = asyncio.run(serve_shard(job, settings, adapters, engine_path=engine_path, phases=phases))
+    except Exception as exc:
         log.exception("shard %s/%s failed", batch_id, shard_id)
+        report_failure(settings, f"{type(exc).__name__}: {exc}")
         return EXIT_ERROR
+    if code == EXIT_INTERRUPTED:
+        report_failure(settings, "stopped by SIGTERM with lines left; a new attempt resumes from the checkpoints")
+    return code
 
 
 async def serve_shard(

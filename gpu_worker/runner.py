@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from gpu_worker import host
 from gpu_worker.checkpoints import Checkpointer
 from gpu_worker.engines.base import Engine
 from gpu_worker.results import ResultLine, exception_reply, is_fatal, result_line
@@ -338,10 +339,12 @@ class _ShardRun:
         report.phases = self.phases.to_dict()
 
     def _write_accounting(self, report: ShardReport) -> None:
+        where = host.detect()
         layout.write_attempt(self.blobs, self.prefix, layout.AttemptRecord(
             attempt=self.attempt, model_load_seconds=round(report.model_load_seconds, 3),
             inference_seconds=report.inference_seconds, idle_seconds=report.idle_seconds, finished=report.finished,
-            phases=report.phases,
+            phases=report.phases, backend=where.backend, instance_type=where.instance_type,
+            training_job=where.training_job,
         ))
 
     def _write_done(self, report: ShardReport) -> None:

@@ -1,4 +1,5 @@
-"""A shard in S3: its definition, its segment lines streamed in order, the results already checkpointed."""
+"""A shard in S3: its definition, its lines streamed in order (nightbatch/pipeline/shard_lines.py), the results
+already checkpointed."""
 
 from __future__ import annotations
 
@@ -11,14 +12,14 @@ from typing import Any
 from gpu_worker.results import usage_tokens
 from nightbatch import layout
 from nightbatch.layout import CHECKPOINT_RE, ShardSpec
-from nightbatch.pipeline.segments import parse_segment_line
+from nightbatch.pipeline.shard_lines import shard_requests
 from nightbatch.storage import BlobStore
 
 log = logging.getLogger("gpu_worker.shard")
 
 @dataclass(frozen=True)
 class PendingRequest:
-    """One segment line still to run."""
+    """One line of the shard still to run."""
 
     n: int
     custom_id: str
@@ -59,7 +60,7 @@ def iter_object_lines(blobs: BlobStore, key: str) -> Iterator[bytes]:
 
 
 class PendingLines:
-    """Segment lines in order, minus the custom_ids earlier attempts finished; counts those passed over."""
+    """The shard's lines in order, minus the custom_ids earlier attempts finished; counts those passed over."""
 
     def __init__(self, blobs: BlobStore, spec: ShardSpec, skip: set[str]) -> None:
         self.blobs = blobs
@@ -68,13 +69,11 @@ class PendingLines:
         self.skipped = 0
 
     def __iter__(self) -> Iterator[PendingRequest]:
-        for key in self.spec.segments:
-            for raw in iter_object_lines(self.blobs, key):
-                req = parse_segment_line(raw)
-                if req.custom_id in self.skip:
-                    self.skipped += 1
-                    continue
-                yield PendingRequest(n=req.number, custom_id=req.custom_id, body=req.body)
+        for req in shard_requests(self.blobs, self.spec):
+            if req.custom_id in self.skip:
+                self.skipped += 1
+                continue
+            yield PendingRequest(n=req.number, custom_id=req.custom_id, body=req.body)
 
 
 def read_progress(blobs: BlobStore, prefix: str) -> Progress:

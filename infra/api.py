@@ -3,18 +3,16 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 
 import aws_cdk as cdk
 import jsii
 from aws_cdk import aws_apigateway as apigateway
 from aws_cdk import aws_apigatewayv2 as apigwv2
 from aws_cdk import aws_apigatewayv2_integrations as integrations
-from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from infra.lambdas import LambdaFunction
+from infra.lambdas import LambdaBase
 
 API_HANDLER = "functions.api.handler.handler"
 # API Gateway's integration timeout is 30 s (hard); the function must answer before it.
@@ -57,18 +55,15 @@ class Api(Construct):
         scope: Construct,
         id: str,
         *,
-        code: lambda_.Code,
-        environment: Mapping[str, str],
+        lambdas: LambdaBase,
         memory_mb: int,
         rate_limit: int,
         burst_limit: int,
-        log_retention: logs.RetentionDays,
     ) -> None:
         super().__init__(scope, id)
-        self.handler = LambdaFunction(
-            self, "Handler", code=code, handler=API_HANDLER,
-            description="nightbatch OpenAI-compatible API (FastAPI via Mangum)",
-            environment=environment, timeout=API_TIMEOUT, memory_mb=memory_mb, log_retention=log_retention,
+        self.handler = lambdas.function(
+            self, "Handler", handler=API_HANDLER, description="nightbatch OpenAI-compatible API (FastAPI via Mangum)",
+            timeout=API_TIMEOUT, memory_mb=memory_mb,
         )
         self.http_api = apigwv2.HttpApi(
             self, "HttpApi",
@@ -78,7 +73,7 @@ class Api(Construct):
                 "Lambda", self.handler.function, payload_format_version=apigwv2.PayloadFormatVersion.VERSION_2_0,
             ),
         )
-        self.access_logs = logs.LogGroup(self, "AccessLogs", retention=log_retention,
+        self.access_logs = logs.LogGroup(self, "AccessLogs", retention=lambdas.log_retention,
                                          removal_policy=cdk.RemovalPolicy.DESTROY)
         self.stage = apigwv2.HttpStage(
             self, "DefaultStage",

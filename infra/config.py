@@ -19,6 +19,7 @@ CONTEXT_KEYS = (
     "models",
     "gpuInstanceTypes",
     "capacity",
+    "gpuBackend",
     "maxGpus",
     "shardRetry",
     "runnableTimeoutMinutes",
@@ -48,7 +49,7 @@ FORBIDDEN_LIMITS: dict[str, str] = {
     "allow_private_targets": "lets webhooks reach the VPC and loopback; never in AWS",
     **dict.fromkeys(("mode", "region", "bucket", "table", "state_machine_arn", "topic_arn", "job_queue",
                      "webhook_queue_url", "upload_queue_url", "models_json", "worker_engine", "email_sender",
-                     "email_configuration_set", "base_url"),
+                     "email_configuration_set", "base_url", "event_bus"),
                     "set by the stack"),
     **dict.fromkeys(("hour_seconds", "upload_compose_delay_seconds"), "development only"),
 }
@@ -58,8 +59,14 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
+GpuBackend = Literal["batch", "sagemaker", "both"]
+
+
 class ModelFleet(_Strict):
     """How a model's AWS Batch job definition is shaped (deployment-only keys of a `models` entry)."""
+
+    # Overrides the deployment's `gpuBackend` for this model.
+    gpu_backend: GpuBackend | None = Field(None, alias="gpuBackend")
 
     # Instance types its jobs may run on; empty: the deployment's `gpuInstanceTypes`.
     instance_types: tuple[str, ...] = Field((), alias="instanceTypes")
@@ -197,6 +204,9 @@ class Notifications(_Strict):
     allowed_domains: tuple[str, ...] = Field((), alias="allowedDomains")
     # Operator address subscribed to the alarm topic; empty means no subscription.
     alarm_email: str = Field("", alias="alarmEmail")
+    # EventBridge bus every batch state change is put on (docs/NOTIFICATIONS.md): "default" (the account's
+    # default bus), another bus's name or ARN in this account and region, or "" for none.
+    event_bus: str = Field("default", alias="eventBus", pattern=r"^$|^[A-Za-z0-9._\-/:]{1,1600}$")
 
     @field_validator("sender_email", "alarm_email")
     @classmethod
@@ -255,6 +265,9 @@ class DeployConfig(_Strict):
     models: tuple[DeployedModel, ...]
     gpu_instance_types: tuple[str, ...] = Field(("g6.xlarge", "g5.xlarge", "g6e.xlarge"), alias="gpuInstanceTypes")
     capacity: Capacity = Capacity()
+    # Where shards run: AWS Batch, SageMaker Training Jobs, or Batch first with SageMaker as the fallback when
+    # Batch cannot place a shard. A model's own `gpuBackend` overrides it.
+    gpu_backend: GpuBackend = Field("batch", alias="gpuBackend")
     max_gpus: int = Field(4, alias="maxGpus", ge=1, le=256)
     shard_retry: ShardRetry = Field(ShardRetry(), alias="shardRetry")
     runnable_timeout_minutes: int = Field(240, alias="runnableTimeoutMinutes", ge=10, le=1440)
@@ -310,6 +323,18 @@ class DeployConfig(_Strict):
     def instance_types_for(self, model: DeployedModel) -> tuple[str, ...]:
         return model.fleet.instance_types or self.gpu_instance_types
 
+    def backend_for(self, model: DeployedModel) -> GpuBackend:
+        return model.fleet.gpu_backend or self.gpu_backend
+
+    @property
+    def uses_batch(self) -> bool:
+        """Some model runs on AWS Batch: the stack needs the VPC, compute environments and queues."""
+        return any(self.backend_for(m) != "sagemaker" for m in self.models)
+
+    @property
+    def uses_sagemaker(self) -> bool:
+        return any(self.backend_for(m) != "batch" for m in self.models)
+
     @property
     def all_instance_types(self) -> tuple[str, ...]:
         """Every type some model may run on, for the compute environments (Batch picks one a job fits)."""
@@ -352,7 +377,7 @@ class DeployConfig(_Strict):
             value = get(key)
             if value is None:
                 continue
-            if isinstance(value, str) and key not in ("stage", "account", "region", "lambdaBundling"):
+            if isinstance(value, str) and key not in ("stage", "account", "region", "lambdaBundling", "gpuBackend"):
                 value = json.loads(value)
             raw[key] = value
         return cls.model_validate(raw)

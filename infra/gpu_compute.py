@@ -104,8 +104,16 @@ class GpuCompute(Construct):
         environment: Mapping[str, str],
         hf_token_secret_name: str | None,
         log_retention: logs.RetentionDays,
+        use_batch: bool = True,
     ) -> None:
         super().__init__(scope, id)
+        self.compute_environments: dict[str, batch.ManagedEc2EcsComputeEnvironment] = {}
+        self.queues: dict[str, batch.JobQueue] = {}
+        self.containers: dict[str, batch.EcsEc2ContainerDefinition] = {}
+        self.job_definitions: dict[str, batch.EcsJobDefinition] = {}
+        self._worker(repo_root, hf_token_secret_name, log_retention)
+        if not use_batch:  # every model runs on SageMaker (infra/training_jobs.py): no VPC, hosts or queues
+            return
         instance_types = list(dict.fromkeys(t for m in models for t in m.instance_types))
         self._network(log_retention)
         self._host_template(root_volume_gib, root_volume_throughput, root_volume_iops)
@@ -116,14 +124,9 @@ class GpuCompute(Construct):
             compute_reservation=compute_reservation,
             shares=[batch.Share(share_identifier=t, weight_factor=w) for t, w in share_weights.items()],
         )
-        self.compute_environments: dict[str, batch.ManagedEc2EcsComputeEnvironment] = {}
-        self.queues: dict[str, batch.JobQueue] = {}
         for kind in [k for k, on in (("spot", spot), ("on-demand", on_demand)) if on]:
             self._capacity(kind, instance_types, max_gpus,
                            spot_runnable_timeout if kind == "spot" else runnable_timeout)
-        self._worker(repo_root, hf_token_secret_name, log_retention)
-        self.containers: dict[str, batch.EcsEc2ContainerDefinition] = {}
-        self.job_definitions: dict[str, batch.EcsJobDefinition] = {}
         for model in models:
             self._job_definition(model, environment, job_timeout)
 

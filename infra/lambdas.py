@@ -4,6 +4,7 @@ a role of its own."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 import aws_cdk as cdk
 import constructs
@@ -83,3 +84,25 @@ class LambdaFunction(Construct):
     def add_environment(self, name: str, value: str) -> None:
         self.environment[name] = value
         self.function.add_environment(name, value)
+
+
+@dataclass(frozen=True)
+class LambdaBase:
+    """What every Lambda of one stack shares: the code asset, the runtime environment and the log retention.
+
+    The constructs that own Lambdas take one of these and add only what is theirs (handler, timeout, variables)."""
+
+    code: lambda_.Code
+    environment: Mapping[str, str]
+    log_retention: logs.RetentionDays
+    extra: Mapping[str, str] = field(default_factory=dict)
+
+    def with_environment(self, variables: Mapping[str, str]) -> LambdaBase:
+        """The same base with more variables for every function built from it."""
+        return LambdaBase(self.code, self.environment, self.log_retention, {**self.extra, **variables})
+
+    def function(self, scope: Construct, id: str, *, handler: str, description: str, timeout: cdk.Duration,
+                 environment: Mapping[str, str] | None = None, memory_mb: int = 1024) -> LambdaFunction:
+        return LambdaFunction(scope, id, code=self.code, handler=handler, description=description,
+                              environment={**self.environment, **self.extra, **(environment or {})},
+                              timeout=timeout, memory_mb=memory_mb, log_retention=self.log_retention)

@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import aws_cdk as cdk
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
-from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_event_sources as event_sources
-from aws_cdk import aws_logs as logs
 from aws_cdk import aws_ses as ses
 from aws_cdk import aws_sns as sns
 from aws_cdk import aws_sns_subscriptions as subscriptions
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
-from infra.lambdas import LambdaFunction
+from infra.lambdas import LambdaBase, LambdaFunction
 
 DELIVER_HANDLER = "functions.tasks.deliver.handler"
 # Messages per invocation; each is one POST bounded by NIGHTBATCH_WEBHOOK_TIMEOUT_SECONDS (10 s by default),
@@ -82,16 +78,15 @@ class Notifications(Construct):
                     self, "Sender", identity=identity, configuration_set=self.configuration_set
                 )
 
-    def add_deliverer(self, *, code: lambda_.Code, environment: Mapping[str, str],
-                      log_retention: logs.RetentionDays) -> LambdaFunction:
+    def add_deliverer(self, *, lambdas: LambdaBase) -> LambdaFunction:
         """The webhook queue's consumer: one attempt per message; it re-queues retries on the same queue.
 
         It reports batch item failures, so only the messages whose attempt crashed are redelivered (and counted
         towards the DLQ), never the others of their batch."""
-        deliverer = LambdaFunction(
-            self, "Deliver", code=code, handler=DELIVER_HANDLER,
+        deliverer = lambdas.function(
+            self, "Deliver", handler=DELIVER_HANDLER,
             description="nightbatch notifications: delivers queued webhook events, re-queues retries",
-            environment=environment, timeout=DELIVER_TIMEOUT, log_retention=log_retention,
+            timeout=DELIVER_TIMEOUT,
         )
         deliverer.function.add_event_source(event_sources.SqsEventSource(
             self.webhook_queue, batch_size=DELIVER_BATCH_SIZE, report_batch_item_failures=True,

@@ -11,7 +11,6 @@ from aws_cdk import aws_batch as batch
 from aws_cdk import aws_events as events
 from aws_cdk import aws_events_targets as targets
 from aws_cdk import aws_iam as iam
-from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from aws_cdk import aws_s3 as s3
 from aws_cdk import aws_stepfunctions as sfn
@@ -19,8 +18,9 @@ from aws_cdk import aws_stepfunctions_tasks as tasks
 from constructs import Construct
 
 from infra.environment import settings_environment
-from infra.lambdas import LambdaFunction
+from infra.lambdas import LambdaBase, LambdaFunction
 from infra.limits import definition_problems
+from infra.training_jobs import TrainingJobs
 from nightbatch.settings import JobInputs
 
 # Version of the task input/output documents; handlers accept the versions they know, so a deploy
@@ -74,23 +74,21 @@ class Orchestration(Construct):
         scope: Construct,
         id: str,
         *,
-        code: lambda_.Code,
-        environment: Mapping[str, str],
+        lambdas: LambdaBase,
         task_environment: Mapping[str, Mapping[str, str]],
         sweeper_environment: Mapping[str, str],
         bucket: s3.IBucket,
         job_queues: list[batch.IJobQueue],
         max_concurrency: int,
         execution_timeout: cdk.Duration,
-        log_retention: logs.RetentionDays,
+        use_batch: bool = True,
+        training_jobs: TrainingJobs | None = None,
     ) -> None:
         super().__init__(scope, id)
         self.tasks: dict[str, LambdaFunction] = {
-            name: LambdaFunction(
-                self, f"{name.capitalize()}Function", code=code, handler=handler,
-                description=f"nightbatch workflow: {name}",
-                environment={**environment, **task_environment.get(name, {})}, timeout=TASK_TIMEOUTS[name],
-                log_retention=log_retention,
+            name: lambdas.function(
+                self, f"{name.capitalize()}Function", handler=handler, description=f"nightbatch workflow: {name}",
+                environment=task_environment.get(name, {}), timeout=TASK_TIMEOUTS[name],
             )
             for name, handler in TASK_HANDLERS.items()
         }
@@ -113,9 +111,10 @@ class Orchestration(Construct):
         # it), priority (earliest deadline first) and share (tenant); RunShard submits the model's job there. A
         # failed attempt goes back to Capacity, which moves it, retries it with backoff, or gives it up: then
         # Finalize finds no done marker and writes its unrun lines as `shard_failed`, so the iteration succeeds.
-        fields = ("batch_id", "shard_id", "job_definition", "capacity", "shard_error")
+        fields = ("batch_id", "shard_id", "job_definition", "backend", "fallback", "est_tokens", "capacity",
+                  "shard_error")
         new_shard = sfn.Pass(self, "NewShard", parameters={
-            "version": 1, **{f"{f}.$": f"$.{f}" for f in fields[:3]}, "capacity": {}, "shard_error": {}})
+            "version": 1, **{f"{f}.$": f"$.{f}" for f in fields[:-2]}, "capacity": {}, "shard_error": {}})
         capacity = tasks.LambdaInvoke(
             self, "Capacity", lambda_function=self.tasks["capacity"].function,
             payload=sfn.TaskInput.from_object({"version": 1, **{f"{f}.$": f"$.{f}" for f in fields}}),
@@ -144,19 +143,30 @@ class Orchestration(Construct):
                 "ContainerOverrides": {"Environment": [
                     {"Name": JobInputs.env_name("batch_id"), "Value.$": "$.batch_id"},
                     {"Name": JobInputs.env_name("shard_id"), "Value.$": "$.shard_id"},
+                    {"Name": JobInputs.env_name("backend"), "Value": "batch"},
                 ]},
             },
             # Keep the iteration's output small (CDK drops a null ResultPath from a CustomState).
             "ResultSelector": {"JobId.$": "$.JobId", "Status.$": "$.Status"},
             "ResultPath": "$.job",
         })
-        # Transient Batch API errors (e.g. "Failed to create shareIdentifier") are retried in place.
-        run_shard.add_retry(errors=["Batch.ServerException", "Batch.AWSBatchException"], max_attempts=3,
-                            interval=cdk.Duration.seconds(5), backoff_rate=2.0)
-        run_shard.add_catch(capacity, errors=["States.ALL"], result_path="$.shard_error")
+        if use_batch:  # else it stays out of the graph (a catch would bind it): a SageMaker-only stack
+            # Transient Batch API errors (e.g. "Failed to create shareIdentifier") are retried in place.
+            run_shard.add_retry(errors=["Batch.ServerException", "Batch.AWSBatchException"], max_attempts=3,
+                                interval=cdk.Duration.seconds(5), backoff_rate=2.0)
+            run_shard.add_catch(capacity, errors=["States.ALL"], result_path="$.shard_error")
+        # The second GPU backend (infra/training_jobs.py): Capacity names the backend of each attempt.
+        run: sfn.IChainable = run_shard
+        if training_jobs is not None:
+            run_training_job = training_jobs.task(self, "RunShardSageMaker", bucket_name=bucket.bucket_name)
+            run_training_job.add_catch(capacity, errors=["States.ALL"], result_path="$.shard_error")
+            run = run_training_job if not use_batch else (
+                sfn.Choice(self, "Backend")
+                .when(sfn.Condition.string_equals("$.capacity.backend", "sagemaker"), run_training_job)
+                .otherwise(run_shard))
         capacity.next(sfn.Choice(self, "RunOrGiveUp")
                       .when(sfn.Condition.string_equals("$.capacity.action", "give_up"), given_up)
-                      .otherwise(wait.next(run_shard)))
+                      .otherwise(wait.next(run)))
         self._job_queues = job_queues
 
         shards = sfn.DistributedMap(
@@ -192,7 +202,7 @@ class Orchestration(Construct):
                   .next(notify))
             .otherwise(notify)
         )
-        self.log_group = logs.LogGroup(self, "WorkflowLogs", retention=log_retention,
+        self.log_group = logs.LogGroup(self, "WorkflowLogs", retention=lambdas.log_retention,
                                        removal_policy=cdk.RemovalPolicy.DESTROY)
         self.state_machine = sfn.StateMachine(
             self, "Workflow",
@@ -206,15 +216,15 @@ class Orchestration(Construct):
 
         self.node.add_validation(_DefinitionLimit(self.state_machine))
 
-        self.sweeper = LambdaFunction(
-            self, "Sweeper", code=code, handler=SWEEP_HANDLER,
+        self.sweeper = lambdas.function(
+            self, "Sweeper", handler=SWEEP_HANDLER,
             description="nightbatch sweeper: re-drives stuck batches, finalizes abandoned ones, cancels their "
                         "queued jobs, emits gauges",
-            environment={**environment, **sweeper_environment,
+            environment={**sweeper_environment,
                          **settings_environment({"state_machine_arn": self.state_machine.state_machine_arn,
                                                  "notify_function": self.tasks["notify"].function.function_name})},
             # It finalizes abandoned batches inline (finalize_batch), so it gets Finalize's time.
-            timeout=TASK_TIMEOUTS["finalize"], log_retention=log_retention,
+            timeout=TASK_TIMEOUTS["finalize"],
         )
         self.schedule = events.Rule(
             self, "SweepSchedule", schedule=events.Schedule.rate(SWEEP_EVERY),
@@ -222,6 +232,13 @@ class Orchestration(Construct):
                                             event=events.RuleTargetInput.from_object({"version": TASK_VERSION}))],
         )
         self.state_machine.grant_start_execution(self.sweeper.role)
+        if training_jobs is not None:
+            training_jobs.grant_run(self.state_machine)
+        if use_batch:
+            self._grant_batch()
+        self.tasks["notify"].function.grant_invoke(self.sweeper.role)
+
+    def _grant_batch(self) -> None:
         # What CDK's BatchSubmitJob would grant for .sync (the CustomState grants nothing itself).
         stack = cdk.Stack.of(self)
         self.state_machine.add_to_role_policy(iam.PolicyStatement(actions=["batch:SubmitJob"], resources=[
@@ -231,4 +248,3 @@ class Orchestration(Construct):
             actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
             resources=[stack.format_arn(service="events", resource="rule",
                                         resource_name="StepFunctionsGetEventsForBatchJobsRule")]))
-        self.tasks["notify"].function.grant_invoke(self.sweeper.role)

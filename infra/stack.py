@@ -21,10 +21,12 @@ from infra.bundling import lambda_code
 from infra.config import DeployConfig
 from infra.environment import env_name, settings_environment
 from infra.gpu_compute import GpuCompute, ModelJob
+from infra.lambdas import LambdaBase
 from infra.notifications import Notifications
 from infra.observability import Observability
 from infra.orchestration import Orchestration
 from infra.storage import BATCHES_PREFIX, FILES_PREFIX, MODELS_PREFIX, UPLOADS_PREFIX, Storage
+from infra.training_jobs import TrainingJobs
 from infra.uploads import UploadComposer
 
 _READ = ("s3:GetObject",)
@@ -48,6 +50,9 @@ TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
 # Only what the worker reads and writes: its shard definitions, segments, results and checkpoints, and the
 # models/ weight cache (the first job of a Hugging Face model writes its weights through; later jobs stream them).
 WORKER_PREFIXES = (BATCHES_PREFIX, MODELS_PREFIX)
+# A shard is byte ranges of the batch's input (nightbatch/pipeline/shard_lines.py): read-only, an Upload through
+# its parts until it is composed.
+WORKER_INPUT_PREFIXES = (FILES_PREFIX, UPLOADS_PREFIX)
 
 
 def _retention(days: int) -> logs.RetentionDays:
@@ -76,12 +81,20 @@ class NightbatchStack(cdk.Stack):
         )
         self.runtime = self._runtime_environment()
         self.gpu = self._gpu_compute(repo_root)
+        # SageMaker Training Jobs for the models whose `gpuBackend` is sagemaker or both.
+        self.training_jobs = (TrainingJobs(self, "TrainingJobs", image=self.gpu.image,
+                                           volume_gib=config.worker_volume_gib,
+                                           hf_token_secret=self.gpu.hf_token_secret)
+                              if config.uses_sagemaker else None)
         code = lambda_code(repo_root, config.lambda_bundling, probe=self.bundling_required)
         self._secrets()
         self._functions(code)
 
         self._grant_objects_and_table()
         self._grant_drivers()
+        if self.training_jobs is not None:  # Finalize (and the sweeper's inline Finalize) price managed Spot
+            for function in (self.orchestration.tasks["finalize"].function, self.orchestration.sweeper.function):
+                self.training_jobs.grant_describe(function)
         functions = self.lambda_functions()
         self._reserve_concurrency(functions)
         self.observability = Observability(
@@ -144,7 +157,8 @@ class NightbatchStack(cdk.Stack):
             repo_root=repo_root,
             models=[ModelJob(name=m.spec.name, instance_types=config.instance_types_for(m),
                              gpus=m.tensor_parallel_size, shared_memory_gib=m.shared_memory_gib)
-                    for m in config.models],
+                    for m in config.models if config.backend_for(m) != "sagemaker"],
+            use_batch=config.uses_batch,
             max_gpus=config.max_gpus,
             spot=config.capacity.spot,
             on_demand=config.capacity.on_demand,
@@ -189,22 +203,27 @@ class NightbatchStack(cdk.Stack):
         config, runtime, retention = self.config, self.runtime, self.log_retention
         link_env = settings_environment({"link_keys_secret": self.link_secret.secret_arn})
         email_policy, notify_env = self._email_policy(), self._notify_environment()
-        self.uploads = UploadComposer(self, "Uploads", code=code, environment=runtime, log_retention=retention)
+        # The principals that move a batch put its state changes on the bus (nightbatch/state_changes.py).
+        bus = self.config.notifications.event_bus
+        bus_env = settings_environment({"event_bus": bus}) if bus else {}
+        lambdas = LambdaBase(code, runtime, retention)
+        self.uploads = UploadComposer(self, "Uploads", lambdas=lambdas)
         upload_env = settings_environment({"upload_queue_url": self.uploads.queue.queue_url})
         # The webhook queue's consumer builds the same notifier as Notify; it signs no download links, so it
         # gets neither the link secret nor the API's URL.
         self.deliverer = self.notifications.add_deliverer(
-            code=code, environment={**runtime, **email_policy, **notify_env}, log_retention=retention,
-        )
+            lambdas=lambdas.with_environment({**email_policy, **notify_env}))
         self.orchestration = Orchestration(
             self, "Orchestration",
-            code=code,
-            environment=runtime,
+            lambdas=lambdas,
             task_environment={
-                "notify": {**email_policy, **notify_env, **link_env},
+                "notify": {**email_policy, **notify_env, **link_env, **bus_env},
+                "validate": bus_env,
+                "finalize": bus_env,
                 # Plan names each shard's job definition (the model's) in the Map's manifest.
                 "plan": settings_environment({"job_definitions_json": cdk.Stack.of(self).to_json_string({
-                    name: jd.job_definition_arn for name, jd in self.gpu.job_definitions.items()})}),
+                    name: jd.job_definition_arn for name, jd in self.gpu.job_definitions.items()}),
+                    **self._backends()}),
                 # Capacity picks each submission's queue (Spot, then on-demand), priority and share.
                 "capacity": settings_environment({
                     "job_queues_json": cdk.Stack.of(self).to_json_string({
@@ -213,35 +232,67 @@ class NightbatchStack(cdk.Stack):
                     "shard_retry_attempts": config.shard_retry.max_attempts,
                     "shard_retry_interval_seconds": config.shard_retry.interval_seconds,
                     "shard_retry_backoff": config.shard_retry.backoff_rate,
+                    **self._sagemaker_capacity(),
                 }),
             },
-            sweeper_environment=settings_environment({"job_queue": cdk.Fn.join(",", [
-                q.job_queue_arn for q in self.gpu.queues.values()])}),
+            sweeper_environment={**bus_env, **settings_environment({"job_queue": cdk.Fn.join(",", [
+                q.job_queue_arn for q in self.gpu.queues.values()]) if self.gpu.queues else ""})},
             bucket=self.storage.bucket,
             job_queues=list(self.gpu.queues.values()),
+            use_batch=config.uses_batch,
+            training_jobs=self.training_jobs,
             max_concurrency=config.max_gpus,
             execution_timeout=cdk.Duration.hours(config.max_window_hours + config.finalize_margin_hours),
-            log_retention=retention,
         )
         self.api = Api(
             self, "Api",
-            code=code,
-            environment={**runtime, **link_env, **upload_env, **email_policy, **settings_environment({
+            lambdas=lambdas.with_environment({
+                **link_env, **upload_env, **email_policy, **bus_env, **settings_environment({
                 "state_machine_arn": self.orchestration.state_machine.state_machine_arn,
                 "api_keys_secret": self.api_keys.secret_arn,
                 "secrets_kms_key": self.secrets_key.key_arn,
                 # `webhooks.test` queues its sample event for Deliver instead of calling the receiver itself.
                 "webhook_queue_url": self.notifications.webhook_queue.queue_url,
-            })},
+                })}),
             memory_mb=config.api.memory_mb,
             rate_limit=config.api.rate_limit,
             burst_limit=config.api.burst_limit,
-            log_retention=retention,
         )
         # Notify signs download links into its e-mails; they point at this API, unless `limits` names another
         # public URL (a custom domain). No cycle: the HTTP API does not depend on the workflow, its Lambda does.
         if "public_base_url" not in config.limits:
             self.orchestration.tasks["notify"].add_environment(env_name("public_base_url"), self.api.url)
+
+    def _backends(self) -> dict[str, Any]:
+        """Plan's backend per model, when some model does not run on AWS Batch alone."""
+        config = self.config
+        if not config.uses_sagemaker:
+            return {}
+        return {"backends_json": json.dumps({m.spec.name: config.backend_for(m) for m in config.models},
+                                            separators=(",", ":"))}
+
+    def _sagemaker_capacity(self) -> dict[str, Any]:
+        """Capacity's SageMaker instance type per model (the model's first type as ml.*) and capacity kinds."""
+        config = self.config
+        if not config.uses_sagemaker:
+            return {}
+        return {"sagemaker_json": json.dumps({
+            "instance_types": self._sagemaker_instance_types(),
+            "spot": config.capacity.spot, "on_demand": config.capacity.on_demand,
+            "max_pending_seconds": config.runnable_timeout_minutes * 60,
+        }, separators=(",", ":"))}
+
+    def _sagemaker_instance_types(self) -> dict[str, str]:
+        """The ml.* type each model's training jobs run on: its first instance type."""
+        config = self.config
+        return {m.spec.name: f"ml.{config.instance_types_for(m)[0]}" for m in config.models
+                if config.backend_for(m) != "batch"}
+
+    @property
+    def worker_roles(self) -> list[iam.IRole]:
+        """The roles the GPU worker runs as: the Batch job role, the SageMaker job role, or both."""
+        roles: list[iam.IRole] = [self.gpu.job_role] if self.config.uses_batch else []
+        return roles + ([self.training_jobs.job_role] if self.training_jobs else [])
 
     def lambda_functions(self) -> dict[str, lambda_.Function]:
         """Every Lambda by its principal's name (TABLE_ACTIONS' keys)."""
@@ -266,12 +317,15 @@ class NightbatchStack(cdk.Stack):
         self.grant_objects(composer, (FILES_PREFIX, UPLOADS_PREFIX), write=True)
         for sender in (api_role, composer):
             self.uploads.queue.grant_send_messages(sender)
-        self.grant_objects(self.gpu.job_role, WORKER_PREFIXES, write=True, list_only_prefixes=True)
+        for worker in self.worker_roles:
+            self.grant_objects(worker, WORKER_PREFIXES, write=True, list_only_prefixes=True)
+            self.grant_objects(worker, WORKER_INPUT_PREFIXES, write=False, list_only_prefixes=True)
         roles = {"api": api_role, "sweep": sweeper.role, "compose_upload": composer,
                  "deliver": self.deliverer.role, **{name: t.role for name, t in tasks.items()}}
         for name, principal in roles.items():
             self.grant_table(principal, TABLE_ACTIONS[name])
-        self.grant_table(self.gpu.job_role, TABLE_ACTIONS["worker"], leading_keys=("batch_*",))
+        for worker in self.worker_roles:
+            self.grant_table(worker, TABLE_ACTIONS["worker"], leading_keys=("batch_*",))
 
     def _grant_drivers(self) -> None:
         """The one thing each principal drives: the workflow, a secret, a key, a topic, a queue, Batch jobs."""
@@ -290,14 +344,30 @@ class NightbatchStack(cdk.Stack):
         self.notifications.grant_send_email(notify_role)
         # The sweeper lists the queue's jobs (ListJobs has no resource-level permissions: "*") and cancels the
         # unstarted ones of stopped batches (nightbatch/storage/batch_jobs.py); nothing else of Batch.
-        sweeper_role.add_to_policy(iam.PolicyStatement(actions=["batch:ListJobs"], resources=["*"]))
-        sweeper_role.add_to_policy(iam.PolicyStatement(
-            actions=["batch:CancelJob"],
-            resources=[self.format_arn(service="batch", resource="job", resource_name="*")],
-        ))
+        if self.config.uses_batch:
+            sweeper_role.add_to_policy(iam.PolicyStatement(actions=["batch:ListJobs"], resources=["*"]))
+            sweeper_role.add_to_policy(iam.PolicyStatement(
+                actions=["batch:CancelJob"],
+                resources=[self.format_arn(service="batch", resource="job", resource_name="*")],
+            ))
         for model in self.config.models:
             if model.spec.source.startswith("s3://"):
                 self.grant_model_weights(model.spec.source)
+        self._grant_event_bus()
+
+    def _grant_event_bus(self) -> None:
+        """PutEvents on the one bus, for the principals that transition a batch (the API creates and cancels,
+        Validate, Finalize and the sweeper's Finalize move it, Notify puts the terminal change)."""
+        bus = self.config.notifications.event_bus
+        if not bus:
+            return
+        arn = bus if bus.startswith("arn:") else self.format_arn(service="events", resource="event-bus",
+                                                                  resource_name=bus)
+        tasks = self.orchestration.tasks
+        for role in (self.api.handler.role, tasks["validate"].role, tasks["finalize"].role, tasks["notify"].role,
+                     self.orchestration.sweeper.role):
+            assert role is not None
+            role.add_to_principal_policy(iam.PolicyStatement(actions=["events:PutEvents"], resources=[arn]))
 
     # --- limits and outputs ------------------------------------------------------------------------------------
 
@@ -320,6 +390,9 @@ class NightbatchStack(cdk.Stack):
         cdk.CfnOutput(self, "StateMachineArn", value=self.orchestration.state_machine.state_machine_arn)
         for kind, queue in self.gpu.queues.items():
             cdk.CfnOutput(self, "SpotQueueArn" if kind == "spot" else "OnDemandQueueArn", value=queue.job_queue_arn)
+        if self.training_jobs is not None:  # the doctor reads these types' SageMaker quotas
+            cdk.CfnOutput(self, "SageMakerInstanceTypes",
+                          value=",".join(sorted(set(self._sagemaker_instance_types().values()))))
         cdk.CfnOutput(self, "TopicArn", value=self.notifications.topic.topic_arn)
         cdk.CfnOutput(self, "DashboardName", value=self.observability.dashboard.dashboard_name)
 
@@ -352,12 +425,12 @@ class NightbatchStack(cdk.Stack):
     def grant_model_weights(self, source: str) -> None:
         bucket_name, _, prefix = source.removeprefix("s3://").partition("/")
         objects = f"arn:{self.partition}:s3:::{bucket_name}/{prefix}*"
-        role = self.gpu.job_role
-        role.add_to_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[objects]))
-        role.add_to_policy(iam.PolicyStatement(
-            actions=["s3:ListBucket"], resources=[f"arn:{self.partition}:s3:::{bucket_name}"],
-            conditions={"StringLike": {"s3:prefix": [f"{prefix}*"]}},
-        ))
+        for role in self.worker_roles:
+            role.add_to_principal_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[objects]))
+            role.add_to_principal_policy(iam.PolicyStatement(
+                actions=["s3:ListBucket"], resources=[f"arn:{self.partition}:s3:::{bucket_name}"],
+                conditions={"StringLike": {"s3:prefix": [f"{prefix}*"]}},
+            ))
         nag.acknowledge_iam5(self, f"Resource::arn:<AWS::Partition>:s3:::{bucket_name}/{prefix}*",
                              "Model weights are read from the configured S3 prefix; the worker lists and reads "
                              "every object under it.")

@@ -7,7 +7,7 @@ from aws_cdk import aws_dynamodb as dynamodb
 from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
-from nightbatch.layout import BATCHES_PREFIX, FILES_PREFIX, UPLOADS_PREFIX
+from nightbatch.layout import BATCHES_PREFIX, FILES_PREFIX, OBJECT_EXPIRY_DAYS, UPLOADS_PREFIX
 
 __all__ = ["BATCHES_PREFIX", "FILES_PREFIX", "OBJECT_EXPIRY_DAYS", "PREFIXES", "UPLOADS_PREFIX", "Storage"]
 
@@ -16,8 +16,8 @@ PREFIXES = (FILES_PREFIX, BATCHES_PREFIX, UPLOADS_PREFIX)
 # Model weights the GPU worker writes through from Hugging Face (gpu_worker/weight_cache.py); never expired.
 MODELS_PREFIX = "models/"
 
-# Files expire after 30 days by default (decision 11); the extra day lets the TTL delete metadata first.
-OBJECT_EXPIRY_DAYS = 31
+# OBJECT_EXPIRY_DAYS (nightbatch.layout): files expire after 30 days by default (decision 11); the extra day
+# lets the TTL delete metadata first.
 # Upload parts: an Upload lives an hour and its File is composed into files/ within minutes, so parts left
 # after two days belong to abandoned Uploads (the sweeper deletes those sooner) and only cost storage.
 UPLOADS_EXPIRY_DAYS = 2

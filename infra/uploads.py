@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 import aws_cdk as cdk
-from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_lambda_event_sources as event_sources
-from aws_cdk import aws_logs as logs
 from aws_cdk import aws_sqs as sqs
 from constructs import Construct
 
 from infra.environment import settings_environment
-from infra.lambdas import LambdaFunction
+from infra.lambdas import LambdaBase
 
 COMPOSE_HANDLER = "functions.tasks.compose_upload.handler"
 # Composing streams up to 8 GB of parts into one object.
@@ -31,9 +27,7 @@ class UploadComposer(Construct):
         scope: Construct,
         id: str,
         *,
-        code: lambda_.Code,
-        environment: Mapping[str, str],
-        log_retention: logs.RetentionDays,
+        lambdas: LambdaBase,
     ) -> None:
         super().__init__(scope, id)
         self.dlq = sqs.Queue(self, "Dlq", encryption=sqs.QueueEncryption.SQS_MANAGED, enforce_ssl=True,
@@ -47,11 +41,11 @@ class UploadComposer(Construct):
             retention_period=cdk.Duration.days(4),
             dead_letter_queue=sqs.DeadLetterQueue(queue=self.dlq, max_receive_count=COMPOSE_MAX_RECEIVES),
         )
-        self.composer = LambdaFunction(
-            self, "Compose", code=code, handler=COMPOSE_HANDLER,
+        self.composer = lambdas.function(
+            self, "Compose", handler=COMPOSE_HANDLER,
             description="nightbatch uploads: composes an Upload's parts into its file, purges parts",
             # The composer queues the delayed purge of the parts it composed.
-            environment={**environment, **settings_environment({"upload_queue_url": self.queue.queue_url})},
-            timeout=COMPOSE_TIMEOUT, memory_mb=2048, log_retention=log_retention,
+            environment=settings_environment({"upload_queue_url": self.queue.queue_url}),
+            timeout=COMPOSE_TIMEOUT, memory_mb=2048,
         )
         self.composer.function.add_event_source(event_sources.SqsEventSource(self.queue, batch_size=1))

@@ -1,13 +1,20 @@
-"""What a batch cost: GPU-seconds from the shards' own records, priced by the configured instance."""
+"""What a batch cost: GPU-seconds from the shards' own records, priced by the configured instance.
+
+Attempts that ran on SageMaker (layout.AttemptRecord.backend) are priced at ml.* training prices, which run
+15-70 % above EC2's (../shared/reference/sagemaker-backend-notes.md §8); managed Spot bills only a training job's
+`BillableTimeInSeconds`, so where Finalize could read a job's billable and training times the saving is exact.
+"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from nightbatch import layout
 from nightbatch.settings import Settings
-from nightbatch.storage import BlobStore
+from nightbatch.storage import Adapters, BlobStore
 
 # USD per instance-hour, us-east-1 (../shared/reference/perf-cost-anchors.md §3; prices drift — override with
 # NIGHTBATCH_INSTANCE_PRICE_PER_HOUR). Spot figures are typical, not guaranteed.
@@ -23,6 +30,20 @@ PRICES: dict[str, dict[str, float]] = {
     "cpu-local": {"on-demand": 0.0, "spot": 0.0},
 }
 
+# USD per instance-hour of a SageMaker training instance, on-demand, us-east-1 (a type absent here is priced 0 and
+# reported unpriced: set NIGHTBATCH_SAGEMAKER_PRICES_JSON). No AWS price page was readable offline; the figures
+# are the ones sagemaker-backend-notes.md §8 cites from two third-party cost models that say they were taken from
+# the AWS Pricing API in 2026, and the g4dn ones from a public SageMaker price list (us-east-2). Check with
+# `aws pricing get-products --service-code AmazonSageMaker` before quoting them.
+ML_PRICES: dict[str, float] = {
+    "ml.g4dn.2xlarge": 0.94,
+    "ml.g4dn.12xlarge": 4.89,
+    "ml.g5.xlarge": 1.408,  # EC2 1.006: +40 %
+    "ml.g6e.xlarge": 1.861,  # one source says 2.61, probably the hosting rate
+    "ml.p4d.24xlarge": 37.688,
+    "ml.p5.48xlarge": 113.14,
+}
+
 
 @dataclass
 class ShardTime:
@@ -31,6 +52,12 @@ class ShardTime:
     idle_seconds: float = 0.0
     # Every attempt's phase timings (nightbatch/phases.py), with its shard id.
     phases: list[dict[str, Any]] = field(default_factory=list)
+    # The attempts that ran on SageMaker: (ml.* instance type or "", training job name or "", seconds).
+    sagemaker: list[tuple[str, str, float]] = field(default_factory=list)
+
+    @property
+    def training_jobs(self) -> list[str]:
+        return sorted({job for _, job, _ in self.sagemaker if job})
 
     @property
     def total(self) -> float:
@@ -52,13 +79,77 @@ def collect_shard_times(blobs: BlobStore, results_prefixes: list[str]) -> ShardT
         t.idle_seconds += rec.idle_seconds
         if rec.phases:
             t.phases.append({"shard_id": rec.shard_id, **rec.phases})
+        if rec.backend == "sagemaker":
+            t.sagemaker.append((rec.instance_type, rec.training_job,
+                                rec.model_load_seconds + rec.inference_seconds + rec.idle_seconds))
     return t
 
 
-def cost_summary(settings: Settings, times: ShardTime, total_tokens: int, output_tokens: int) -> dict[str, Any]:
-    gpu_seconds = times.total
-    cost = gpu_seconds * price_per_gpu_second(settings)
+def training_job_billing(adapters: Adapters, times: ShardTime) -> dict[str, tuple[float, float]]:
+    """The billable and training seconds of the batch's SageMaker jobs (none read when none ran)."""
+    jobs = times.training_jobs
+    if not jobs:
+        return {}
+    # Here, not at the top: the API imports this module for its price table, and its cold import has no botocore.
+    from nightbatch.storage.sagemaker_reads import billing
+
+    return billing(adapters.client("sagemaker"), jobs)
+
+
+def ml_price_per_hour(settings: Settings, instance_type: str) -> float | None:
+    """The configured or built-in on-demand price of an ml.* type; None when neither knows it."""
+    a = settings.accounting
+    overrides = json.loads(a.sagemaker_prices_json) if a.sagemaker_prices_json else {}
+    price = overrides.get(instance_type, ML_PRICES.get(instance_type))
+    return float(price) if price is not None else None
+
+
+def sagemaker_cost(settings: Settings, times: ShardTime,
+                   billing: Mapping[str, tuple[float, float]] | None = None) -> dict[str, Any] | None:
+    """The SageMaker attempts' share: seconds * ml.* price * (1 - Spot saving). `billing` maps a training job to
+    its (TrainingTimeInSeconds, BillableTimeInSeconds); a job not in it saves `sagemaker_spot_savings`."""
+    if not times.sagemaker:
+        return None
+    a = settings.accounting
+    default_type = f"ml.{a.instance_type}"
+    cost = seconds = saved_seconds = 0.0
+    types: set[str] = set()
+    unpriced: set[str] = set()
+    measured = 0
+    for instance_type, job, secs in times.sagemaker:
+        instance_type = instance_type or default_type
+        types.add(instance_type)
+        hourly = ml_price_per_hour(settings, instance_type)
+        if hourly is None:
+            unpriced.add(instance_type)
+            hourly = 0.0
+        training, billable = (billing or {}).get(job, (0.0, 0.0))
+        if training > 0:
+            saving = min(1.0, max(0.0, 1.0 - billable / training))
+            measured += 1
+        else:
+            saving = min(1.0, max(0.0, a.sagemaker_spot_savings))
+        seconds += secs
+        saved_seconds += secs * saving
+        cost += secs * (1.0 - saving) * hourly / 3600.0 / max(1, a.gpus_per_instance)
     return {
+        "gpu_seconds": round(seconds, 3),
+        "instance_types": sorted(types),
+        "estimated_cost_usd": round(cost, 6),
+        # The share of the seconds managed Spot did not bill: measured from the jobs' billable time, else set.
+        "spot_savings": round(saved_seconds / seconds, 4) if seconds else 0.0,
+        "spot_savings_measured_jobs": measured,
+        "unpriced_instance_types": sorted(unpriced),
+    }
+
+
+def cost_summary(settings: Settings, times: ShardTime, total_tokens: int, output_tokens: int,
+                 billing: Mapping[str, tuple[float, float]] | None = None) -> dict[str, Any]:
+    gpu_seconds = times.total
+    sagemaker = sagemaker_cost(settings, times, billing)
+    batch_seconds = gpu_seconds - (sagemaker["gpu_seconds"] if sagemaker else 0.0)
+    cost = batch_seconds * price_per_gpu_second(settings) + (sagemaker["estimated_cost_usd"] if sagemaker else 0.0)
+    summary = {
         "gpu_seconds": round(gpu_seconds, 3),
         "model_load_seconds": round(times.model_load_seconds, 3),
         "load_share": round(times.model_load_seconds / gpu_seconds, 4) if gpu_seconds else 0.0,
@@ -69,3 +160,6 @@ def cost_summary(settings: Settings, times: ShardTime, total_tokens: int, output
         "usd_per_1m_output_tokens": round(cost / output_tokens * 1e6, 6) if output_tokens else None,
         "estimate": True,
     }
+    if sagemaker:  # the attempts that ran as SageMaker Training Jobs, priced at ml.* rates (in the total too)
+        summary["sagemaker"] = sagemaker
+    return summary

@@ -25,6 +25,7 @@ from nightbatch.listing import after_sort_key
 from nightbatch.model_spec import ENDPOINTS
 from nightbatch.options import check_options
 from nightbatch.settings import Settings
+from nightbatch.state_changes import StateChanges
 from nightbatch.storage import Table
 from nightbatch.storage.records import BatchRecord
 from nightbatch.wire import Batch, ListPage, list_page
@@ -112,6 +113,7 @@ class BatchService:
     table: Table
     files: FileService
     workflow: Workflow
+    events: StateChanges | None = None  # EventBridge state changes (nightbatch/state_changes.py), when configured
 
     def create(self, tenant: str, req: CreateBatchRequest, *, batch_id: str | None = None,
                ext: dict[str, Any] | None = None) -> Batch:
@@ -135,6 +137,8 @@ class BatchService:
             options=req.nightbatch or None, ext=ext or None,
         )
         self.table.put_record(rec, new=True)
+        if self.events is not None:
+            self.events.publish(rec)
         # A failed start leaves the batch in `validating`; the sweeper re-drives it.
         self.workflow.start(batch_id)
         return to_wire(rec)
@@ -181,7 +185,8 @@ class BatchService:
             if status not in lifecycle.TRANSITIONS["cancelling"]:
                 raise ConflictError(f"Cannot cancel a batch with status '{status}'.")
             try:
-                return to_wire(lifecycle.transition(self.table, batch_id, "cancelling", from_=(status,)))
+                return to_wire(lifecycle.transition(self.table, batch_id, "cancelling", from_=(status,),
+                                                          events=self.events))
             except StorageConflictError:
                 rec = self.item(tenant, batch_id)  # lost a race: decide again on the fresh status
         raise ConflictError("The batch changed while it was being cancelled; try again.", retry=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 from collections.abc import Iterator
 from typing import Any, BinaryIO
 
@@ -9,12 +10,12 @@ from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError, NotFoundError, PayloadTooLargeError, check_range, check_supported
 from nightbatch.ids import new_file_id
 from nightbatch.layout import file_key
-from nightbatch.limits import QUOTA_ATTR, release_storage, reserve_storage
+from nightbatch.limits import QUOTA_ATTR, batches_in_flight, release_storage, reserve_storage
 from nightbatch.listing import after_sort_key
 from nightbatch.settings import Settings
 from nightbatch.storage import BlobStore, Table
-from nightbatch.storage.records import FileRecord
-from nightbatch.wire import DeletedFile, FileObject, ListPage, list_page
+from nightbatch.storage.records import BatchRecord, FileRecord
+from nightbatch.wire import TERMINAL_STATUSES, DeletedFile, FileObject, ListPage, list_page
 
 # Purposes a client may upload with (the *_output purposes are ours to write).
 UPLOAD_PURPOSES = ("assistants", "batch", "fine-tune", "vision", "user_data", "evals")
@@ -139,11 +140,46 @@ class FileService:
         return list_page([to_wire(r) for r in recs], has_more)
 
     def delete(self, tenant: str, file_id: str) -> DeletedFile:
+        """The file is gone for the API at once. Its bytes go too, unless an open batch reads them (its shards
+        point into them): then they stay until the last such batch ends (`release_held`)."""
         rec = self.item(tenant, file_id)
-        self.table.delete(file_id)
-        self.delete_bytes(rec)
+        # Hidden before the open batches are looked up: a batch created from now on cannot take the file (its
+        # create reads a live file) and one created earlier is in flight already, so it is seen.
+        held = rec.model_copy(update={"deleted_at": now(), "quota_bytes": 0})
+        self.table.put_record(held)
+        holders = self.holders(tenant, file_id)
+        if holders:
+            held.held_by = holders
+            self.table.put_record(held)
+        else:
+            self.table.delete(file_id)
+            self.delete_bytes(rec)
         release_storage(self.table, tenant, rec.quota_bytes)
         return DeletedFile(id=file_id)
+
+    def holders(self, tenant: str, file_id: str) -> builtins.list[str]:
+        """The tenant's open batches whose input is this file."""
+        out = []
+        for batch_id in batches_in_flight(self.table, tenant):
+            batch = self.table.get_owned(BatchRecord, tenant, batch_id)
+            if batch is not None and batch.input_file_id == file_id and batch.status not in TERMINAL_STATUSES:
+                out.append(batch_id)
+        return out
+
+    def release_held(self) -> builtins.list[str]:
+        """Deletes the bytes of deleted files whose batches have all ended (the sweeper). Returns their ids."""
+        released = []
+        for file_id in self.table.open_ids(FileRecord.HELD_STATUS):
+            rec = self.table.get_record(FileRecord, file_id)
+            if rec is None or rec.deleted_at is None:
+                continue
+            if any((b := self.table.get_owned(BatchRecord, rec.tenant, batch_id)) is not None
+                   and b.status not in TERMINAL_STATUSES for batch_id in rec.held_by or []):
+                continue
+            self.delete_bytes(rec)
+            self.table.delete(file_id)
+            released.append(file_id)
+        return released
 
     def delete_bytes(self, rec: FileRecord) -> None:
         key = rec.s3_key

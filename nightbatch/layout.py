@@ -1,6 +1,7 @@
 """The hand-off contract: every S3 key we make, and every record that crosses between steps.
 
-Validate writes segments and their index, Plan the shard specs and the Map's manifest, the worker its
+Validate writes the segment index (each segment a line index: ranges of the input object, not a copy of its
+lines), Plan the shard specs and the Map's manifest, the worker its
 checkpoints, one accounting record per attempt and the done marker; Finalize reads them all. Each is written
 and read only through this module (a test greps for key literals elsewhere). Keys are built from ids we
 minted, never from user strings.
@@ -27,6 +28,9 @@ PROGRESS_RE = re.compile(r"^progress-([0-9a-f]+)\.json$")
 FILES_PREFIX = "files/"
 BATCHES_PREFIX = "batches/"
 UPLOADS_PREFIX = "uploads/"
+# The bucket's lifecycle deletes objects under files/ and batches/ this many days after they were written
+# (infra/storage.py); a batch's input older than that by the batch's end is written again (pipeline/validate.py).
+OBJECT_EXPIRY_DAYS = 31
 
 
 # -- keys ----------------------------------------------------------------------------------------------------
@@ -58,6 +62,11 @@ def segments_prefix(batch_id: str) -> str:
 
 def segment_key(batch_id: str, n: int) -> str:
     return f"{segments_prefix(batch_id)}{n:06d}.jsonl"
+
+
+def line_index_key(batch_id: str, n: int) -> str:
+    """One segment's LineIndex (version 2; version 1 segments were copies of the lines, at segment_key)."""
+    return f"{segments_prefix(batch_id)}{n:06d}.idx.json"
 
 
 def segment_index_key(batch_id: str) -> str:
@@ -109,6 +118,16 @@ def progress_key(prefix: str, attempt: str) -> str:
     return f"{prefix}progress-{attempt}.json"
 
 
+def worker_settings_key(batch_id: str) -> str:
+    """The deployment's settings for the batch's SageMaker jobs (nightbatch/settings/document.py)."""
+    return f"{batch_prefix(batch_id)}worker-settings.json"
+
+
+def training_output_prefix(batch_id: str) -> str:
+    """Where SageMaker puts its (empty) model artifacts of the batch's training jobs."""
+    return f"{batch_prefix(batch_id)}training-jobs/"
+
+
 def output_key(batch_id: str) -> str:
     return f"{batch_prefix(batch_id)}output.jsonl"
 
@@ -121,16 +140,57 @@ def error_key(batch_id: str) -> str:
 
 
 class SegmentEntry(BaseModel):
-    """One segment Validate wrote: its key, how many lines, their estimated tokens (Plan groups by these)."""
+    """One segment Validate wrote: its key, how many lines, their estimated tokens (Plan groups by these).
+
+    Version 2 (`bytes` > 0 or in an index with `input`): `key` is a LineIndex; version 1: a copy of the lines."""
 
     key: str
     lines: int
     est: int
     group: int = 0  # prefix group (nightbatch/pipeline/prefixes.py); 0: lines in input order
+    bytes: int = 0  # input bytes the segment's ranges span (version 2)
+
+
+class InputPart(BaseModel):
+    key: str
+    bytes: int
+
+
+class InputSource(BaseModel):
+    """The input a batch's line indexes point into: `key` (files/<file_id>), `bytes` long. An Upload not yet
+    composed when Validate ran is read through `parts`, in order, until `key` holds all `bytes` (composition
+    writes the same bytes at `key` before the parts go: nightbatch/assembly.py)."""
+
+    key: str
+    bytes: int
+    parts: list[InputPart] = []
+
+
+class SegmentIndex(BaseModel):
+    """`segments/index.json`. Version 2: the input and the segments (LineIndex keys). Version 1 was a bare JSON
+    list of SegmentEntry whose keys were copies of the lines; `read_segments` reads both."""
+
+    version: int = 2
+    input: InputSource | None = None  # None: version 1
+    segments: list[SegmentEntry] = []
+
+
+class LineIndex(BaseModel):
+    """A segment's lines as references into the input (version 2): `runs` of [first line number, start, end)
+    byte ranges of the input, each a stretch of consecutive input lines of this segment (blank lines inside
+    a run are skipped by the reader, as Validate skipped them), and `est`, the estimated tokens of each
+    non-blank line in run order. The reader: nightbatch/pipeline/shard_lines.py."""
+
+    version: Literal[2] = 2
+    runs: list[tuple[int, int, int]]
+    est: list[int]
 
 
 class ShardSpec(BaseModel):
-    """`shards/<shard_id>.json`, written by Plan, read by the worker and Finalize."""
+    """`shards/<shard_id>.json`, written by Plan, read by the worker and Finalize (through shard_lines).
+
+    Version 2: `indexes` (LineIndex keys) into `input`. Version 1 (the previous release): `segments`, copies
+    of the lines in segment_line form."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -139,7 +199,9 @@ class ShardSpec(BaseModel):
     shard_id: str
     endpoint: str
     model: str
-    segments: list[str]
+    segments: list[str] = []
+    indexes: list[str] = []
+    input: InputSource | None = None
     lines: int
     est_tokens: int = 0
 
@@ -154,6 +216,10 @@ class ShardItem(BaseModel):
     job_definition: str = ""
     # The shard's estimated tokens, so Capacity can weigh the remaining work from the manifest alone.
     est_tokens: int | None = None
+    # Where Plan sends the shard first (the model's `gpuBackend`); with `both` Capacity may move it to SageMaker.
+    backend: Literal["batch", "sagemaker"] = "batch"
+    # The model's `gpuBackend` allows a move to SageMaker when Batch cannot place the shard.
+    fallback: bool = False
 
 
 class AttemptRecord(BaseModel):
@@ -167,6 +233,11 @@ class AttemptRecord(BaseModel):
     idle_seconds: float = 0.0
     finished: bool = False
     phases: dict[str, Any] = {}  # nightbatch.phases: when each phase of the attempt ended
+    # Where the attempt ran (gpu_worker/host.py), so Finalize prices it: AWS Batch at EC2 prices, SageMaker at
+    # ml.* prices; the instance type and training job name when the host says (SageMaker does).
+    backend: Literal["batch", "sagemaker"] = "batch"
+    instance_type: str = ""
+    training_job: str = ""
     shard_id: str = ""  # filled in on read, from the key
 
 
@@ -191,13 +262,42 @@ _MANIFEST = TypeAdapter(list[ShardItem])
 # -- writers and readers -------------------------------------------------------------------------------------
 
 
-def write_segment_index(blobs: Blobs, batch_id: str, entries: list[SegmentEntry]) -> None:
-    blobs.put_bytes(segment_index_key(batch_id), _SEGMENTS.dump_json(entries))
+def write_segment_index(blobs: Blobs, batch_id: str, index: SegmentIndex) -> None:
+    blobs.put_bytes(segment_index_key(batch_id), index.model_dump_json().encode())
 
 
-def read_segment_index(blobs: Blobs, batch_id: str) -> list[SegmentEntry]:
+def read_segments(blobs: Blobs, batch_id: str) -> SegmentIndex:
     raw = blobs.get_bytes(segment_index_key(batch_id))
-    return _SEGMENTS.validate_json(raw) if raw else []
+    if not raw:
+        return SegmentIndex()
+    if raw.lstrip()[:1] == b"[":  # version 1: a bare list
+        return SegmentIndex(version=1, segments=_SEGMENTS.validate_json(raw))
+    return SegmentIndex.model_validate_json(raw)
+
+
+def write_line_index(blobs: Blobs, key: str, index: LineIndex) -> None:
+    blobs.put_bytes(key, index.model_dump_json().encode(), content_type="application/json")
+
+
+def read_line_index(blobs: Blobs, key: str) -> LineIndex:
+    raw = blobs.get_bytes(key)
+    if raw is None:
+        raise FileNotFoundError(f"line index s3://{blobs.bucket}/{key} does not exist")
+    return LineIndex.model_validate_json(raw)
+
+
+def shard_spec(index: SegmentIndex, segments: list[SegmentEntry], *, batch_id: str, shard_id: str,
+               endpoint: str = "", model: str = "") -> ShardSpec:
+    """The shard over `segments` of `index`: version 2 when the index points into the input; over a version 1
+    index (Validate of the previous release), version 1, its segments being copies."""
+    keys = [s.key for s in segments]
+    spec = ShardSpec(batch_id=batch_id, shard_id=shard_id, endpoint=endpoint, model=model,
+                     lines=sum(s.lines for s in segments), est_tokens=sum(s.est for s in segments))
+    if index.input is not None:
+        spec.version, spec.indexes, spec.input = 2, keys, index.input
+    else:
+        spec.segments = keys
+    return spec
 
 
 def write_shard(blobs: Blobs, spec: ShardSpec) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nightbatch.clock import now
 from nightbatch.errors import BatchItemTooLargeError, StorageConflictError, StorageItemTooLargeError
@@ -11,6 +11,9 @@ from nightbatch.limits import release_queue_usage
 from nightbatch.storage import Table
 from nightbatch.storage.records import BatchRecord
 from nightbatch.wire import TERMINAL_STATUSES
+
+if TYPE_CHECKING:
+    from nightbatch.state_changes import StateChanges
 
 # (from statuses) -> to; the timestamp field is f"{to}_at".
 TRANSITIONS: dict[str, tuple[str, ...]] = {
@@ -27,9 +30,12 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
 
 def transition(
     table: Table, batch_id: str, to: str, *, extra: Mapping[str, Any] | None = None,
-    from_: tuple[str, ...] | None = None, at: int | None = None,
+    from_: tuple[str, ...] | None = None, at: int | None = None, events: StateChanges | None = None,
 ) -> BatchRecord:
-    """Moves a batch to `to` if it is in one of the allowed statuses; StorageConflictError otherwise."""
+    """Moves a batch to `to` if it is in one of the allowed statuses; StorageConflictError otherwise.
+
+    With `events`, an open status's state-change event is put once the write succeeded (never failing it); a
+    terminal one is left to the Notify step, which retries it with the other channels."""
     allowed = from_ if from_ is not None else TRANSITIONS[to]
     fields: dict[str, Any] = {"status": to, f"{to}_at": at if at is not None else now()}
     fields.update(extra or {})
@@ -46,6 +52,8 @@ def transition(
     if to in TERMINAL_STATUSES:
         # A finished batch gives back its queued requests/tokens and its in-flight slot (per-tenant limits).
         release_queue_usage(table, rec.tenant, batch_id)
+    elif events is not None:
+        events.publish(rec)
     return rec
 
 

@@ -164,6 +164,13 @@ def release_batch_slot(table: Table, tenant: str, batch_id: str) -> None:
     quota.release(table, usage_pk(tenant), FLIGHT_MEMBER + batch_id)
 
 
+def batches_in_flight(table: Table, tenant: str) -> list[str]:
+    """The ids of the tenant's batches holding an in-flight slot: every batch created and not yet ended."""
+    counters = table.get_record(UsageCounters, usage_pk(tenant))
+    members = quota.members(counters.model_extra or {}, FLIGHT_MEMBER) if counters is not None else {}
+    return [m[len(FLIGHT_MEMBER):] for m in members]
+
+
 def reconcile_usage(table: Table, tenant: str) -> int:
     """Releases members whose batch is terminal, another tenant's, or long missing. Returns how many."""
     counters = table.get_record(UsageCounters, usage_pk(tenant))

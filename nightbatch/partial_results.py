@@ -81,7 +81,7 @@ def partial_results(services: Services, tenant: str, batch_id: str, kind: str, *
 def _checkpoints(blobs: BlobStore, batch: BatchRecord) -> list[tuple[str, list[tuple[str, int]]]]:
     """(shard_id, its checkpoints) per shard: keys and sizes only, listed before the first line is sent."""
     return [(shard_id, checkpoints_in_order(blobs, batch.pk, shard_id))
-            for shard_id, _segments, _lines in planned_shards(blobs, batch.pk) if shard_id is not None]
+            for shard_id, _spec in planned_shards(blobs, batch.pk) if shard_id is not None]
 
 
 def _within(shards: list[tuple[str, list[tuple[str, int]]]], limit: int) -> tuple[

@@ -31,6 +31,7 @@ class Phases:
     origin: float = field(default_factory=time.monotonic)
     seconds: dict[str, float] = field(default_factory=dict)
     weights_source: str = ""
+    backend: str = ""  # "batch" or "sagemaker" (JobInputs.backend); empty where the job does not say
 
     def mark(self, phase: str, at: float | None = None) -> None:
         if phase not in PHASES:
@@ -40,6 +41,7 @@ class Phases:
 
     def to_dict(self) -> dict[str, Any]:
         return {"container_start": round(self.started_at, 3), "weights_source": self.weights_source,
+                **({"backend": self.backend} if self.backend else {}),
                 **{f"{p}_s": self.seconds[p] for p in PHASES if p in self.seconds}}
 
     def metrics(self) -> dict[str, float]:
@@ -60,6 +62,9 @@ def summarize(attempts: list[dict[str, Any]]) -> dict[str, Any]:
     for a in attempts:
         source = str(a.get("weights_source") or "unknown")
         summary["weights_sources"][source] = summary["weights_sources"].get(source, 0) + 1
+        if a.get("backend"):  # attempts per GPU backend (AWS Batch, SageMaker)
+            backends = summary.setdefault("backends", {})
+            backends[a["backend"]] = backends.get(a["backend"], 0) + 1
     summary["shards"] = ordered[:LISTED_ATTEMPTS]
     return summary
 

@@ -20,6 +20,7 @@ from nightbatch.notifications.endpoints import PlainSealer, Sealer, WebhookEndpo
 from nightbatch.notifications.queues import DeliveryQueue, InProcessQueue
 from nightbatch.notifications.targets import Resolver
 from nightbatch.settings import Settings, get_settings
+from nightbatch.state_changes import StateChanges
 from nightbatch.storage import Adapters, make_adapters
 from nightbatch.storage.delivery_queue import SqsDeliveryQueue
 from nightbatch.storage.kms import KmsSealer
@@ -58,7 +59,8 @@ def build_services(
             client=adapters.stepfunctions, state_machine_arn=settings.pipeline.state_machine_arn
         )
     files = FileService(settings=settings, blobs=adapters.blobs, table=adapters.table)
-    batches = BatchService(settings=settings, table=adapters.table, files=files, workflow=workflow)
+    events = StateChanges(adapters.event_bus) if adapters.event_bus is not None else None
+    batches = BatchService(settings=settings, table=adapters.table, files=files, workflow=workflow, events=events)
     parts = PartStore(adapters.blobs)
     thread_jobs: ThreadUploadJobs | None = None
     if upload_jobs is None:
@@ -98,8 +100,9 @@ def build_notifier(
     deliveries = Deliveries(settings=settings, table=adapters.table, queue=queue, post=post, resolver=resolver,
                             sealer=sealer)
     endpoints = WebhookEndpointService(settings=settings, table=adapters.table, resolver=resolver, sealer=sealer)
+    events = StateChanges(adapters.event_bus) if adapters.event_bus is not None else None
     return Notifier(settings=settings, table=adapters.table, topic=topic, mailer=mailer, endpoints=endpoints,
-                    deliveries=deliveries, adapters=adapters)
+                    deliveries=deliveries, adapters=adapters, events=events)
 
 
 def sealer_of(adapters: Adapters) -> Sealer:

@@ -384,7 +384,8 @@ class UploadService:
         status = effective_status(item)
         if status == "completed" and file is None and item.file_id:
             file_rec = self.table.get_record(FileRecord, item.file_id)
-            file = file_to_wire(file_rec) if file_rec is not None else None
+            # A deleted file whose bytes a batch still reads (FileRecord.deleted_at) is gone here too.
+            file = file_to_wire(file_rec) if file_rec is not None and file_rec.deleted_at is None else None
         return Upload(
             id=item.pk, bytes=item.bytes, created_at=item.created_at, expires_at=item.expires_at,
             filename=item.filename, purpose=item.purpose, status=status,

@@ -52,10 +52,12 @@ def handle(args: argparse.Namespace) -> int:
         base_url = args.base_url
         if args.stack:
             from nightbatch.doctor.aws import StackWatcher
+            from nightbatch.doctor.sagemaker import SageMakerWatcher
 
             stack = StackWatcher.open(args.stack, region=args.region)
             base_url = base_url or stack.outputs.get("ApiUrl")
-            watchers.append(stack)
+            # SageMaker first: its jobs reach the job phases before the Batch watcher skips the unseen ones.
+            watchers += [SageMakerWatcher(stack.account, stack.outputs), stack]
             secret = stack.outputs.get("ApiKeysSecret")
             if not (args.api_key or os.environ.get("NIGHTBATCH_API_KEY")) and secret:
                 raise CommandError(f"no API key given: pass --api-key; the stack's first key is in {secret} "

@@ -64,7 +64,9 @@ class StackWatcher:
     # ------------------------------------------------------------------------------------ preflight
 
     def preflight(self, report: Report) -> None:
-        missing = [k for k in ("ApiUrl", "JobQueueArn", "StateMachineArn") if k not in self.outputs]
+        # A SageMaker-only stack (gpuBackend: sagemaker) has no AWS Batch queue; it names its ml.* types instead.
+        needed = ("ApiUrl", "StateMachineArn") + (() if "SageMakerInstanceTypes" in self.outputs else ("JobQueueArn",))
+        missing = [k for k in needed if k not in self.outputs]
         report.add(Check("stack", "failed" if missing else "ok",
                          f"{self.stack} in {self.account.region}" + (f"; no output {', '.join(missing)}"
                                                                      if missing else ""),

@@ -57,3 +57,21 @@ GATED_MODEL = ("the model is gated or private on Hugging Face: accept its licenc
                "account whose token you use, store the token (`aws secretsmanager create-secret --name "
                "nightbatch/hf-token --secret-string hf_...`) and set `\"tokenSecret\": \"nightbatch/hf-token\"` on "
                "the model in cdk.json, then `cdk deploy`")
+
+
+def sagemaker_quota_remedy(code: str, name: str, region: str) -> str:
+    where = f"SageMaker training quotas are per instance type and often 0 in new accounts: ask for at least 1 in " \
+            f"Service Quotas → Amazon SageMaker → '{name}'"
+    if not code:
+        return where
+    return (f"{where}, or `aws service-quotas request-service-quota-increase --service-code sagemaker --quota-code "
+            f"{code} --desired-value 1 --region {region}`")
+
+
+SAGEMAKER_CAPACITY = ("SageMaker had no capacity for the instance type (InsufficientCapacityError): the shard is "
+                      "retried; for a lasting shortage add instance types (`gpuInstanceTypes`), allow on-demand, "
+                      "or use `gpuBackend: both` so AWS Batch takes the other shards")
+SPOT_WAIT = ("the managed-Spot job waited past MaxWaitTimeInSeconds (MaxWaitTimeExceeded): Capacity reruns the "
+             "shard on-demand when the batch's slack runs low; if it recurs, allow on-demand (cdk.json `capacity`)")
+SAGEMAKER_LOG = ("read the job's log: `aws logs tail /aws/sagemaker/TrainingJobs --log-stream-name-prefix {job} "
+                 "--follow` (its FailureReason is the worker's /opt/ml/output/failure)")

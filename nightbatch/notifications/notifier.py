@@ -1,4 +1,5 @@
-"""The Notify step: one event per terminal transition, then webhooks, SNS and email, each at most once per run.
+"""The Notify step: one event per terminal transition, then webhooks, SNS, EventBridge and email, each at most
+once per run.
 
 `notify_batch` is idempotent. The event item is created by a conditional put keyed by batch and status; each
 channel leaves a mark on it (deliveries are items of their own), so a second run (Finalize or Notify retried)
@@ -23,6 +24,7 @@ from nightbatch.notifications.events import close_event, mark_event, record_even
 from nightbatch.notifications.models import BATCH_EVENT_TYPES, DeliveryAttempt, WebhookEndpointTestResult
 from nightbatch.notifications.queues import DeliveryQueue
 from nightbatch.settings import Settings
+from nightbatch.state_changes import StateChanges
 from nightbatch.storage import Adapters, Table
 from nightbatch.storage.records import BatchRecord, EventRecord
 from nightbatch.storage.ses import EmailRejectedError, Mailer
@@ -47,6 +49,7 @@ class NotifyResult(BaseModel):
     event_created: bool = False
     deliveries_enqueued: int = 0
     sns_message_id: str | None = None
+    bus_event_id: str | None = None
     emails_sent: int = 0
 
 
@@ -61,6 +64,7 @@ class Notifier:
     endpoints: WebhookEndpointService
     deliveries: Deliveries
     adapters: Adapters | None = None  # for the link-signing keys in Secrets Manager
+    events: StateChanges | None = None  # EventBridge, when a bus is configured
 
     @property
     def queue(self) -> DeliveryQueue | None:
@@ -92,9 +96,10 @@ class Notifier:
         event, created = record_event(self.table, batch)
         result = NotifyResult(batch_id=batch_id, status="notified", event_id=event.event_id,
                               event_type=event.type, event_created=created,
-                              sns_message_id=event.sns_message_id)
+                              sns_message_id=event.sns_message_id, bus_event_id=event.bus_event_id)
         failed: list[str] = []
-        for channel, send in (("webhooks", self._webhooks), ("sns", self._sns), ("email", self._email)):
+        for channel, send in (("webhooks", self._webhooks), ("sns", self._sns), ("eventbridge", self._eventbridge),
+                              ("email", self._email)):
             try:
                 send(batch, event, result)
             except Exception:
@@ -128,6 +133,13 @@ class Notifier:
                         "batch_id": batch.pk},
         )
         mark_event(self.table, event.pk, "sns_message_id", result.sns_message_id)
+
+    def _eventbridge(self, batch: BatchRecord, event: EventRecord, result: NotifyResult) -> None:
+        """The terminal state change (nightbatch/state_changes.py), put once: its id marks the event."""
+        if self.events is None or event.bus_event_id:
+            return
+        result.bus_event_id = self.events.put(batch)
+        mark_event(self.table, event.pk, "bus_event_id", result.bus_event_id)
 
     def _email(self, batch: BatchRecord, event: EventRecord, result: NotifyResult) -> None:
         to, refused = recipients(self.settings, batch.options)

@@ -10,6 +10,11 @@ The workflow asks before every submission of a shard (the first, and after each 
 - Share: the tenant (AWS Batch fair-share), so one tenant's huge batch cannot starve another's small one.
 - Other failures retry on the same capacity with backoff, `shard_retry_attempts` times, then give up (Finalize
   writes the shard's unrun lines as `shard_failed`).
+- Backend: the shard's (Plan's manifest item: the model's `gpuBackend`). With `both`, a Batch attempt its queue
+  could not place (CAPACITY:/COMPUTE_ENVIRONMENT_MAX_RESOURCE: no capacity, or an EC2 quota of 0) moves the shard
+  to SageMaker when Batch has no other capacity to try or the batch's slack is below the margin; the move is
+  recorded on the batch (`backend_moved`), so its remaining shards follow. On SageMaker, Spot is managed Spot and
+  a Spot attempt that waited past its bound or was reclaimed moves on-demand (nightbatch/pipeline/training_jobs.py).
 Each decision is written next to the shard's results (`capacity-<n>.json`); Finalize lists them in the batch's
 `nightbatch.capacity` extension.
 """
@@ -24,12 +29,14 @@ from pydantic import BaseModel
 
 from nightbatch import layout
 from nightbatch.clock import now
+from nightbatch.pipeline import training_jobs
 from nightbatch.pipeline.sizing import _wall
 from nightbatch.services import Services
 from nightbatch.settings import Settings
 from nightbatch.storage.records import BatchRecord
 
 Capacity = Literal["spot", "on-demand"]
+Backend = Literal["batch", "sagemaker"]
 # statusReason prefixes that mean "Spot could not hold or place this job" (aws-gpu-fleet-notes §1.4, §2.3).
 SPOT_SHORTAGE = ("Host EC2", "CAPACITY:", "MISCONFIGURATION:COMPUTE_ENVIRONMENT_MAX_RESOURCE")
 
@@ -47,6 +54,14 @@ class CapacityDecision(BaseModel):
     reason: str
     # The job's retry strategy: none on Spot (a lost host comes back here and moves), host loss retried on-demand.
     retry_strategy: dict[str, Any]
+    # Where the attempt runs; a SageMaker attempt's job (nightbatch/pipeline/training_jobs.py).
+    backend: Backend = "batch"
+    job_name: str = ""
+    instance_type: str = ""
+    managed_spot: bool = False
+    stopping_condition: dict[str, int] = {}
+    settings_key: str = ""
+    output_uri: str = ""
 
 
 def share_identifier(tenant: str) -> str:
@@ -89,11 +104,17 @@ def remaining_work_seconds(services: Services, batch_id: str) -> float:
 def _status_reason(error: dict[str, Any] | None) -> str:
     if not error:
         return ""
+    name = str(error.get("Error") or "")
+    if name.startswith("SageMaker."):  # CreateTrainingJob refused (ResourceLimitExceeded: the quota)
+        return f"{name.removeprefix('SageMaker.')}: {str(error.get('Cause') or '')[:300]}"
     try:
         cause = json.loads(error.get("Cause") or "{}")
     except ValueError:
-        return str(error.get("Cause") or error.get("Error") or "")
-    return str(cause.get("StatusReason") or cause.get("statusReason") or error.get("Error") or "")
+        return str(error.get("Cause") or name)
+    if not isinstance(cause, dict):
+        return name
+    return (training_jobs.failure_reason(cause)
+            or str(cause.get("StatusReason") or cause.get("statusReason") or name))
 
 
 def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
@@ -103,13 +124,26 @@ def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
     attempt = int(prev.get("attempt", 0)) + 1
     batch = table.get_record(BatchRecord, batch_id)
     available = queues(settings)
+    sagemaker = training_jobs.sagemaker_config(settings)
     t = now()
     expires_at = batch.expires_at if batch is not None else None
     seconds_left = float(t if expires_at is None else expires_at) - t
     base: dict[str, Any] = {"attempt": attempt, "priority": scheduling_priority(seconds_left),
                             "share": share_identifier((batch.tenant if batch is not None else "") or "default")}
+    fallback = bool(item.get("fallback"))
+    backend: Backend = prev.get("backend") or (
+        "sagemaker" if item.get("backend") == "sagemaker" or (fallback and batch and batch.backend_moved)
+        else "batch")
+    margin = settings.capacity.margin_seconds
 
-    def choose(capacity: Capacity, reason: str, *, failures: int = 0, wait: int = 0) -> CapacityDecision:
+    def slack() -> float:
+        return seconds_left - remaining_work_seconds(services, batch_id)
+
+    def choose(capacity: Capacity, reason: str, *, failures: int = 0, wait: int = 0,
+               on: Backend | None = None) -> CapacityDecision:
+        on = on or backend
+        if on == "sagemaker":
+            return _training_job(capacity, reason, failures=failures, wait=wait)
         if capacity not in available:  # a deployment with one kind only
             capacity = "on-demand" if "on-demand" in available else "spot"
         retry = ({"Attempts": 1} if capacity == "spot" else
@@ -118,13 +152,42 @@ def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
         return CapacityDecision(action="run", capacity=capacity, queue=available.get(capacity, ""), failures=failures,
                                 wait_seconds=wait, reason=reason, retry_strategy=retry, **base)
 
+    def _training_job(capacity: Capacity, reason: str, *, failures: int, wait: int) -> CapacityDecision:
+        if not (sagemaker.spot if capacity == "spot" else sagemaker.on_demand):
+            capacity = "on-demand" if sagemaker.on_demand else "spot"
+        model = (batch.model if batch is not None else None) or ""
+        shard_work = _shard_work_seconds(services, item)
+        return CapacityDecision(
+            action="run", capacity=capacity, queue="", failures=failures, wait_seconds=wait, reason=reason,
+            retry_strategy={}, backend="sagemaker", job_name=training_jobs.job_name(batch_id, shard_id, attempt),
+            instance_type=sagemaker.instance_types.get(model, ""), managed_spot=capacity == "spot",
+            stopping_condition=training_jobs.stopping_condition(
+                spot=capacity == "spot", seconds_left=seconds_left,
+                budget_seconds=shard_work + slack() - margin if capacity == "spot" else seconds_left,
+                max_pending_seconds=sagemaker.max_pending_seconds),
+            settings_key=layout.worker_settings_key(batch_id),
+            output_uri=f"s3://{settings.deployment.bucket}/{layout.training_output_prefix(batch_id)}", **base)
+
+    def move_to_sagemaker(reason: str) -> CapacityDecision:
+        # The batch's remaining shards follow; on-demand if the batch already moved there.
+        table.update_attributes(BatchRecord, batch_id, set_={"backend_moved": reason})
+        on_demand = bool(batch and batch.capacity_on_demand) or prev.get("capacity") == "on-demand"
+        return choose("on-demand" if on_demand or slack() < margin else "spot", reason, on="sagemaker")
+
     if batch is None or batch.status != "in_progress":
         decision = CapacityDecision(action="give_up", capacity=prev.get("capacity", "spot"), queue="", failures=0,
                                     wait_seconds=0, reason=f"batch is {batch.status if batch else 'missing'}",
-                                    retry_strategy={}, **base)
+                                    retry_strategy={}, backend=backend, **base)
     elif item.get("shard_error"):
         status_reason = _status_reason(item["shard_error"])
-        if prev.get("capacity") == "spot" and status_reason.startswith(SPOT_SHORTAGE):
+        placement = backend == "batch" and status_reason.startswith(training_jobs.BATCH_PLACEMENT_FAILURE)
+        if placement and fallback and (prev.get("capacity") == "on-demand" or "on-demand" not in available
+                                       or slack() < margin):
+            # Batch could not place it, and there is no time (or no queue) left to try its other capacity.
+            decision = move_to_sagemaker(f"batch could not place it: {status_reason[:200]}")
+        elif prev.get("capacity") == "spot" and (
+                status_reason.startswith(SPOT_SHORTAGE) if backend == "batch"
+                else status_reason.startswith(training_jobs.SPOT_SHORTAGE)):
             reason = f"spot attempt ended: {status_reason[:200]}"
             # The batch's remaining shards follow.
             table.update_attributes(BatchRecord, batch_id, set_={"capacity_on_demand": reason})
@@ -143,18 +206,25 @@ def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
     elif batch.capacity_on_demand:
         decision = choose("on-demand", f"batch moved to on-demand: {batch.capacity_on_demand}")
     else:
-        slack = seconds_left - remaining_work_seconds(services, batch_id)
-        if slack < settings.capacity.margin_seconds:
-            reason = f"slack {slack:.0f} s < margin {settings.capacity.margin_seconds:.0f} s"
+        current = slack()
+        if current < margin:
+            reason = f"slack {current:.0f} s < margin {margin:.0f} s"
             table.update_attributes(BatchRecord, batch_id, set_={"capacity_on_demand": reason})
             decision = choose("on-demand", reason)
         else:
-            decision = choose("spot", f"slack {slack:.0f} s >= margin {settings.capacity.margin_seconds:.0f} s")
+            decision = choose("spot", f"slack {current:.0f} s >= margin {margin:.0f} s")
     services.adapters.blobs.put_bytes(
         layout.capacity_key(layout.results_prefix(batch_id, shard_id), attempt),
-        json.dumps({"at": t, **decision.model_dump(exclude={"retry_strategy"})}).encode(),
+        json.dumps({"at": t, **decision.model_dump(exclude={"retry_strategy", "stopping_condition"})}).encode(),
         content_type="application/json")
     return decision
+
+
+def _shard_work_seconds(services: Services, item: dict[str, Any]) -> float:
+    """One shard's estimated GPU time, cold start included (the Spot wait a SageMaker job may add to it)."""
+    pipeline = services.settings.pipeline
+    return float(item.get("est_tokens") or 0) / max(1e-9, pipeline.shard_tokens_per_second) + \
+        pipeline.shard_cold_start_seconds
 
 
 def collect_decisions(services: Services, batch_id: str, limit: int = 50) -> list[dict[str, Any]]:
@@ -166,5 +236,5 @@ def collect_decisions(services: Services, batch_id: str, limit: int = 50) -> lis
     for key in keys[:limit]:
         rec = json.loads(blobs.get_bytes(key) or b"{}")
         out.append({"shard_id": key.split("/")[-2], **{k: rec.get(k) for k in (
-            "attempt", "action", "capacity", "priority", "share", "reason", "at")}})
+            "attempt", "action", "backend", "capacity", "priority", "share", "reason", "at")}})
     return out

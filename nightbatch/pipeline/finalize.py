@@ -12,7 +12,7 @@ import logging
 from typing import Any
 
 from nightbatch import layout, lifecycle
-from nightbatch.accounting import collect_shard_times, cost_summary
+from nightbatch.accounting import collect_shard_times, cost_summary, training_job_billing
 from nightbatch.clock import now
 from nightbatch.errors import BatchItemTooLargeError, StorageConflictError
 from nightbatch.ids import custom_id_digest, derived_id
@@ -30,7 +30,7 @@ from nightbatch.pipeline.results import (
     tally_plain_lines,
     unrun_line,
 )
-from nightbatch.pipeline.segments import parse_segment_line
+from nightbatch.pipeline.shard_lines import shard_requests
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore, LineWriter
 from nightbatch.storage.records import BatchRecord
@@ -75,7 +75,8 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
         return _fail_unvalidated(services, batch)
     if target != "cancelled" and batch.status != "finalizing":
         try:
-            batch = lifecycle.transition(table, inp.batch_id, "finalizing", extra={"finalize_target": target})
+            batch = lifecycle.transition(table, inp.batch_id, "finalizing", extra={"finalize_target": target},
+                                         events=services.batches.events)
         except StorageConflictError:
             return finalize_batch(inp, services)  # cancelled meanwhile: decide again
     writers = _write_files(services, batch, UNRUN_CODE[target])
@@ -83,7 +84,8 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     usage = tally.usage()
     times = collect_shard_times(services.adapters.blobs, [layout.all_results_prefix(inp.batch_id)])
     ext = dict(batch.ext or {})
-    ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"])
+    ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"],
+                               billing=training_job_billing(services.adapters, times))
     if times.phases:
         ext["phases"] = summarize_phases(times.phases)
     decisions = collect_decisions(services, inp.batch_id)
@@ -128,20 +130,17 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str) -> tup
     out = PartComposer(blobs, layout.output_key(batch_id))
     err = blobs.writer(layout.error_key(batch_id))
     try:
-        for shard_id, segments, lines in planned_shards(blobs, batch_id):
+        for shard_id, spec in planned_shards(blobs, batch_id):
             seen: set[int] = set()
             if shard_id is not None:
                 _merge_results(blobs, batch_id, shard_id, seen, out, err, tally)
-            if len(seen) < lines:
-                for key in segments:
-                    for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
-                        if not raw.data:
-                            continue
-                        custom_id = parse_segment_line(raw.data).custom_id
-                        if (d := custom_id_digest(custom_id)) not in seen:
-                            seen.add(d)
-                            err.write(unrun_line(batch_id, custom_id, unrun_code))
-                            tally.failed += 1
+            if len(seen) < spec.lines:
+                for req in shard_requests(blobs, spec):
+                    custom_id = req.custom_id
+                    if (d := custom_id_digest(custom_id)) not in seen:
+                        seen.add(d)
+                        err.write(unrun_line(batch_id, custom_id, unrun_code))
+                        tally.failed += 1
         out_bytes = out.close()
         err_bytes = err.close()
     except BaseException:

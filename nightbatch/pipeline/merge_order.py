@@ -12,20 +12,19 @@ from nightbatch.storage import BlobStore
 from nightbatch.storage.parts import PartStore
 
 
-def planned_shards(blobs: BlobStore, batch_id: str) -> Iterator[tuple[str | None, list[str], int]]:
-    """(shard_id, segment keys, lines) per planned shard, in merge order; shard_id None for segments no shard
-    took."""
+def planned_shards(blobs: BlobStore, batch_id: str) -> Iterator[tuple[str | None, layout.ShardSpec]]:
+    """(shard_id, spec) per planned shard, in merge order; shard_id None for the segments no shard took."""
     items = layout.read_manifest(blobs, batch_id)
     if items:
         for item in items:
             shard = layout.read_shard(blobs, batch_id, item.shard_id)
             if shard is not None:
-                yield shard.shard_id, shard.segments, shard.lines
+                yield shard.shard_id, shard
         return
     # Never planned, or planned after a cancel/expiry (empty manifest): every validated segment is unrun.
-    segs = layout.read_segment_index(blobs, batch_id)
-    if segs:
-        yield None, [s.key for s in segs], sum(s.lines for s in segs)
+    index = layout.read_segments(blobs, batch_id)
+    if index.segments:
+        yield None, layout.shard_spec(index, index.segments, batch_id=batch_id, shard_id="")
 
 
 def checkpoints_in_order(blobs: BlobStore, batch_id: str, shard_id: str) -> list[tuple[str, int]]:

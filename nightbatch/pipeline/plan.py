@@ -12,6 +12,7 @@ from nightbatch.pipeline.placement import place_by_prefix
 from nightbatch.pipeline.sizing import plan_shards
 from nightbatch.services import Services
 from nightbatch.settings import Settings
+from nightbatch.settings import document as settings_document
 from nightbatch.storage.records import BatchRecord
 
 
@@ -43,20 +44,24 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
     items: list[ShardItem] = []
     if batch is not None and batch.status == "in_progress":
         model = batch.model or ""
-        segments = layout.read_segment_index(blobs, inp.batch_id)
+        index = layout.read_segments(blobs, inp.batch_id)
+        segments = index.segments
         job_definitions: dict[str, str] = json.loads(settings.pipeline.job_definitions_json or "{}")
         job_definition = job_definitions.get(model, "")
+        backend = json.loads(settings.pipeline.backends_json or "{}").get(model, "batch")
+        if backend != "batch":  # its SageMaker jobs read the deployment's settings from the bucket
+            blobs.put_bytes(layout.worker_settings_key(inp.batch_id), settings_document.dump(settings),
+                            content_type="application/json")
         window = max(0.0, float(batch.expires_at) - now()) if batch.expires_at else None
         # fleet's sizing decides how many shards; placement decides which segments go in each.
         for i, group in enumerate(place_by_prefix(group_segments(segments, settings, window))):
             shard_id = f"{i:05d}"
-            layout.write_shard(blobs, layout.ShardSpec(
-                batch_id=inp.batch_id, shard_id=shard_id, endpoint=batch.endpoint, model=model,
-                segments=[s.key for s in group], lines=sum(s.lines for s in group),
-                est_tokens=sum(s.est for s in group),
-            ))
+            layout.write_shard(blobs, layout.shard_spec(index, group, batch_id=inp.batch_id, shard_id=shard_id,
+                                                        endpoint=batch.endpoint, model=model))
             items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id, job_definition=job_definition,
-                                   est_tokens=sum(s.est for s in group)))
+                                   est_tokens=sum(s.est for s in group),
+                                   backend="sagemaker" if backend == "sagemaker" else "batch",
+                                   fallback=backend == "both"))
     # Cancelled or expired before planning: an empty manifest sends the workflow straight to Finalize.
     manifest_key = layout.write_manifest(blobs, inp.batch_id, items)
     if batch is not None:

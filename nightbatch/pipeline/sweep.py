@@ -63,6 +63,11 @@ def sweep(services: Services, *, stale_seconds: int = STALE_SECONDS,
     except Exception:
         log.exception("sweep: expiring uploads failed")
         expired_uploads = []
+    try:
+        released_files = services.files.release_held()
+    except Exception:
+        log.exception("sweep: releasing the bytes of deleted files failed")
+        released_files = []
     if skipped:
         emit(settings, {"SweepBatchesSkipped": len(skipped)})
     if open_counts:
@@ -75,7 +80,7 @@ def sweep(services: Services, *, stale_seconds: int = STALE_SECONDS,
     renotified = _renotify(services, t, notify, notify_grace_seconds) if notify is not None else []
     return {"redriven": redriven, "finalized": finalized, "renotified": renotified,
             "cancelled_jobs": cancelled_jobs, "skipped": skipped,
-            "expired_uploads": expired_uploads}
+            "expired_uploads": expired_uploads, "released_files": released_files}
 
 
 def _renotify(services: Services, t: int, notify: Callable[[str], object], grace: int) -> list[str]:

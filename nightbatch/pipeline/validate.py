@@ -1,11 +1,9 @@
-"""Validate: stream the input once, check every line, and write the valid lines as segments for Plan."""
+"""Validate: stream the input once, check every line, and index the valid lines as segments for Plan (byte
+ranges of the input, nightbatch/pipeline/line_index.py: the lines are not copied)."""
 
 from __future__ import annotations
 
-import io
 import logging
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from nightbatch import layout, lifecycle
@@ -14,76 +12,19 @@ from nightbatch.errors import StorageConflictError
 from nightbatch.jsonl import split_lines
 from nightbatch.limits import check_queue_limits
 from nightbatch.metrics import emit
+from nightbatch.pipeline.line_index import IndexWriter
 from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
 from nightbatch.pipeline.prefixes import PrefixGroups
-from nightbatch.pipeline.segments import segment_line
 from nightbatch.request_checks import LineInvalid
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore
+from nightbatch.storage.parts import PartStore
 from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.validation import MAX_ERRORS_BYTES, Validator, line_error
 from nightbatch.wire import BatchError
 
 log = logging.getLogger("nightbatch.validate")
-
-
-@dataclass
-class _Open:
-    """The segment being filled for one prefix group."""
-
-    buf: io.BytesIO = field(default_factory=io.BytesIO)
-    lines: int = 0
-    est: int = 0
-
-
-@dataclass
-class SegmentWriter:
-    """Buffers at most one segment of valid lines per prefix group, then PUTs it; records (key, lines, est,
-    group) for Plan. Group 0 holds the lines in input order; groups 1..n the long prompts by prefix hash."""
-
-    blobs: BlobStore
-    batch_id: str
-    max_lines: int
-    max_bytes: int
-    open: dict[int, _Open] = field(default_factory=dict)
-    index: list[layout.SegmentEntry] = field(default_factory=list)
-    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="segments"))
-    pending: list[Future[None]] = field(default_factory=list)
-
-    def add(self, number: int, raw: bytes, est: int, group: int = 0) -> None:
-        # The request's own bytes, not a re-serialisation: one JSON parse per line is the floor to stay near.
-        seg = self.open.get(group)
-        if seg is None:
-            seg = self.open[group] = _Open()
-        seg.buf.write(segment_line(number, est, raw))
-        seg.lines += 1
-        seg.est += est
-        if seg.lines >= self.max_lines or seg.buf.tell() >= self.max_bytes:
-            self.flush(group)
-
-    def flush(self, group: int) -> None:
-        seg = self.open.pop(group, None)
-        if seg is None or not seg.lines:
-            return
-        key = layout.segment_key(self.batch_id, len(self.index))
-        # At most two segment PUTs in flight while validation goes on (overlapped I/O, bounded memory).
-        while len(self.pending) >= 2:
-            self.pending.pop(0).result()
-        self.pending.append(self.pool.submit(self.blobs.put_bytes, key, seg.buf.getvalue()))
-        self.index.append(layout.SegmentEntry(key=key, lines=seg.lines, est=seg.est, group=group))
-
-    def abandon(self) -> None:
-        for f in self.pending:
-            f.result()
-        self.pool.shutdown()
-
-    def close(self) -> None:
-        for group in sorted(self.open):
-            self.flush(group)
-        for f in self.pending:
-            f.result()
-        self.pool.shutdown()
-        layout.write_segment_index(self.blobs, self.batch_id, self.index)
+KEEP_MARGIN_SECONDS = 86400  # past the batch's expiry: the sweeper's grace, Finalize, retries
 
 
 def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
@@ -114,7 +55,7 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
     validator = Validator(settings=settings, endpoint=batch.endpoint,
                           fast_max_bytes=prefix_groups.min_chars if prefix_groups.groups > 0
                           else Validator.fast_max_bytes)
-    writer = SegmentWriter(blobs, inp.batch_id, settings.pipeline.segment_max_lines,
+    writer = IndexWriter(blobs, inp.batch_id, settings.pipeline.segment_max_lines,
                            settings.pipeline.segment_max_bytes)
     errors: list[BatchError] = []
     errors_bytes = 0
@@ -142,7 +83,7 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
             continue
         if not errors:
             group = prefix_groups.of(req.body) if prefix_groups.wants(len(req.raw)) else 0
-            writer.add(req.number, req.raw, req.est_tokens, group)
+            writer.add(raw.number, raw.offset, raw.size, req.est_tokens, group)
     if not errors and count == 0:
         errors.append(BatchError(code="empty_file", param=None, line=None,
                                  message="The input file has no requests."))
@@ -150,7 +91,9 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
         writer.abandon()
         blobs.delete_prefix(layout.segments_prefix(inp.batch_id))
         return _fail(services, batch, errors)
-    writer.close()
+    source = _input_source(blobs, file_item)
+    writer.close(source)
+    _keep_input(blobs, source, inp.batch_id, batch.expires_at)
     est_total = sum(s.est for s in writer.index)
     over = check_queue_limits(table, batch.tenant, inp.batch_id, count, est_total, model=validator.model,
                               settings=settings)
@@ -160,13 +103,34 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
     extra: dict[str, Any] = {"request_counts": {"total": count, "completed": 0, "failed": 0}, "model": validator.model,
              "est_tokens": est_total}
     try:
-        lifecycle.transition(table, inp.batch_id, "in_progress", extra=extra)
+        lifecycle.transition(table, inp.batch_id, "in_progress", extra=extra, events=services.batches.events)
     except StorageConflictError:
         # Cancelled (or expired by the sweeper) while validating: keep the totals so Finalize writes a line
         # per request.
         table.update_attributes(BatchRecord, inp.batch_id, set_=extra)
     log.info("validated", extra={"batch_id": inp.batch_id, "requests": count, "est_tokens": est_total})
     return ValidateOutput(batch_id=inp.batch_id, valid=True)
+
+
+def _input_source(blobs: BlobStore, file_item: FileRecord) -> layout.InputSource:
+    """What the line indexes point into; an Upload not yet composed, with its parts' sizes."""
+    parts: list[layout.InputPart] = []
+    if file_item.parts and file_item.upload_id:
+        sizes = PartStore(blobs).sizes(layout.parts_prefix(file_item.upload_id))
+        parts = [layout.InputPart(key=k, bytes=sizes[k]) for k in file_item.parts]
+    return layout.InputSource(key=file_item.s3_key, bytes=file_item.bytes, parts=parts)
+
+
+def _keep_input(blobs: BlobStore, source: layout.InputSource, batch_id: str, expires_at: int | None) -> None:
+    """The shards read the input until the batch ends (up to its window plus Finalize, after the sweeper's grace),
+    but the bucket's lifecycle deletes it OBJECT_EXPIRY_DAYS after it was written: an input that would go
+    before then is written again in place, a server-side copy. (An Upload still in parts is composed anew.)"""
+    if source.parts or expires_at is None:
+        return
+    written = blobs.written_at(source.key)
+    if written is not None and written + layout.OBJECT_EXPIRY_DAYS * 86400 < expires_at + KEEP_MARGIN_SECONDS:
+        blobs.rewrite(source.key, {"nightbatch-kept-for": batch_id})
+        log.info("input rewritten to outlive the batch", extra={"batch_id": batch_id})
 
 
 def _fail(services: Services, batch: BatchRecord, errors: list[BatchError]) -> ValidateOutput:

@@ -160,7 +160,7 @@ class _Environment(PydanticBaseSettingsSource):
 
 
 class JobInputs(BaseSettings):
-    """What one GPU worker job is asked to run: its shard, set per job by AWS Batch.
+    """What one GPU worker job is asked to run: its shard, set per job by AWS Batch or SageMaker.
 
     The state machine passes them as container overrides (infra/orchestration.py); the job definition's
     environment carries the deployment's settings.
@@ -170,6 +170,11 @@ class JobInputs(BaseSettings):
 
     batch_id: str = ""
     shard_id: str = ""
+    # SageMaker jobs: the deployment's settings do not fit its Environment (512 characters a value), so Plan
+    # writes them to this object of the bucket (nightbatch/settings/document.py); empty on AWS Batch.
+    settings_key: str = ""
+    # "batch" or "sagemaker": where the job runs, recorded with its phase timings.
+    backend: str = ""
 
     @classmethod
     def env_name(cls, field: str) -> str:

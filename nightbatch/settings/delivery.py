@@ -22,6 +22,9 @@ class NotificationSettings(Section):
     """Webhooks, SNS, e-mail (nightbatch/notifications, docs/NOTIFICATIONS.md)."""
 
     topic_arn: str = ""
+    # EventBridge bus (a name, "default" for the account's default bus, or an ARN) every batch state change is
+    # put on (nightbatch/state_changes.py); empty: none. The stack sets it from cdk.json `eventBus`.
+    event_bus: str = ""
     notify_function: str = ""  # the Notify Lambda: the sweeper re-invokes it for events with channels pending
     webhook_queue_url: str = ""  # SQS queue Notify puts webhook deliveries on
     # Failed webhook deliveries are retried with exponential backoff from the base delay, each gap capped, until

@@ -87,6 +87,9 @@ class PipelineSettings(Section):
     window_safety_share: float = 0.25
     # Plan: {"<model>": "<job definition ARN>"}, the job definition each shard of a model's batch runs with.
     job_definitions_json: str = ""
+    # Plan: {"<model>": "batch" | "sagemaker" | "both"}, the model's `gpuBackend` (absent: batch). `both` starts a
+    # shard on AWS Batch and lets Capacity move it to SageMaker when Batch cannot place it.
+    backends_json: str = ""
     # AWS Batch queue ARNs (comma-separated): the sweeper cancels a cancelled/expired batch's unstarted jobs.
     job_queue: str = ""
 
@@ -101,6 +104,9 @@ class CapacitySettings(Section):
     retry_attempts: Annotated[int, Env("shard_retry_attempts")] = 2
     retry_interval_seconds: Annotated[float, Env("shard_retry_interval_seconds")] = 60.0
     retry_backoff: Annotated[float, Env("shard_retry_backoff")] = 2.0
+    # SageMaker Training Jobs (nightbatch/pipeline/training_jobs.py): {"instance_types": {"<model>": "ml.g6.xlarge"},
+    # "spot": true, "on_demand": true, "max_pending_seconds": 14400}; empty: no model runs there.
+    sagemaker_json: str = ""
 
 class AccountingSettings(Section):
     """What one GPU-second costs, for `batch.nightbatch.cost` (estimates; set to your prices)."""
@@ -109,6 +115,12 @@ class AccountingSettings(Section):
     capacity: Literal["spot", "on-demand"] = "spot"
     instance_price_per_hour: float = 0.0  # 0 = use the built-in price table for instance_type and capacity
     gpus_per_instance: int = 1
+    # SageMaker attempts (gpu_backend sagemaker/both): {"ml.g6.xlarge": 1.2} USD per instance-hour on top of the
+    # built-in ml.* table (nightbatch/accounting.py); the type is the job's, else "ml." + instance_type.
+    sagemaker_prices_json: str = ""
+    # The managed-Spot saving assumed for a training job whose billable time Finalize could not read (0 = price
+    # it on-demand, an upper bound).
+    sagemaker_spot_savings: float = 0.0  # read as a share, clamped to 0-1
 
 class WorkerSettings(Section):
     """The GPU worker (gpu_worker/): its engine, checkpoints, polling, draining and request order."""
@@ -136,3 +148,8 @@ class WorkerSettings(Section):
     # Keep at least this many requests in flight per engine sequence slot (vLLM's max_num_seqs), whatever
     # max_in_flight says, so the engine's scheduler always has work waiting; 0 = max_in_flight alone.
     in_flight_per_slot: Annotated[float, Env("worker_in_flight_per_slot")] = 2.0
+    # Where a failed run writes its cause in one line (SageMaker reports /opt/ml/output/failure as FailureReason).
+    failure_file: Annotated[str, Env("worker_failure_file")] = ""
+    # A Secrets Manager secret holding a Hugging Face token, read by the worker itself where the platform cannot
+    # inject it (SageMaker; an AWS Batch job definition injects HF_TOKEN).
+    hf_token_secret: Annotated[str, Env("worker_hf_token_secret")] = ""

@@ -124,12 +124,20 @@ class FileRecord(ListedRecord):
     batch_id: str | None = None
     quota_bytes: int = 0  # what this file counts against the tenant's stored bytes (nightbatch.limits)
     composed_at: int | None = None  # an upload's parts were composed into the file's object
+    # Deleted through the API while open batches (held_by) read it: gone for the API, its bytes kept until
+    # those batches end (nightbatch.files: FileService.release_held, run by the sweeper).
+    deleted_at: int | None = None
+    held_by: list[str] | None = None
+
+    HELD_STATUS: ClassVar[str] = "file_held"
 
     def index_keys(self) -> dict[str, Any]:
+        if self.deleted_at is not None:  # no TTL: the sweeper, not DynamoDB, removes it with its bytes
+            return {"open_status": self.HELD_STATUS, "created_sk": sort_key(self.created_at, self.pk)}
         return {"ttl": self.expires_at} if self.expires_at is not None else {}
 
     def live(self, at: int) -> bool:
-        return self.expires_at is None or self.expires_at > at
+        return self.deleted_at is None and (self.expires_at is None or self.expires_at > at)
 
 
 class BatchRecord(ListedRecord):
@@ -168,6 +176,8 @@ class BatchRecord(ListedRecord):
     shard_count: int | None = None
     finalize_target: str | None = None
     capacity_on_demand: str | None = None
+    # Why Capacity moved the batch's remaining shards from AWS Batch to SageMaker (`gpuBackend: both`).
+    backend_moved: str | None = None
 
     def index_keys(self) -> dict[str, Any]:
         keys: dict[str, Any] = {"created_sk": sort_key(self.created_at, self.pk)}
@@ -298,6 +308,7 @@ class EventRecord(Record):
     open_status: str | None = None
     created_sk: str | None = None
     sns_message_id: str | None = None
+    bus_event_id: str | None = None  # EventBridge's id of the terminal state-change event (nightbatch/state_changes.py)
     emailed_to: list[str] | None = None
     email_rejected: list[str] | None = None
 

@@ -39,9 +39,15 @@ class BlobStore:
             raise
         return body
 
-    def iter_chunks(self, key: str, *, start: int = 0, chunk: int = CHUNK_BYTES) -> Iterator[bytes]:
+    def iter_chunks(self, key: str, *, start: int = 0, end: int | None = None,
+                    chunk: int = CHUNK_BYTES) -> Iterator[bytes]:
+        """The bytes [start, end) of `key` (to its end when `end` is None), streamed in one GET."""
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
-        if start:
+        if end is not None:
+            if end <= start:
+                return
+            kwargs["Range"] = f"bytes={start}-{end - 1}"
+        elif start:
             kwargs["Range"] = f"bytes={start}-"
         body = self.client.get_object(**kwargs)["Body"]
         try:
@@ -89,6 +95,20 @@ class BlobStore:
             if _missing(e):
                 return None
             raise
+
+    def written_at(self, key: str) -> float | None:
+        """When the object was last written (epoch seconds): what S3's lifecycle counts its age from."""
+        try:
+            return float(self.client.head_object(Bucket=self.bucket, Key=key)["LastModified"].timestamp())
+        except client_error() as e:
+            if _missing(e):
+                return None
+            raise
+
+    def rewrite(self, key: str, metadata: dict[str, str]) -> None:
+        """Copies the object onto itself, server-side (multipart past 5 GB): same bytes, written now."""
+        self.client.copy({"Bucket": self.bucket, "Key": key}, self.bucket, key,
+                         ExtraArgs={"MetadataDirective": "REPLACE", "Metadata": metadata})
 
     def exists(self, key: str) -> bool:
         return self.size(key) is not None

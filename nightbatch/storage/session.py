@@ -8,6 +8,7 @@ from typing import Any
 
 from nightbatch.settings import Settings
 from nightbatch.storage.dynamo import Table
+from nightbatch.storage.eventbus import EventBus
 from nightbatch.storage.s3 import BlobStore
 from nightbatch.storage.secrets import SecretReader
 
@@ -41,6 +42,12 @@ class Adapters:
     @cached_property
     def sns(self) -> Any:
         return self.client("sns")
+
+    @cached_property
+    def event_bus(self) -> EventBus | None:
+        """The bus batch state changes go to, when one is configured."""
+        bus = self.settings.notifications.event_bus
+        return EventBus(client=self.client("events"), bus=bus) if bus else None
 
     @cached_property
     def secrets(self) -> SecretReader:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -45,6 +46,8 @@ def resolve(node: Any, refs: Mapping[str, str], attrs: Callable[[str, str], str]
         if key == "Fn::Split":
             sep, source = value
             return str(resolve(source, refs, attrs)).split(sep)
+        if key == "Fn::Sub" and isinstance(value, str):
+            return re.sub(r"\$\{([^}]+)\}", lambda m: str(resolve({"Ref": m[1]}, refs, attrs)), value)
     return {k: resolve(v, refs, attrs) for k, v in node.items()}
 
 

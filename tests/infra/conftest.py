@@ -26,3 +26,21 @@ def synth(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synth]:
 @pytest.fixture(scope="session")
 def template(synth: Synth) -> dict[str, Any]:
     return synth.template
+
+
+def _backend_synth(tmp_path_factory: pytest.TempPathFactory, backend: str) -> Synth:
+    synth = synthesize({"gpuBackend": backend}, tmp_path_factory.mktemp(f"cdk-{backend}") / "cdk.out")
+    assert synth.error is None, synth.error
+    return synth
+
+
+@pytest.fixture(scope="session")
+def sagemaker_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """`gpuBackend: sagemaker`: every model on SageMaker Training Jobs."""
+    return _backend_synth(tmp_path_factory, "sagemaker")
+
+
+@pytest.fixture(scope="session")
+def both_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """`gpuBackend: both`: AWS Batch first, SageMaker when Batch cannot place a shard."""
+    return _backend_synth(tmp_path_factory, "both")

@@ -177,6 +177,8 @@ def create_resources(template: dict[str, Any]) -> Deployment:
 
     iam = boto3.client("iam", region_name=REGION)
     role = iam.create_role(RoleName="nb-role", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
+    for role_id in of_type(template, "AWS::IAM::Role"):  # e.g. the SageMaker job role the workflow passes
+        d.attrs[(role_id, "Arn")] = f"arn:aws:iam::{ACCOUNT}:role/{role_id[:64]}"
     batch = boto3.client("batch", region_name=REGION)
     ce = batch.create_compute_environment(computeEnvironmentName="nb-gpu", type="UNMANAGED", state="ENABLED",
                                           serviceRole=role)["computeEnvironmentArn"]
@@ -298,8 +300,8 @@ def patch_batch(monkeypatch: pytest.MonkeyPatch, d: Deployment) -> None:
 
 
 # Per-job variables: the state machine's overrides, Batch's own, and the worker's container-only path.
-JOB_ONLY_ENV = {"NIGHTBATCH_BATCH_ID", "NIGHTBATCH_SHARD_ID", "NIGHTBATCH_MODEL_CACHE", "AWS_BATCH_JOB_ID",
-                "MANAGED_BY_AWS", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
+JOB_ONLY_ENV = {"NIGHTBATCH_BATCH_ID", "NIGHTBATCH_SHARD_ID", "NIGHTBATCH_BACKEND", "NIGHTBATCH_MODEL_CACHE",
+                "AWS_BATCH_JOB_ID", "MANAGED_BY_AWS", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
 
 
 def worker_in_process(monkeypatch: pytest.MonkeyPatch, *, engine: str) -> Callable[[dict[str, str]], None]:

@@ -35,9 +35,13 @@ def _lint(template: dict[str, Any]) -> list[Any]:
     return list(lint(json.dumps(template), config=ManualArgs(regions=["us-east-1"], ignore_checks=IGNORED)))
 
 
-@pytest.fixture(scope="module")
-def rendered(template: dict[str, Any]) -> dict[str, Any]:
-    return _rendered(template)
+# The default stack, and the SageMaker backend's two shapes (tests/infra/conftest.py).
+SYNTHS = {"batch": "synth", "both": "both_synth", "sagemaker": "sagemaker_synth"}
+
+
+@pytest.fixture(scope="module", params=sorted(SYNTHS))
+def rendered(request: pytest.FixtureRequest) -> dict[str, Any]:
+    return _rendered(request.getfixturevalue(SYNTHS[request.param]).template)
 
 
 def test_no_errors_or_warnings(rendered: dict[str, Any]) -> None:

@@ -48,8 +48,9 @@ def checkov_binary() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def checkov_report(synth: Synth, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+@pytest.fixture(scope="module", params=["synth", "both_synth"])  # the default stack; Batch and SageMaker both
+def checkov_report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    synth: Synth = request.getfixturevalue(request.param)
     binary = checkov_binary()
     if binary is None:
         pytest.skip("checkov is not installed: run `make checkov` (its own venv, .venv-checkov/)")

@@ -196,12 +196,13 @@ def test_each_lambda_gets_what_it_drives(template: dict[str, Any]) -> None:
 
 
 def test_deliver_gets_notify_s_environment_but_the_link_signing_pair(template: dict[str, Any]) -> None:
-    """Deliver builds the same notifier (queue, topic, sender) as Notify; it signs no download links."""
+    """Deliver builds the same notifier (queue, topic, sender) as Notify; it signs no download links and puts
+    no state-change events (it may not: no events:PutEvents)."""
     envs = _lambda_envs(template)
     notify, deliver = envs["functions.tasks.notify.handler"], envs["functions.tasks.deliver.handler"]
     link_pair = {"NIGHTBATCH_LINK_KEYS_SECRET", "NIGHTBATCH_PUBLIC_BASE_URL"}
-    assert link_pair <= set(notify)
-    assert deliver == {k: v for k, v in notify.items() if k not in link_pair}
+    assert link_pair <= set(notify) and "NIGHTBATCH_EVENT_BUS" in notify
+    assert deliver == {k: v for k, v in notify.items() if k not in {*link_pair, "NIGHTBATCH_EVENT_BUS"}}
     assert "NIGHTBATCH_WEBHOOK_QUEUE_URL" in deliver
 
 

@@ -40,18 +40,22 @@ def _role_of(template: dict[str, Any], handler: str) -> str:
     return str(fn["Properties"]["Role"]["Fn::GetAtt"][0])
 
 
-def test_the_worker_reads_and_writes_batches_only(template: dict[str, Any]) -> None:
+def test_the_worker_writes_batches_only_and_reads_inputs(template: dict[str, Any]) -> None:
     statements = _statements_of_role(template, _worker_role(template))
     s3 = [st for st in statements if any(a.startswith("s3:") for a in _list(st["Action"]))]
     objects = [st for st in s3 if "s3:GetObject" in _list(st["Action"]) or "s3:PutObject" in _list(st["Action"])]
-    ours = [json.dumps(r) for st in objects for r in _list(st["Resource"]) if "Storage" in json.dumps(r)]
-    # batches/ (shards, results) and the models/ weight cache; never files/ (every tenant's inputs) or uploads/.
-    assert ours and all('"/batches/*"' in r or '"/models/*"' in r for r in ours), ours
-    assert not any("/files/" in r or "/uploads/" in r for r in ours)
+    writes = [json.dumps(r) for st in objects if "s3:PutObject" in _list(st["Action"])
+              for r in _list(st["Resource"]) if "Storage" in json.dumps(r)]
+    # Writes: batches/ (results) and the models/ weight cache, never files/ (every tenant's inputs) or uploads/.
+    assert writes and all('"/batches/*"' in r or '"/models/*"' in r for r in writes), writes
+    # Reads: also the inputs its shards point into (files/, an Upload's parts until composed).
+    reads = [json.dumps(r) for st in objects for r in _list(st["Resource"]) if "Storage" in json.dumps(r)]
+    assert {p for p in ("/batches/*", "/models/*", "/files/*", "/uploads/*") if any(p in r for r in reads)} == {
+        "/batches/*", "/models/*", "/files/*", "/uploads/*"}
     listing = [st for st in s3 if "s3:ListBucket" in _list(st["Action"])
                and "Storage" in json.dumps(st["Resource"])]
-    assert listing and all(st["Condition"] == {"StringLike": {"s3:prefix": ["batches/*", "models/*"]}}
-                           for st in listing)
+    assert sorted(json.dumps(st["Condition"]) for st in listing) == sorted(json.dumps(
+        {"StringLike": {"s3:prefix": prefixes}}) for prefixes in (["batches/*", "models/*"], ["files/*", "uploads/*"]))
 
 
 def test_the_worker_may_only_get_and_update_batch_items(template: dict[str, Any]) -> None:
@@ -96,3 +100,25 @@ def test_reserved_concurrency_keeps_the_workflow_s_room_and_caps_the_api(templat
                 for name, handler in HANDLERS.items()}
     assert reserved == {name: defaults.api if name == "api" else defaults.sweep if name == "sweep"
                         else defaults.workflow for name in HANDLERS}
+
+
+def test_only_the_principals_that_move_a_batch_may_put_events_and_only_on_the_default_bus(
+        template: dict[str, Any]) -> None:
+    """EventBridge state changes (nightbatch/state_changes.py): events:PutEvents on the default bus's ARN, for
+    the API (create, cancel), Validate, Finalize, Notify and the sweeper; no other events action anywhere."""
+    putters: dict[str, Any] = {}
+    for name, handler in HANDLERS.items():
+        for st in _statements_of_role(template, _role_of(template, handler)):
+            actions = _list(st["Action"])
+            if any(str(a).startswith("events:") for a in actions):
+                assert actions == ["events:PutEvents"], (name, actions)
+                putters[name] = st["Resource"]
+    assert set(putters) == {"api", "validate", "finalize", "notify", "sweep"}
+    for resource in putters.values():
+        assert "event-bus/default" in json.dumps(resource) and "*" not in json.dumps(resource)
+    assert not [st for st in _statements_of_role(template, _worker_role(template))
+                if any(str(a).startswith("events:") for a in _list(st["Action"]))]
+    for name in putters:
+        env = next(f for f in of_type(template, "AWS::Lambda::Function").values()
+                   if f["Properties"]["Handler"] == HANDLERS[name])["Properties"]["Environment"]["Variables"]
+        assert env["NIGHTBATCH_EVENT_BUS"] == "default", name

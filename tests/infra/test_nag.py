@@ -28,7 +28,9 @@ def test_no_unacknowledged_findings(synth: Synth) -> None:
     assert _plugin(synth.report)["conclusion"] == "success"
 
 
-def test_every_acknowledgement_has_a_reason_and_matches_a_finding(synth: Synth) -> None:
+@pytest.mark.parametrize("which", ["synth", "both_synth", "sagemaker_synth"])
+def test_every_acknowledgement_has_a_reason_and_matches_a_finding(which: str, request: pytest.FixtureRequest) -> None:
+    synth: Synth = request.getfixturevalue(which)
     suppressed = _plugin(synth.report)["suppressedViolations"]
     acknowledged = {s["acknowledgedId"].removeprefix("AwsSolutions::") for s in suppressed}
     for item in suppressed:

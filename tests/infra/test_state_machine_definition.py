@@ -97,10 +97,12 @@ def test_shard_loop_capacity_then_job_sync_with_share_priority_and_catch(asl: di
     assert params["ContainerOverrides"]["Environment"] == [
         {"Name": "NIGHTBATCH_BATCH_ID", "Value.$": "$.batch_id"},
         {"Name": "NIGHTBATCH_SHARD_ID", "Value.$": "$.shard_id"},
+        {"Name": "NIGHTBATCH_BACKEND", "Value": "batch"},
     ]
-    # The per-job inputs the worker reads (JobInputs), each of them and nothing else.
+    # The per-job inputs the worker reads (JobInputs), each of them and nothing else; the settings document is
+    # for SageMaker jobs (a job definition carries the settings itself).
     assert {e["Name"] for e in params["ContainerOverrides"]["Environment"]} == {
-        JobInputs.env_name(f) for f in JobInputs.model_fields}
+        JobInputs.env_name(f) for f in JobInputs.model_fields if f != "settings_key"}
     # A fair-share queue requires ShareIdentifier; the queue, priority and retry strategy are Capacity's choice.
     assert {params[k] for k in ("JobQueue.$", "ShareIdentifier.$", "SchedulingPriorityOverride.$",
                                 "RetryStrategy.$")} == {"$.capacity.queue", "$.capacity.share",

@@ -20,10 +20,8 @@ from moto import mock_aws
 from openai.types.webhooks import BatchFailedWebhookEvent
 
 from functions.tasks.notify import default_notifier
-from nightbatch import layout
 from nightbatch.batches import CreateBatchRequest
 from nightbatch.notifications.models import CreateWebhookEndpointRequest
-from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services, default_services
 from nightbatch.settings import get_settings
 from tests.infra.cfn import of_type, one_of_type
@@ -44,6 +42,7 @@ from tests.infra.moto_workflow import (
 )
 from tests.infra.synth import TEST_CONTEXT
 from tests.notify.support import Receiver
+from tests.workflow.conftest import shard_requests_of
 
 MODEL = "Qwen2.5-7B-Instruct"  # the first served model in cdk.json
 SHARD_ATTEMPTS = 1 + TEST_CONTEXT["shardRetry"]["maxAttempts"]
@@ -185,10 +184,7 @@ def _small_shards(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _shard_lines(services: Services, batch_id: str, shard_id: str) -> set[str]:
-    blobs = services.adapters.blobs
-    shard = json.loads(blobs.get_bytes(layout.shard_key(batch_id, shard_id)) or b"{}")
-    return {parse_segment_line(raw).custom_id for key in shard["segments"]
-            for raw in (blobs.get_bytes(key) or b"").splitlines()}
+    return {r.custom_id for r in shard_requests_of(services, batch_id, shard_id)}
 
 
 def test_failing_shard_is_retried_then_caught_and_its_lines_end_shard_failed(

@@ -70,16 +70,20 @@ ENV_NAMES: dict[str, str] = {
     "NIGHTBATCH_SHARD_COLD_START_SHARE": "pipeline.shard_cold_start_share",
     "NIGHTBATCH_WINDOW_SAFETY_SHARE": "pipeline.window_safety_share",
     "NIGHTBATCH_JOB_DEFINITIONS_JSON": "pipeline.job_definitions_json",
+    "NIGHTBATCH_BACKENDS_JSON": "pipeline.backends_json",
     "NIGHTBATCH_JOB_QUEUE": "pipeline.job_queue",
     "NIGHTBATCH_JOB_QUEUES_JSON": "capacity.job_queues_json",
     "NIGHTBATCH_CAPACITY_MARGIN_SECONDS": "capacity.margin_seconds",
     "NIGHTBATCH_SHARD_RETRY_ATTEMPTS": "capacity.retry_attempts",
     "NIGHTBATCH_SHARD_RETRY_INTERVAL_SECONDS": "capacity.retry_interval_seconds",
     "NIGHTBATCH_SHARD_RETRY_BACKOFF": "capacity.retry_backoff",
+    "NIGHTBATCH_SAGEMAKER_JSON": "capacity.sagemaker_json",
     "NIGHTBATCH_INSTANCE_TYPE": "accounting.instance_type",
     "NIGHTBATCH_CAPACITY": "accounting.capacity",
     "NIGHTBATCH_INSTANCE_PRICE_PER_HOUR": "accounting.instance_price_per_hour",
     "NIGHTBATCH_GPUS_PER_INSTANCE": "accounting.gpus_per_instance",
+    "NIGHTBATCH_SAGEMAKER_PRICES_JSON": "accounting.sagemaker_prices_json",
+    "NIGHTBATCH_SAGEMAKER_SPOT_SAVINGS": "accounting.sagemaker_spot_savings",
     "NIGHTBATCH_WORKER_ENGINE": "worker.engine",
     "NIGHTBATCH_WORKER_POLL_SECONDS": "worker.poll_seconds",
     "NIGHTBATCH_WORKER_DRAIN_SECONDS": "worker.drain_seconds",
@@ -92,10 +96,13 @@ ENV_NAMES: dict[str, str] = {
     "NIGHTBATCH_WORKER_PREFIX_CHARS": "worker.prefix_chars",
     "NIGHTBATCH_WORKER_LENGTH_ORDER": "worker.length_order",
     "NIGHTBATCH_WORKER_IN_FLIGHT_PER_SLOT": "worker.in_flight_per_slot",
+    "NIGHTBATCH_WORKER_FAILURE_FILE": "worker.failure_file",
+    "NIGHTBATCH_WORKER_HF_TOKEN_SECRET": "worker.hf_token_secret",
     "NIGHTBATCH_LINK_SECRET": "links.secret",
     "NIGHTBATCH_LINK_KEYS_SECRET": "links.keys_secret",
     "NIGHTBATCH_LINK_TTL_SECONDS": "links.ttl_seconds",
     "NIGHTBATCH_TOPIC_ARN": "notifications.topic_arn",
+    "NIGHTBATCH_EVENT_BUS": "notifications.event_bus",
     "NIGHTBATCH_NOTIFY_FUNCTION": "notifications.notify_function",
     "NIGHTBATCH_WEBHOOK_QUEUE_URL": "notifications.webhook_queue_url",
     "NIGHTBATCH_WEBHOOK_RETRY_BASE_SECONDS": "notifications.webhook_retry_base_seconds",
@@ -113,7 +120,8 @@ ENV_NAMES: dict[str, str] = {
     "NIGHTBATCH_PUBLIC_BASE_URL": "notifications.public_base_url",
     "NIGHTBATCH_BASE_URL": "cli.base_url",
 }
-JOB_ENV_NAMES = {"NIGHTBATCH_BATCH_ID": "batch_id", "NIGHTBATCH_SHARD_ID": "shard_id"}
+JOB_ENV_NAMES = {"NIGHTBATCH_BATCH_ID": "batch_id", "NIGHTBATCH_SHARD_ID": "shard_id",
+                 "NIGHTBATCH_SETTINGS_KEY": "settings_key", "NIGHTBATCH_BACKEND": "backend"}
 
 
 def _model_fields() -> list[str]:

@@ -134,7 +134,7 @@ def job_definition_launch(template: dict[str, Any], world: ShardWorld, *, model:
     overrides = definition["States"]["Shards"]["ItemProcessor"]["States"]["RunShard"]["Parameters"][
         "ContainerOverrides"]["Environment"]
     item = {"$.batch_id": world.batch_id, "$.shard_id": world.shard_id}
-    job_env.update({o["Name"]: item[o["Value.$"]] for o in overrides})
+    job_env.update({o["Name"]: item[o["Value.$"]] if "Value.$" in o else o["Value"] for o in overrides})
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("NIGHTBATCH_", "AWS_"))}
     env.update(FAKE_CREDENTIALS)

@@ -112,5 +112,5 @@ def test_on_the_uniform_input_both_placements_plan_the_same_shards(side: Sharded
     plans = []
     for groups in PLACEMENTS.values():
         _, shards = side.plan_sharded(path, groups)
-        plans.append([(s["est_tokens"], [side.adapters.blobs.get_bytes(k) for k in s["segments"]]) for s in shards])
+        plans.append([(s["est_tokens"], [side.adapters.blobs.get_bytes(k) for k in s["indexes"]]) for s in shards])
     assert len(plans[0]) == SHARDS and plans[0] == plans[1]

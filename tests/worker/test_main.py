@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import pytest
 
 from gpu_worker.main import main
+from nightbatch import layout
+from nightbatch.layout import attempt_keys
 from nightbatch.settings import get_settings
 from tests.support.deterministic_engine import DeterministicEngine
 
@@ -62,3 +68,63 @@ def test_a_shard_must_be_named(env: ShardWorld, monkeypatch: pytest.MonkeyPatch)
     with pytest.raises(SystemExit) as exc:
         main(["--engine", DETERMINISTIC])
     assert exc.value.code == 2
+
+
+def test_sagemaker_job_reads_the_deployment_s_settings_from_the_document_plan_wrote(
+        env: ShardWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A training job's Environment cannot hold the settings (512 characters a value): it names the document."""
+    env.seed(chat_requests(3))
+    doc = {"NIGHTBATCH_TABLE": env.settings.deployment.table, "NIGHTBATCH_WORKER_ENGINE": DETERMINISTIC,
+           "NIGHTBATCH_WORKER_POLL_SECONDS": "0.1"}
+    env.adapters.blobs.put_bytes(layout.worker_settings_key(env.batch_id), json.dumps(doc).encode())
+    for name in doc:  # absent from the job's environment; monkeypatch restores that absence afterwards
+        monkeypatch.setenv(name, "unset")
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("NIGHTBATCH_SETTINGS_KEY", layout.worker_settings_key(env.batch_id))
+    monkeypatch.setenv("NIGHTBATCH_BACKEND", "sagemaker")
+    get_settings.cache_clear()
+    assert main([]) == 0  # the engine and the table came from the document
+    assert env.done_marker() is not None
+    [record] = [json.loads(env.adapters.blobs.get_bytes(k) or b"{}") for k in attempt_keys(env.adapters.blobs,
+                                                                                          env.prefix)]
+    assert record["phases"]["backend"] == "sagemaker"
+
+
+def test_sagemaker_s_train_argument_is_accepted(env: ShardWorld) -> None:
+    env.seed(chat_requests(2))
+    assert main(["--engine", DETERMINISTIC, "train"]) == 0
+
+
+def test_a_failure_is_written_where_sagemaker_reports_it(
+        env: ShardWorld, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    failure = tmp_path / "output" / "failure"
+    monkeypatch.setenv("NIGHTBATCH_WORKER_FAILURE_FILE", str(failure))
+    get_settings.cache_clear()
+    env.seed(chat_requests(2), model="not-in-the-registry")
+    assert main(["--engine", DETERMINISTIC]) == 1
+    [line] = failure.read_text().splitlines()
+    assert line.startswith("LookupError: model 'not-in-the-registry'")
+
+
+def test_a_missing_settings_document_fails_the_job_and_names_it(
+        env: ShardWorld, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    failure = tmp_path / "failure"
+    monkeypatch.setenv("NIGHTBATCH_WORKER_FAILURE_FILE", str(failure))
+    monkeypatch.setenv("NIGHTBATCH_SETTINGS_KEY", layout.worker_settings_key(env.batch_id))
+    env.seed(chat_requests(2))
+    assert main(["--engine", DETERMINISTIC]) == 1
+    assert layout.worker_settings_key(env.batch_id) in failure.read_text()
+    assert env.done_marker() is None
+
+
+def test_a_sagemaker_job_reads_its_hugging_face_token_from_the_secret(
+        env: ShardWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    name = f"hf-token-{env.batch_id}"
+    env.adapters.client("secretsmanager").create_secret(Name=name, SecretString="hf_from_the_secret")
+    monkeypatch.setenv("HF_TOKEN", "unset")
+    monkeypatch.delenv("HF_TOKEN")  # SageMaker cannot inject it; monkeypatch restores its absence afterwards
+    monkeypatch.setenv("NIGHTBATCH_WORKER_HF_TOKEN_SECRET", name)
+    get_settings.cache_clear()
+    env.seed(chat_requests(2))
+    assert main(["--engine", DETERMINISTIC]) == 0
+    assert os.environ["HF_TOKEN"] == "hf_from_the_secret"

@@ -10,7 +10,10 @@ from typing import Any
 import pytest
 from moto import mock_aws
 
+from nightbatch import layout
 from nightbatch.batches import CreateBatchRequest
+from nightbatch.pipeline.segments import SegmentRequest
+from nightbatch.pipeline.shard_lines import shard_requests
 from nightbatch.services import Services, build_services
 from nightbatch.settings import Settings
 from nightbatch.storage import make_adapters
@@ -47,6 +50,17 @@ def chat_line(i: int, model: str = "SmolLM2-135M-Instruct", **body: Any) -> dict
     return {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions", "body": b}
 
 
+def overridden(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `base` with `over` applied; a value of `...` removes that key."""
+    out = dict(base)
+    for k, v in over.items():
+        if v is ...:
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return out
+
+
 def make_batch(services: Services, payload: bytes, endpoint: str = "/v1/chat/completions",
                tenant: str = "default", **kw: Any) -> str:
     f = services.files.create(tenant, filename="in.jsonl", purpose="batch", fileobj=io.BytesIO(payload),
@@ -54,6 +68,13 @@ def make_batch(services: Services, payload: bytes, endpoint: str = "/v1/chat/com
     b = services.batches.create(tenant, CreateBatchRequest(input_file_id=f.id, endpoint=endpoint,
                                                            completion_window="24h", **kw))
     return b.id
+
+
+def shard_requests_of(services: Services, batch_id: str, shard_id: str) -> list[SegmentRequest]:
+    """The requests of one planned shard, as the worker reads them."""
+    spec = layout.read_shard(services.adapters.blobs, batch_id, shard_id)
+    assert spec is not None
+    return list(shard_requests(services.adapters.blobs, spec))
 
 
 def jsonl(lines: list[dict[str, Any]]) -> bytes:

@@ -19,9 +19,8 @@ from nightbatch.jsonl import dumps_line
 from nightbatch.pipeline import BatchTaskInput, finalize, finalize_batch, plan_batch, validate_batch
 from nightbatch.pipeline.compose import MIN_PART_BYTES, PartComposer
 from nightbatch.pipeline.results import Tally, tally_plain_lines
-from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services
-from tests.workflow.conftest import chat_line, jsonl, make_batch
+from tests.workflow.conftest import chat_line, jsonl, make_batch, shard_requests_of
 
 PAD = "x" * 30_000  # ~30 KB per result line: a few hundred lines pass S3's 5 MiB part floor
 
@@ -67,9 +66,7 @@ def test_finalize_rerun_writes_the_same_files(services: Services) -> None:
     expected_ok: list[bytes] = []
     expected_err: list[bytes] = []
     for item in items:
-        shard = json.loads(blobs.get_bytes(layout.shard_key(batch_id, item["shard_id"])) or b"{}")
-        ids = [parse_segment_line(r).custom_id for k in shard["segments"]
-               for r in (blobs.get_bytes(k) or b"").splitlines()]
+        ids = [r.custom_id for r in shard_requests_of(services, batch_id, item["shard_id"])]
         objects: list[list[bytes]] = [[], [], []]
         for j, cid in enumerate(ids):
             line = result(batch_id, cid, 400 if j % 97 == 5 else 200)

@@ -13,14 +13,14 @@ from hypothesis import strategies as st
 
 from nightbatch import layout
 from nightbatch.jsonl import dumps_line, loads
-from nightbatch.pipeline import BatchTaskInput, validate_batch
+from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.pipeline.results import ResultSummary, summarize_result_line
-from nightbatch.pipeline.segments import parse_segment_line
+from nightbatch.pipeline.shard_lines import shard_lines
 from nightbatch.request_checks import LineInvalid
 from nightbatch.services import Services
 from nightbatch.settings import Settings
 from nightbatch.validation import Validator
-from tests.workflow.conftest import make_batch
+from tests.workflow.conftest import make_batch, shard_requests_of
 
 CHAT = "/v1/chat/completions"
 HEAD = b'{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":'
@@ -83,7 +83,7 @@ def test_loads_equals_stdlib_on_valid_and_mangled_text(value: Any, cut: int, jun
         assert got == expected, data
 
 
-def test_segments_keep_each_request_byte_for_byte(services: Services) -> None:
+def test_shards_keep_each_request_byte_for_byte(services: Services) -> None:
     lines = [
         HEAD + BODY + b',"temperature":NaN}}',
         b'  {"method" : "POST", "custom_id":"b","url":"/v1/chat/completions",  "body":' + BODY +
@@ -91,11 +91,13 @@ def test_segments_keep_each_request_byte_for_byte(services: Services) -> None:
         HEAD.replace(b'"a"', b'"c"') + BODY + b',"max_tokens":1,"max_tokens":2}}',
     ]
     batch_id = make_batch(services, b"\n".join(lines) + b"\r\n")
-    assert validate_batch(BatchTaskInput(batch_id=batch_id), services).valid
-    seg = services.adapters.blobs.get_bytes(layout.segment_key(batch_id, 0)) or b""
-    kept = [line for line in seg.split(b"\n") if line]
-    assert [k[k.index(b'"req":') + 6:-1] for k in kept] == [x.strip() for x in lines]
-    parsed = [parse_segment_line(k) for k in kept]
+    inp = BatchTaskInput(batch_id=batch_id)
+    assert validate_batch(inp, services).valid
+    assert plan_batch(inp, services).shard_count == 1
+    spec = layout.read_shard(services.adapters.blobs, batch_id, "00000")
+    assert spec is not None
+    assert [line.raw for line in shard_lines(services.adapters.blobs, spec)] == [x.strip() for x in lines]
+    parsed = shard_requests_of(services, batch_id, "00000")
     assert [p.custom_id for p in parsed] == ["a", "b", "c"]
     assert math.isnan(parsed[0].body["temperature"]) and parsed[2].body["max_tokens"] == 2
 

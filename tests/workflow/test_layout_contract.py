@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from nightbatch import layout
+from nightbatch.services import Services
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("nightbatch", "gpu_worker", "functions", "infra")
@@ -46,3 +47,39 @@ def test_keys_and_names_agree_with_their_patterns() -> None:
     assert layout.PROGRESS_RE.match(layout.progress_key("", "ab12"))
     assert layout.CHECKPOINT_RE.match(layout.checkpoint_key("", 3, "ab12"))
     assert layout.done_key("b", "1") == layout.results_prefix("b", "1") + layout.DONE_NAME
+
+
+# As the previous release wrote them (version 1: segments were copies of the lines).
+V1_SHARD = (b'{"version":1,"batch_id":"b","shard_id":"00000","endpoint":"/v1/chat/completions","model":"m",'
+            b'"segments":["batches/b/segments/000000.jsonl"],"lines":3,"est_tokens":9}')
+V1_INDEX = b'[{"key":"batches/b/segments/000000.jsonl","lines":3,"est":9,"group":0}]'
+
+
+def test_the_previous_version_of_each_record_still_reads(services: Services) -> None:
+    blobs = services.adapters.blobs
+    blobs.put_bytes(layout.shard_key("b", "00000"), V1_SHARD)
+    blobs.put_bytes(layout.segment_index_key("b"), V1_INDEX)
+    spec = layout.read_shard(blobs, "b", "00000")
+    assert spec is not None and (spec.version, spec.segments, spec.input) == (
+        1, ["batches/b/segments/000000.jsonl"], None)
+    index = layout.read_segments(blobs, "b")
+    assert index.version == 1 and index.input is None and index.segments[0].lines == 3
+    # Plan over a version 1 index (Validate of the previous release) writes a version 1 shard.
+    assert layout.shard_spec(index, index.segments, batch_id="b", shard_id="00001").segments == spec.segments
+
+
+def test_version_2_records_round_trip(services: Services) -> None:
+    blobs = services.adapters.blobs
+    source = layout.InputSource(key=layout.file_key("file-x"), bytes=10,
+                                parts=[layout.InputPart(key=layout.part_key("u", "p1"), bytes=10)])
+    entry = layout.SegmentEntry(key=layout.line_index_key("b", 0), lines=2, est=7, group=1, bytes=9)
+    layout.write_segment_index(blobs, "b", layout.SegmentIndex(input=source, segments=[entry]))
+    index = layout.read_segments(blobs, "b")
+    assert (index.version, index.input, index.segments) == (2, source, [entry])
+    spec = layout.shard_spec(index, index.segments, batch_id="b", shard_id="00000", model="m")
+    assert (spec.version, spec.indexes, spec.segments, spec.lines, spec.est_tokens) == (2, [entry.key], [], 2, 7)
+    layout.write_shard(blobs, spec)
+    assert layout.read_shard(blobs, "b", "00000") == spec
+    lines = layout.LineIndex(runs=[(1, 0, 4), (3, 6, 9)], est=[3, 4])
+    layout.write_line_index(blobs, entry.key, lines)
+    assert layout.read_line_index(blobs, entry.key) == lines

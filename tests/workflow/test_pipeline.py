@@ -9,33 +9,29 @@ from nightbatch import layout, lifecycle
 from nightbatch.ids import batch_request_id, new_request_id
 from nightbatch.jsonl import dumps_line
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
-from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services
 from nightbatch.wire import BatchRequestOutput
-from tests.workflow.conftest import chat_line, jsonl, make_batch
+from tests.workflow.conftest import chat_line, jsonl, make_batch, shard_requests_of
 
 
 def write_results(services: Services, batch_id: str, shard_id: str, *, fail_every: int = 0,
                   skip: set[str] | None = None) -> None:
     blobs = services.adapters.blobs
-    shard = json.loads(blobs.get_bytes(layout.shard_key(batch_id, shard_id)) or b"{}")
     out = []
-    for key in shard["segments"]:
-        for raw in (blobs.get_bytes(key) or b"").splitlines():
-            line = parse_segment_line(raw)
-            if skip and line.custom_id in skip:
-                continue
-            n = line.number
-            status = 400 if fail_every and n % fail_every == 0 else 200
-            body: dict[str, Any] = (
-                {"error": {"message": "bad", "type": "BadRequestError", "param": None, "code": 400}}
-                if status != 200 else
-                {"object": "chat.completion", "choices": [{"message": {"content": f"a{n}"}}],
-                 "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
-            out.append(dumps_line({"id": batch_request_id(batch_id, line.custom_id),
-                                   "custom_id": line.custom_id,
-                                   "response": {"status_code": status, "request_id": new_request_id(),
-                                                "body": body}, "error": None}))
+    for line in shard_requests_of(services, batch_id, shard_id):
+        if skip and line.custom_id in skip:
+            continue
+        n = line.number
+        status = 400 if fail_every and n % fail_every == 0 else 200
+        body: dict[str, Any] = (
+            {"error": {"message": "bad", "type": "BadRequestError", "param": None, "code": 400}}
+            if status != 200 else
+            {"object": "chat.completion", "choices": [{"message": {"content": f"a{n}"}}],
+             "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
+        out.append(dumps_line({"id": batch_request_id(batch_id, line.custom_id),
+                               "custom_id": line.custom_id,
+                               "response": {"status_code": status, "request_id": new_request_id(),
+                                            "body": body}, "error": None}))
     blobs.put_bytes(layout.results_prefix(batch_id, shard_id) + "000000-a.jsonl", b"".join(out))
     if not skip:
         blobs.put_bytes(layout.done_key(batch_id, shard_id), b"{}")

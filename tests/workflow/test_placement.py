@@ -10,9 +10,8 @@ from nightbatch.layout import SegmentEntry
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.pipeline.placement import place_by_prefix
 from nightbatch.pipeline.prefixes import PrefixGroups
-from nightbatch.pipeline.segments import parse_segment_line
 from nightbatch.services import Services
-from tests.workflow.conftest import jsonl, make_batch
+from tests.workflow.conftest import jsonl, make_batch, shard_requests_of
 
 
 def seg(i: int, est: int, group: int = 0) -> SegmentEntry:
@@ -86,13 +85,11 @@ def test_plan_keeps_each_system_prompt_in_few_shards(services: Services) -> None
     for item in json.loads(blobs.get_bytes(plan.manifest_key) or b"[]"):
         shard = json.loads(blobs.get_bytes(layout.shard_key(batch_id, item["shard_id"])) or b"{}")
         est.append(shard["est_tokens"])
-        for key in shard["segments"]:
-            for raw in (blobs.get_bytes(key) or b"").splitlines():
-                req = parse_segment_line(raw)
-                seen.append(req.custom_id)
-                first = req.body["messages"][0]
-                if first["role"] == "system":
-                    shards_of[first["content"]].add(item["shard_id"])
+        for req in shard_requests_of(services, batch_id, item["shard_id"]):
+            seen.append(req.custom_id)
+            first = req.body["messages"][0]
+            if first["role"] == "system":
+                shards_of[first["content"]].add(item["shard_id"])
     assert sorted(seen) == sorted(x["custom_id"] for x in lines)
     assert max(est) <= 1.25 * min(est), est
     # Scattered in input order, every system prompt would be in every shard.

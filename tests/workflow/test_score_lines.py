@@ -10,7 +10,7 @@ import pytest
 from nightbatch.pipeline import BatchTaskInput, validate_batch
 from nightbatch.services import Services
 from nightbatch.settings import SETTINGS
-from tests.workflow.conftest import chat_line, jsonl, make_batch
+from tests.workflow.conftest import chat_line, jsonl, make_batch, overridden
 
 EMBED = "all-MiniLM-L6-v2"
 SCORE, RERANK = "/v1/score", "/v1/rerank"
@@ -19,22 +19,12 @@ CROSS_ENCODER = json.dumps([{"name": "ms-marco", "source": "/models/ms-marco", "
 
 def score(i: int, model: str = EMBED, **body: Any) -> dict[str, Any]:
     b = {"model": model, "text_1": "What is the capital of France?", "text_2": ["Paris is.", "Berlin is not."]}
-    return {"custom_id": f"s{i}", "method": "POST", "url": SCORE, "body": _with(b, body)}
+    return {"custom_id": f"s{i}", "method": "POST", "url": SCORE, "body": overridden(b, body)}
 
 
 def rerank(i: int, model: str = EMBED, **body: Any) -> dict[str, Any]:
     b = {"model": model, "query": "capital of France", "documents": ["Paris", "Berlin", "Rome"], "top_n": 2}
-    return {"custom_id": f"r{i}", "method": "POST", "url": RERANK, "body": _with(b, body)}
-
-
-def _with(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    b = dict(base)
-    for k, v in over.items():
-        if v is ...:
-            b.pop(k, None)
-        else:
-            b[k] = v
-    return b
+    return {"custom_id": f"r{i}", "method": "POST", "url": RERANK, "body": overridden(b, body)}
 
 
 def _validate(services: Services, lines: list[dict[str, Any]], endpoint: str) -> str:

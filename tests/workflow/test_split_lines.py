@@ -9,18 +9,21 @@ from nightbatch.jsonl import BOM, RawLine, split_lines
 
 
 def reference(data: bytes, max_bytes: int) -> list[RawLine]:
+    at = 0
     if data.startswith(BOM):
         data = data[len(BOM):]
+        at = len(BOM)
     pieces = data.split(b"\n")
     if pieces[-1] == b"":
         pieces.pop()
     out = []
     for i, p in enumerate(pieces, 1):
         if len(p) > max_bytes:
-            out.append(RawLine(i, None, len(p)))
+            out.append(RawLine(i, None, len(p), at))
         else:
-            p = p[:-1] if p.endswith(b"\r") else p
-            out.append(RawLine(i, p, len(p)))
+            q = p[:-1] if p.endswith(b"\r") else p
+            out.append(RawLine(i, q, len(q), at))
+        at += len(p) + 1
     return out
 
 

@@ -1,0 +1,93 @@
+"""Validate's output: segments as line indexes (layout.LineIndex), references into the input, not copies.
+
+A segment is up to `max_lines` valid lines of one prefix group (group 0: lines in input order; groups 1..n:
+long prompts by prefix, nightbatch/pipeline/prefixes.py), or fewer once its ranges span `max_bytes` of input
+(so that shards stay balanced by bytes as well). Consecutive input lines of a segment form one run, one
+byte range; blank lines between them stay inside the run (the reader skips them, numbered, as Validate
+did). What S3 receives is a few bytes per line (its estimate), never the line.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from nightbatch import layout
+from nightbatch.storage import BlobStore
+
+
+@dataclass
+class _Open:
+    """The segment being filled for one prefix group."""
+
+    runs: list[tuple[int, int, int]] = field(default_factory=list)
+    est: list[int] = field(default_factory=list)
+    first: int = 0  # the open run: its first line number, start, end
+    start: int = -1
+    end: int = 0
+    est_sum: int = 0
+    spanned: int = 0  # input bytes of the closed runs
+
+    def close_run(self) -> None:
+        if self.start >= 0:
+            self.runs.append((self.first, self.start, self.end))
+            self.spanned += self.end - self.start
+            self.start = -1
+
+
+@dataclass
+class IndexWriter:
+    """Buffers at most one segment's index per prefix group, then PUTs it; records (key, lines, est, group,
+    bytes) for Plan."""
+
+    blobs: BlobStore
+    batch_id: str
+    max_lines: int
+    max_bytes: int
+    open: dict[int, _Open] = field(default_factory=dict)
+    index: list[layout.SegmentEntry] = field(default_factory=list)
+    last_group: int = -1  # the group of the last line added: a line of the same group extends its run
+    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="segments"))
+    pending: list[Future[None]] = field(default_factory=list)
+
+    def add(self, number: int, offset: int, size: int, est: int, group: int = 0) -> None:
+        seg = self.open.get(group)
+        if seg is None:
+            seg = self.open[group] = _Open()
+        if self.last_group != group or seg.start < 0:
+            seg.close_run()
+            seg.first, seg.start = number, offset
+        self.last_group = group
+        seg.end = offset + size
+        seg.est.append(est)
+        seg.est_sum += est
+        if len(seg.est) >= self.max_lines or seg.spanned + seg.end - seg.start >= self.max_bytes:
+            self.flush(group)
+
+    def flush(self, group: int) -> None:
+        seg = self.open.pop(group, None)
+        if seg is None or not seg.est:
+            return
+        seg.close_run()
+        key = layout.line_index_key(self.batch_id, len(self.index))
+        # At most two PUTs in flight while validation goes on (overlapped I/O, bounded memory).
+        while len(self.pending) >= 2:
+            self.pending.pop(0).result()
+        self.pending.append(self.pool.submit(layout.write_line_index, self.blobs, key,
+                                             layout.LineIndex(runs=seg.runs, est=seg.est)))
+        self.index.append(layout.SegmentEntry(key=key, lines=len(seg.est), est=seg.est_sum, group=group,
+                                              bytes=seg.spanned))
+
+    def abandon(self) -> None:
+        for f in self.pending:
+            f.result()
+        self.pool.shutdown()
+
+    def close(self, source: layout.InputSource) -> None:
+        for group in sorted(self.open):
+            self.flush(group)
+        for f in self.pending:
+            f.result()
+        self.pool.shutdown()
+        layout.write_segment_index(self.blobs, self.batch_id,
+                                   layout.SegmentIndex(input=source, segments=self.index))
