@@ -115,7 +115,8 @@ class BatchService:
     workflow: Workflow
     events: StateChanges | None = None  # EventBridge state changes (nightbatch/state_changes.py), when configured
 
-    def create(self, tenant: str, req: CreateBatchRequest, *, batch_id: str | None = None) -> Batch:
+    def create(self, tenant: str, req: CreateBatchRequest, *, batch_id: str | None = None,
+               ext: dict[str, Any] | None = None) -> Batch:
         check_supported(req.endpoint, ENDPOINTS, param="endpoint")
         hours = window_hours(req.completion_window, self.settings.validation.max_completion_window_hours)
         check_metadata(req.metadata)
@@ -133,7 +134,7 @@ class BatchService:
             expires_at=created + int(hours * self.settings.validation.hour_seconds),
             request_counts={"total": 0, "completed": 0, "failed": 0}, metadata=req.metadata,
             output_expires_after_seconds=req.output_expires_after.seconds if req.output_expires_after else None,
-            options=req.nightbatch or None,
+            options=req.nightbatch or None, ext=ext or None,
         )
         self.table.put_record(rec, new=True)
         if self.events is not None:

@@ -9,6 +9,7 @@ from fastapi import FastAPI
 from functions.api import errors
 from functions.api.middleware import BodyLimitMiddleware, RequestIdMiddleware, SchemaGateMiddleware
 from functions.api.routers import (
+    batch_results,
     batches,
     dashboard,
     dashboard_api,
@@ -30,7 +31,8 @@ def create_app(services: Callable[[], Services] = default_services) -> FastAPI:
     app.state.services = services
     errors.install(app)
     for r in (files.router, batches.router, models.router, usage.router, limits.router, uploads.router,
-              links.router, dashboard.router, dashboard_api.router, webhooks.router, estimate.router):
+              links.router, dashboard.router, dashboard_api.router, webhooks.router, estimate.router,
+              batch_results.router):
         app.include_router(r)
     app.add_middleware(BodyLimitMiddleware, upload_limit=lambda: services().settings.files.max_upload_bytes,
                        part_limit=lambda: services().settings.uploads.max_part_bytes)

@@ -113,5 +113,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("batch_id")
     p.add_argument("-o", "--output", type=Path, metavar="FILE", help="write to FILE instead of stdout")
     p.add_argument("--errors", action="store_true", help="the error file instead of the output file")
+    p.add_argument("--partial", action="store_true",
+                   help="the lines finished so far, while the batch runs (the final file once it has ended)")
     p.set_defaults(handler=command("results"))
     register_doctor(sub, server)

@@ -8,9 +8,11 @@ import json
 import math
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO, cast
 
+import httpx
 import openai
 from openai.types import Batch, FileObject
 
@@ -179,28 +181,66 @@ def cancel(args: argparse.Namespace) -> int:
 
 def results(args: argparse.Namespace) -> int:
     client = _client(args)
+    if args.partial:
+        return _partial_results(args, client)
     batch = client.batches.retrieve(args.batch_id)
     file_id = batch.error_file_id if args.errors else batch.output_file_id
     if not file_id:
         which = "error" if args.errors else "output"
-        hint = (f" Wait for it with `nightbatch status {batch.id} --wait`."
+        hint = (f" Wait for it with `nightbatch status {batch.id} --wait`, or read what has finished so far "
+                f"with `nightbatch results {batch.id} --partial`."
                 if batch.status not in ("completed", "failed", "expired", "cancelled") else "")
         raise CommandError(f"{batch.id} is {batch.status} and has no {which} file.{hint}")
-    written, lines = 0, 0
     with client.files.with_streaming_response.content(file_id) as response:
-        if args.output is None:
-            for chunk in response.iter_bytes():
-                sys.stdout.buffer.write(chunk)
-                written, lines = written + len(chunk), lines + chunk.count(b"\n")
-            sys.stdout.buffer.flush()
-        else:
-            # Into a side file first: an interrupted download never looks like a complete one.
-            partial = args.output.with_name(args.output.name + ".part")
-            with partial.open("wb") as f:
-                for chunk in response.iter_bytes():
-                    f.write(chunk)
-                    written, lines = written + len(chunk), lines + chunk.count(b"\n")
-            partial.replace(args.output)
+        written, lines = _write(args, response.iter_bytes())
     target = "stdout" if args.output is None else str(args.output)
     _say(sys.stderr, f"Wrote {lines:,} lines ({human_bytes(written)}) of {file_id} to {target}")
     return 0
+
+
+def _partial_results(args: argparse.Namespace, client: openai.OpenAI) -> int:
+    """GET /v1/nightbatch/batches/{id}/results: the lines finished so far (the final file once it ended).
+    Streamed with httpx: the SDK has no streaming call for an endpoint of ours."""
+    kind = "error" if args.errors else "output"
+    url = f"{str(client.base_url).rstrip('/')}/nightbatch/batches/{args.batch_id}/results"
+    with httpx.stream("GET", url, params={"kind": kind}, headers={"Authorization": f"Bearer {client.api_key}"},
+                      timeout=httpx.Timeout(60.0, connect=10.0), follow_redirects=True) as response:
+        if response.status_code != 200:
+            response.read()
+            raise CommandError(_error_message(response))
+        written, lines = _write(args, response.iter_bytes())
+        complete = response.headers.get("x-nightbatch-complete") == "true"
+        status = response.headers.get("x-nightbatch-status", "?")
+        truncated = response.headers.get("x-nightbatch-truncated") == "true"
+    target = "stdout" if args.output is None else str(args.output)
+    state = ("complete" if complete else f"so far; the batch is {status}"
+             + (", and this deployment cut the read at its response limit" if truncated else ""))
+    _say(sys.stderr, f"Wrote {lines:,} {kind} lines ({human_bytes(written)}, {state}) of {args.batch_id} "
+                     f"to {target}")
+    return 0
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {response.status_code}: {response.text[:200]}"
+
+
+def _write(args: argparse.Namespace, chunks: Iterator[bytes]) -> tuple[int, int]:
+    """Chunks to stdout or to `-o FILE`; returns (bytes, lines) written."""
+    written, lines = 0, 0
+    if args.output is None:
+        for chunk in chunks:
+            sys.stdout.buffer.write(chunk)
+            written, lines = written + len(chunk), lines + chunk.count(b"\n")
+        sys.stdout.buffer.flush()
+        return written, lines
+    # Into a side file first: an interrupted download never looks like a complete one.
+    partial = args.output.with_name(args.output.name + ".part")
+    with partial.open("wb") as f:
+        for chunk in chunks:
+            f.write(chunk)
+            written, lines = written + len(chunk), lines + chunk.count(b"\n")
+    partial.replace(args.output)
+    return written, lines

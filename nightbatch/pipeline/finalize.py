@@ -9,7 +9,6 @@ the checkpoint objects (nightbatch/pipeline/compose.py); S3 copies every range o
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
 from typing import Any
 
 from nightbatch import layout, lifecycle
@@ -22,11 +21,11 @@ from nightbatch.phases import summarize as summarize_phases
 from nightbatch.pipeline.capacity import collect_decisions
 from nightbatch.pipeline.compose import PartComposer
 from nightbatch.pipeline.merge import merge_shard
+from nightbatch.pipeline.merge_order import planned_shards
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
 from nightbatch.pipeline.results import Tally, unrun_line
 from nightbatch.pipeline.shard_lines import shard_requests
 from nightbatch.services import Services
-from nightbatch.storage import BlobStore
 from nightbatch.storage.records import BatchRecord
 from nightbatch.wire import TERMINAL_STATUSES
 
@@ -114,21 +113,6 @@ def _fail_unvalidated(services: Services, batch: BatchRecord) -> FinalizeOutput:
     return FinalizeOutput(batch_id=batch.pk, status="failed")
 
 
-def _shards(blobs: BlobStore, batch_id: str) -> Iterator[tuple[str | None, layout.ShardSpec]]:
-    """(shard_id, spec) per planned shard; shard_id None for the segments no shard took."""
-    items = layout.read_manifest(blobs, batch_id)
-    if items:
-        for item in items:
-            shard = layout.read_shard(blobs, batch_id, item.shard_id)
-            if shard is not None:
-                yield shard.shard_id, shard
-        return
-    # Never planned, or planned after a cancel/expiry (empty manifest): every validated segment is unrun.
-    index = layout.read_segments(blobs, batch_id)
-    if index.segments:
-        yield None, layout.shard_spec(index, index.segments, batch_id=batch_id, shard_id="")
-
-
 def _write_files(services: Services, batch: BatchRecord, unrun_code: str) -> tuple[
         str | None, str | None, Tally]:
     blobs = services.adapters.blobs
@@ -137,7 +121,7 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str) -> tup
     out = PartComposer(blobs, layout.output_key(batch_id))
     err = blobs.writer(layout.error_key(batch_id))
     try:
-        for shard_id, spec in _shards(blobs, batch_id):
+        for shard_id, spec in planned_shards(blobs, batch_id):
             seen: set[int] = set()
             if shard_id is not None:
                 merge_shard(blobs, batch_id, shard_id, seen, out, err, tally)

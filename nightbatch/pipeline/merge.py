@@ -1,12 +1,13 @@
 """A shard's checkpoints merged into the output and error files: which result of a custom_id counts, and where
 its bytes go.
 
-The rule is `checkpoints_in_order` and `merge_shard`: checkpoints in key order (seq, then attempt), the first
-result per custom_id wins and later ones (a zombie attempt's, a re-run's) are dropped. Successful lines go to
-the output as ranges of the checkpoint objects (nightbatch/pipeline/compose.py), the others to the error file.
-A checkpoint with a summary (nightbatch.layout.CheckpointSummary) is counted and placed from it, unparsed:
-only its error lines, its dropped duplicates and the bytes the composer must upload are read. One without (a
-previous release's worker, a summary that was not written or does not match) is read line by line.
+The rule is `checkpoints_in_order` (nightbatch/pipeline/merge_order.py, which the partial results read too)
+and `merge_shard`: checkpoints in key order (seq, then attempt), the first result per custom_id wins and later
+ones (a zombie attempt's, a re-run's) are dropped. Successful lines go to the output as ranges of the checkpoint
+objects (nightbatch/pipeline/compose.py), the others to the error file. A checkpoint with a summary
+(nightbatch.layout.CheckpointSummary) is counted and placed from it, unparsed: only its error lines, its dropped
+duplicates and the bytes the composer must upload are read. One without (a previous release's worker, a summary
+that was not written or does not match) is read line by line.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import logging
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
 from itertools import accumulate, islice
 from typing import Protocol
 
@@ -24,9 +24,9 @@ from nightbatch.ids import custom_id_digest, custom_id_digests
 from nightbatch.jsonl import split_lines
 from nightbatch.layout import CheckpointSummary
 from nightbatch.pipeline.compose import Read
+from nightbatch.pipeline.merge_order import Checkpoint, checkpoints_in_order
 from nightbatch.pipeline.results import MAX_RESULT_LINE, Tally, summarize_result_line
 from nightbatch.storage import BlobStore
-from nightbatch.storage.parts import PartStore
 
 log = logging.getLogger("nightbatch.finalize")
 WINDOW_BYTES = 1024 * 1024  # least bytes of a ranged GET of a summarized checkpoint
@@ -41,21 +41,6 @@ class Output(Protocol):
 
 class Errors(Protocol):
     def write(self, data: bytes) -> None: ...
-
-
-@dataclass(frozen=True)
-class Checkpoint:
-    key: str
-    size: int
-    summarized: bool  # its summary object was listed beside it
-
-
-def checkpoints_in_order(blobs: BlobStore, batch_id: str, shard_id: str) -> list[Checkpoint]:
-    """The shard's checkpoints in the order that decides between results of one custom_id: the first wins."""
-    prefix = layout.results_prefix(batch_id, shard_id)
-    sizes = PartStore(blobs).sizes(prefix)
-    return [Checkpoint(k, sizes[k], layout.checkpoint_summary_key(k) in sizes)
-            for k in sorted(k for k in sizes if layout.is_checkpoint(prefix, k))]
 
 
 def merge_shard(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], out: Output, err: Errors,

@@ -11,10 +11,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nightbatch import layout
 from nightbatch.batches import CreateBatchRequest
 from nightbatch.local.aws import free_port
+from nightbatch.pipeline import BatchTaskInput, finalize_batch
 from nightbatch.services import Services
 from tests.support.lifecycle import drive
+from tests.workflow.test_partial_results import result
+from tests.workflow.test_pipeline import run_to_shards
 
 if TYPE_CHECKING:
     from tests.conftest import ApiServer
@@ -150,7 +154,30 @@ def test_results_before_the_end_say_why_not(cli: Any, api_server: ApiServer) -> 
     r = cli("results", batch_id)
     assert r.code == 1
     assert r.err == (f"nightbatch results: error: {batch_id} is validating and has no output file. "
-                     f"Wait for it with `nightbatch status {batch_id} --wait`.\n")
+                     f"Wait for it with `nightbatch status {batch_id} --wait`, or read what has finished so "
+                     f"far with `nightbatch results {batch_id} --partial`.\n")
+
+
+def test_results_partial_while_running_then_complete(cli: Any, api_server: ApiServer, tmp_path: Path) -> None:
+    services = api_server.services
+    batch_id = create_batch(services, 4)
+    shard = run_to_shards(services, batch_id)[0]
+    lines = [result(batch_id, f"req-{i}", 200 if i else 400, f"a{i}") for i in range(3)]
+    services.adapters.blobs.put_bytes(layout.checkpoint_key(layout.results_prefix(batch_id, shard), 0, "a"),
+                                      b"".join(lines))
+    r = cli("results", batch_id, "--partial")
+    assert (r.code, r.out.encode()) == (0, lines[1] + lines[2]), r.err
+    assert r.err == f"Wrote 2 output lines ({len(lines[1] + lines[2])} B, so far; the batch is in_progress) " \
+                    f"of {batch_id} to stdout\n"
+    out = tmp_path / "errors.jsonl"
+    r = cli("results", batch_id, "--partial", "--errors", "-o", str(out))
+    assert r.code == 0 and out.read_bytes() == lines[0], r.err
+    services.batches.cancel("default", batch_id)
+    finalize_batch(BatchTaskInput(batch_id=batch_id), services)
+    r = cli("results", batch_id, "--partial")
+    assert r.out.encode() == lines[1] + lines[2] and "B, complete) of" in r.err
+    r = cli("results", "batch_" + "0" * 32, "--partial")
+    assert r.code == 1 and "No batch found" in r.err
 
 
 def test_submit_wait_follows_the_batch_until_it_completes(cli: Any, api_server: ApiServer, tmp_path: Path) -> None:

@@ -99,3 +99,37 @@ def test_the_pages_fit_a_phone(browser: Any, api_server: ApiServer, seeded: dict
         assert page.evaluate("document.documentElement.scrollWidth") <= 390
     finally:
         context.close()
+
+
+def test_a_running_batch_previews_its_results_so_far(api_server: ApiServer, page: Any) -> None:
+    # api_server first: the page (still polling a running batch) closes before the server's services go
+    from playwright.sync_api import expect
+
+    from nightbatch import layout
+    from tests.dashboard.conftest import create_batch, output_line
+    from tests.support.lifecycle import drive
+
+    services = api_server.services
+    blobs = services.adapters.blobs
+    batch_id = create_batch(services, 4)
+    layout.write_manifest(blobs, batch_id, [layout.ShardItem(batch_id=batch_id, shard_id="00000")])
+    layout.write_shard(blobs, layout.ShardSpec(batch_id=batch_id, shard_id="00000",
+                                               endpoint="/v1/chat/completions", model="m", segments=[], lines=4))
+    drive(services, batch_id, "in_progress", request_counts={"total": 4, "completed": 0, "failed": 0},
+          live_completed=2)
+    prefix = layout.results_prefix(batch_id, "00000")
+    blobs.put_bytes(layout.checkpoint_key(prefix, 0, "a"), output_line(batch_id, 0) + output_line(batch_id, 1))
+
+    sign_in(page, api_server.base_url, api_server.api_key)
+    expect(page.locator("tr.batch")).to_have_count(1)  # the list's first load done before navigating away
+    page.goto(f"{api_server.base_url}/dashboard/batches/{batch_id}")
+    partial = page.locator('.preview.partial[data-kind="output"] li.pline')
+    expect(partial).to_have_count(2)
+    expect(partial.nth(0).locator(".ptext")).to_have_text("Answer 0")
+    expect(page.locator("#b-preview")).to_contain_text(f"nightbatch results {batch_id} --partial")
+
+    # A new checkpoint moves the counters: the preview follows.
+    blobs.put_bytes(layout.checkpoint_key(prefix, 1, "a"), output_line(batch_id, 2))
+    services.adapters.table.update(batch_id, set_={"live_completed": 3})
+    expect(partial).to_have_count(3)
+    assert_accessible(page, "batch page with results so far")

@@ -152,3 +152,24 @@ def test_preview_reads_the_first_lines_only(api_server: ApiServer) -> None:
 
     assert get(api_server, "/nightbatch/files/file-previewMe0000000000000/preview?lines=0").status_code == 400
     assert get(api_server, "/nightbatch/files/file-nope000000000000000000/preview").status_code == 404
+
+
+def test_results_preview_of_a_running_batch(api_server: ApiServer) -> None:
+    services = api_server.services
+    batch_id = create_batch(services, 3)
+    layout.write_manifest(services.adapters.blobs, batch_id, [layout.ShardItem(batch_id=batch_id, shard_id="00000")])
+    layout.write_shard(services.adapters.blobs, layout.ShardSpec(
+        batch_id=batch_id, shard_id="00000", endpoint="/v1/chat/completions", model="m", segments=[], lines=3))
+    drive(services, batch_id, "in_progress", request_counts={"total": 3, "completed": 0, "failed": 0},
+          live_completed=2, live_failed=1)
+    lines = [json.dumps({"custom_id": f"r{i}", "response": {"status_code": 200 if i else 400, "body": {}}})
+             for i in range(3)]
+    services.adapters.blobs.put_bytes(layout.checkpoint_key(layout.results_prefix(batch_id, "00000"), 0, "a"),
+                                      ("\n".join(lines) + "\n").encode())
+    body = get(api_server, f"/nightbatch/batches/{batch_id}/preview?lines=1").json()
+    assert (body["complete"], body["count"], body["status"]) == (False, 2, "in_progress")
+    assert body["lines"] == [{"line": 1, "json": json.loads(lines[1])}]
+    errors = get(api_server, f"/nightbatch/batches/{batch_id}/preview?kind=error").json()
+    assert [x["json"]["custom_id"] for x in errors["lines"]] == ["r0"]
+    assert get(api_server, f"/nightbatch/batches/{batch_id}/preview?lines=99").status_code == 400
+    assert get(api_server, "/nightbatch/batches/batch_nope/preview").status_code == 404

@@ -27,3 +27,13 @@ def wait(client: OpenAI, batch_id: str, *, until: set[str] = TERMINAL, timeout: 
             return b
         time.sleep(1)
     raise AssertionError(f"batch {batch_id} still {b.status} after {timeout} s")
+
+
+def wait_for_a_result(client: OpenAI, batch_id: str, timeout: float = 300) -> None:
+    """Until the workers' counters show a first finished request (or the time is up: the caller's checks say)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        b = client.batches.retrieve(batch_id)
+        if b.request_counts and b.request_counts.completed >= 1:
+            return
+        time.sleep(0.3)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import httpx
@@ -13,7 +12,7 @@ from openai.types import Batch
 
 from nightbatch.wire import BatchRequestOutput
 from tests.e2e.conftest import LocalStack
-from tests.e2e.sdk import submit, wait
+from tests.e2e.sdk import submit, wait, wait_for_a_result
 
 pytestmark = pytest.mark.e2e
 CHAT = "SmolLM2-135M-Instruct"
@@ -98,12 +97,7 @@ def test_cancel_mid_run_keeps_partial_results(local_stack: LocalStack) -> None:
              chat(i, f"Write a long story about the number {i}.", max_tokens=LONG_TOKENS, ignore_eos=True)
              for i in range(n)]
     batch = submit(client, lines, "/v1/chat/completions")
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        b = client.batches.retrieve(batch.id)
-        if b.request_counts and b.request_counts.completed >= 1:
-            break
-        time.sleep(0.5)
+    wait_for_a_result(client, batch.id)
     cancelling = client.batches.cancel(batch.id)
     assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
     done = wait(client, batch.id)
@@ -143,3 +137,45 @@ def test_usage_and_cost_are_reported(local_stack: LocalStack) -> None:
     r = httpx.get(f"{local_stack.base_url}/nightbatch/usage",
                   headers={"Authorization": f"Bearer {local_stack.api_key}"})
     assert r.status_code == 200 and r.json()["batches"] >= 1 and r.json()["output_tokens"] > 0
+
+
+def test_partial_results_then_cancel_then_retry_covers_every_line_once(local_stack: LocalStack) -> None:
+    client = local_stack.client()
+    n = 20
+    # Four short requests finish at once; the long ones are still running at the partial read and the cancel.
+    lines = [chat(i, f"Count slowly from {i}.", max_tokens=4) if i < 4 else
+             chat(i, f"Write a long story about the number {i}.", max_tokens=512, ignore_eos=True)
+             for i in range(n)]
+    batch = submit(client, lines, "/v1/chat/completions")
+    wait_for_a_result(client, batch.id)
+    partial = client.get(f"/nightbatch/batches/{batch.id}/results", cast_to=httpx.Response,
+                         options={"params": {"kind": "output"}})
+    shown = partial.content.splitlines(keepends=True)
+    headers = {k: v for k, v in partial.headers.items() if k.startswith("x-nightbatch")}
+    print(f"\npartial read of {batch.id}: {headers}; {len(shown)} lines; first: {shown[0][:160]!r}")
+    assert headers["x-nightbatch-complete"] == "false" and shown
+
+    client.batches.cancel(batch.id)
+    done = wait(client, batch.id)
+    assert done.status == "cancelled"
+    final = client.files.content(done.output_file_id or "").content.splitlines(keepends=True)
+    assert set(shown) <= set(final), "a line shown while running is in the final file with the same bytes"
+
+    retry = client.post(f"/nightbatch/batches/{batch.id}/retry", cast_to=Batch, body={},
+                        options={"headers": {"Idempotency-Key": f"retry-{batch.id}"}})
+    assert (retry.model_extra or {})["nightbatch"]["retry_of"] == batch.id
+    assert retry.endpoint == done.endpoint and retry.completion_window == done.completion_window
+    again = client.post(f"/nightbatch/batches/{batch.id}/retry", cast_to=Batch, body={},
+                        options={"headers": {"Idempotency-Key": f"retry-{batch.id}"}})
+    assert again.id == retry.id
+    retried = wait(client, retry.id)
+    old = client.batches.retrieve(batch.id)
+    print(f"retry round trip: {batch.id} {old.status} {old.request_counts} nightbatch.retried_by="
+          f"{(old.model_extra or {})['nightbatch']['retried_by']}; {retried.id} {retried.status} "
+          f"{retried.request_counts} nightbatch.retry_of={(retried.model_extra or {})['nightbatch']['retry_of']} "
+          f"retry_lines={(retried.model_extra or {})['nightbatch']['retry_lines']}")
+    assert (old.model_extra or {})["nightbatch"]["retried_by"] == [retry.id]
+    assert retried.status == "completed" and retried.request_counts is not None
+    assert retried.request_counts.total == (old.request_counts.failed if old.request_counts else -1)
+    union = [r["custom_id"] for r in lines_of(client, done.output_file_id) + lines_of(client, retried.output_file_id)]
+    assert sorted(union) == sorted(f"chat-{i}" for i in range(n)), "every line exactly once across the two"

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query
 from functions.api.deps import PrincipalDep, ServicesDep
 from nightbatch.batch_detail import batch_detail
 from nightbatch.errors import InvalidRequestError
+from nightbatch.partial_results import partial_results
 
 router = APIRouter(prefix="/v1/nightbatch", tags=["nightbatch"])
 
@@ -24,16 +25,41 @@ def get_batch_detail(batch_id: str, principal: PrincipalDep, services: ServicesD
     return batch_detail(services, principal.tenant, batch_id)
 
 
-@router.get("/files/{file_id}/preview")
-def preview_file(
-    file_id: str, principal: PrincipalDep, services: ServicesDep, lines: Annotated[int, Query()] = 10,
+@router.get("/batches/{batch_id}/preview")
+def preview_partial_results(
+    batch_id: str, principal: PrincipalDep, services: ServicesDep, kind: str = "output",
+    lines: Annotated[int, Query()] = 10,
 ) -> dict[str, Any]:
-    """The first `lines` lines of a file, each parsed when it is JSON; a bounded read, never the whole file."""
+    """The first `lines` result lines finished so far of a running batch (nightbatch.partial_results), shaped
+    as a file preview; a bounded read of the checkpoints."""
+    _check_lines(lines)
+    found = partial_results(services, principal.tenant, batch_id, kind, scan_bytes=PREVIEW_BYTES)
+    out: list[dict[str, Any]] = []
+    for data in found.lines:
+        out.append({"line": len(out) + 1, "json": json.loads(data)})
+        if len(out) == lines:
+            break
+    close = getattr(found.lines, "close", None)
+    if close is not None:
+        close()
+    return {"object": "nightbatch.results_preview", "batch_id": batch_id, "kind": kind, "status": found.status,
+            "complete": found.complete, "count": found.count, "lines": out}
+
+
+def _check_lines(lines: int) -> None:
     if not 1 <= lines <= MAX_PREVIEW_LINES:
         raise InvalidRequestError(
             f"Invalid 'lines': {lines}. Expected a value between 1 and {MAX_PREVIEW_LINES}.",
             param="lines", code="invalid_value",
         )
+
+
+@router.get("/files/{file_id}/preview")
+def preview_file(
+    file_id: str, principal: PrincipalDep, services: ServicesDep, lines: Annotated[int, Query()] = 10,
+) -> dict[str, Any]:
+    """The first `lines` lines of a file, each parsed when it is JSON; a bounded read, never the whole file."""
+    _check_lines(lines)
     item = services.files.item(principal.tenant, file_id)
     buf = b""
     read = 0

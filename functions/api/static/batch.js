@@ -199,6 +199,24 @@ async function loadPreview(fileId, title) {
   }
 }
 
+// The lines finished so far of a running batch (GET /v1/nightbatch/batches/{id}/preview), fetched again
+// only when its counts moved.
+async function partialPreview(b) {
+  const boxes = [];
+  for (const [kind, title] of [["output", "Output so far"], ["error", "Errors so far"]]) {
+    const p = await api("GET",
+      `/nightbatch/batches/${encodeURIComponent(b.id)}/preview?kind=${kind}&lines=${PREVIEW_LINES}`);
+    if (!p.lines.length) continue;
+    boxes.push(h("div", { class: "preview partial", "data-kind": kind }, h("h3", {}, title),
+      h("ol", { class: "plines" }, p.lines.map(previewLine)),
+      h("p", { class: "small muted" }, `The first ${p.lines.length} of the lines finished so far (about ` +
+        `${num(p.count)}); the file appears when the batch ends. All of them: nightbatch results ${b.id} --partial` +
+        (kind === "error" ? " --errors" : ""))));
+  }
+  return boxes.length ? boxes
+    : [h("p", { class: "muted" }, "No results yet. The output and error files appear when the batch ends.")];
+}
+
 // ---- the view --------------------------------------------------------------------------------------------
 
 function header(b) {
@@ -233,9 +251,20 @@ const batchView = {
     section("b-meta", b.metadata, () => metadata(b));
     section("b-notify", [d.notifications, b.status], () => notifications(b, d));
     for (const [fid, title] of [[b.output_file_id, "Output"], [b.error_file_id, "Errors"]]) {
-      if (fid && !previewed.has(fid)) { previewed.add(fid); loadPreview(fid, title); }
+      if (fid && !previewed.has(fid)) {
+        if (!previewed.size) $("b-preview").replaceChildren();  // the results so far give way to the files
+        previewed.add(fid);
+        loadPreview(fid, title);
+      }
     }
-    if (!previewed.size) {
+    if (!previewed.size && ACTIVE.has(b.status) && b.status !== "validating") {
+      const key = JSON.stringify(["partial", b.status, b.request_counts]);
+      if (drawn.get("b-preview") !== key) {
+        const boxes = await partialPreview(b);
+        drawn.set("b-preview", key);
+        if (!previewed.size) $("b-preview").replaceChildren(...boxes);
+      }
+    } else if (!previewed.size) {
       section("b-preview", b.status, () => h("p", { class: "muted" }, "The output and error files appear when the batch ends."));
     } else if ($("b-preview").firstChild && $("b-preview").firstChild.tagName === "P") {
       $("b-preview").firstChild.remove();
