@@ -4,6 +4,8 @@ job phases and the Notify step while they run, and the specific reason when a ph
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from functools import partial
 
 from nightbatch.doctor.remedies import (
     GATED_MODEL,
@@ -130,11 +132,19 @@ class StackWatcher:
         elif zero:
             self.blocked += [(c.detail, c.remedy) for c in zero]
 
-    def _spot_role(self, report: Report) -> None:
+    @staticmethod
+    def _read(report: Report, name: str, what: str, read: Callable[[], bool]) -> bool | None:
+        """`read()`, or None with a warning naming `what` could not be read (a doctor never stops on one)."""
         try:
-            exists = self.account.role_exists(SPOT_SERVICE_LINKED_ROLE)
+            return read()
         except AccountReadError as e:
-            report.add(Check("Spot role", "warn", f"could not read: {e}"))
+            report.add(Check(name, "warn", f"could not read {what}: {e}"))
+            return None
+
+    def _spot_role(self, report: Report) -> None:
+        exists = self._read(report, "Spot role", "the role",
+                            lambda: self.account.role_exists(SPOT_SERVICE_LINKED_ROLE))
+        if exists is None:
             return
         if exists:
             report.add(Check("Spot role", "ok", SPOT_SERVICE_LINKED_ROLE))
@@ -155,10 +165,8 @@ class StackWatcher:
         if not secrets:
             report.add(Check("HF token", "ok", "none configured: public models only (gated ones fail to download)"))
         for secret in sorted(secrets):
-            try:
-                exists = self.account.secret_exists(secret)
-            except AccountReadError as e:
-                report.add(Check("HF token", "warn", f"could not read {secret}: {e}"))
+            exists = self._read(report, "HF token", secret, partial(self.account.secret_exists, secret))
+            if exists is None:
                 continue
             if exists:
                 report.add(Check("HF token", "ok", f"{HF_TOKEN_ENV} from {secret}"))
