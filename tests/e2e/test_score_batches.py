@@ -13,7 +13,8 @@ import pytest
 import requests
 
 from tests.e2e.conftest import LocalStack
-from tests.e2e.test_local_batches import EMBED, TERMINAL, assert_one_line_per_input, lines_of, wait
+from tests.e2e.sdk import TERMINAL, wait
+from tests.e2e.test_local_batches import EMBED, assert_one_line_per_input, lines_of
 
 pytestmark = pytest.mark.e2e
 QUERY = "A cat is sitting on a mat."
