@@ -127,6 +127,7 @@ class SegmentEntry(BaseModel):
     lines: int
     est: int
     group: int = 0  # prefix group (nightbatch/pipeline/prefixes.py); 0: lines in input order
+    model: str = ""  # the lines' `body.model` (a served model or a LoRA adapter); "": the batch's model
 
 
 class ShardSpec(BaseModel):
@@ -142,6 +143,8 @@ class ShardSpec(BaseModel):
     segments: list[str]
     lines: int
     est_tokens: int = 0
+    # Lines per `body.model` when they name more than `model` (its LoRA adapters); empty: all are `model`.
+    models: dict[str, int] = {}
 
 
 class ShardItem(BaseModel):

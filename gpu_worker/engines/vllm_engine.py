@@ -52,9 +52,12 @@ class VllmEngine:
 
     def __init__(
         self, spec: ModelSpec, *, model_dir: Path | str | None = None, cache_dir: Path | None = None,
-        load_format: str | None = None,
+        load_format: str | None = None, lora_dirs: dict[str, str] | None = None,
     ) -> None:
         self.spec = spec
+        # The model's LoRA adapters as local directories (gpu_worker/weight_cache.py resolve_adapters);
+        # None: resolved on start.
+        self._lora_dirs = lora_dirs
         self.model_name = spec.name
         # A local directory, or an s3:// URI with load_format="runai_streamer" (gpu_worker/weight_cache.py).
         self._model_dir = model_dir
@@ -76,12 +79,18 @@ class VllmEngine:
         model_dir = self._model_dir
         if model_dir is None:
             model_dir = await asyncio.to_thread(resolve_model_dir, self.spec, self._cache_dir)
+        lora_dirs = self._lora_dirs
+        if lora_dirs is None and self.spec.lora_modules:
+            from gpu_worker.weight_cache import resolve_adapters
+
+            lora_dirs = await asyncio.to_thread(resolve_adapters, self.spec, cache_dir=self._cache_dir)
 
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
         from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client_from_engine_args
         from vllm.usage.usage_lib import UsageContext
 
-        engine_args, frontend = _split_args(self.spec, model_dir, on_cpu=on_cpu, load_format=self._load_format)
+        engine_args, frontend = _split_args(self.spec, model_dir, on_cpu=on_cpu, load_format=self._load_format,
+                                            lora_dirs=lora_dirs)
         stack = AsyncExitStack()
         try:
             client = await stack.enter_async_context(
@@ -237,7 +246,8 @@ def _prepare_platform() -> bool:
 
 
 def _split_args(
-    spec: ModelSpec, model_dir: Path | str, *, on_cpu: bool, load_format: str | None = None
+    spec: ModelSpec, model_dir: Path | str, *, on_cpu: bool, load_format: str | None = None,
+    lora_dirs: dict[str, str] | None = None,
 ) -> tuple[Any, Any]:
     """AsyncEngineArgs and the server's frontend args; `spec.engine_args` keys may belong to either."""
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -264,6 +274,9 @@ def _split_args(
     engine_names = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     frontend_names = {f.name for f in dataclasses.fields(BaseFrontendArgs)}
     frontend_kwargs = _model_frontend_args(spec)
+    if spec.lora_modules:
+        engine_kwargs.update(_lora_engine_args(spec))
+        frontend_kwargs["lora_modules"] = _lora_module_paths(spec, lora_dirs or {})
     for key, value in spec.engine_args.items():
         if key in frontend_kwargs or (key == "reasoning_parser" and spec.reasoning_parser):
             raise ValueError(f"model {spec.name!r}: set {key!r} as the model's own setting, not in engine_args")
@@ -289,6 +302,27 @@ def _model_frontend_args(spec: ModelSpec) -> dict[str, Any]:
     if spec.default_chat_template_kwargs:
         kwargs["default_chat_template_kwargs"] = dict(spec.default_chat_template_kwargs)
     return kwargs
+
+
+def _lora_engine_args(spec: ModelSpec) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"enable_lora": True}
+    if spec.max_loras is not None:
+        kwargs["max_loras"] = spec.max_loras
+    if spec.max_lora_rank is not None:
+        kwargs["max_lora_rank"] = spec.max_lora_rank
+    return kwargs
+
+
+def _lora_module_paths(spec: ModelSpec, lora_dirs: dict[str, str]) -> list[Any]:
+    """vLLM's static adapters (--lora-modules): loaded at start, listed by /v1/models with the model as
+    parent, and served to any request whose `model` names them."""
+    from vllm.entrypoints.openai.models.protocol import LoRAModulePath
+
+    missing = sorted(set(spec.lora_modules) - set(lora_dirs))
+    if missing:
+        raise ValueError(f"model {spec.name!r}: adapter(s) {', '.join(missing)} have no local directory")
+    return [LoRAModulePath(name=name, path=str(lora_dirs[name]), base_model_name=spec.name)
+            for name in spec.lora_modules]
 
 
 def _check_parser_names(spec: ModelSpec) -> None:

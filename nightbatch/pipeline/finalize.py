@@ -23,6 +23,7 @@ from nightbatch.phases import summarize as summarize_phases
 from nightbatch.pipeline.capacity import collect_decisions
 from nightbatch.pipeline.compose import PartComposer
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
+from nightbatch.pipeline.per_model import per_model_report
 from nightbatch.pipeline.results import (
     MAX_RESULT_LINE,
     Tally,
@@ -87,6 +88,9 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"])
     if times.phases:
         ext["phases"] = summarize_phases(times.phases)
+    if "models" in ext:  # Validate found more than one model (nightbatch/pipeline/per_model.py)
+        ext["models"] = per_model_report(services.adapters.blobs, services.settings, inp.batch_id,
+                                         batch.model or "")
     decisions = collect_decisions(services, inp.batch_id)
     if decisions:  # where each shard's jobs ran, and why (nightbatch/pipeline/capacity.py)
         ext["capacity"] = decisions

@@ -7,8 +7,9 @@ import json
 from nightbatch import layout
 from nightbatch.clock import now
 from nightbatch.layout import SegmentEntry, ShardItem
+from nightbatch.model_spec import served_model
 from nightbatch.pipeline.models import BatchTaskInput, PlanOutput
-from nightbatch.pipeline.placement import place_by_prefix
+from nightbatch.pipeline.placement import place_by_model, place_by_prefix
 from nightbatch.pipeline.sizing import plan_shards
 from nightbatch.services import Services
 from nightbatch.settings import Settings
@@ -37,26 +38,54 @@ def group_segments(
     return groups
 
 
+def by_served_model(segments: list[SegmentEntry], batch_model: str,
+                    settings: Settings) -> dict[str, list[SegmentEntry]]:
+    """The segments per served model (an adapter's lines go with its model), in order of first appearance.
+    Segments written before they named their model (model "") are the batch's model's."""
+    models = settings.serving.models
+    served: dict[str, str] = {}
+    out: dict[str, list[SegmentEntry]] = {}
+    for seg in segments:
+        name = seg.model or batch_model
+        if name not in served:
+            spec = served_model(models, name)
+            # A model no longer configured keeps its own name: the worker then fails its shards visibly.
+            served[name] = spec.name if spec is not None else name
+        out.setdefault(served[name], []).append(seg)
+    return out
+
+
+def line_models(group: list[SegmentEntry], model: str) -> dict[str, int]:
+    """ShardSpec.models: lines per `body.model` when any names other than the shard's model."""
+    counts: dict[str, int] = {}
+    for s in group:
+        counts[s.model or model] = counts.get(s.model or model, 0) + s.lines
+    return {} if set(counts) <= {model} else counts
+
+
 def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
     settings, table, blobs = services.settings, services.adapters.table, services.adapters.blobs
     batch = table.get_record(BatchRecord, inp.batch_id)
     items: list[ShardItem] = []
     if batch is not None and batch.status == "in_progress":
-        model = batch.model or ""
         segments = layout.read_segment_index(blobs, inp.batch_id)
         job_definitions: dict[str, str] = json.loads(settings.pipeline.job_definitions_json or "{}")
-        job_definition = job_definitions.get(model, "")
         window = max(0.0, float(batch.expires_at) - now()) if batch.expires_at else None
-        # fleet's sizing decides how many shards; placement decides which segments go in each.
-        for i, group in enumerate(place_by_prefix(group_segments(segments, settings, window))):
-            shard_id = f"{i:05d}"
-            layout.write_shard(blobs, layout.ShardSpec(
-                batch_id=inp.batch_id, shard_id=shard_id, endpoint=batch.endpoint, model=model,
-                segments=[s.key for s in group], lines=sum(s.lines for s in group),
-                est_tokens=sum(s.est for s in group),
-            ))
-            items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id, job_definition=job_definition,
-                                   est_tokens=sum(s.est for s in group)))
+        # Each shard serves one model (one engine); a model's shards are numbered together.
+        for model, own in by_served_model(segments, batch.model or "", settings).items():
+            # fleet's sizing decides how many shards; placement decides which segments go in each.
+            shards = group_segments(own, settings, window)
+            placed = place_by_model(shards) if len({s.model for s in own}) > 1 else place_by_prefix(shards)
+            for group in placed:
+                shard_id = f"{len(items):05d}"
+                layout.write_shard(blobs, layout.ShardSpec(
+                    batch_id=inp.batch_id, shard_id=shard_id, endpoint=batch.endpoint, model=model,
+                    segments=[s.key for s in group], lines=sum(s.lines for s in group),
+                    est_tokens=sum(s.est for s in group), models=line_models(group, model),
+                ))
+                items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id,
+                                       job_definition=job_definitions.get(model, ""),
+                                       est_tokens=sum(s.est for s in group)))
     # Cancelled or expired before planning: an empty manifest sends the workflow straight to Finalize.
     manifest_key = layout.write_manifest(blobs, inp.batch_id, items)
     if batch is not None:

@@ -15,6 +15,7 @@ from nightbatch.jsonl import split_lines
 from nightbatch.limits import check_queue_limits
 from nightbatch.metrics import emit
 from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
+from nightbatch.pipeline.per_model import model_counts
 from nightbatch.pipeline.prefixes import PrefixGroups
 from nightbatch.pipeline.segments import segment_line
 from nightbatch.services import Services
@@ -44,24 +45,25 @@ class SegmentWriter:
     batch_id: str
     max_lines: int
     max_bytes: int
-    open: dict[int, _Open] = field(default_factory=dict)
+    # One open segment per (prefix group, model): a segment holds the lines of one `body.model`.
+    open: dict[tuple[int, str], _Open] = field(default_factory=dict)
     index: list[layout.SegmentEntry] = field(default_factory=list)
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="segments"))
     pending: list[Future[None]] = field(default_factory=list)
 
-    def add(self, number: int, raw: bytes, est: int, group: int = 0) -> None:
+    def add(self, number: int, raw: bytes, est: int, group: int = 0, model: str = "") -> None:
         # The request's own bytes, not a re-serialisation: one JSON parse per line is the floor to stay near.
-        seg = self.open.get(group)
+        seg = self.open.get((group, model))
         if seg is None:
-            seg = self.open[group] = _Open()
+            seg = self.open[(group, model)] = _Open()
         seg.buf.write(segment_line(number, est, raw))
         seg.lines += 1
         seg.est += est
         if seg.lines >= self.max_lines or seg.buf.tell() >= self.max_bytes:
-            self.flush(group)
+            self.flush((group, model))
 
-    def flush(self, group: int) -> None:
-        seg = self.open.pop(group, None)
+    def flush(self, slot: tuple[int, str]) -> None:
+        seg = self.open.pop(slot, None)
         if seg is None or not seg.lines:
             return
         key = layout.segment_key(self.batch_id, len(self.index))
@@ -69,7 +71,7 @@ class SegmentWriter:
         while len(self.pending) >= 2:
             self.pending.pop(0).result()
         self.pending.append(self.pool.submit(self.blobs.put_bytes, key, seg.buf.getvalue()))
-        self.index.append(layout.SegmentEntry(key=key, lines=seg.lines, est=seg.est, group=group))
+        self.index.append(layout.SegmentEntry(key=key, lines=seg.lines, est=seg.est, group=slot[0], model=slot[1]))
 
     def abandon(self) -> None:
         for f in self.pending:
@@ -77,8 +79,8 @@ class SegmentWriter:
         self.pool.shutdown()
 
     def close(self) -> None:
-        for group in sorted(self.open):
-            self.flush(group)
+        for slot in sorted(self.open):
+            self.flush(slot)
         for f in self.pending:
             f.result()
         self.pool.shutdown()
@@ -141,7 +143,7 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
             continue
         if not errors:
             group = prefix_groups.of(req.body) if prefix_groups.wants(len(req.raw)) else 0
-            writer.add(req.number, req.raw, req.est_tokens, group)
+            writer.add(req.number, req.raw, req.est_tokens, group, req.model)
     if not errors and count == 0:
         errors.append(BatchError(code="empty_file", param=None, line=None,
                                  message="The input file has no requests."))
@@ -158,6 +160,8 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
         return _fail(services, batch, [over])
     extra: dict[str, Any] = {"request_counts": {"total": count, "completed": 0, "failed": 0}, "model": validator.model,
              "est_tokens": est_total}
+    if len(validator.models) > 1:
+        extra["ext"] = {**(batch.ext or {}), "models": model_counts(validator.models)}
     try:
         lifecycle.transition(table, inp.batch_id, "in_progress", extra=extra)
     except StorageConflictError:
