@@ -40,11 +40,12 @@ def group_segments(
 
 def by_served_model(segments: list[SegmentEntry], batch_model: str,
                     settings: Settings) -> dict[str, list[SegmentEntry]]:
-    """The segments per served model (an adapter's lines go with its model), in order of first appearance.
-    Segments written before they named their model (model "") are the batch's model's."""
+    """The segments per served model (an adapter's lines go with its model): the batch's model first, then in
+    segment order. Segments written before they named their model (model "") are the batch's model's."""
     models = settings.serving.models
     served: dict[str, str] = {}
-    out: dict[str, list[SegmentEntry]] = {}
+    first = served_model(models, batch_model)
+    out: dict[str, list[SegmentEntry]] = {first.name: []} if first is not None else {}
     for seg in segments:
         name = seg.model or batch_model
         if name not in served:
@@ -52,7 +53,7 @@ def by_served_model(segments: list[SegmentEntry], batch_model: str,
             # A model no longer configured keeps its own name: the worker then fails its shards visibly.
             served[name] = spec.name if spec is not None else name
         out.setdefault(served[name], []).append(seg)
-    return out
+    return {model: own for model, own in out.items() if own}
 
 
 def line_models(group: list[SegmentEntry], model: str) -> dict[str, int]:

@@ -31,3 +31,9 @@ def make_smollm2_adapter(out: Path, seed: int = 0) -> Path:
     peft_model = get_peft_model(model, config)
     peft_model.save_pretrained(str(out))
     return out
+
+
+if __name__ == "__main__":  # python -m tests.support.lora OUT_DIR: keeps torch out of the test process
+    import sys
+
+    make_smollm2_adapter(Path(sys.argv[1]))
