@@ -151,3 +151,16 @@ def test_single_model_batch_has_no_models_breakdown(services: Services) -> None:
     finalize_batch(inp, services)  # never run: every line unrun
     batch = services.batches.get("default", batch_id)
     assert "models" not in (batch.nightbatch or {})
+
+
+@pytest.mark.parametrize("spec", [
+    {"name": "e", "source": "/e", "task": "embed", "lora_modules": {"x": "/x"}},
+    {"name": "m", "source": "/m", "lora_modules": {"m": "/x"}},
+])
+def test_adapters_need_a_generate_model_and_their_own_name(spec: dict[str, object]) -> None:
+    from pydantic import ValidationError
+
+    from nightbatch.model_spec import ModelSpec
+
+    with pytest.raises(ValidationError):
+        ModelSpec.model_validate(spec)

@@ -32,6 +32,6 @@ def _models(spec: ModelSpec) -> list[Model]:
     """A served model, then its LoRA adapters; as vLLM lists them, an adapter's `parent` and `root` name the
     model it runs on (under `nightbatch`: OpenAI's Model has no such fields)."""
     info = {"task": spec.task, "endpoints": list(spec.endpoints)}
-    return [Model(id=spec.name, created=CREATED, nightbatch={**info, "parent": None, "root": spec.name}),
+    return [Model(id=spec.name, created=CREATED, nightbatch=info),
             *(Model(id=name, created=CREATED, nightbatch={**info, "parent": spec.name, "root": spec.name})
               for name in spec.lora_modules)]
