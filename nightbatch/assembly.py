@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from nightbatch.clock import now
@@ -35,12 +36,12 @@ class UploadJobs(Protocol):
     def purge_parts(self, upload_id: str, *, delay_seconds: float = 0.0) -> None: ...
 
 
+@dataclass(kw_only=True)
 class AssemblyService:
-    def __init__(self, *, settings: Settings, table: Table, parts: PartStore, jobs: UploadJobs) -> None:
-        self.settings = settings
-        self.table = table
-        self.parts = parts
-        self.jobs = jobs
+    settings: Settings
+    table: Table
+    parts: PartStore
+    jobs: UploadJobs
 
     def compose(self, file_id: str, upload_id: str) -> str:
         """Idempotent (a queue may deliver twice). Returns what happened, for the logs."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from pydantic import BaseModel
@@ -20,6 +21,7 @@ from nightbatch.errors import (
 )
 from nightbatch.files import FileService, check_expiry_seconds
 from nightbatch.ids import new_batch_id
+from nightbatch.listing import after_sort_key
 from nightbatch.model_spec import ENDPOINTS
 from nightbatch.options import check_options
 from nightbatch.settings import Settings
@@ -104,12 +106,12 @@ def _json_type(v: Any) -> str:
     return "null" if v is None else "a value"
 
 
+@dataclass(kw_only=True)
 class BatchService:
-    def __init__(self, *, settings: Settings, table: Table, files: FileService, workflow: Workflow) -> None:
-        self.settings = settings
-        self.table = table
-        self.files = files
-        self.workflow = workflow
+    settings: Settings
+    table: Table
+    files: FileService
+    workflow: Workflow
 
     def create(self, tenant: str, req: CreateBatchRequest, *, batch_id: str | None = None) -> Batch:
         check_supported(req.endpoint, ENDPOINTS, param="endpoint")
@@ -165,11 +167,8 @@ class BatchService:
 
     def list(self, tenant: str, *, limit: int, after: str | None) -> ListPage[Batch]:
         check_range(limit, 1, MAX_BATCHES_LIMIT, param="limit")
-        cursor = self.table.get_owned(BatchRecord, tenant, after) if after else None
-        if after and cursor is None:
-            raise InvalidRequestError(f"Invalid 'after': no batch with id '{after}'.", param="after")
-        recs, has_more = self.table.page(BatchRecord, BatchRecord.owner_of(tenant), limit=limit,
-                                         after_sk=cursor.owner_sk if cursor else None)
+        after_sk = after_sort_key(self.table, BatchRecord, tenant, after, noun="batch")
+        recs, has_more = self.table.page(BatchRecord, BatchRecord.owner_of(tenant), limit=limit, after_sk=after_sk)
         return list_page([to_wire(r) for r in recs], has_more)
 
     def cancel(self, tenant: str, batch_id: str) -> Batch:

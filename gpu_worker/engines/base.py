@@ -31,9 +31,9 @@ class Engine(Protocol):
 
     async def start(self) -> None: ...
 
-    # url is one of /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses. request_id must be
-    # unique among the requests in flight; vLLM puts it in the body's id (chatcmpl-<request_id>, cmpl-…, embd-…,
-    # resp_…).
+    # url is one of /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, /v1/score, /v1/rerank.
+    # request_id must be unique among the requests in flight; vLLM puts it in the body's id (chatcmpl-<request_id>,
+    # cmpl-…, embd-…, resp_…, score-…).
     async def handle(self, url: str, body: dict[str, Any], request_id: str) -> EngineReply: ...
 
     async def stop(self) -> None: ...

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gpu_worker.engines.base import EngineFailedError, EngineReply
+from gpu_worker.engines.lora import lora_engine_args, lora_module_paths
 from gpu_worker.model_prep import resolve_model_dir
 from nightbatch.local.templates import resolve_chat_template
 from nightbatch.model_spec import ModelSpec
@@ -36,6 +37,8 @@ CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
 EMBEDDINGS_URL = "/v1/embeddings"
 RESPONSES_URL = "/v1/responses"
+SCORE_URL = "/v1/score"
+RERANK_URL = "/v1/rerank"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +106,9 @@ class VllmEngine:
             args = Namespace(**{**_fields(frontend), **_fields(engine_args)})
             state = State()
             await init_app_state(client, state, args, await client.get_supported_tasks())
+            if self.spec.task == "score" and getattr(state, "serving_scores", None) is None:
+                raise ValueError(f"model {self.model_name!r} has task 'score', but vLLM serves no scoring API "
+                                 "for it: a cross-encoder needs a classification head with one label (num_labels=1)")
         except BaseException:
             await stack.aclose()
             raise
@@ -261,7 +267,7 @@ def _split_args(
         "enable_log_requests": False,
         "disable_log_stats": True,
     }
-    if spec.task == "embed":
+    if spec.task in ("embed", "score"):
         engine_kwargs["runner"] = "pooling"
     if load_format:
         # Run:ai streamer: safetensors read from S3 straight into GPU memory, config/tokenizer copied locally.
@@ -275,8 +281,8 @@ def _split_args(
     frontend_names = {f.name for f in dataclasses.fields(BaseFrontendArgs)}
     frontend_kwargs = _model_frontend_args(spec)
     if spec.lora_modules:
-        engine_kwargs.update(_lora_engine_args(spec))
-        frontend_kwargs["lora_modules"] = _lora_module_paths(spec, lora_dirs or {})
+        engine_kwargs.update(lora_engine_args(spec))
+        frontend_kwargs["lora_modules"] = lora_module_paths(spec, lora_dirs or {})
     for key, value in spec.engine_args.items():
         if key in frontend_kwargs or (key == "reasoning_parser" and spec.reasoning_parser):
             raise ValueError(f"model {spec.name!r}: set {key!r} as the model's own setting, not in engine_args")
@@ -304,27 +310,6 @@ def _model_frontend_args(spec: ModelSpec) -> dict[str, Any]:
     return kwargs
 
 
-def _lora_engine_args(spec: ModelSpec) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"enable_lora": True}
-    if spec.max_loras is not None:
-        kwargs["max_loras"] = spec.max_loras
-    if spec.max_lora_rank is not None:
-        kwargs["max_lora_rank"] = spec.max_lora_rank
-    return kwargs
-
-
-def _lora_module_paths(spec: ModelSpec, lora_dirs: dict[str, str]) -> list[Any]:
-    """vLLM's static adapters (--lora-modules): loaded at start, listed by /v1/models with the model as
-    parent, and served to any request whose `model` names them."""
-    from vllm.entrypoints.openai.models.protocol import LoRAModulePath
-
-    missing = sorted(set(spec.lora_modules) - set(lora_dirs))
-    if missing:
-        raise ValueError(f"model {spec.name!r}: adapter(s) {', '.join(missing)} have no local directory")
-    return [LoRAModulePath(name=name, path=str(lora_dirs[name]), base_model_name=spec.name)
-            for name in spec.lora_modules]
-
-
 def _check_parser_names(spec: ModelSpec) -> None:
     from vllm.reasoning import ReasoningParserManager
     from vllm.tool_parsers import ToolParserManager
@@ -346,12 +331,16 @@ def _routes(state: State) -> dict[str, _Route]:
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
     from vllm.entrypoints.openai.responses.protocol import ResponsesRequest
     from vllm.entrypoints.pooling.embed.protocol import EmbeddingRequest
+    from vllm.entrypoints.pooling.scoring.protocol import RerankRequest, ScoreRequest
 
     chat = getattr(state, "openai_serving_chat", None)
     completion = getattr(state, "openai_serving_completion", None)
     embedding = getattr(state, "serving_embedding", None)
     responses = getattr(state, "openai_serving_responses", None)
     embedding_adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(EmbeddingRequest)
+    # One ServingScores answers both (a cross-encoder, or cosine similarity for an embedding model).
+    scores = getattr(state, "serving_scores", None)
+    score_adapter: pydantic.TypeAdapter[Any] = pydantic.TypeAdapter(ScoreRequest)
     return {
         CHAT_URL: _Route(
             ChatCompletionRequest.model_validate,
@@ -375,6 +364,8 @@ def _routes(state: State) -> dict[str, _Route]:
             id_prefix="resp_",
             by_alias=True,
         ),
+        SCORE_URL: _Route(score_adapter.validate_python, scores, "The model does not support Score API"),
+        RERANK_URL: _Route(RerankRequest.model_validate, scores, "The model does not support Rerank (Score) API"),
     }
 
 

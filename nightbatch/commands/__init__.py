@@ -45,7 +45,7 @@ def command(name: str) -> Handler:
     def run(args: argparse.Namespace) -> int:
         import openai
 
-        from nightbatch.commands.connection import CommandError, explain
+        from nightbatch.connection import CommandError, explain
 
         handler: Handler = getattr(importlib.import_module("nightbatch.commands.batches"), name)
         try:
@@ -79,8 +79,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
                        help="upload a JSONL file of requests and create a batch",
                        description="Upload a JSONL file of requests and create a batch from it.")
     p.add_argument("file", type=Path, help="the requests, one JSON object per line (OpenAI's batch format)")
-    p.add_argument("--endpoint", help="/v1/chat/completions, /v1/completions, /v1/embeddings or /v1/responses "
-                                      "(default: the url of the first request in the file)")
+    p.add_argument("--endpoint", help="/v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, "
+                                      "/v1/score or /v1/rerank (default: the url of the first request in the file)")
     p.add_argument("--window", default="24h", help="completion window, e.g. 24h or 72h (default 24h)")
     p.add_argument("--metadata", nargs="+", action="extend", type=key_value, default=[], metavar="KEY=VALUE",
                    help="metadata to attach to the batch (up to 16 pairs)")

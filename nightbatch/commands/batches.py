@@ -14,9 +14,9 @@ from typing import Any, TextIO, cast
 import openai
 from openai.types import Batch, FileObject
 
-from nightbatch.commands.connection import CommandError, connect, resolve_target
 from nightbatch.commands.progress import follow
 from nightbatch.commands.render import human_bytes, outcome, show
+from nightbatch.connection import CommandError, connect, resolve_target
 
 JSONL = "application/jsonl"
 

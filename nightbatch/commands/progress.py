@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.progress import BarColumn, TaskID, TaskProgressColumn, TextColumn
 from rich.progress import Progress as RichProgress
 
-from nightbatch.commands.connection import Interrupted
 from nightbatch.commands.render import STATUS_STYLE, clock, live_tokens, rate
+from nightbatch.connection import Interrupted
 from nightbatch.wire import TERMINAL_STATUSES
 
 # Rates come from the last minute of polls, so the ETA follows the current speed rather than the average

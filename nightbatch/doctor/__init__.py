@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
 def handle(args: argparse.Namespace) -> int:
     import openai
 
-    from nightbatch.commands.connection import CommandError, connect, explain, resolve_target
+    from nightbatch.connection import CommandError, connect, explain, resolve_target
     from nightbatch.doctor.render import render
     from nightbatch.doctor.report import Report
     from nightbatch.doctor.run import Doctor, Watcher

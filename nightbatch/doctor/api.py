@@ -69,6 +69,10 @@ def probe_pairs(models: list[tuple[str, tuple[str, ...] | None]]) -> list[tuple[
 def request_line(model: str, endpoint: str) -> dict[str, Any]:
     if endpoint == "/v1/embeddings":
         body: dict[str, Any] = {"model": model, "input": PROMPT}
+    elif endpoint == "/v1/score":
+        body = {"model": model, "text_1": PROMPT, "text_2": PROMPT}
+    elif endpoint == "/v1/rerank":
+        body = {"model": model, "query": PROMPT, "documents": [PROMPT]}
     elif endpoint == "/v1/completions":
         body = {"model": model, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "temperature": 0}
     elif endpoint == "/v1/chat/completions":

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nightbatch.clock import now
-from nightbatch.errors import InvalidRequestError, NightbatchError, StorageConflictError, check_range
+from nightbatch.errors import NightbatchError, StorageConflictError, check_range
 from nightbatch.ids import derived_id
+from nightbatch.listing import after_sort_key
 from nightbatch.notifications import transport
 from nightbatch.notifications.endpoints import PlainSealer, Sealer, signing_secrets
 from nightbatch.notifications.events import event_body
@@ -184,11 +185,10 @@ class Deliveries:
 
     def list(self, tenant: str, endpoint_id: str, *, limit: int, after: str | None) -> ListPage[WebhookDelivery]:
         check_range(limit, 1, MAX_LIST_LIMIT, param="limit")
-        cursor = self.table.get_owned(DeliveryRecord, tenant, after) if after else None
-        if after and (cursor is None or cursor.endpoint_id != endpoint_id):
-            raise InvalidRequestError(f"Invalid 'after': no delivery with id '{after}'.", param="after")
+        after_sk = after_sort_key(self.table, DeliveryRecord, tenant, after, noun="delivery",
+                                  belongs=lambda r: r.endpoint_id == endpoint_id)
         recs, has_more = self.table.page(DeliveryRecord, DeliveryRecord.owner_of_endpoint(tenant, endpoint_id),
-                                         limit=limit, after_sk=cursor.owner_sk if cursor else None)
+                                         limit=limit, after_sk=after_sk)
         return list_page([to_wire(r) for r in recs], has_more)
 
 

@@ -8,6 +8,7 @@ from typing import Any, Protocol
 
 from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError, check_range, check_supported
+from nightbatch.listing import after_sort_key
 from nightbatch.notifications.models import (
     BATCH_EVENT_TYPES,
     CreateWebhookEndpointRequest,
@@ -136,11 +137,9 @@ class WebhookEndpointService:
 
     def list(self, tenant: str, *, limit: int, after: str | None) -> ListPage[WebhookEndpoint]:
         check_range(limit, 1, MAX_LIST_LIMIT, param="limit")
-        cursor = self.table.get_owned(WebhookEndpointRecord, tenant, after) if after else None
-        if after and cursor is None:
-            raise InvalidRequestError(f"Invalid 'after': no webhook endpoint with id '{after}'.", param="after")
+        after_sk = after_sort_key(self.table, WebhookEndpointRecord, tenant, after, noun="webhook endpoint")
         recs, has_more = self.table.page(WebhookEndpointRecord, WebhookEndpointRecord.owner_of(tenant), limit=limit,
-                                         after_sk=cursor.owner_sk if cursor else None)
+                                         after_sk=after_sk)
         return list_page([to_wire(r) for r in recs], has_more)
 
     def all_items(self, tenant: str) -> builtins.list[WebhookEndpointRecord]:

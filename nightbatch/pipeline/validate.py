@@ -18,10 +18,11 @@ from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
 from nightbatch.pipeline.per_model import model_counts
 from nightbatch.pipeline.prefixes import PrefixGroups
 from nightbatch.pipeline.segments import segment_line
+from nightbatch.request_checks import LineInvalid
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore
 from nightbatch.storage.records import BatchRecord, FileRecord
-from nightbatch.validation import MAX_ERRORS_BYTES, LineInvalid, Validator, line_error
+from nightbatch.validation import MAX_ERRORS_BYTES, Validator, line_error
 from nightbatch.wire import BatchError
 
 log = logging.getLogger("nightbatch.validate")

@@ -20,6 +20,9 @@ class ValidationSettings(Section):
     # which multiplies the GPU work a line asks for. 0 = no cap.
     max_embedding_inputs_per_request: int = 2048
     max_choices_per_request: int = 16
+    # Documents (pairs) one /v1/score or /v1/rerank line may score: each is a forward pass, and one line is
+    # answered by one engine call, so it must stay far smaller than a shard. 0 = no cap.
+    max_score_documents_per_request: int = 1000
     # Comma-separated https hosts whose image/audio/video URLs requests may name; empty: inline data: URLs only.
     media_allowed_domains: str = ""
     max_reported_errors: int = 1000

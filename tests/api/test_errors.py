@@ -164,30 +164,24 @@ def test_a_batch_id_is_not_a_file_id(api_server: ApiServer, input_file_id: str) 
 # ------------------------------------------------------------------------------------ batch create params
 
 
-@pytest.mark.parametrize(
-    "endpoint", ["/v1/responses/", "/v1/chat/completions/", "v1/embeddings", "", "/v1/invalid"]
-)
-def test_bad_endpoint(api_server: ApiServer, input_file_id: str, endpoint: str) -> None:
-    err = assert_error(
-        create_batch(api_server, batch_body(input_file_id, endpoint=endpoint)),
-        400,
-        param="endpoint",
-        code="invalid_value",
-    )
-    assert "/v1/chat/completions" in err["message"]
+# (param, a bad value, what the message must name): the endpoint error lists a supported endpoint.
+BAD_CREATE_VALUES = [
+    *[("endpoint", v, "/v1/chat/completions")
+      for v in ["/v1/responses/", "/v1/chat/completions/", "v1/embeddings", "", "/v1/invalid"]],
+    *[("completion_window", v, "completion_window")
+      for v in ["0h", "169h", "24", "1d", "", "24H", " 24h", "-1h", "1.5h", "0024h", "7d"]],
+]
 
 
-@pytest.mark.parametrize(
-    "window", ["0h", "169h", "24", "1d", "", "24H", " 24h", "-1h", "1.5h", "0024h", "7d"]
-)
-def test_bad_completion_window(api_server: ApiServer, input_file_id: str, window: str) -> None:
+@pytest.mark.parametrize(("param", "value", "named"), BAD_CREATE_VALUES)
+def test_bad_create_value(api_server: ApiServer, input_file_id: str, param: str, value: str, named: str) -> None:
     err = assert_error(
-        create_batch(api_server, batch_body(input_file_id, completion_window=window)),
+        create_batch(api_server, batch_body(input_file_id, **{param: value})),
         400,
-        param="completion_window",
+        param=param,
         code="invalid_value",
     )
-    assert "completion_window" in err["message"]
+    assert named in err["message"]
 
 
 def test_non_string_completion_window(api_server: ApiServer, input_file_id: str) -> None:

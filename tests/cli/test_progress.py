@@ -11,7 +11,6 @@ import pytest
 from openai.types import Batch
 
 from nightbatch.commands import key_value, size
-from nightbatch.commands.connection import CommandError, api_root
 from nightbatch.commands.progress import BarView, LineView, Progress, Snapshot
 from nightbatch.commands.render import (
     clock,
@@ -24,6 +23,7 @@ from nightbatch.commands.render import (
     show,
     table,
 )
+from nightbatch.connection import CommandError, api_root
 
 
 def batch(

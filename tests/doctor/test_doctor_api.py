@@ -33,9 +33,10 @@ def test_models_say_which_endpoints_they_serve(api_server: ApiServer) -> None:
     models = {m.id: (m.model_extra or {})["nightbatch"] for m in api_server.openai().models.list()}
     assert models["SmolLM2-135M-Instruct"] == {"task": "generate", "endpoints": list(CHAT.endpoints)}
     assert "/v1/chat/completions" in CHAT.endpoints and "/v1/completions" in CHAT.endpoints
-    assert models["all-MiniLM-L6-v2"] == {"task": "embed", "endpoints": ["/v1/embeddings"]}
+    embed = ["/v1/embeddings", "/v1/score", "/v1/rerank"]  # vLLM scores with an embedding model too
+    assert models["all-MiniLM-L6-v2"] == {"task": "embed", "endpoints": embed}
     one = api_server.openai().models.retrieve("all-MiniLM-L6-v2")
-    assert (one.model_extra or {})["nightbatch"]["endpoints"] == ["/v1/embeddings"]
+    assert (one.model_extra or {})["nightbatch"]["endpoints"] == embed
 
 
 def test_a_stuck_batch_is_reported_with_its_phase_and_remedy(api_server: ApiServer,
@@ -44,7 +45,7 @@ def test_a_stuck_batch_is_reported_with_its_phase_and_remedy(api_server: ApiServ
     assert code == 1
     assert "✓ API key" in out and "a wrong key is refused" in out
     chat = ", ".join(e.removeprefix("/v1/") for e in CHAT.endpoints)
-    assert f"SmolLM2-135M-Instruct ({chat}), all-MiniLM-L6-v2 (embeddings)" in out
+    assert f"SmolLM2-135M-Instruct ({chat}), all-MiniLM-L6-v2 (embeddings, score, rerank)" in out
     pairs = [(m.name, e) for m in LOCAL_MODELS for e in m.endpoints]
     for model, endpoint in pairs:  # one probe per model and endpoint
         assert f"{model} {endpoint}  batch_" in out

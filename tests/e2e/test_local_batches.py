@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import json
 import time
 from typing import Any
@@ -14,30 +13,14 @@ from openai.types import Batch
 
 from nightbatch.wire import BatchRequestOutput
 from tests.e2e.conftest import LocalStack
+from tests.e2e.sdk import submit, wait
 
 pytestmark = pytest.mark.e2e
 CHAT = "SmolLM2-135M-Instruct"
 EMBED = "all-MiniLM-L6-v2"
-TERMINAL = {"completed", "failed", "expired", "cancelled"}
 # Requests that outlast the 20 s test "hour" plus its drain on an idle machine too: 40 lines x 400 tokens
 # finished inside the window there, so expiry had no unrun lines to mark. The chat model allows 2048 tokens.
 LONG_TOKENS = 1500
-
-
-def submit(client: OpenAI, lines: list[dict[str, Any]], endpoint: str, window: str = "24h") -> Batch:
-    data = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
-    f = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
-    return client.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window=window)  # type: ignore[arg-type]
-
-
-def wait(client: OpenAI, batch_id: str, *, until: set[str] = TERMINAL, timeout: float = 600) -> Batch:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        b = client.batches.retrieve(batch_id)
-        if b.status in until:
-            return b
-        time.sleep(1)
-    raise AssertionError(f"batch {batch_id} still {b.status} after {timeout} s")
 
 
 def lines_of(client: OpenAI, file_id: str | None) -> list[dict[str, Any]]:

@@ -5,22 +5,19 @@ Responses objects with counted usage; a model without a tool-call parser refuses
 
 from __future__ import annotations
 
-import io
 import json
 import os
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from openai import OpenAI
-from openai.types import Batch
 
+from tests.e2e.sdk import submit, wait
 from tests.support.local_stack import API_KEY, ROOT, LocalStack, running_local
 
 pytestmark = pytest.mark.e2e
 CHAT = "SmolLM2-135M-Instruct"
-TERMINAL = {"completed", "failed", "expired", "cancelled"}
 UNIT = {"type": "string", "enum": ["celsius", "fahrenheit"]}
 WEATHER = {"name": "get_weather", "description": "The current weather in a city",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "unit": UNIT},
@@ -30,22 +27,6 @@ TIME = {"name": "get_time", "description": "The local time in a city",
 TOOLS = [{"type": "function", "function": WEATHER}, {"type": "function", "function": TIME}]
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
           "required": ["name", "age"], "additionalProperties": False}
-
-
-def submit(client: OpenAI, lines: list[dict[str, Any]], endpoint: Any) -> Batch:
-    data = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
-    f = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
-    return client.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window="24h")
-
-
-def wait(client: OpenAI, batch_id: str, timeout: float = 900) -> Batch:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        b = client.batches.retrieve(batch_id)
-        if b.status in TERMINAL:
-            return b
-        time.sleep(1)
-    raise AssertionError(f"batch {batch_id} still {b.status} after {timeout} s")
 
 
 def rows(client: OpenAI, file_id: str | None) -> dict[str, dict[str, Any]]:
@@ -96,7 +77,7 @@ def test_tool_calls_json_schemas_and_plain_lines_in_one_batch(local_stack: Local
         # Over the model's limit of 20: this line alone gets a 400 that names the limit.
         chat("logprobs-over", "Say hello.", max_tokens=4, logprobs=True, top_logprobs=25),
     ]
-    batch = wait(client, submit(client, lines, "/v1/chat/completions").id)
+    batch = wait(client, submit(client, lines, "/v1/chat/completions").id, timeout=900)
     assert batch.status == "completed", batch.errors
     out, err = rows(client, batch.output_file_id), rows(client, batch.error_file_id)
     assert set(err) == {"logprobs-over"}
@@ -145,7 +126,7 @@ def test_responses_batch_returns_responses_objects_with_usage(local_stack: Local
          "body": {"model": CHAT, "input": "What is the weather in Rome?", "max_output_tokens": 96,
                   "tools": [{"type": "function", **WEATHER}], "tool_choice": "required"}},
     ]
-    batch = wait(client, submit(client, lines, "/v1/responses").id)
+    batch = wait(client, submit(client, lines, "/v1/responses").id, timeout=900)
     assert batch.status == "completed", batch.errors
     assert batch.endpoint == "/v1/responses"
     out, err = rows(client, batch.output_file_id), rows(client, batch.error_file_id)

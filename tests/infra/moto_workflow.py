@@ -26,6 +26,7 @@ import botocore
 import botocore.session
 import pytest
 
+from tests.infra.asset_driver import Context
 from tests.infra.cfn import of_type, one_of_type, resolve
 
 ACCOUNT = "123456789012"
@@ -45,22 +46,23 @@ def patch_task_normalisation(monkeypatch: pytest.MonkeyPatch) -> None:
     session = botocore.session.get_session()
     models: dict[str, Any] = {}
 
-    def operation(service: str, action: str) -> Any:
+    def operation(task: Any, boto_service_name: Any, service_action_name: Any) -> Any:
+        """The botocore model of the operation a Step Functions task state calls."""
+        service = task._get_boto_service_name(boto_service_name)
+        action = task._get_boto_service_action(service_action_name)
         model = models.setdefault(service, session.get_service_model(service))
         return next((model.operation_model(n) for n in model.operation_names
                      if botocore.xform_name(n) == action), None)
 
     def normalise_parameters(self: Any, parameters: Any, boto_service_name: Any = None,
                              service_action_name: Any = None) -> None:
-        op = operation(self._get_boto_service_name(boto_service_name),
-                       self._get_boto_service_action(service_action_name))
+        op = operation(self, boto_service_name, service_action_name)
         if op is not None and op.input_shape is not None:
             self._to_boto_request(parameters, op.input_shape)
 
     def normalise_response(self: Any, response: Any, boto_service_name: Any = None,
                            service_action_name: Any = None) -> None:
-        op = operation(self._get_boto_service_name(boto_service_name),
-                       self._get_boto_service_action(service_action_name))
+        op = operation(self, boto_service_name, service_action_name)
         if op is not None and op.output_shape is not None:
             self._from_boto_response(response, op.output_shape)
 
@@ -222,16 +224,6 @@ def resolve_secret_references(value: str) -> str:
     return _SECRET_REFERENCE.sub(lambda m: str(client.get_secret_value(SecretId=m["id"])["SecretString"]), value)
 
 
-class _Context:
-    def __init__(self, name: str) -> None:
-        self.function_name = name
-        self.aws_request_id = "moto-request"
-        self.invoked_function_arn = f"arn:aws:lambda:{REGION}:{ACCOUNT}:function:{name}"
-
-    def get_remaining_time_in_millis(self) -> int:
-        return 900_000
-
-
 def patch_lambda(monkeypatch: pytest.MonkeyPatch, d: Deployment) -> None:
     from moto.awslambda_simple.models import LambdaSimpleBackend
 
@@ -246,7 +238,8 @@ def patch_lambda(monkeypatch: pytest.MonkeyPatch, d: Deployment) -> None:
             d.stand_ins.add(handler_path)
             return b"{}"
         try:
-            result = getattr(importlib.import_module(module), attr)(event, _Context(name))
+            context = Context(name, request_id="moto-request", remaining_ms=900_000)  # a task Lambda's 15 minutes
+            result = getattr(importlib.import_module(module), attr)(event, context)
         except Exception as exc:  # reported to Step Functions as an unhandled function error, like Lambda does
             response_headers["x-amz-function-error"] = "Unhandled"
             return json.dumps({"errorType": type(exc).__name__, "errorMessage": str(exc),

@@ -14,7 +14,7 @@ ENTRY_POINTS = {
     "gpu_worker/main.py",  # the worker container: its settings and its job's inputs
     "nightbatch/local/stack.py",  # `nightbatch local`
     "nightbatch/cli_keys.py",  # `nightbatch keys`
-    "nightbatch/commands/connection.py",  # the API commands' server and key
+    "nightbatch/connection.py",  # the API commands' server and key
 }
 
 

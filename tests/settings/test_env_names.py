@@ -45,6 +45,7 @@ ENV_NAMES: dict[str, str] = {
     "NIGHTBATCH_MAX_EMBEDDING_INPUTS": "validation.max_embedding_inputs",
     "NIGHTBATCH_MAX_EMBEDDING_INPUTS_PER_REQUEST": "validation.max_embedding_inputs_per_request",
     "NIGHTBATCH_MAX_CHOICES_PER_REQUEST": "validation.max_choices_per_request",
+    "NIGHTBATCH_MAX_SCORE_DOCUMENTS_PER_REQUEST": "validation.max_score_documents_per_request",
     "NIGHTBATCH_MEDIA_ALLOWED_DOMAINS": "validation.media_allowed_domains",
     "NIGHTBATCH_MAX_REPORTED_ERRORS": "validation.max_reported_errors",
     "NIGHTBATCH_MULTI_MODEL_BATCHES": "validation.multi_model_batches",
@@ -189,7 +190,7 @@ def test_the_job_inputs_are_their_own_model(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_an_invalid_variable_is_named_in_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from nightbatch.commands.connection import CommandError, resolve_target
+    from nightbatch.connection import CommandError, resolve_target
 
     monkeypatch.setenv("NIGHTBATCH_WORKER_POLL_SECONDS", "soon")
     with pytest.raises(CommandError, match="NIGHTBATCH_WORKER_POLL_SECONDS in the environment is invalid"):

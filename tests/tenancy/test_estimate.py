@@ -60,3 +60,17 @@ def test_invalid_lines_are_reported_not_raised(two: Any) -> None:
     assert [(e["code"], e["line"]) for e in est["errors"]] == [("invalid_json_line", 3)]
     with pytest.raises(openai.BadRequestError):
         post_estimate(a, input_file_id=f.id, endpoint="/v1/nope")
+
+
+def test_a_rerank_file_is_all_input(two: Any) -> None:
+    """Scoring makes no tokens: a score or rerank line's whole estimate is input."""
+    _stack, a, _ = two
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/rerank",
+              "body": {"model": "all-MiniLM-L6-v2", "query": "cats", "documents": ["a cat", "a dog"]}}
+             for i in range(3)]
+    data = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+    f = a.files.create(file=("in.jsonl", data), purpose="batch")
+    est = post_estimate(a, input_file_id=f.id, endpoint="/v1/rerank")
+    assert est["valid"] and est["requests"] == 3 and est["model"] == "all-MiniLM-L6-v2"
+    assert est["input_tokens"] == sum(len(line) // 4 + 1 for line in data.splitlines())
+    assert est["expected_output_tokens"] == 0

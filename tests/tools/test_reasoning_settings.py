@@ -14,8 +14,9 @@ from pydantic import ValidationError
 from gpu_worker.engines.vllm_engine import _fields, _split_args
 from nightbatch.model_spec import ModelSpec
 from nightbatch.pipeline.results import Tally, summarize_result_line
+from nightbatch.request_checks import LineInvalid
 from nightbatch.settings import Settings
-from nightbatch.validation import LineInvalid, Validator
+from nightbatch.validation import Validator
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 

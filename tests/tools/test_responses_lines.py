@@ -13,8 +13,9 @@ from gpu_worker.runner import with_default_max_tokens
 from gpu_worker.scheduling import prompt_text
 from nightbatch.model_spec import ENDPOINTS, LOCAL_MODELS
 from nightbatch.pipeline.results import Tally, summarize_result_line
+from nightbatch.request_checks import LineInvalid
 from nightbatch.settings import Settings
-from nightbatch.validation import LineInvalid, Validator
+from nightbatch.validation import Validator
 
 URL = "/v1/responses"
 SMOL = next(m for m in LOCAL_MODELS if m.task == "generate")

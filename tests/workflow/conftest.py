@@ -47,6 +47,17 @@ def chat_line(i: int, model: str = "SmolLM2-135M-Instruct", **body: Any) -> dict
     return {"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions", "body": b}
 
 
+def overridden(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `base` with `over` applied; a value of `...` removes that key."""
+    out = dict(base)
+    for k, v in over.items():
+        if v is ...:
+            out.pop(k, None)
+        else:
+            out[k] = v
+    return out
+
+
 def make_batch(services: Services, payload: bytes, endpoint: str = "/v1/chat/completions",
                tenant: str = "default", **kw: Any) -> str:
     f = services.files.create(tenant, filename="in.jsonl", purpose="batch", fileobj=io.BytesIO(payload),

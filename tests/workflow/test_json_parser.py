@@ -16,9 +16,10 @@ from nightbatch.jsonl import dumps_line, loads
 from nightbatch.pipeline import BatchTaskInput, validate_batch
 from nightbatch.pipeline.results import ResultSummary, summarize_result_line
 from nightbatch.pipeline.segments import parse_segment_line
+from nightbatch.request_checks import LineInvalid
 from nightbatch.services import Services
 from nightbatch.settings import Settings
-from nightbatch.validation import LineInvalid, Validator
+from nightbatch.validation import Validator
 from tests.workflow.conftest import make_batch
 
 CHAT = "/v1/chat/completions"

@@ -10,29 +10,17 @@ import pytest
 from nightbatch.pipeline import BatchTaskInput, validate_batch
 from nightbatch.services import Services
 from nightbatch.settings import SETTINGS
-from tests.workflow.conftest import chat_line, jsonl, make_batch
+from tests.workflow.conftest import chat_line, jsonl, make_batch, overridden
 
 CHAT = "/v1/chat/completions"
 
 
 def line(**over: Any) -> dict[str, Any]:
-    base = chat_line(1)
-    for k, v in over.items():
-        if v is ...:
-            base.pop(k, None)
-        else:
-            base[k] = v
-    return base
+    return overridden(chat_line(1), over)
 
 
 def body(**over: Any) -> dict[str, Any]:
-    b = dict(chat_line(1)["body"])
-    for k, v in over.items():
-        if v is ...:
-            b.pop(k, None)
-        else:
-            b[k] = v
-    return line(body=b)
+    return line(body=overridden(chat_line(1)["body"], over))
 
 
 def emb(i: int, inp: Any) -> dict[str, Any]:

@@ -11,8 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nightbatch.request_checks import LineInvalid
 from nightbatch.settings import Settings
-from nightbatch.validation import LineInvalid, Validator
+from nightbatch.validation import Validator
 
 CHAT = "/v1/chat/completions"
 MODEL = "SmolLM2-135M-Instruct"

@@ -4,7 +4,8 @@
 // estimate when this deployment answers POST /v1/nightbatch/estimate; create, then the batch's own page.
 const SINGLE_MAX = 3 * 1024 * 1024;  // under the 4 MiB request limit of POST /v1/files, with form overhead
 const PART_BYTES = 3 * 1024 * 1024;  // each POST /v1/uploads/{id}/parts likewise
-const KNOWN_ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"];
+const KNOWN_ENDPOINTS = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", "/v1/score",
+  "/v1/rerank"];
 let uploaded = null;  // {file, fileId} once the chosen file is on the server
 let uploading = null;  // the XMLHttpRequest in flight, to abort
 let generation = 0;  // a newer file choice makes an older upload's answers stale

@@ -1,4 +1,4 @@
-"""Which server and key the batch commands use, and one-line explanations of what can go wrong."""
+"""Which server and key the CLI commands and the doctor use, and one-line explanations of what can go wrong."""
 
 from __future__ import annotations
 

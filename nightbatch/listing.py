@@ -1,0 +1,26 @@
+"""The `after` cursor of the OpenAI list endpoints: an id of the caller's own, read as its place in the listing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from nightbatch.errors import InvalidRequestError
+from nightbatch.storage import Table
+from nightbatch.storage.records import ListedRecord
+
+L = TypeVar("L", bound=ListedRecord)
+
+
+def after_sort_key(
+    table: Table, kind: type[L], tenant: str, after: str | None, *, noun: str,
+    belongs: Callable[[L], bool] | None = None,
+) -> str | None:
+    """Where a page starts: after the tenant's own record `after` (None: from the start). Another tenant's id, an
+    unknown one, or one outside the listing (`belongs`) is a 400 naming `after`, never a page of something else."""
+    if not after:
+        return None
+    cursor = table.get_owned(kind, tenant, after)
+    if cursor is None or (belongs is not None and not belongs(cursor)):
+        raise InvalidRequestError(f"Invalid 'after': no {noun} with id '{after}'.", param="after")
+    return cursor.owner_sk
