@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from tests.e2e.conftest import LocalStack
-from tests.e2e.test_local_batches import CHAT, chat, lines_of, submit, wait
+from tests.e2e.sdk import submit, wait
+from tests.e2e.test_local_batches import CHAT, chat, lines_of
 from tests.support.local_stack import LORA_ADAPTER
 
 pytestmark = pytest.mark.e2e
