@@ -168,15 +168,15 @@ def test_lora_adapters_come_from_s3_once_and_local_directories_in_place(s3: Any,
         resolve_adapters(broken, s3=s3, cache_dir=tmp_path / "cache")
 
 
-def test_lora_turns_on_in_the_engine_args_with_vllm_s_static_adapters() -> None:
+def test_lora_turns_on_in_the_engine_args_with_vllm_s_static_adapters(tmp_path: Path) -> None:
     from gpu_worker.engines.vllm_engine import _split_args
 
     spec = SPEC.model_copy(update={"lora_modules": {"sql": "s3://b/sql"}, "max_loras": 2, "max_lora_rank": 8})
-    engine, frontend = _split_args(spec, Path("/m"), on_cpu=True, lora_dirs={"sql": "/cache/sql"})
+    engine, frontend = _split_args(spec, tmp_path, on_cpu=True, lora_dirs={"sql": "/cache/sql"})
     assert (engine.enable_lora, engine.max_loras, engine.max_lora_rank) == (True, 2, 8)
     (module,) = frontend.lora_modules
     assert (module.name, module.path, module.base_model_name) == ("sql", "/cache/sql", SPEC.name)
-    plain, plain_frontend = _split_args(SPEC, Path("/m"), on_cpu=True)
+    plain, plain_frontend = _split_args(SPEC, tmp_path, on_cpu=True)
     assert not plain.enable_lora and not plain_frontend.lora_modules
     with pytest.raises(ValueError, match=r"adapter.*sql.*no local directory"):
-        _split_args(spec, Path("/m"), on_cpu=True, lora_dirs={})
+        _split_args(spec, tmp_path, on_cpu=True, lora_dirs={})
