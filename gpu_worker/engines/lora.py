@@ -7,10 +7,16 @@ from typing import Any
 from nightbatch.model_spec import ModelSpec
 
 
-def lora_engine_args(spec: ModelSpec) -> dict[str, Any]:
+def lora_engine_args(spec: ModelSpec, *, on_cpu: bool = False) -> dict[str, Any]:
     kwargs: dict[str, Any] = {"enable_lora": True}
     if spec.max_loras is not None:
         kwargs["max_loras"] = spec.max_loras
+    if on_cpu:
+        # vLLM 0.32's CPU LoRA ops gather the adapter slot of every row, -1 ("no adapter") included, which
+        # reads the last slot: a base-model line in the same engine step as an adapter's got that adapter's
+        # delta (measured: its greedy answer became the adapter's; upstream vllm-project/vllm#48421). One slot
+        # more than the adapters keeps the last one empty (zeros), so the base model's rows stay its own.
+        kwargs["max_loras"] = max(spec.max_loras or 1, len(spec.lora_modules)) + 1
     if spec.max_lora_rank is not None:
         kwargs["max_lora_rank"] = spec.max_lora_rank
     return kwargs

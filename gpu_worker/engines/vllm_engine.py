@@ -281,7 +281,7 @@ def _split_args(
     frontend_names = {f.name for f in dataclasses.fields(BaseFrontendArgs)}
     frontend_kwargs = _model_frontend_args(spec)
     if spec.lora_modules:
-        engine_kwargs.update(lora_engine_args(spec))
+        engine_kwargs.update(lora_engine_args(spec, on_cpu=on_cpu))
         frontend_kwargs["lora_modules"] = lora_module_paths(spec, lora_dirs or {})
     for key, value in spec.engine_args.items():
         if key in frontend_kwargs or (key == "reasoning_parser" and spec.reasoning_parser):

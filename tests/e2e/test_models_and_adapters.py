@@ -61,8 +61,9 @@ def test_two_model_batch_reports_each_model(local_stack: LocalStack) -> None:
     got = answers(lines_of(client, batch.output_file_id))
     assert len(got) == len(rows) and all(got[f"{m}-{i}"][0] == m for m in (CHAT, LORA_ADAPTER)
                                          for i in range(len(PROMPTS)))
-    # Greedy decoding: the same prompt answered differently shows the adapter's weights were applied.
-    assert any(got[f"{CHAT}-{i}"][1] != got[f"{LORA_ADAPTER}-{i}"][1] for i in range(len(PROMPTS)))
+    # Greedy decoding: every prompt answered differently shows the adapter's weights applied to its lines and
+    # to no base line that shared an engine step with them (the CPU workaround in gpu_worker/engines/lora.py).
+    assert all(got[f"{CHAT}-{i}"][1] != got[f"{LORA_ADAPTER}-{i}"][1] for i in range(len(PROMPTS)))
     models = (batch.model_extra or {})["nightbatch"]["models"]
     assert set(models) == {CHAT, LORA_ADAPTER}
     for name in (CHAT, LORA_ADAPTER):

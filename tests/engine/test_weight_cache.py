@@ -172,8 +172,10 @@ def test_lora_turns_on_in_the_engine_args_with_vllm_s_static_adapters(tmp_path: 
     from gpu_worker.engines.vllm_engine import _split_args
 
     spec = SPEC.model_copy(update={"lora_modules": {"sql": "s3://b/sql"}, "max_loras": 2, "max_lora_rank": 8})
-    engine, frontend = _split_args(spec, tmp_path, on_cpu=True, lora_dirs={"sql": "/cache/sql"})
+    engine, frontend = _split_args(spec, tmp_path, on_cpu=False, lora_dirs={"sql": "/cache/sql"})
     assert (engine.enable_lora, engine.max_loras, engine.max_lora_rank) == (True, 2, 8)
+    on_cpu, _ = _split_args(spec, tmp_path, on_cpu=True, lora_dirs={"sql": "/cache/sql"})
+    assert on_cpu.max_loras == 3  # a slot no adapter takes (gpu_worker/engines/lora.py)
     (module,) = frontend.lora_modules
     assert (module.name, module.path, module.base_model_name) == ("sql", "/cache/sql", SPEC.name)
     plain, plain_frontend = _split_args(SPEC, tmp_path, on_cpu=True)
