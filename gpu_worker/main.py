@@ -138,7 +138,7 @@ async def build_engine(spec: ModelSpec, engine_path: str, adapters: Adapters, ph
         return engine
     # Imported here: vLLM is heavy and only the engine module may import it.
     from gpu_worker.engines.vllm_engine import VllmEngine  # type: ignore[import-not-found,unused-ignore]
-    from gpu_worker.weight_cache import resolve_weights
+    from gpu_worker.weight_cache import resolve_adapters, resolve_weights
 
     settings = adapters.settings
     # In AWS the stack's bucket caches Hugging Face weights (models/<name>@<revision>/); locally nothing does.
@@ -147,7 +147,9 @@ async def build_engine(spec: ModelSpec, engine_path: str, adapters: Adapters, ph
     phases.weights_source = weights.source
     phases.mark("weights_ready")
     log.info("weights of %s from %s (%s)", spec.name, weights.source, weights.path)
-    vllm_engine: Engine = VllmEngine(spec, model_dir=weights.path, load_format=weights.load_format)
+    lora_dirs = await asyncio.to_thread(resolve_adapters, spec, s3=adapters.client("s3"))
+    vllm_engine: Engine = VllmEngine(spec, model_dir=weights.path, load_format=weights.load_format,
+                                     lora_dirs=lora_dirs)
     return vllm_engine
 
 

@@ -193,3 +193,21 @@ def hub_fetch(repo_id: str, revision: str, out: Path) -> tuple[str, list[str]]:
     _log(f"downloading {len(names)} files of {repo_id}@{info.sha} from the hub")
     snapshot_download(repo_id=repo_id, revision=info.sha, allow_patterns=names, local_dir=out, token=token)
     return str(info.sha), names
+
+
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def resolve_adapters(spec: ModelSpec, *, s3: Any = None, cache_dir: Path | None = None) -> dict[str, str]:
+    """Local directories of `spec`'s LoRA adapters (name -> path): an s3:// source is downloaded once into the
+    cache beside the models (kept while its objects are unchanged), a local directory is used in place."""
+    cache = cache_dir if cache_dir is not None else default_cache_dir()
+    dirs: dict[str, str] = {}
+    for name, source in spec.lora_modules.items():
+        # model_prep's S3 download, keyed by the adapter's own name under the model's.
+        holder = ModelSpec(name=f"{spec.name}@lora-{name}", source=source)
+        path = resolve_model_dir(holder, cache, s3_client=s3) if source.startswith("s3://") else Path(source)
+        if not (path / ADAPTER_CONFIG).is_file():
+            raise ValueError(f"model {spec.name!r}: adapter {name!r} ({source}) has no {ADAPTER_CONFIG}")
+        dirs[name] = str(path)
+    return dirs

@@ -138,6 +138,9 @@ class DeployedModel(_Strict):
                 f"model {spec.name!r}: in AWS the weight source must be 's3://bucket/prefix' or 'hf:org/name'"
                 f" (got {spec.source!r})"
             )
+        local = sorted(name for name, source in spec.lora_modules.items() if not source.startswith("s3://"))
+        if local:
+            raise ValueError(f"model {spec.name!r}: in AWS LoRA adapters come from 's3://bucket/prefix' (not {local})")
         template = spec.chat_template
         if template is not None and not template.startswith("nightbatch:") and not any(c in template for c in "{}"):
             raise ValueError(

@@ -351,8 +351,9 @@ class NightbatchStack(cdk.Stack):
                 resources=[self.format_arn(service="batch", resource="job", resource_name="*")],
             ))
         for model in self.config.models:
-            if model.spec.source.startswith("s3://"):
-                self.grant_model_weights(model.spec.source)
+            for source in (model.spec.source, *model.spec.lora_modules.values()):  # weights, LoRA adapters
+                if source.startswith("s3://"):
+                    self.grant_model_weights(source)
         self._grant_event_bus()
 
     def _grant_event_bus(self) -> None:

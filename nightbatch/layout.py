@@ -154,6 +154,7 @@ class SegmentEntry(BaseModel):
     est: int
     group: int = 0  # prefix group (nightbatch/pipeline/prefixes.py); 0: lines in input order
     bytes: int = 0  # input bytes the segment's ranges span (version 2)
+    model: str = ""  # the lines' `body.model` (a served model or a LoRA adapter); "": the batch's model
 
 
 class InputPart(BaseModel):
@@ -209,6 +210,8 @@ class ShardSpec(BaseModel):
     input: InputSource | None = None
     lines: int
     est_tokens: int = 0
+    # Lines per `body.model` when they name more than `model` (its LoRA adapters); empty: all are `model`.
+    models: dict[str, int] = {}
 
 
 class ShardItem(BaseModel):

@@ -40,6 +40,12 @@ class ModelSpec(BaseModel):
     # (e.g. {"enable_thinking": false}); a request's own `chat_template_kwargs` take precedence.
     reasoning_parser: str | None = None
     default_chat_template_kwargs: dict[str, Any] | None = None
+    # LoRA adapters served on this model (vLLM's --lora-modules): the name a line puts in `body.model` ->
+    # "s3://bucket/prefix" or a local directory in PEFT's format (adapter_config.json + weights). Unset
+    # limits: vLLM's defaults (max_loras 1 adapter per engine step, max_lora_rank 16).
+    lora_modules: dict[str, str] = Field(default_factory=dict)
+    max_loras: int | None = None
+    max_lora_rank: int | None = None
 
     @model_validator(mode="after")
     def _auto_needs_parser(self) -> ModelSpec:
@@ -48,6 +54,10 @@ class ModelSpec(BaseModel):
         if self.task != "generate" and (self.tool_call_parser or self.enable_auto_tool_choice or self.reasoning_parser):
             kind = "an embedding" if self.task == "embed" else "a scoring"
             raise ValueError(f"model {self.name!r}: {kind} model takes no tool or reasoning settings")
+        if self.lora_modules and self.task != "generate":
+            raise ValueError(f"model {self.name!r}: LoRA adapters (lora_modules) need a generate model")
+        if self.name in self.lora_modules:
+            raise ValueError(f"model {self.name!r}: an adapter cannot have the model's own name")
         try:
             resolve_chat_template(self.chat_template)
         except ValueError as e:
@@ -61,6 +71,12 @@ class ModelSpec(BaseModel):
         if self.task == "score":
             return SCORE_ENDPOINTS
         return ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+
+
+def served_model(models: list[ModelSpec], name: str) -> ModelSpec | None:
+    """The model that serves `name`: a model of that name, or the model one of whose adapters it is."""
+    return next((m for m in models if m.name == name), None) or next(
+        (m for m in models if name in m.lora_modules), None)
 
 
 LOCAL_MODELS: list[ModelSpec] = [

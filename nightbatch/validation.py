@@ -11,7 +11,7 @@ from msgspec import UNSET
 
 from nightbatch.ids import custom_id_digest
 from nightbatch.jsonl import loads
-from nightbatch.model_spec import SCORE_ENDPOINTS, ModelSpec
+from nightbatch.model_spec import SCORE_ENDPOINTS, ModelSpec, served_model
 from nightbatch.request_checks import (
     LineInvalid,
     check_media,
@@ -37,11 +37,12 @@ MAX_ERRORS_BYTES = 32 * 1024
 class ValidRequest:
     """A valid line. `body` is decoded from `raw` on first use when the fast path did not build it."""
 
-    __slots__ = ("_body", "custom_id", "est_tokens", "number", "raw")
+    __slots__ = ("_body", "custom_id", "est_tokens", "model", "number", "raw")
 
     def __init__(self, number: int, custom_id: str, body: dict[str, Any] | None, est_tokens: int,
-                 raw: bytes) -> None:
+                 raw: bytes, model: str = "") -> None:
         self.number, self.custom_id, self._body, self.est_tokens, self.raw = number, custom_id, body, est_tokens, raw
+        self.model = model  # the line's `body.model`: a served model or one of its LoRA adapters
 
     @property
     def body(self) -> dict[str, Any]:
@@ -89,6 +90,9 @@ class Validator:
     model: str | None = None
     spec: ModelSpec | None = None
     seen: set[int] = field(default_factory=set)
+    # Valid lines per `body.model` (Plan groups by it; more than one: a multi-model or multi-adapter batch).
+    models: dict[str, int] = field(default_factory=dict)
+    _specs: dict[str, ModelSpec] = field(default_factory=dict)
     embedding_inputs: int = 0
     # Lines at least this long take the general path, which builds their body (Validate's prefix groups read
     # the body of long lines; decoding it twice would cost more than the fast path saves).
@@ -98,8 +102,11 @@ class Validator:
         if data is not None and self.endpoint == "/v1/chat/completions" and len(data) < self.fast_max_bytes:
             req = self._check_plain_chat(number, data)
             if req is not None:
+                self.models[req.model] = self.models.get(req.model, 0) + 1
                 return req
-        return self._check(number, data, size)
+        req = self._check(number, data, size)
+        self.models[req.model] = self.models.get(req.model, 0) + 1
+        return req
 
     def _check_plain_chat(self, number: int, data: bytes) -> ValidRequest | None:
         """The common chat line (text messages, none of the parameters that need a closer look) checked on
@@ -128,7 +135,7 @@ class Validator:
         if digest in self.seen:
             return None  # reported by the general path
         self.seen.add(digest)
-        return ValidRequest(number, custom_id, None, est, data)
+        return ValidRequest(number, custom_id, None, est, data, model)
 
     def _check(self, number: int, data: bytes | None, size: int) -> ValidRequest:
         s = self.settings
@@ -168,15 +175,26 @@ class Validator:
                               "duplicate of another request. The custom_id parameter must be unique for each "
                               "request in a batch.", "custom_id")
         self.seen.add(digest)
-        return ValidRequest(number, custom_id, body, est, data)
+        return ValidRequest(number, custom_id, body, est, data, body["model"])
 
     def _check_model(self, model: str) -> ModelSpec:
-        spec = self.settings.serving.model(model)
+        known = self._specs.get(model)
+        if known is not None:
+            return known
+        models = self.settings.serving.models
+        spec = served_model(models, model)
         if spec is None or self.endpoint not in spec.endpoints:
-            served = ", ".join(m.name for m in self.settings.serving.models if self.endpoint in m.endpoints)
+            served = ", ".join(name for m in models if self.endpoint in m.endpoints
+                               for name in (m.name, *m.lora_modules))
             raise LineInvalid("model_not_found", f"The provided model {echo(model)} is not supported by the Batch "
                               f"API for {self.endpoint}. Served models: {served or 'none'}.", "body.model")
+        self._specs[model] = spec
         return spec
+
+    def _may_mix(self, spec: ModelSpec) -> bool:
+        """Another `model` than the batch's first line's: on a deployment that allows multi-model batches,
+        or an adapter of the same served model (or that model itself), which the same engine serves."""
+        return self.settings.validation.multi_model_batches or (self.spec is not None and spec.name == self.spec.name)
 
     def _check_body(self, body: dict[str, Any], line_bytes: int) -> int:
         model = body.get("model")
@@ -186,7 +204,7 @@ class Validator:
         spec = self.spec if model == self.model and self.spec is not None else self._check_model(model)
         if self.model is None:
             self.model, self.spec = model, spec
-        elif model != self.model:
+        elif model != self.model and not self._may_mix(spec):
             raise LineInvalid("mismatched_model", f"The model {echo(model)} for this request does not match the "
                               "rest of the batch. Each batch must contain requests for a single model.",
                               "body.model")

@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gpu_worker.engines.base import EngineFailedError, EngineReply
+from gpu_worker.engines.lora import lora_engine_args, lora_module_paths
 from gpu_worker.model_prep import resolve_model_dir
 from nightbatch.local.templates import resolve_chat_template
 from nightbatch.model_spec import ModelSpec
@@ -54,9 +55,12 @@ class VllmEngine:
 
     def __init__(
         self, spec: ModelSpec, *, model_dir: Path | str | None = None, cache_dir: Path | None = None,
-        load_format: str | None = None,
+        load_format: str | None = None, lora_dirs: dict[str, str] | None = None,
     ) -> None:
         self.spec = spec
+        # The model's LoRA adapters as local directories (gpu_worker/weight_cache.py resolve_adapters);
+        # None: resolved on start.
+        self._lora_dirs = lora_dirs
         self.model_name = spec.name
         # A local directory, or an s3:// URI with load_format="runai_streamer" (gpu_worker/weight_cache.py).
         self._model_dir = model_dir
@@ -78,12 +82,18 @@ class VllmEngine:
         model_dir = self._model_dir
         if model_dir is None:
             model_dir = await asyncio.to_thread(resolve_model_dir, self.spec, self._cache_dir)
+        lora_dirs = self._lora_dirs
+        if lora_dirs is None and self.spec.lora_modules:
+            from gpu_worker.weight_cache import resolve_adapters
+
+            lora_dirs = await asyncio.to_thread(resolve_adapters, self.spec, cache_dir=self._cache_dir)
 
         from vllm.entrypoints.launchers.api_server.app_state import init_app_state
         from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client_from_engine_args
         from vllm.usage.usage_lib import UsageContext
 
-        engine_args, frontend = _split_args(self.spec, model_dir, on_cpu=on_cpu, load_format=self._load_format)
+        engine_args, frontend = _split_args(self.spec, model_dir, on_cpu=on_cpu, load_format=self._load_format,
+                                            lora_dirs=lora_dirs)
         stack = AsyncExitStack()
         try:
             client = await stack.enter_async_context(
@@ -242,7 +252,8 @@ def _prepare_platform() -> bool:
 
 
 def _split_args(
-    spec: ModelSpec, model_dir: Path | str, *, on_cpu: bool, load_format: str | None = None
+    spec: ModelSpec, model_dir: Path | str, *, on_cpu: bool, load_format: str | None = None,
+    lora_dirs: dict[str, str] | None = None,
 ) -> tuple[Any, Any]:
     """AsyncEngineArgs and the server's frontend args; `spec.engine_args` keys may belong to either."""
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -269,6 +280,9 @@ def _split_args(
     engine_names = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     frontend_names = {f.name for f in dataclasses.fields(BaseFrontendArgs)}
     frontend_kwargs = _model_frontend_args(spec)
+    if spec.lora_modules:
+        engine_kwargs.update(lora_engine_args(spec, on_cpu=on_cpu))
+        frontend_kwargs["lora_modules"] = lora_module_paths(spec, lora_dirs or {})
     for key, value in spec.engine_args.items():
         if key in frontend_kwargs or (key == "reasoning_parser" and spec.reasoning_parser):
             raise ValueError(f"model {spec.name!r}: set {key!r} as the model's own setting, not in engine_args")

@@ -23,6 +23,7 @@ from nightbatch.pipeline.compose import PartComposer
 from nightbatch.pipeline.merge import merge_shard
 from nightbatch.pipeline.merge_order import planned_shards
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
+from nightbatch.pipeline.per_model import per_model_report
 from nightbatch.pipeline.results import Tally, unrun_line
 from nightbatch.pipeline.shard_lines import shard_requests
 from nightbatch.services import Services
@@ -79,6 +80,9 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
                                billing=training_job_billing(services.adapters, times))
     if times.phases:
         ext["phases"] = summarize_phases(times.phases)
+    if "models" in ext:  # Validate found more than one model (nightbatch/pipeline/per_model.py)
+        ext["models"] = per_model_report(services.adapters.blobs, services.settings, inp.batch_id,
+                                         batch.model or "")
     decisions = collect_decisions(services, inp.batch_id)
     if decisions:  # where each shard's jobs ran, and why (nightbatch/pipeline/capacity.py)
         ext["capacity"] = decisions

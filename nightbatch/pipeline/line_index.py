@@ -1,7 +1,8 @@
 """Validate's output: segments as line indexes (layout.LineIndex), references into the input, not copies.
 
 A segment is up to `max_lines` valid lines of one prefix group (group 0: lines in input order; groups 1..n:
-long prompts by prefix, nightbatch/pipeline/prefixes.py), or fewer once its ranges span `max_bytes` of input
+long prompts by prefix, nightbatch/pipeline/prefixes.py) and one `body.model` (a batch may name several models
+or LoRA adapters, and each shard serves one engine), or fewer once its ranges span `max_bytes` of input
 (so that shards stay balanced by bytes as well). Consecutive input lines of a segment form one run, one
 byte range; blank lines between them stay inside the run (the reader skips them, numbered, as Validate
 did). What S3 receives is a few bytes per line (its estimate), never the line.
@@ -18,7 +19,7 @@ from nightbatch.storage import BlobStore
 
 @dataclass
 class _Open:
-    """The segment being filled for one prefix group."""
+    """The segment being filled for one (prefix group, model)."""
 
     runs: list[tuple[int, int, int]] = field(default_factory=list)
     est: list[int] = field(default_factory=list)
@@ -37,35 +38,36 @@ class _Open:
 
 @dataclass
 class IndexWriter:
-    """Buffers at most one segment's index per prefix group, then PUTs it; records (key, lines, est, group,
-    bytes) for Plan."""
+    """Buffers at most one segment's index per (prefix group, model), then PUTs it; records (key, lines, est,
+    group, bytes, model) for Plan."""
 
     blobs: BlobStore
     batch_id: str
     max_lines: int
     max_bytes: int
-    open: dict[int, _Open] = field(default_factory=dict)
+    open: dict[tuple[int, str], _Open] = field(default_factory=dict)
     index: list[layout.SegmentEntry] = field(default_factory=list)
-    last_group: int = -1  # the group of the last line added: a line of the same group extends its run
+    last: tuple[int, str] | None = None  # the slot of the last line added: a line of the same slot extends its run
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="segments"))
     pending: list[Future[None]] = field(default_factory=list)
 
-    def add(self, number: int, offset: int, size: int, est: int, group: int = 0) -> None:
-        seg = self.open.get(group)
+    def add(self, number: int, offset: int, size: int, est: int, group: int = 0, model: str = "") -> None:
+        slot = (group, model)
+        seg = self.open.get(slot)
         if seg is None:
-            seg = self.open[group] = _Open()
-        if self.last_group != group or seg.start < 0:
+            seg = self.open[slot] = _Open()
+        if self.last != slot or seg.start < 0:
             seg.close_run()
             seg.first, seg.start = number, offset
-        self.last_group = group
+        self.last = slot
         seg.end = offset + size
         seg.est.append(est)
         seg.est_sum += est
         if len(seg.est) >= self.max_lines or seg.spanned + seg.end - seg.start >= self.max_bytes:
-            self.flush(group)
+            self.flush(slot)
 
-    def flush(self, group: int) -> None:
-        seg = self.open.pop(group, None)
+    def flush(self, slot: tuple[int, str]) -> None:
+        seg = self.open.pop(slot, None)
         if seg is None or not seg.est:
             return
         seg.close_run()
@@ -75,8 +77,8 @@ class IndexWriter:
             self.pending.pop(0).result()
         self.pending.append(self.pool.submit(layout.write_line_index, self.blobs, key,
                                              layout.LineIndex(runs=seg.runs, est=seg.est)))
-        self.index.append(layout.SegmentEntry(key=key, lines=len(seg.est), est=seg.est_sum, group=group,
-                                              bytes=seg.spanned))
+        self.index.append(layout.SegmentEntry(key=key, lines=len(seg.est), est=seg.est_sum, group=slot[0],
+                                              bytes=seg.spanned, model=slot[1]))
 
     def abandon(self) -> None:
         for f in self.pending:
@@ -84,8 +86,8 @@ class IndexWriter:
         self.pool.shutdown()
 
     def close(self, source: layout.InputSource) -> None:
-        for group in sorted(self.open):
-            self.flush(group)
+        for slot in sorted(self.open):
+            self.flush(slot)
         for f in self.pending:
             f.result()
         self.pool.shutdown()

@@ -9,6 +9,9 @@ with its own prefix cache, so a shared prefix is prefilled again in every shard 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from nightbatch.layout import SegmentEntry as Segment
 
 
@@ -17,16 +20,28 @@ def place_by_prefix(shards: list[list[Segment]]) -> list[list[Segment]]:
 
     `shards` is the contiguous placement (its length is the shard count Plan chose); it is returned as it
     is when no segment carries a prefix group or there is a single shard."""
+    return place_grouped(shards, lambda s: s.group)
+
+
+def place_by_model(shards: list[list[Segment]]) -> list[list[Segment]]:
+    """As place_by_prefix, grouped by the lines' `body.model` instead: the lines of one LoRA adapter go to as
+    few shards as balance allows (each engine step serves at most `max_loras` adapters at once)."""
+    return place_grouped(shards, lambda s: s.model)
+
+
+def place_grouped(shards: list[list[Segment]], key: Callable[[Segment], Any]) -> list[list[Segment]]:
+    """Segments of one group (`key`; a falsy key: no group) to as few shards as balance allows."""
     n = len(shards)
     segments = [s for shard in shards for s in shard]
-    if n <= 1 or not any(s.group for s in segments):
+    if n <= 1 or not any(key(s) for s in segments):
         return shards
     total = sum(s.est for s in segments)
     share = total / n
-    groups: dict[int, list[Segment]] = {}
+    groups: dict[Any, list[Segment]] = {}
     loose: list[Segment] = []
     for s in segments:
-        (groups.setdefault(s.group, []) if s.group else loose).append(s)
+        k = key(s)
+        (groups.setdefault(k, []) if k else loose).append(s)
     out: list[list[Segment]] = [[] for _ in range(n)]
     load = [0] * n
 
@@ -37,7 +52,8 @@ def place_by_prefix(shards: list[list[Segment]]) -> list[list[Segment]]:
         out[i].append(s)
         load[i] += s.est
 
-    for _, members in sorted(groups.items(), key=lambda kv: (-sum(s.est for s in kv[1]), kv[0])):
+    order = {k: i for i, k in enumerate(sorted(groups))}  # one key type per call
+    for _, members in sorted(groups.items(), key=lambda kv: (-sum(s.est for s in kv[1]), order[kv[0]])):
         target = lightest()
         for s in members:
             if load[target] >= share:

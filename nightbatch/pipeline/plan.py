@@ -7,8 +7,9 @@ import json
 from nightbatch import layout
 from nightbatch.clock import now
 from nightbatch.layout import SegmentEntry, ShardItem
+from nightbatch.model_spec import served_model
 from nightbatch.pipeline.models import BatchTaskInput, PlanOutput
-from nightbatch.pipeline.placement import place_by_prefix
+from nightbatch.pipeline.placement import place_by_model, place_by_prefix
 from nightbatch.pipeline.sizing import plan_shards
 from nightbatch.services import Services
 from nightbatch.settings import Settings
@@ -38,30 +39,63 @@ def group_segments(
     return groups
 
 
+def by_served_model(segments: list[SegmentEntry], batch_model: str,
+                    settings: Settings) -> dict[str, list[SegmentEntry]]:
+    """The segments per served model (an adapter's lines go with its model): the batch's model first, then in
+    segment order. Segments written before they named their model (model "") are the batch's model's."""
+    models = settings.serving.models
+    served: dict[str, str] = {}
+    first = served_model(models, batch_model)
+    out: dict[str, list[SegmentEntry]] = {first.name: []} if first is not None else {}
+    for seg in segments:
+        name = seg.model or batch_model
+        if name not in served:
+            spec = served_model(models, name)
+            # A model no longer configured keeps its own name: the worker then fails its shards visibly.
+            served[name] = spec.name if spec is not None else name
+        out.setdefault(served[name], []).append(seg)
+    return {model: own for model, own in out.items() if own}
+
+
+def line_models(group: list[SegmentEntry], model: str) -> dict[str, int]:
+    """ShardSpec.models: lines per `body.model` when any names other than the shard's model."""
+    counts: dict[str, int] = {}
+    for s in group:
+        counts[s.model or model] = counts.get(s.model or model, 0) + s.lines
+    return {} if set(counts) <= {model} else counts
+
+
 def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
     settings, table, blobs = services.settings, services.adapters.table, services.adapters.blobs
     batch = table.get_record(BatchRecord, inp.batch_id)
     items: list[ShardItem] = []
     if batch is not None and batch.status == "in_progress":
-        model = batch.model or ""
         index = layout.read_segments(blobs, inp.batch_id)
-        segments = index.segments
         job_definitions: dict[str, str] = json.loads(settings.pipeline.job_definitions_json or "{}")
-        job_definition = job_definitions.get(model, "")
-        backend = json.loads(settings.pipeline.backends_json or "{}").get(model, "batch")
-        if backend != "batch":  # its SageMaker jobs read the deployment's settings from the bucket
+        backends: dict[str, str] = json.loads(settings.pipeline.backends_json or "{}")
+        window = max(0.0, float(batch.expires_at) - now()) if batch.expires_at else None
+        # Each shard serves one model (one engine); a model's shards are numbered together.
+        by_model = by_served_model(index.segments, batch.model or "", settings)
+        if any(backends.get(model, "batch") != "batch" for model in by_model):
+            # Its SageMaker jobs read the deployment's settings from the bucket.
             blobs.put_bytes(layout.worker_settings_key(inp.batch_id), settings_document.dump(settings),
                             content_type="application/json")
-        window = max(0.0, float(batch.expires_at) - now()) if batch.expires_at else None
-        # fleet's sizing decides how many shards; placement decides which segments go in each.
-        for i, group in enumerate(place_by_prefix(group_segments(segments, settings, window))):
-            shard_id = f"{i:05d}"
-            layout.write_shard(blobs, layout.shard_spec(index, group, batch_id=inp.batch_id, shard_id=shard_id,
-                                                        endpoint=batch.endpoint, model=model))
-            items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id, job_definition=job_definition,
-                                   est_tokens=sum(s.est for s in group),
-                                   backend="sagemaker" if backend == "sagemaker" else "batch",
-                                   fallback=backend == "both"))
+        for model, own in by_model.items():
+            backend = backends.get(model, "batch")
+            # fleet's sizing decides how many shards; placement decides which segments go in each.
+            shards = group_segments(own, settings, window)
+            placed = place_by_model(shards) if len({s.model for s in own}) > 1 else place_by_prefix(shards)
+            for group in placed:
+                shard_id = f"{len(items):05d}"
+                spec = layout.shard_spec(index, group, batch_id=inp.batch_id, shard_id=shard_id,
+                                         endpoint=batch.endpoint, model=model)
+                spec.models = line_models(group, model)
+                layout.write_shard(blobs, spec)
+                items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id,
+                                       job_definition=job_definitions.get(model, ""),
+                                       est_tokens=spec.est_tokens,
+                                       backend="sagemaker" if backend == "sagemaker" else "batch",
+                                       fallback=backend == "both"))
     # Cancelled or expired before planning: an empty manifest sends the workflow straight to Finalize.
     manifest_key = layout.write_manifest(blobs, inp.batch_id, items)
     if batch is not None:

@@ -14,6 +14,7 @@ from nightbatch.limits import check_queue_limits
 from nightbatch.metrics import emit
 from nightbatch.pipeline.line_index import IndexWriter
 from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
+from nightbatch.pipeline.per_model import model_counts
 from nightbatch.pipeline.prefixes import PrefixGroups
 from nightbatch.request_checks import LineInvalid
 from nightbatch.services import Services
@@ -83,7 +84,7 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
             continue
         if not errors:
             group = prefix_groups.of(req.body) if prefix_groups.wants(len(req.raw)) else 0
-            writer.add(raw.number, raw.offset, raw.size, req.est_tokens, group)
+            writer.add(raw.number, raw.offset, raw.size, req.est_tokens, group, req.model)
     if not errors and count == 0:
         errors.append(BatchError(code="empty_file", param=None, line=None,
                                  message="The input file has no requests."))
@@ -102,6 +103,8 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
         return _fail(services, batch, [over])
     extra: dict[str, Any] = {"request_counts": {"total": count, "completed": 0, "failed": 0}, "model": validator.model,
              "est_tokens": est_total}
+    if len(validator.models) > 1:
+        extra["ext"] = {**(batch.ext or {}), "models": model_counts(validator.models)}
     try:
         lifecycle.transition(table, inp.batch_id, "in_progress", extra=extra, events=services.batches.events)
     except StorageConflictError:

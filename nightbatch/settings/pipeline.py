@@ -26,6 +26,10 @@ class ValidationSettings(Section):
     # Comma-separated https hosts whose image/audio/video URLs requests may name; empty: inline data: URLs only.
     media_allowed_domains: str = ""
     max_reported_errors: int = 1000
+    # Lines of one batch may name different served models (each shard still serves one; counts, usage and cost
+    # per model under `nightbatch.models`). Off: OpenAI's rule, one model per batch (`mismatched_model`);
+    # the LoRA adapters of one served model may share a batch either way.
+    multi_model_batches: bool = False
     max_completion_window_hours: int = 168
     # Development only: the length of one "hour" of a completion window, so tests can expire batches in seconds.
     hour_seconds: float = 3600.0

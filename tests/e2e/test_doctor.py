@@ -13,7 +13,7 @@ import pytest
 
 from nightbatch.doctor.report import PHASES
 from nightbatch.model_spec import LOCAL_MODELS
-from tests.support.local_stack import ROOT, LocalStack
+from tests.support.local_stack import LORA_ADAPTER, ROOT, LocalStack
 
 pytestmark = pytest.mark.e2e
 
@@ -32,7 +32,11 @@ def test_doctor_against_nightbatch_local_passes_every_phase(local_stack: LocalSt
     assert done.returncode == 0, done.stdout + done.stderr
     out = done.stdout
     assert "✓ API key" in out and "✓ models" in out and "✓ webhook" in out
-    pairs = [(m.name, e) for m in LOCAL_MODELS for e in m.endpoints]  # every model on every endpoint it serves
+    # Every model on every endpoint it serves, the session stack's LoRA adapter included (local_stack.py).
+    with local_stack.client() as client:
+        served = list(client.models.list())
+    pairs = [(m.id, e) for m in served for e in (m.model_extra or {})["nightbatch"]["endpoints"]]
+    assert {m.name for m in LOCAL_MODELS} | {LORA_ADAPTER} == {m.id for m in served}
     for model, endpoint in pairs:
         assert f"{model} {endpoint}  batch_" in out
     for phase in PHASES:

@@ -146,3 +146,39 @@ def _streamer_path_builds_runai_engine_args() -> None:
     assert engine.model == uri and engine.load_format == STREAMER
     local, _ = _split_args(SPEC, Path("/cache/models/x"), on_cpu=False)
     assert local.load_format != STREAMER
+
+
+def test_lora_adapters_come_from_s3_once_and_local_directories_in_place(s3: Any, tmp_path: Path) -> None:
+    from gpu_worker.weight_cache import resolve_adapters
+
+    for name, data in (("adapter_config.json", b'{"r": 8}'), ("adapter_model.safetensors", b"lora")):
+        s3.put_object(Bucket=BUCKET, Key=f"adapters/sql/{name}", Body=data)
+    local = tmp_path / "poem"
+    local.mkdir()
+    (local / "adapter_config.json").write_text("{}")
+    spec = ModelSpec(name="Tiny-1B-Instruct", source="hf:org/tiny",
+                     lora_modules={"sql": f"s3://{BUCKET}/adapters/sql", "poem": str(local)})
+    dirs = resolve_adapters(spec, s3=s3, cache_dir=tmp_path / "cache")
+    assert dirs["poem"] == str(local)
+    assert Path(dirs["sql"]).parent == tmp_path / "cache"
+    assert (Path(dirs["sql"]) / "adapter_model.safetensors").read_bytes() == b"lora"
+    assert resolve_adapters(spec, s3=s3, cache_dir=tmp_path / "cache") == dirs  # cached: same directory
+    broken = spec.model_copy(update={"lora_modules": {"x": str(tmp_path)}})
+    with pytest.raises(ValueError, match=r"adapter 'x'.*adapter_config\.json"):
+        resolve_adapters(broken, s3=s3, cache_dir=tmp_path / "cache")
+
+
+def test_lora_turns_on_in_the_engine_args_with_vllm_s_static_adapters(tmp_path: Path) -> None:
+    from gpu_worker.engines.vllm_engine import _split_args
+
+    spec = SPEC.model_copy(update={"lora_modules": {"sql": "s3://b/sql"}, "max_loras": 2, "max_lora_rank": 8})
+    engine, frontend = _split_args(spec, tmp_path, on_cpu=False, lora_dirs={"sql": "/cache/sql"})
+    assert (engine.enable_lora, engine.max_loras, engine.max_lora_rank) == (True, 2, 8)
+    on_cpu, _ = _split_args(spec, tmp_path, on_cpu=True, lora_dirs={"sql": "/cache/sql"})
+    assert on_cpu.max_loras == 3  # a slot no adapter takes (gpu_worker/engines/lora.py)
+    (module,) = frontend.lora_modules
+    assert (module.name, module.path, module.base_model_name) == ("sql", "/cache/sql", SPEC.name)
+    plain, plain_frontend = _split_args(SPEC, tmp_path, on_cpu=True)
+    assert not plain.enable_lora and not plain_frontend.lora_modules
+    with pytest.raises(ValueError, match=r"adapter.*sql.*no local directory"):
+        _split_args(spec, tmp_path, on_cpu=True, lora_dirs={})

