@@ -35,9 +35,16 @@ class LocalStack:
     base_url: str
     api_key: str
     log: Path
+    state: Path | None = None  # what `nightbatch local` records of itself (its embedded AWS endpoint, …)
 
     def client(self, **kw: object) -> OpenAI:
         return OpenAI(base_url=self.base_url, api_key=self.api_key, **kw)  # type: ignore[arg-type]
+
+    @property
+    def aws_endpoint_url(self) -> str:
+        """The stack's embedded AWS (moto's server), as `nightbatch local` recorded it."""
+        assert self.state is not None, "started without XDG_STATE_HOME"
+        return str(json.loads(self.state.read_text())["aws_endpoint_url"])
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], base_url: str, log: Path, timeout: float) -> None:
@@ -66,7 +73,8 @@ def running_local(env: dict[str, str], log: Path, *args: str, stop_timeout: floa
     base_url = f"http://127.0.0.1:{port}/v1"
     try:
         _wait_ready(proc, base_url, log, timeout=120)
-        yield LocalStack(base_url=base_url, api_key=API_KEY, log=log)
+        state = Path(env["XDG_STATE_HOME"]) / "nightbatch" / "local.json" if "XDG_STATE_HOME" in env else None
+        yield LocalStack(base_url=base_url, api_key=API_KEY, log=log, state=state)
     finally:
         proc.terminate()
         try:
@@ -97,6 +105,8 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack
     env = {**os.environ, "NIGHTBATCH_API_KEY": API_KEY, "NIGHTBATCH_HOUR_SECONDS": str(HOUR_SECONDS),
            "NIGHTBATCH_MODELS_JSON": json.dumps(_models_with_adapter(tmp_path_factory.mktemp("lora") / "adapter")),
            "NIGHTBATCH_MULTI_MODEL_BATCHES": "true",
+           # State changes go to the embedded AWS's default bus, as in AWS (tests/e2e/test_state_change_events.py).
+           "NIGHTBATCH_EVENT_BUS": "default",
            "NIGHTBATCH_WORKER_POLL_SECONDS": "1", "NIGHTBATCH_CHECKPOINT_EVERY_SECONDS": "1",
            "NIGHTBATCH_WORKER_DRAIN_SECONDS": "5", "PYTHONPATH": str(ROOT),
            "XDG_STATE_HOME": str(tmp_path_factory.mktemp("state"))}
