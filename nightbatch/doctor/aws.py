@@ -44,12 +44,16 @@ def _reached(job: JobView) -> int:
     return REACHED.get(job.status, 0)
 
 
+QUEUE_OUTPUTS = ("SpotQueueArn", "OnDemandQueueArn")
+
+
 class StackWatcher:
     def __init__(self, account: AwsAccount, stack: str, outputs: dict[str, str]) -> None:
         self.account = account
         self.stack = stack
         self.outputs = outputs
-        self.queue = outputs.get("JobQueueArn", "")
+        # The stack's AWS Batch queues (infra/stack.py outputs them by capacity; none on a SageMaker-only stack).
+        self.queues = [outputs[k] for k in QUEUE_OUTPUTS if outputs.get(k)]
         self.state_machine = outputs.get("StateMachineArn", "")
         self.environments: list[ComputeEnvironmentView] = []
         self.blocked: list[tuple[str, str]] = []  # (detail, remedy) of prerequisites that keep jobs RUNNABLE
@@ -67,20 +71,23 @@ class StackWatcher:
 
     def preflight(self, report: Report) -> None:
         # A SageMaker-only stack (gpuBackend: sagemaker) has no AWS Batch queue; it names its ml.* types instead.
-        needed = ("ApiUrl", "StateMachineArn") + (() if "SageMakerInstanceTypes" in self.outputs else ("JobQueueArn",))
-        missing = [k for k in needed if k not in self.outputs]
+        missing = [k for k in ("ApiUrl", "StateMachineArn") if k not in self.outputs]
+        if not self.queues and "SageMakerInstanceTypes" not in self.outputs:
+            missing.append(" or ".join(QUEUE_OUTPUTS))
         report.add(Check("stack", "failed" if missing else "ok",
                          f"{self.stack} in {self.account.region}" + (f"; no output {', '.join(missing)}"
                                                                      if missing else ""),
                          "is this a nightbatch stack? `cdk deploy` prints its outputs" if missing else ""))
-        if self.queue:
+        if self.queues:
             self._compute(report)
         self._hf_token(report)
         self._ses(report)
 
     def _compute(self, report: Report) -> None:
         try:
-            self.environments = self.account.compute_environments(self.queue)
+            # A compute environment behind both queues is reported once.
+            found = {ce.name: ce for q in self.queues for ce in self.account.compute_environments(q)}
+            self.environments = list(found.values())
         except AccountReadError as e:
             report.add(Check("compute", "warn", f"could not read: {e}"))
             return
@@ -191,9 +198,10 @@ class StackWatcher:
     def observe(self, probe: Probe, at: float) -> None:
         if probe.batch_id is None:
             return
-        if self.queue and probe.status not in ("validating", "failed"):
+        if self.queues and probe.status not in ("validating", "failed"):
             try:
-                jobs = self.jobs[probe.batch_id] = self.account.jobs(self.queue, f"{probe.batch_id}-")
+                jobs = self.jobs[probe.batch_id] = [j for q in self.queues
+                                                    for j in self.account.jobs(q, f"{probe.batch_id}-")]
             except AccountReadError as e:
                 for name in JOB_PHASES:
                     probe.skip(name, f"could not read the jobs: {e}")

@@ -155,7 +155,10 @@ def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
     def _training_job(capacity: Capacity, reason: str, *, failures: int, wait: int) -> CapacityDecision:
         if not (sagemaker.spot if capacity == "spot" else sagemaker.on_demand):
             capacity = "on-demand" if sagemaker.on_demand else "spot"
-        model = (batch.model if batch is not None else None) or ""
+        # The model the shard serves (its spec's), not the batch's first line's: that may be a LoRA adapter or,
+        # in a multi-model batch, another model.
+        spec = layout.read_shard(services.adapters.blobs, batch_id, shard_id)
+        model = (spec.model if spec is not None else None) or (batch.model if batch is not None else None) or ""
         shard_work = _shard_work_seconds(services, item)
         return CapacityDecision(
             action="run", capacity=capacity, queue="", failures=failures, wait_seconds=wait, reason=reason,

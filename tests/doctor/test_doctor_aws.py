@@ -71,7 +71,7 @@ def _template(role: str, profile: str, subnet: str, sg: str, secret_arn: str) ->
         "Outputs": {
             "ApiUrl": {"Value": "https://abc123.execute-api.us-east-1.amazonaws.com/v1"},
             "ApiKeysSecret": {"Value": secret_arn},
-            "JobQueueArn": {"Value": {"Ref": "Queue"}},
+            "SpotQueueArn": {"Value": {"Ref": "Queue"}},
             "StateMachineArn": {"Value": f"arn:aws:states:{REGION}:123456789012:stateMachine:{STACK}"},
         },
     }
@@ -111,7 +111,7 @@ def submit_job(watcher: StackWatcher, *, status: str, reason: str = "", started:
 
     batch = boto3.client("batch", region_name=REGION)
     definition = batch.describe_job_definitions()["jobDefinitions"][0]["jobDefinitionArn"]
-    job_id = batch.submit_job(jobName=f"{BATCH_ID}-shard-00000", jobQueue=watcher.queue,
+    job_id = batch.submit_job(jobName=f"{BATCH_ID}-shard-00000", jobQueue=watcher.queues[0],
                               jobDefinition=definition)["jobId"]
     job = batch_backends["123456789012"][REGION]._jobs[job_id]
     job.status = status
@@ -141,7 +141,7 @@ def checks(report: Report) -> dict[str, list[Any]]:
 def test_a_healthy_account_passes_every_prerequisite(world: World) -> None:
     spot_role()
     watcher = world.watcher()
-    assert watcher.outputs["ApiUrl"].endswith("/v1") and watcher.queue.startswith("arn:aws:batch:")
+    assert watcher.outputs["ApiUrl"].endswith("/v1") and watcher.queues[0].startswith("arn:aws:batch:")
     report = Report(base_url=watcher.outputs["ApiUrl"], stack=STACK)
     watcher.preflight(report)
     found = checks(report)

@@ -246,3 +246,19 @@ def test_finalize_and_the_sweeper_may_read_training_jobs_and_the_doctor_gets_the
         assert ":training-job/*" in json.dumps(describe["Resource"])
     types = template["Outputs"]["SageMakerInstanceTypes"]["Value"]
     assert types and all(t.startswith("ml.") and t[3:] in GPU_SHAPES for t in types.split(",")), types
+
+
+def test_every_stack_shape_outputs_what_the_doctor_reads(synth: Synth, sagemaker_synth: Synth,
+                                                          both_synth: Synth) -> None:
+    """`nightbatch doctor --stack` finds the stack's queues (or its SageMaker types) and state machine by output
+    name: a rename on either side would leave the doctor blind to the account behind the stack."""
+    from nightbatch.doctor.aws import QUEUE_OUTPUTS, StackWatcher
+
+    for s in (synth, sagemaker_synth, both_synth):
+        outputs = {k: "x" for k in s.template["Outputs"]}
+        watcher = StackWatcher(account=None, stack="nightbatch", outputs=outputs)  # type: ignore[arg-type]
+        assert "ApiUrl" in outputs and "StateMachineArn" in outputs
+        uses_batch = any(r["Type"] == "AWS::Batch::JobQueue" for r in s.template["Resources"].values())
+        assert bool(watcher.queues) == uses_batch, sorted(outputs)
+        assert uses_batch or "SageMakerInstanceTypes" in outputs
+    assert set(QUEUE_OUTPUTS) <= set(synth.template["Outputs"])
