@@ -124,3 +124,11 @@ def test_without_fallback_a_batch_shortage_stays_on_batch(services: Services) ->
     first = _ask(services, items[0]).model_copy(update={"capacity": "on-demand"})
     again = _ask(services, items[0], first.model_dump(), _batch_failure("CAPACITY:INSUFFICIENT_INSTANCE_CAPACITY"))
     assert again.backend == "batch" and again.reason.startswith("retry after: CAPACITY:")
+
+
+def test_a_training_job_runs_on_the_type_of_the_model_its_shard_serves(services: Services) -> None:
+    """The batch's `model` is its first line's, which may be a LoRA adapter or, in a multi-model batch, another
+    model: the instance type comes from the shard's own model."""
+    _, items = _planned(services, "sagemaker")
+    services.adapters.table.update_attributes(BatchRecord, items[0].batch_id, set_={"model": "some-adapter"})
+    assert _ask(services, items[0]).instance_type == "ml.g6e.xlarge"
