@@ -17,6 +17,7 @@ from infra.gpu_compute import GpuCompute
 from infra.orchestration import Orchestration
 from infra.storage import Storage
 from infra.training_jobs import TrainingJobs
+from nightbatch.pipeline.training_jobs import JOB_NAME_PREFIX
 
 
 class NaggedStack(Protocol):
@@ -92,9 +93,10 @@ def iam_findings(stack: NaggedStack) -> dict[str, str]:
         })
     if stack.training_jobs is not None:  # SageMaker (gpuBackend sagemaker or both)
         findings.update({
-            f"AwsSolutions-IAM5[Resource::{_arn(stack, 'sagemaker', 'training-job/*')}]": "The workflow "
-            "creates, describes and stops each shard attempt's SageMaker training job, named at run time "
-            "(nightbatch/pipeline/training_jobs.py).",
+            f"AwsSolutions-IAM5[Resource::{_arn(stack, 'sagemaker', f'training-job/{JOB_NAME_PREFIX}*')}]": "The "
+            "workflow creates, describes and stops each shard attempt's SageMaker training job, named at run time "
+            "with nightbatch's prefix (nightbatch/pipeline/training_jobs.py); Finalize and the sweeper read their "
+            "billable seconds.",
             f"AwsSolutions-IAM5[Resource::{_arn(stack, 'logs', 'log-group:/aws/sagemaker/TrainingJobs:*')}]":
             "SageMaker writes a training job's container logs to its fixed log group, one stream per job.",
         })

@@ -21,6 +21,7 @@ from constructs import Construct
 
 from infra.environment import settings_environment
 from infra.gpu_compute import CONTAINER_CACHE_DIR, MODEL_CACHE_ENV, VLLM_CACHE_ENV
+from nightbatch.pipeline.training_jobs import JOB_NAME_PREFIX
 from nightbatch.settings import JobInputs
 
 # The worker image's ENTRYPOINT (gpu_worker/Dockerfile), named again for SageMaker.
@@ -107,7 +108,10 @@ class TrainingJobs(Construct):
                                    resource_arns=[self._jobs_arn()])
 
     def _jobs_arn(self) -> str:
-        return cdk.Stack.of(self).format_arn(service="sagemaker", resource="training-job", resource_name="*")
+        """nightbatch's training jobs only (every name starts with the prefix Capacity gives it), not the
+        account's others."""
+        return cdk.Stack.of(self).format_arn(service="sagemaker", resource="training-job",
+                                             resource_name=f"{JOB_NAME_PREFIX}*")
 
     def grant_run(self, role: iam.IGrantable) -> None:
         """What CDK's SageMakerCreateTrainingJob grants for `.sync` (a CustomState grants nothing itself)."""
@@ -117,6 +121,8 @@ class TrainingJobs(Construct):
             "sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob",
             # `.sync` tags each job MANAGED_BY_AWS=STARTED_BY_STEP_FUNCTIONS (aws-cdk#32294).
             "sagemaker:AddTags"], resource_arns=[jobs])
+        # As CDK's SageMakerCreateTrainingJob grants it: ListTags takes no resource-level permission.
+        iam.Grant.add_to_principal(grantee=role, actions=["sagemaker:ListTags"], resource_arns=["*"])
         iam.Grant.add_to_principal(grantee=role, actions=["iam:PassRole"], resource_arns=[self.job_role.role_arn],
                                    conditions={"StringEquals": {"iam:PassedToService": "sagemaker.amazonaws.com"}})
         iam.Grant.add_to_principal(grantee=role, actions=["events:PutTargets", "events:PutRule",

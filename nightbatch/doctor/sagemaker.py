@@ -19,6 +19,7 @@ from nightbatch.doctor.remedies import (
     sagemaker_quota_remedy,
 )
 from nightbatch.doctor.report import JOB_PHASES, Check, Phase, Probe, Report
+from nightbatch.pipeline.training_jobs import batch_jobs_prefix
 from nightbatch.storage.account import AccountReadError, AwsAccount
 from nightbatch.storage.sagemaker_reads import TrainingJobView, account_training_jobs, account_training_quotas
 from nightbatch.wire import TERMINAL_STATUSES
@@ -30,10 +31,6 @@ REACHED = {"Starting": 2, "Pending": 2, "Interrupted": 2, "MaxWaitTimeExceeded":
            "LaunchingMLInstances": 3, "PreparingTrainingStack": 3, "Downloading": 3, "DownloadingTrainingImage": 3,
            "Training": 4, "Uploading": 4, "Completed": 4, "Stopping": 4, "Stopped": 4, "MaxRuntimeExceeded": 4,
            "Restarting": 2, "Failed": 3}
-
-
-def job_name_part(batch_id: str) -> str:
-    return batch_id.replace("_", "-")
 
 
 def reached(job: TrainingJobView) -> int:
@@ -112,7 +109,7 @@ class SageMakerWatcher:
         if probe.batch_id is None or not self.instance_types or probe.status in ("validating", None):
             return
         try:
-            jobs = self.jobs[probe.batch_id] = account_training_jobs(self.account, job_name_part(probe.batch_id))
+            jobs = self.jobs[probe.batch_id] = account_training_jobs(self.account, batch_jobs_prefix(probe.batch_id))
         except AccountReadError as e:
             for name in JOB_PHASES:
                 probe.skip(name, f"could not read the training jobs: {e}")

@@ -27,6 +27,8 @@ from nightbatch.settings import Settings
 MAX_RUNTIME_SECONDS = 28 * 24 * 3600
 MIN_PENDING_SECONDS, MAX_PENDING_SECONDS = 1800, 2419200
 JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+# Every job name starts so (a batch id with its `_` made `-`): the workflow's IAM is scoped to it.
+JOB_NAME_PREFIX = "batch-"
 # How a SageMaker attempt ends when Spot could not hold or place it, or the account's quota was reached
 # (SecondaryStatus, or the API error of CreateTrainingJob).
 SPOT_SHORTAGE = ("MaxWaitTimeExceeded", "Interrupted", "ResourceLimitExceeded", "CapacityError")
@@ -49,9 +51,14 @@ def sagemaker_config(settings: Settings) -> SageMakerConfig:
     return SageMakerConfig.model_validate_json(settings.capacity.sagemaker_json or "{}")
 
 
+def batch_jobs_prefix(batch_id: str) -> str:
+    """What every training job name of the batch begins with (the doctor finds a batch's jobs by it)."""
+    return batch_id.replace("_", "-")
+
+
 def job_name(batch_id: str, shard_id: str, attempt: int) -> str:
-    name = f"{batch_id}-{shard_id}-{attempt}-{secrets.token_hex(3)}".replace("_", "-")
-    if not JOB_NAME_RE.match(name):
+    name = f"{batch_jobs_prefix(batch_id)}-{shard_id}-{attempt}-{secrets.token_hex(3)}".replace("_", "-")
+    if not JOB_NAME_RE.match(name) or not name.startswith(JOB_NAME_PREFIX):
         raise ValueError(f"{name!r} is not a SageMaker training job name")
     return name
 

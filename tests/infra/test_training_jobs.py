@@ -118,7 +118,9 @@ def test_the_workflow_may_pass_only_the_job_role_and_run_training_jobs(sagemaker
     (jobs,) = [st for st in statements if "sagemaker:CreateTrainingJob" in _list(st["Action"])]
     assert sorted(_list(jobs["Action"])) == ["sagemaker:AddTags", "sagemaker:CreateTrainingJob",
                                              "sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob"]
-    assert ":training-job/*" in json.dumps(jobs["Resource"])
+    assert ":training-job/batch-*" in json.dumps(jobs["Resource"])  # nightbatch's jobs, not the account's
+    (tags,) = [st for st in statements if "sagemaker:ListTags" in _list(st["Action"])]
+    assert tags["Resource"] == "*"  # as CDK's own task grants it (ListTags has no resource-level permission)
     (rule,) = [st for st in statements if "events:PutRule" in _list(st["Action"])]
     assert sorted(_list(rule["Action"])) == ["events:DescribeRule", "events:PutRule", "events:PutTargets"]
     assert "rule/StepFunctionsGetEventsForSageMakerTrainingJobsRule" in json.dumps(rule["Resource"])
@@ -243,7 +245,7 @@ def test_finalize_and_the_sweeper_may_read_training_jobs_and_the_doctor_gets_the
         statements = _statements_of_role(template, _role_of(template, handler))
         (describe,) = [st for st in statements if "sagemaker:DescribeTrainingJob" in _list(st["Action"])]
         assert _list(describe["Action"]) == ["sagemaker:DescribeTrainingJob"]
-        assert ":training-job/*" in json.dumps(describe["Resource"])
+        assert ":training-job/batch-*" in json.dumps(describe["Resource"])
     types = template["Outputs"]["SageMakerInstanceTypes"]["Value"]
     assert types and all(t.startswith("ml.") and t[3:] in GPU_SHAPES for t in types.split(",")), types
 
