@@ -76,13 +76,14 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     usage = tally.usage()
     times = collect_shard_times(services.adapters.blobs, [layout.all_results_prefix(inp.batch_id)])
     ext = dict(batch.ext or {})
+    billing = training_job_billing(services.adapters, times)
     ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"],
-                               billing=training_job_billing(services.adapters, times))
+                               billing=billing)
     if times.phases:
         ext["phases"] = summarize_phases(times.phases)
     if "models" in ext:  # Validate found more than one model (nightbatch/pipeline/per_model.py)
         ext["models"] = per_model_report(services.adapters.blobs, services.settings, inp.batch_id,
-                                         batch.model or "")
+                                         batch.model or "", billing=billing)
     decisions = collect_decisions(services, inp.batch_id)
     if decisions:  # where each shard's jobs ran, and why (nightbatch/pipeline/capacity.py)
         ext["capacity"] = decisions

@@ -9,7 +9,7 @@ results; memory stays bounded by one shard's custom_ids, as in Finalize.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from nightbatch import layout
@@ -37,9 +37,12 @@ class _Model:
         self.time.model_load_seconds += t.model_load_seconds * share
         self.time.inference_seconds += t.inference_seconds * share
         self.time.idle_seconds += t.idle_seconds * share
+        # SageMaker attempts are priced at ml.* rates (accounting.sagemaker_cost), so they keep their job.
+        self.time.sagemaker += [(kind, job, seconds * share) for kind, job, seconds in t.sagemaker]
 
 
-def per_model_report(blobs: BlobStore, settings: Settings, batch_id: str, batch_model: str) -> dict[str, Any]:
+def per_model_report(blobs: BlobStore, settings: Settings, batch_id: str, batch_model: str,
+                     billing: Mapping[str, tuple[float, float]] | None = None) -> dict[str, Any]:
     """`nightbatch.models` of a finished batch: {model: {request_counts, usage, cost}}, lines never run
     counted as failed for the model they named."""
     index = layout.read_segments(blobs, batch_id)
@@ -70,7 +73,8 @@ def per_model_report(blobs: BlobStore, settings: Settings, batch_id: str, batch_
         "request_counts": {"total": m.tally.completed + m.tally.failed, "completed": m.tally.completed,
                            "failed": m.tally.failed},
         "usage": m.tally.usage(),
-        "cost": cost_summary(settings, m.time, m.tally.usage()["total_tokens"], m.tally.output_tokens),
+        "cost": cost_summary(settings, m.time, m.tally.usage()["total_tokens"], m.tally.output_tokens,
+                             billing=billing),
     } for name, m in out.items()}
 
 
