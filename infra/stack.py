@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
 from infra import nag
+from infra.access import TABLE_ACTIONS, WORKER_INPUT_PREFIXES, WORKER_PREFIXES, grant_objects, grant_table
 from infra.api import Api
 from infra.bundling import lambda_code
 from infra.config import DeployConfig
@@ -25,34 +26,9 @@ from infra.lambdas import LambdaBase
 from infra.notifications import Notifications
 from infra.observability import Observability
 from infra.orchestration import Orchestration
-from infra.storage import BATCHES_PREFIX, FILES_PREFIX, MODELS_PREFIX, UPLOADS_PREFIX, Storage
+from infra.storage import BATCHES_PREFIX, FILES_PREFIX, UPLOADS_PREFIX, Storage
 from infra.training_jobs import TrainingJobs
 from infra.uploads import UploadComposer
-
-_READ = ("s3:GetObject",)
-_WRITE = ("s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts")
-# The table actions each principal's code calls (nightbatch/storage/dynamo.py and quota.py), and no more.
-_GET, _QUERY, _PUT, _UPDATE, _DELETE = ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem",
-                                        "dynamodb:UpdateItem", "dynamodb:DeleteItem")
-TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
-    "api": (_GET, _QUERY, _PUT, _UPDATE, _DELETE),  # every resource's CRUD, keys, limits, idempotency
-    "validate": (_GET, _UPDATE),  # batch and file items, queue quota
-    "plan": (_GET, _UPDATE),
-    "capacity": (_GET, _UPDATE),  # reads the batch's window and tenant, records a move to on-demand
-    "finalize": (_GET, _UPDATE, _PUT),  # registers the output and error File items
-    "notify": (_GET, _UPDATE, _PUT, _QUERY),  # events, deliveries; the tenant's endpoints by owner
-    "deliver": (_GET, _UPDATE),
-    "sweep": (_GET, _UPDATE, _PUT, _QUERY),  # open batches and Uploads by status; finalizes like Finalize
-    "compose_upload": (_GET, _UPDATE),
-    # The GPU worker: only `batch_*` items (dynamodb:LeadingKeys), read for cancel/expiry, live counters added.
-    "worker": (_GET, _UPDATE),
-}
-# Only what the worker reads and writes: its shard definitions, segments, results and checkpoints, and the
-# models/ weight cache (the first job of a Hugging Face model writes its weights through; later jobs stream them).
-WORKER_PREFIXES = (BATCHES_PREFIX, MODELS_PREFIX)
-# A shard is byte ranges of the batch's input (nightbatch/pipeline/shard_lines.py): read-only, an Upload through
-# its parts until it is composed.
-WORKER_INPUT_PREFIXES = (FILES_PREFIX, UPLOADS_PREFIX)
 
 
 def _retention(days: int) -> logs.RetentionDays:
@@ -307,25 +283,25 @@ class NightbatchStack(cdk.Stack):
         """Each principal gets its prefixes and the table actions its code calls."""
         tasks, sweeper = self.orchestration.tasks, self.orchestration.sweeper
         api_role = self.api.handler.role
-        self.grant_objects(api_role, (FILES_PREFIX, BATCHES_PREFIX, UPLOADS_PREFIX), write=True)
+        grant_objects(self.storage.bucket, api_role, (FILES_PREFIX, BATCHES_PREFIX, UPLOADS_PREFIX), write=True)
         for name in ("validate", "plan", "finalize", "capacity"):
-            self.grant_objects(tasks[name].role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
+            grant_objects(self.storage.bucket, tasks[name].role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
         # An uploaded input is read through its parts until composition finishes.
-        self.grant_objects(tasks["validate"].role, (UPLOADS_PREFIX,), write=False)
-        self.grant_objects(sweeper.role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
+        grant_objects(self.storage.bucket, tasks["validate"].role, (UPLOADS_PREFIX,), write=False)
+        grant_objects(self.storage.bucket, sweeper.role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
         composer = self.uploads.composer.role
-        self.grant_objects(composer, (FILES_PREFIX, UPLOADS_PREFIX), write=True)
+        grant_objects(self.storage.bucket, composer, (FILES_PREFIX, UPLOADS_PREFIX), write=True)
         for sender in (api_role, composer):
             self.uploads.queue.grant_send_messages(sender)
         for worker in self.worker_roles:
-            self.grant_objects(worker, WORKER_PREFIXES, write=True, list_only_prefixes=True)
-            self.grant_objects(worker, WORKER_INPUT_PREFIXES, write=False, list_only_prefixes=True)
+            grant_objects(self.storage.bucket, worker, WORKER_PREFIXES, write=True, list_only_prefixes=True)
+            grant_objects(self.storage.bucket, worker, WORKER_INPUT_PREFIXES, write=False, list_only_prefixes=True)
         roles = {"api": api_role, "sweep": sweeper.role, "compose_upload": composer,
                  "deliver": self.deliverer.role, **{name: t.role for name, t in tasks.items()}}
         for name, principal in roles.items():
-            self.grant_table(principal, TABLE_ACTIONS[name])
+            grant_table(self.storage, principal, TABLE_ACTIONS[name])
         for worker in self.worker_roles:
-            self.grant_table(worker, TABLE_ACTIONS["worker"], leading_keys=("batch_*",))
+            grant_table(self.storage, worker, TABLE_ACTIONS["worker"], leading_keys=("batch_*",))
 
     def _grant_drivers(self) -> None:
         """The one thing each principal drives: the workflow, a secret, a key, a topic, a queue, Batch jobs."""
@@ -396,32 +372,6 @@ class NightbatchStack(cdk.Stack):
                           value=",".join(sorted(set(self._sagemaker_instance_types().values()))))
         cdk.CfnOutput(self, "TopicArn", value=self.notifications.topic.topic_arn)
         cdk.CfnOutput(self, "DashboardName", value=self.observability.dashboard.dashboard_name)
-
-    def grant_objects(self, role: iam.IRole, prefixes: Sequence[str], *, write: bool,
-                      list_only_prefixes: bool = False) -> None:
-        bucket = self.storage.bucket
-        actions = [*_READ, *(_WRITE if write else ())]
-        role.add_to_principal_policy(iam.PolicyStatement(
-            actions=actions, resources=[bucket.arn_for_objects(f"{p}*") for p in prefixes],
-        ))
-        # ListBucket turns a missing key into 404 rather than 403 on GetObject/HeadObject (the Lambdas rely on
-        # that). `list_only_prefixes` limits listing to the granted prefixes (s3:prefix); such a principal must
-        # test existence by listing (gpu_worker.runner), as a missing key may then answer 403.
-        conditions = {"StringLike": {"s3:prefix": [f"{p}*" for p in prefixes]}} if list_only_prefixes else None
-        role.add_to_principal_policy(iam.PolicyStatement(
-            actions=["s3:ListBucket"], resources=[bucket.bucket_arn], conditions=conditions,
-        ))
-
-    def grant_table(self, role: iam.IRole, actions: Sequence[str], *,
-                    leading_keys: Sequence[str] | None = None) -> None:
-        table = self.storage.table
-        resources = [table.table_arn]
-        if _QUERY in actions:
-            resources += [f"{table.table_arn}/index/{i}" for i in self.storage.index_names]
-        conditions = ({"ForAllValues:StringLike": {"dynamodb:LeadingKeys": list(leading_keys)}}
-                      if leading_keys else None)
-        role.add_to_principal_policy(iam.PolicyStatement(actions=list(actions), resources=resources,
-                                                         conditions=conditions))
 
     def grant_model_weights(self, source: str) -> None:
         bucket_name, _, prefix = source.removeprefix("s3://").partition("/")

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from infra.config import Concurrency
-from infra.stack import TABLE_ACTIONS
+from infra.access import TABLE_ACTIONS
 from tests.infra.cfn import of_type
 
 HANDLERS = {
