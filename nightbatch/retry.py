@@ -3,10 +3,10 @@
 Which lines: those whose error-file line has one of the given codes (by default the lines that never ran), or
 an explicit custom_id list. Both are held as custom_id digests (nightbatch.ids) while the input file is
 streamed into the new batch's input file: memory holds one fixed-size digest per selected line, never a line
-or a file. The copy runs inside the API request; in AWS a very large input could outlast API Gateway's 29 s. The batches are
-linked both ways under `nightbatch`: `retry_of` on the new one, `retried_by` (every retry, oldest first) on the
-one retried. Endpoint, window, metadata, options (notifications) and output expiry are the retried batch's
-unless the request overrides them.
+or a file. The copy runs inside the API request; in AWS a very large input could outlast API Gateway's 29 s.
+The batches are linked both ways under `nightbatch`: `retry_of` on the new one, `retried_by` (every retry,
+oldest first) on the one retried. Endpoint, window, metadata, options (notifications) and output expiry are the
+retried batch's unless the request overrides them.
 """
 
 from __future__ import annotations

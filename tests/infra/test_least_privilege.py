@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from infra.config import Concurrency
 from infra.access import TABLE_ACTIONS
+from infra.config import Concurrency
 from tests.infra.cfn import of_type
 
 HANDLERS = {
