@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -106,6 +107,13 @@ def test_tenant_b_ids_look_unknown_to_tenant_a(fuzz: Fuzz) -> None:
     assert b.batches.retrieve(b_batch).status == "validating"
 
 
+def _fresh_idempotency_key(case: Any) -> None:
+    """Generated keys repeat across examples, and a key reused on another request is a 409 whatever the id: each
+    call gets its own (tests/tenancy/test_idempotency.py covers the keys themselves)."""
+    if case.headers and "Idempotency-Key" in case.headers:
+        case.headers = {**case.headers, "Idempotency-Key": uuid.uuid4().hex}
+
+
 def probe_operation(fuzz: Fuzz, op: Any, theirs: dict[str, str], unknown: dict[str, str]) -> None:
     """Cases for one operation aimed at B's ids; each answer must equal the answer for an unknown id."""
     base = fuzz.stack.base_url.removesuffix("/v1")
@@ -114,8 +122,10 @@ def probe_operation(fuzz: Fuzz, op: Any, theirs: dict[str, str], unknown: dict[s
               suppress_health_check=list(HealthCheck))
     @given(case=op.as_strategy(path_parameters=theirs))
     def run(case: Any) -> None:
+        _fresh_idempotency_key(case)
         response = check(fuzz, case)
         case.path_parameters = {**case.path_parameters, **unknown}
+        _fresh_idempotency_key(case)
         twin = case.call(base_url=base, headers={"Authorization": f"Bearer {fuzz.key_a}"})
         assert response.status_code == twin.status_code, f"{case.method} {op.path}"
         if response.status_code >= 400:
