@@ -138,7 +138,7 @@ class S3Bytes:
 
 def prepare(n: int) -> dict[str, Any]:
     """Uploads an n-line input, creates the batch (not timed)."""
-    from nightbatch.batches import CreateBatchRequest
+    from nightbatch.batches.service import CreateBatchRequest
     from nightbatch.services import build_services
     from nightbatch.storage import make_adapters
 
@@ -165,7 +165,7 @@ def write_results(services: Any, batch_id: str) -> None:
     from nightbatch import layout
 
     try:  # a baseline checkout from before checkpoint summaries (`--baseline`, or this file copied into one)
-        from nightbatch.pipeline.results import summarize_checkpoint
+        from nightbatch.results.lines import summarize_checkpoint
     except ImportError:
         summarize_checkpoint = None
 

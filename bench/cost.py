@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from nightbatch.accounting import PRICES
+from nightbatch.batches.cost import PRICES
 
 GPUS = {"g6e.xlarge": 1, "g6e.12xlarge": 4, "p5.48xlarge": 8, "p5e.48xlarge": 8, "p5en.48xlarge": 8}
 

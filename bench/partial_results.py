@@ -19,7 +19,7 @@ from moto import mock_aws
 
 from bench.control_plane import result_line
 from nightbatch import layout
-from nightbatch.partial_results import partial_results
+from nightbatch.results.partial import partial_results
 from nightbatch.services import build_services
 from nightbatch.settings import Settings
 from nightbatch.storage import make_adapters

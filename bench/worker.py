@@ -103,7 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def model_spec(args: argparse.Namespace) -> tuple[Any, Path]:
     from gpu_worker.model_prep import resolve_model_dir
-    from nightbatch.model_spec import ModelSpec
+    from nightbatch.models.spec import ModelSpec
 
     # prompt_tokens_details makes both sides report cached prompt tokens: the prefix cache's hits.
     engine_args = {"enable_prompt_tokens_details": True, "max_num_seqs": args.max_num_seqs,

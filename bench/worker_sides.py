@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from nightbatch.model_spec import ModelSpec
+from nightbatch.models.spec import ModelSpec
 from nightbatch.settings import Settings
 
 BUCKET = "bench-worker"
@@ -165,7 +165,7 @@ class OurSide:
 
     def plan(self, input_path: Path) -> str:
         """A new batch over the input, validated and planned into one shard; returns its id."""
-        from nightbatch.batches import CreateBatchRequest
+        from nightbatch.batches.service import CreateBatchRequest
         from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 
         services = self._services()

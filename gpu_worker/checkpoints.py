@@ -11,7 +11,7 @@ import time
 from gpu_worker.results import ResultLine
 from nightbatch.errors import StorageConflictError
 from nightbatch.layout import checkpoint_key, progress_key, write_checkpoint_summary
-from nightbatch.pipeline.results import summarize_checkpoint
+from nightbatch.results.lines import summarize_checkpoint
 from nightbatch.storage import BlobStore, Table
 from nightbatch.storage.records import BatchRecord
 

@@ -26,7 +26,7 @@ from gpu_worker.watch import BATCH_REASONS, read_stop_reason
 from nightbatch.layout import attempt_keys, results_prefix
 from nightbatch.logs import configure_logging, log_context
 from nightbatch.metrics import emit
-from nightbatch.model_spec import ModelSpec
+from nightbatch.models.spec import ModelSpec
 from nightbatch.phases import Phases
 from nightbatch.settings import JobInputs, Settings, get_settings
 from nightbatch.storage import Adapters, make_adapters

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from nightbatch.model_spec import ModelSpec
+from nightbatch.models.spec import ModelSpec
 
 # Read here rather than in nightbatch.settings because only the worker and the local stack prepare models.
 CACHE_ENV = "NIGHTBATCH_MODEL_CACHE"

@@ -8,7 +8,7 @@ from typing import Any
 from gpu_worker.engines.base import EngineFailedError, EngineReply
 from nightbatch.ids import batch_request_id
 from nightbatch.jsonl import dumps_line
-from nightbatch.pipeline import results
+from nightbatch.results import lines as results
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from gpu_worker.model_prep import (
     default_cache_dir,
     resolve_model_dir,
 )
-from nightbatch.model_spec import ModelSpec
+from nightbatch.models.spec import ModelSpec
 
 MODELS_PREFIX = "models/"
 READY = "READY.json"

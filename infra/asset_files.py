@@ -24,8 +24,8 @@ LAMBDA_PACKAGES = ("nightbatch", "functions")
 _SKIP_PARTS = frozenset({"__pycache__", "tests"})
 # The local stack (moto server, CPU engines) never runs in Lambda.
 _SKIP_DIRS = ("nightbatch/local/",)
-# ... except the chat templates the settings resolve (nightbatch.settings imports nightbatch.local.templates).
-_KEEP = ("nightbatch/local/__init__.py", "nightbatch/local/templates/")
+# ... except the chat templates the settings resolve (nightbatch.settings imports nightbatch.models.templates).
+_KEEP = ("nightbatch/local/__init__.py", "nightbatch/models/templates/")
 # Where Lambda unpacks the asset: tracebacks name /var/task/… files, as they would without the .pyc files.
 LAMBDA_TASK_ROOT = "/var/task"
 

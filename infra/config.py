@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from infra.gpu_catalog import GPU_SHAPES, check_model_fit, is_fp8, params_billions, weights_gib
-from nightbatch.model_spec import ModelSpec
+from nightbatch.models.spec import ModelSpec
 from nightbatch.settings import SETTINGS, Settings, nest
 
 # Context keys this app reads; anything else in the context belongs to the CDK itself.

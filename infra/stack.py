@@ -157,7 +157,7 @@ class NightbatchStack(cdk.Stack):
         self.secrets_key = kms.Key(self, "SecretsKey", enable_key_rotation=True, removal_policy=self.removal,
                                    description="nightbatch: seals webhook signing secrets stored in the table")
         # Signs download links; the API signs and verifies, Notify signs links it mails. Read from Secrets Manager
-        # at run time (nightbatch/links.py), so no key sits in a function's configuration, where anyone with
+        # at run time (nightbatch/files/links.py), so no key sits in a function's configuration, where anyone with
         # lambda:GetFunctionConfiguration could read it. {"current": "k1", "k1": …}: rotate by adding k2.
         self.link_secret = secretsmanager.Secret(
             self, "LinkSecret",
@@ -179,7 +179,7 @@ class NightbatchStack(cdk.Stack):
         config, runtime, retention = self.config, self.runtime, self.log_retention
         link_env = settings_environment({"link_keys_secret": self.link_secret.secret_arn})
         email_policy, notify_env = self._email_policy(), self._notify_environment()
-        # The principals that move a batch put its state changes on the bus (nightbatch/state_changes.py).
+        # The principals that move a batch put its state changes on the bus (nightbatch/batches/state_changes.py).
         bus = self.config.notifications.event_bus
         bus_env = settings_environment({"event_bus": bus}) if bus else {}
         lambdas = LambdaBase(code, runtime, retention)

@@ -1,3 +1,3 @@
-from nightbatch.cli import main
+from nightbatch.cli.main import main
 
 raise SystemExit(main())

@@ -165,7 +165,7 @@ class InputPart(BaseModel):
 class InputSource(BaseModel):
     """The input a batch's line indexes point into: `key` (files/<file_id>), `bytes` long. An Upload not yet
     composed when Validate ran is read through `parts`, in order, until `key` holds all `bytes` (composition
-    writes the same bytes at `key` before the parts go: nightbatch/assembly.py)."""
+    writes the same bytes at `key` before the parts go: nightbatch/files/assembly.py)."""
 
     key: str
     bytes: int
@@ -265,7 +265,7 @@ class DoneMarker(BaseModel):
 
 class CheckpointSummary(BaseModel):
     """`<seq>-<attempt>.summary.json`, written by the worker after each checkpoint: what Finalize needs to count
-    and place the checkpoint's lines without parsing them (nightbatch.pipeline.results.summarize_checkpoint).
+    and place the checkpoint's lines without parsing them (nightbatch.results.lines.summarize_checkpoint).
 
     Line i of the checkpoint is its bytes [sum(lengths[:i]), sum(lengths[:i + 1])), compact JSON ended by a
     newline; custom_ids rather than digests, because our digest is keyed per process (nightbatch.ids). A reader
@@ -279,7 +279,7 @@ class CheckpointSummary(BaseModel):
     custom_ids: list[str]
     lengths: list[int]  # bytes of each line, its newline included
     failed: list[int] = []  # indices of the lines that are not successes (they go to the error file), ascending
-    # Usage over the successful lines, as nightbatch.pipeline.results.Tally adds it up.
+    # Usage over the successful lines, as nightbatch.results.lines.Tally adds it up.
     input_tokens: int = 0
     cached_tokens: int = 0
     output_tokens: int = 0

@@ -39,7 +39,7 @@ _SECRET_PATTERNS = (
     (re.compile(r"(?i)(bearer\s+)[^\s\"',]+"), r"\1***"),
     (re.compile(r"whsec_[A-Za-z0-9+/=]{8,}"), "whsec_***"),
     (re.compile(r"(?i)(authorization[\"']?\s*[:=]\s*[\"']?)[^\"',}\s]+"), r"\1***"),
-    # Signed download links (nightbatch.links) and pre-signed S3 URLs: the signature is the credential.
+    # Signed download links (nightbatch.files.links) and pre-signed S3 URLs: the signature is the credential.
     (re.compile(r"(?i)([?&](?:sig|x-amz-signature|x-amz-security-token|signature)=)[^&\s\"'<>]+"), r"\1***"),
 )
 # Attributes every LogRecord has; anything else on a record came from `extra=`.

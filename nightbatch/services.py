@@ -11,16 +11,17 @@ import logging
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
-from nightbatch.assembly import AssemblyService, ThreadUploadJobs, UploadJobs
-from nightbatch.batches import BatchService, Workflow
-from nightbatch.files import FileService
+from nightbatch.batches.service import BatchService, Workflow
+from nightbatch.batches.state_changes import StateChanges
+from nightbatch.files.assembly import AssemblyService, ThreadUploadJobs, UploadJobs
+from nightbatch.files.service import FileService
+from nightbatch.files.uploads import UploadService
 from nightbatch.notifications import Notifier, transport
 from nightbatch.notifications.delivery import Deliveries, Poster
 from nightbatch.notifications.endpoints import PlainSealer, Sealer, WebhookEndpointService
 from nightbatch.notifications.queues import DeliveryQueue, InProcessQueue
 from nightbatch.notifications.targets import Resolver
 from nightbatch.settings import Settings, get_settings
-from nightbatch.state_changes import StateChanges
 from nightbatch.storage import Adapters, make_adapters
 from nightbatch.storage.delivery_queue import SqsDeliveryQueue
 from nightbatch.storage.kms import KmsSealer
@@ -29,7 +30,6 @@ from nightbatch.storage.ses import Mailer
 from nightbatch.storage.sns import Topic
 from nightbatch.storage.sqs import SqsUploadJobs
 from nightbatch.storage.stepfunctions import StepFunctionsWorkflow
-from nightbatch.uploads import UploadService
 
 log = logging.getLogger("nightbatch.services")
 

@@ -30,7 +30,7 @@ from starlette.datastructures import UploadFile
 
 from functions.api.deps import PrincipalDep, ServicesDep
 from nightbatch.errors import NightbatchError
-from nightbatch.idempotency import Fingerprint, IdempotencyStore, Replay, check_key
+from nightbatch.tenancy.idempotency import Fingerprint, IdempotencyStore, Replay, check_key
 
 HASH_CHUNK = 1024 * 1024
 FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")

@@ -8,9 +8,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from nightbatch.files.uploads import part_limit_message
 from nightbatch.ids import new_request_id
 from nightbatch.logs import bind, unbind
-from nightbatch.uploads import part_limit_message
 
 Scope = dict[str, Any]
 Message = dict[str, Any]

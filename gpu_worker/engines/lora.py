@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nightbatch.model_spec import ModelSpec
+from nightbatch.models.spec import ModelSpec
 
 
 def lora_engine_args(spec: ModelSpec, *, on_cpu: bool = False) -> dict[str, Any]:

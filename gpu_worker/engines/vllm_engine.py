@@ -26,8 +26,8 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from gpu_worker.engines.base import EngineFailedError, EngineReply
 from gpu_worker.engines.lora import lora_engine_args, lora_module_paths
 from gpu_worker.model_prep import resolve_model_dir
-from nightbatch.local.templates import resolve_chat_template
-from nightbatch.model_spec import ModelSpec
+from nightbatch.models.spec import ModelSpec
+from nightbatch.models.templates import resolve_chat_template
 
 # vLLM reads these when its EngineCore process starts. Defaults for a small CPU box (local-engines.md §2):
 # vLLM otherwise reserves one of two cores and computes on a single thread.

@@ -11,7 +11,7 @@ from collections.abc import Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from nightbatch.model_spec import ModelSpec
+from nightbatch.models.spec import ModelSpec
 from nightbatch.settings import Settings
 
 log = logging.getLogger("nightbatch.local")

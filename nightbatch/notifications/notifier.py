@@ -14,9 +14,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from nightbatch.batch_object import to_wire as batch_to_wire
+from nightbatch.batches.objects import to_wire as batch_to_wire
+from nightbatch.batches.state_changes import StateChanges
 from nightbatch.errors import NightbatchError, check_supported
-from nightbatch.links import link_keys, link_keys_from, sign_link
+from nightbatch.files.links import link_keys, link_keys_from, sign_link
 from nightbatch.notifications.delivery import Deliveries
 from nightbatch.notifications.email import compose, recipients
 from nightbatch.notifications.endpoints import WebhookEndpointService
@@ -24,7 +25,6 @@ from nightbatch.notifications.events import close_event, mark_event, record_even
 from nightbatch.notifications.models import BATCH_EVENT_TYPES, DeliveryAttempt, WebhookEndpointTestResult
 from nightbatch.notifications.queues import DeliveryQueue
 from nightbatch.settings import Settings
-from nightbatch.state_changes import StateChanges
 from nightbatch.storage import Adapters, Table
 from nightbatch.storage.records import BatchRecord, EventRecord
 from nightbatch.storage.ses import EmailRejectedError, Mailer
@@ -135,7 +135,7 @@ class Notifier:
         mark_event(self.table, event.pk, "sns_message_id", result.sns_message_id)
 
     def _eventbridge(self, batch: BatchRecord, event: EventRecord, result: NotifyResult) -> None:
-        """The terminal state change (nightbatch/state_changes.py), put once: its id marks the event."""
+        """The terminal state change (nightbatch/batches/state_changes.py), put once: its id marks the event."""
         if self.events is None or event.bus_event_id:
             return
         result.bus_event_id = self.events.put(batch)
@@ -180,7 +180,7 @@ class Notifier:
             raise transient
 
     def _links(self, file_ids: list[str]) -> tuple[dict[str, str | None], int | None]:
-        """Signed download links (nightbatch.links), or none when they could not be followed."""
+        """Signed download links (nightbatch.files.links), or none when they could not be followed."""
         s = self.settings
         base = s.notifications.public_base_url.rstrip("/").removesuffix("/v1")
         # Without a shared key each process signs with its own, and only the local mode (one process) could

@@ -1,7 +1,7 @@
 """Finalize: merge shard results into the output and error files, then make the terminal transition.
 
 Idempotent: file ids derive from the batch id, a second run writes the same bytes (shards, checkpoints and
-lines are read in key order; the first result per custom_id wins: nightbatch/pipeline/merge.py) and finds the
+lines are read in key order; the first result per custom_id wins: nightbatch/results/merge.py) and finds the
 batch already terminal. Successful lines are not uploaded again: the output file is composed from ranges of
 the checkpoint objects (nightbatch/pipeline/compose.py); S3 copies every range of at least 5 MiB server-side.
 """
@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from nightbatch import layout, lifecycle
-from nightbatch.accounting import collect_shard_times, cost_summary, training_job_billing
+from nightbatch import layout
+from nightbatch.batches import lifecycle
+from nightbatch.batches.cost import collect_shard_times, cost_summary, training_job_billing
 from nightbatch.clock import now
 from nightbatch.errors import BatchItemTooLargeError, StorageConflictError
 from nightbatch.ids import custom_id_digest, derived_id
@@ -20,12 +21,12 @@ from nightbatch.metrics import emit
 from nightbatch.phases import summarize as summarize_phases
 from nightbatch.pipeline.capacity import collect_decisions
 from nightbatch.pipeline.compose import PartComposer
-from nightbatch.pipeline.merge import merge_shard
-from nightbatch.pipeline.merge_order import planned_shards
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
-from nightbatch.pipeline.per_model import per_model_report
-from nightbatch.pipeline.results import Tally, unrun_line
 from nightbatch.pipeline.shard_lines import shard_requests
+from nightbatch.results.lines import Tally, unrun_line
+from nightbatch.results.merge import merge_shard
+from nightbatch.results.order import planned_shards
+from nightbatch.results.per_model import per_model_report
 from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord
 from nightbatch.wire import TERMINAL_STATUSES
@@ -81,7 +82,7 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
                                billing=billing)
     if times.phases:
         ext["phases"] = summarize_phases(times.phases)
-    if "models" in ext:  # Validate found more than one model (nightbatch/pipeline/per_model.py)
+    if "models" in ext:  # Validate found more than one model (nightbatch/results/per_model.py)
         ext["models"] = per_model_report(services.adapters.blobs, services.settings, inp.batch_id,
                                          batch.model or "", billing=billing)
     decisions = collect_decisions(services, inp.batch_id)

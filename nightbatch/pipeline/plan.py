@@ -7,7 +7,7 @@ import json
 from nightbatch import layout
 from nightbatch.clock import now
 from nightbatch.layout import SegmentEntry, ShardItem
-from nightbatch.model_spec import served_model
+from nightbatch.models.spec import served_model
 from nightbatch.pipeline.models import BatchTaskInput, PlanOutput
 from nightbatch.pipeline.placement import place_by_model, place_by_prefix
 from nightbatch.pipeline.sizing import plan_shards

@@ -133,6 +133,6 @@ def _sweep_jobs(services: Services, t: int) -> list[str]:
 
 
 def _expires_at(batch: BatchRecord) -> int:
-    if batch.expires_at is None:  # every batch is made with its window's end (nightbatch/batches.py)
+    if batch.expires_at is None:  # every batch is made with its window's end (nightbatch/batches/service.py)
         raise ValueError(f"batch {batch.pk} has no expires_at")
     return batch.expires_at

@@ -6,22 +6,23 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from nightbatch import layout, lifecycle
+from nightbatch import layout
+from nightbatch.batches import lifecycle
 from nightbatch.clock import now
 from nightbatch.errors import StorageConflictError
 from nightbatch.jsonl import split_lines
-from nightbatch.limits import check_queue_limits
 from nightbatch.metrics import emit
 from nightbatch.pipeline.line_index import IndexWriter
 from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
-from nightbatch.pipeline.per_model import model_counts
 from nightbatch.pipeline.prefixes import PrefixGroups
-from nightbatch.request_checks import LineInvalid
+from nightbatch.results.per_model import model_counts
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore
 from nightbatch.storage.parts import PartStore
 from nightbatch.storage.records import BatchRecord, FileRecord
-from nightbatch.validation import MAX_ERRORS_BYTES, Validator, line_error
+from nightbatch.tenancy.limits import check_queue_limits
+from nightbatch.validation.lines import MAX_ERRORS_BYTES, Validator, line_error
+from nightbatch.validation.requests import LineInvalid
 from nightbatch.wire import BatchError
 
 log = logging.getLogger("nightbatch.validate")

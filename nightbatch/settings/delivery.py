@@ -8,7 +8,7 @@ from nightbatch.settings.base import Env, Section
 
 
 class LinkSettings(Section):
-    """Signed download links (/v1/nightbatch/files/{id}/download; nightbatch/links.py)."""
+    """Signed download links (/v1/nightbatch/files/{id}/download; nightbatch/files/links.py)."""
 
     # HMAC key. Unset: a random key per process, fine for `nightbatch local`; in AWS set it, since every Lambda
     # (API, notify) must share it.
@@ -23,7 +23,7 @@ class NotificationSettings(Section):
 
     topic_arn: str = ""
     # EventBridge bus (a name, "default" for the account's default bus, or an ARN) every batch state change is
-    # put on (nightbatch/state_changes.py); empty: none. The stack sets it from cdk.json `eventBus`.
+    # put on (nightbatch/batches/state_changes.py); empty: none. The stack sets it from cdk.json `eventBus`.
     event_bus: str = ""
     notify_function: str = ""  # the Notify Lambda: the sweeper re-invokes it for events with channels pending
     webhook_queue_url: str = ""  # SQS queue Notify puts webhook deliveries on

@@ -42,7 +42,7 @@ class ValidationSettings(Section):
         return v
 
 class LimitSettings(Section):
-    """Per-tenant limits (nightbatch/limits.py); 0 means unlimited.
+    """Per-tenant limits (nightbatch/tenancy/limits.py); 0 means unlimited.
 
     NIGHTBATCH_TENANT_LIMITS_JSON overrides them per tenant:
     {"team-a": {"queued_tokens": 1000000}, "*": {"requests_per_minute": 600}} ("*" = every other tenant).
@@ -120,7 +120,7 @@ class AccountingSettings(Section):
     instance_price_per_hour: float = 0.0  # 0 = use the built-in price table for instance_type and capacity
     gpus_per_instance: int = 1
     # SageMaker attempts (gpu_backend sagemaker/both): {"ml.g6.xlarge": 1.2} USD per instance-hour on top of the
-    # built-in ml.* table (nightbatch/accounting.py); the type is the job's, else "ml." + instance_type.
+    # built-in ml.* table (nightbatch/batches/cost.py); the type is the job's, else "ml." + instance_type.
     sagemaker_prices_json: str = ""
     # The managed-Spot saving assumed for a training job whose billable time Finalize could not read (0 = price
     # it on-demand, an upper bound).

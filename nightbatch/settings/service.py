@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Literal
 
-from nightbatch.model_spec import LOCAL_MODELS, ModelSpec
+from nightbatch.models.spec import LOCAL_MODELS, ModelSpec
 from nightbatch.settings.base import Env, Section
 
 

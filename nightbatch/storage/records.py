@@ -115,17 +115,17 @@ class FileRecord(ListedRecord):
     purpose: str
     s3_key: str
     expires_at: int | None = None
-    # "uploaded" while an upload's md5 awaits its check, "error" when it failed (nightbatch.assembly).
+    # "uploaded" while an upload's md5 awaits its check, "error" when it failed (nightbatch.files.assembly).
     status: str | None = None
     status_details: str | None = None
     parts: list[str] | None = None  # an upload not yet composed reads through its ordered parts
     md5_expected: str | None = None
     upload_id: str | None = None
     batch_id: str | None = None
-    quota_bytes: int = 0  # what this file counts against the tenant's stored bytes (nightbatch.limits)
+    quota_bytes: int = 0  # what this file counts against the tenant's stored bytes (nightbatch.tenancy.limits)
     composed_at: int | None = None  # an upload's parts were composed into the file's object
     # Deleted through the API while open batches (held_by) read it: gone for the API, its bytes kept until
-    # those batches end (nightbatch.files: FileService.release_held, run by the sweeper).
+    # those batches end (nightbatch.files.service: FileService.release_held, run by the sweeper).
     deleted_at: int | None = None
     held_by: list[str] | None = None
 
@@ -204,7 +204,7 @@ class UploadRecord(ListedRecord):
     part_ids: list[str] | None = None
     completed_at: int | None = None
     cancelled_at: int | None = None
-    quota_bytes: int = 0  # the declared size, counted against the tenant's stored bytes (nightbatch.limits)
+    quota_bytes: int = 0  # the declared size, counted against the tenant's stored bytes (nightbatch.tenancy.limits)
 
     OPEN_STATUS: ClassVar[str] = "upload_pending"
 
@@ -308,7 +308,7 @@ class EventRecord(Record):
     open_status: str | None = None
     created_sk: str | None = None
     sns_message_id: str | None = None
-    bus_event_id: str | None = None  # EventBridge's id of the terminal state-change event (nightbatch/state_changes.py)
+    bus_event_id: str | None = None  # EventBridge's id of the terminal state-change event (batches/state_changes.py)
     emailed_to: list[str] | None = None
     email_rejected: list[str] | None = None
 

@@ -1,7 +1,7 @@
 """Secrets Manager adapter: a secret's string value, cached per process by Powertools' Parameters utility.
 
 The deployment reads two secrets at run time: the bootstrap API keys (functions/api/deps.py) and the
-link-signing keys (nightbatch/links.py). Powertools' `SecretsProvider` keeps each value for `max_age` seconds;
+link-signing keys (nightbatch/files/links.py). Powertools' `SecretsProvider` keeps each value for `max_age` seconds;
 a failed read raises and is not cached (BootstrapKeys adds its own back-off for that).
 """
 

@@ -9,7 +9,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from nightbatch import lifecycle
+from nightbatch.batches import lifecycle
 
 if TYPE_CHECKING:
     from tests.conftest import ApiServer

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from nightbatch import lifecycle
+from nightbatch.batches import lifecycle
 
 if TYPE_CHECKING:
     from tests.conftest import ApiServer

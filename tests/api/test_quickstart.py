@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import requests
 
-from nightbatch.files import file_key
+from nightbatch.files.service import file_key
 
 if TYPE_CHECKING:
     from tests.conftest import ApiServer

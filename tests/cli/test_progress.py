@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from openai.types import Batch
 
-from nightbatch.commands import key_value, size
-from nightbatch.commands.progress import BarView, LineView, Progress, Snapshot
-from nightbatch.commands.render import (
+from nightbatch.cli.commands import key_value, size
+from nightbatch.cli.connection import CommandError, api_root
+from nightbatch.cli.progress import BarView, LineView, Progress, Snapshot
+from nightbatch.cli.render import (
     clock,
     cost,
     cost_detail,
@@ -23,7 +24,6 @@ from nightbatch.commands.render import (
     show,
     table,
 )
-from nightbatch.connection import CommandError, api_root
 
 
 def batch(
@@ -200,7 +200,7 @@ def test_arguments() -> None:
 
 
 def test_status_shows_phase_timings() -> None:
-    from nightbatch.commands.render import describe
+    from nightbatch.cli.render import describe
 
     phases = {"attempts": 1, "median_s": {"weights_ready": 0.1, "engine_ready": 2.0, "first_result": 2.5,
                                           "done": 9.0}, "max_s": {}, "weights_sources": {"local": 1}}

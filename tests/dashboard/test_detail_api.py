@@ -11,7 +11,7 @@ import requests
 from gpu_worker.checkpoints import MAX_SAMPLES, Checkpointer, thin
 from gpu_worker.results import ResultLine
 from nightbatch import layout
-from nightbatch.batch_detail import progress_series
+from nightbatch.batches.detail import progress_series
 from nightbatch.layout import progress_key
 from nightbatch.notifications.delivery import delivery_id
 from nightbatch.notifications.events import event_pk

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import pytest
 import requests
 
-from nightbatch.links import InvalidLinkError, sign_link, verify_link
+from nightbatch.files.links import InvalidLinkError, sign_link, verify_link
 from nightbatch.settings import Settings
 
 if TYPE_CHECKING:

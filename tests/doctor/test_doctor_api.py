@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from nightbatch.cli import main
-from nightbatch.doctor.api import _model_loaded, probe_pairs
-from nightbatch.doctor.report import Check, Phase, Probe, Report
-from nightbatch.doctor.run import Doctor
-from nightbatch.doctor.webhook import WebhookWatcher
-from nightbatch.model_spec import ENDPOINTS, LOCAL_MODELS
+from nightbatch.cli.doctor.api import _model_loaded, probe_pairs
+from nightbatch.cli.doctor.report import Check, Phase, Probe, Report
+from nightbatch.cli.doctor.run import Doctor
+from nightbatch.cli.doctor.webhook import WebhookWatcher
+from nightbatch.cli.main import main
+from nightbatch.models.spec import ENDPOINTS, LOCAL_MODELS
 from tests.conftest import ApiServer
 
 CHAT = LOCAL_MODELS[0]

@@ -19,9 +19,9 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from nightbatch.cli import main
-from nightbatch.doctor.aws import StackWatcher
-from nightbatch.doctor.report import Probe, Report
+from nightbatch.cli.doctor.aws import StackWatcher
+from nightbatch.cli.doctor.report import Probe, Report
+from nightbatch.cli.main import main
 from nightbatch.storage.account import AwsAccount
 
 REGION = "us-east-1"

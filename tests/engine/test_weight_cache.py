@@ -14,7 +14,7 @@ import pytest
 from moto import mock_aws
 
 from gpu_worker.weight_cache import READY, STREAMER, cache_prefix, resolve_weights, select_files
-from nightbatch.model_spec import ModelSpec
+from nightbatch.models.spec import ModelSpec
 from tests.support.hub import hub_not_offline
 
 BUCKET = "nb-data"

@@ -104,7 +104,7 @@ def test_reserved_concurrency_keeps_the_workflow_s_room_and_caps_the_api(templat
 
 def test_only_the_principals_that_move_a_batch_may_put_events_and_only_on_the_default_bus(
         template: dict[str, Any]) -> None:
-    """EventBridge state changes (nightbatch/state_changes.py): events:PutEvents on the default bus's ARN, for
+    """EventBridge state changes (nightbatch/batches/state_changes.py): events:PutEvents on the default bus's ARN, for
     the API (create, cancel), Validate, Finalize, Notify and the sweeper; no other events action anywhere."""
     putters: dict[str, Any] = {}
     for name, handler in HANDLERS.items():

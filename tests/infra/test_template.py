@@ -81,7 +81,7 @@ def test_table_matches_what_the_core_creates_locally(template: dict[str, Any]) -
 def test_object_keys_the_core_writes_are_under_granted_prefixes() -> None:
     from infra.storage import PREFIXES
     from nightbatch import layout
-    from nightbatch.files import file_key
+    from nightbatch.files.service import file_key
 
     keys = [layout.manifest_key("b"), layout.segment_key("b", 1), layout.shard_key("b", "00000"),
             layout.done_key("b", "00000"), layout.output_key("b"), layout.error_key("b"), file_key("file-x")]

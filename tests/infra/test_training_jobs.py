@@ -254,7 +254,7 @@ def test_every_stack_shape_outputs_what_the_doctor_reads(synth: Synth, sagemaker
                                                           both_synth: Synth) -> None:
     """`nightbatch doctor --stack` finds the stack's queues (or its SageMaker types) and state machine by output
     name: a rename on either side would leave the doctor blind to the account behind the stack."""
-    from nightbatch.doctor.aws import QUEUE_OUTPUTS, StackWatcher
+    from nightbatch.cli.doctor.aws import QUEUE_OUTPUTS, StackWatcher
 
     for s in (synth, sagemaker_synth, both_synth):
         outputs = {k: "x" for k in s.template["Outputs"]}

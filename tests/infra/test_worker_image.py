@@ -55,7 +55,7 @@ UNRELATED = ["README.md", "docs/DEPLOY.md", "functions/api/app.py", "functions/t
              "infra/stack.py", "tests/infra/test_worker_image.py", "bench/README.md", "nightbatch/local/stack.py",
              "app.py", "cdk.json"]
 IMAGE_INPUTS = ["gpu_worker/main.py", "gpu_worker/Dockerfile", "nightbatch/settings/__init__.py", "pyproject.toml",
-                "nightbatch/local/templates/__init__.py"]
+                "nightbatch/models/templates/__init__.py"]
 
 
 def test_only_the_image_s_inputs_feed_its_hash(repo_copy: Path) -> None:

@@ -14,8 +14,8 @@ from typing import Any
 import requests
 from moto.core.models import DEFAULT_ACCOUNT_ID
 
-from nightbatch import lifecycle
-from nightbatch.batches import CreateBatchRequest
+from nightbatch.batches import lifecycle
+from nightbatch.batches.service import CreateBatchRequest
 from nightbatch.notifications import Notifier
 from nightbatch.services import Services
 from nightbatch.settings import Settings

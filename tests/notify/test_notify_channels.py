@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from nightbatch.errors import InvalidRequestError
-from nightbatch.links import sign_link
+from nightbatch.files.links import sign_link
 from nightbatch.notifications.email import check_notify_options, recipients
 from nightbatch.settings import Settings
 from tests.notify.support import make_batch, ses_messages, sns_notifications

@@ -13,8 +13,8 @@ ENTRY_POINTS = {
     "nightbatch/services.py",  # default_services(): every Lambda
     "gpu_worker/main.py",  # the worker container: its settings and its job's inputs
     "nightbatch/local/stack.py",  # `nightbatch local`
-    "nightbatch/cli_keys.py",  # `nightbatch keys`
-    "nightbatch/connection.py",  # the API commands' server and key
+    "nightbatch/cli/keys.py",  # `nightbatch keys`
+    "nightbatch/cli/connection.py",  # the API commands' server and key
 }
 
 

@@ -198,7 +198,7 @@ def test_the_job_inputs_are_their_own_model(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_an_invalid_variable_is_named_in_the_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    from nightbatch.connection import CommandError, resolve_target
+    from nightbatch.cli.connection import CommandError, resolve_target
 
     monkeypatch.setenv("NIGHTBATCH_WORKER_POLL_SECONDS", "soon")
     with pytest.raises(CommandError, match="NIGHTBATCH_WORKER_POLL_SECONDS in the environment is invalid"):

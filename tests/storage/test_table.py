@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from nightbatch import lifecycle
+from nightbatch.batches import lifecycle
 from nightbatch.clock import sort_key
 from nightbatch.errors import StorageConflictError
 from nightbatch.storage import Adapters, Table

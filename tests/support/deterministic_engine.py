@@ -24,7 +24,7 @@ import os
 from typing import Any, ClassVar
 
 from gpu_worker.engines.base import EngineReply
-from nightbatch.model_spec import ModelSpec
+from nightbatch.models.spec import ModelSpec
 
 DELAY_ENV = "NIGHTBATCH_TEST_ENGINE_DELAY"  # read here, not in Settings: a test-only knob
 EMBEDDING_DIM = 8

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nightbatch import lifecycle
+from nightbatch.batches import lifecycle
 from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord
 

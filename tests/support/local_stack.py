@@ -91,7 +91,7 @@ def _models_with_adapter(adapter_dir: Path) -> list[dict[str, object]]:
     process never imports torch for it."""
     subprocess.run([sys.executable, "-m", "tests.support.lora", str(adapter_dir)], cwd=ROOT, check=True,
                    env={**os.environ, "PYTHONPATH": str(ROOT)})
-    from nightbatch.model_spec import LOCAL_MODELS
+    from nightbatch.models.spec import LOCAL_MODELS
     from tests.support.lora import RANK
 
     models = [m.model_dump(exclude_defaults=True) for m in LOCAL_MODELS]

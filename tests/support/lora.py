@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from nightbatch.model_spec import LOCAL_MODELS
+from nightbatch.models.spec import LOCAL_MODELS
 
 RANK = 8
 

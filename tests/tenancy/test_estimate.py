@@ -9,7 +9,7 @@ from typing import Any
 import openai
 import pytest
 
-from nightbatch.accounting import PRICES
+from nightbatch.batches.cost import PRICES
 from nightbatch.pipeline.sizing import plan_shards
 from nightbatch.settings import Settings
 from tests.tenancy.conftest import Stack, chat_lines

@@ -12,8 +12,8 @@ import pytest
 
 from functions.api.idempotency import Idempotency
 from nightbatch.errors import InvalidRequestError
-from nightbatch.idempotency import Claim, Fingerprint, IdempotencyStore, Replay, record_pk
-from nightbatch.limits import release_queue_usage
+from nightbatch.tenancy.idempotency import Claim, Fingerprint, IdempotencyStore, Replay, record_pk
+from nightbatch.tenancy.limits import release_queue_usage
 from tests.tenancy.conftest import Stack, chat_lines
 
 CHAT = "/v1/chat/completions"

@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from nightbatch.errors import InvalidRequestError
-from nightbatch.keys import KeyCache, KeyStore, hash_key
+from nightbatch.tenancy.keys import KeyCache, KeyStore, hash_key
 
 
 def test_key_format_and_only_the_hash_is_stored(make_stack: Any) -> None:
@@ -132,7 +132,7 @@ def test_bootstrap_keys_from_the_deployment_secret(make_stack: Any) -> None:
 
 def test_secret_reads_are_cached_and_failures_back_off(make_stack: Any) -> None:
     """Parameters (Powertools) keeps a read secret for max_age; BootstrapKeys does not re-ask a failing one."""
-    from nightbatch.keys import BootstrapKeys
+    from nightbatch.tenancy.keys import BootstrapKeys
 
     stack = make_stack()
     reader = stack.services.adapters.secrets

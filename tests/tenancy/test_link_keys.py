@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import requests
 
-from nightbatch.keys import KeyStore
-from nightbatch.links import InvalidLinkError, link_keys_from, sign_link, verify_link
+from nightbatch.files.links import InvalidLinkError, link_keys_from, sign_link, verify_link
+from nightbatch.tenancy.keys import KeyStore
 from tests.tenancy.conftest import Stack, chat_lines
 
 

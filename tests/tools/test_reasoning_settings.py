@@ -12,11 +12,11 @@ import pytest
 from pydantic import ValidationError
 
 from gpu_worker.engines.vllm_engine import _fields, _split_args
-from nightbatch.model_spec import ModelSpec
-from nightbatch.pipeline.results import Tally, summarize_result_line
-from nightbatch.request_checks import LineInvalid
+from nightbatch.models.spec import ModelSpec
+from nightbatch.results.lines import Tally, summarize_result_line
 from nightbatch.settings import Settings
-from nightbatch.validation import Validator
+from nightbatch.validation.lines import Validator
+from nightbatch.validation.requests import LineInvalid
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 
@@ -101,7 +101,7 @@ def test_reasoning_tokens_are_counted_in_the_batch_usage() -> None:
 def test_the_cli_shows_reasoning_tokens_when_there_are_some() -> None:
     from openai.types import Batch
 
-    from nightbatch.commands.render import tokens
+    from nightbatch.cli.render import tokens
 
     def batch(reasoning: int) -> Batch:
         return Batch.model_validate({

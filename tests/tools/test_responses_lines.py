@@ -11,11 +11,11 @@ import pytest
 from gpu_worker.results import usage_tokens
 from gpu_worker.runner import with_default_max_tokens
 from gpu_worker.scheduling import prompt_text
-from nightbatch.model_spec import ENDPOINTS, LOCAL_MODELS
-from nightbatch.pipeline.results import Tally, summarize_result_line
-from nightbatch.request_checks import LineInvalid
+from nightbatch.models.spec import ENDPOINTS, LOCAL_MODELS
+from nightbatch.results.lines import Tally, summarize_result_line
 from nightbatch.settings import Settings
-from nightbatch.validation import Validator
+from nightbatch.validation.lines import Validator
+from nightbatch.validation.requests import LineInvalid
 
 URL = "/v1/responses"
 SMOL = next(m for m in LOCAL_MODELS if m.task == "generate")
@@ -148,7 +148,7 @@ def test_logprobs_over_the_model_limit_name_the_limit(url: str, body: dict[str, 
 
 
 def test_the_cli_takes_the_endpoint_of_a_responses_file_from_its_first_line(tmp_path: Any) -> None:
-    from nightbatch.commands.batches import endpoint_of
+    from nightbatch.cli.batches import endpoint_of
 
     path = tmp_path / "requests.jsonl"
     path.write_bytes(line(input="Say hi.") + b"\n")

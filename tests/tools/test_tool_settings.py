@@ -12,11 +12,11 @@ from pydantic import ValidationError
 
 from gpu_worker.engines.vllm_engine import _split_args
 from infra.config import DeployConfig
-from nightbatch.local.templates import DIRECTORY, resolve_chat_template
-from nightbatch.model_spec import LOCAL_MODELS, ModelSpec
-from nightbatch.request_checks import LineInvalid
+from nightbatch.models.spec import LOCAL_MODELS, ModelSpec
+from nightbatch.models.templates import DIRECTORY, resolve_chat_template
 from nightbatch.settings import Settings
-from nightbatch.validation import Validator
+from nightbatch.validation.lines import Validator
+from nightbatch.validation.requests import LineInvalid
 
 ROOT = Path(__file__).resolve().parents[2]
 # vLLM imports torch, which warns on import.

@@ -7,7 +7,7 @@ from typing import Any
 
 import openai
 
-from nightbatch.assembly import ThreadUploadJobs
+from nightbatch.files.assembly import ThreadUploadJobs
 from nightbatch.services import Services
 from nightbatch.settings import Settings
 

@@ -13,13 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from functions.tasks import compose_upload
-from nightbatch.digests import RunningDigests
 from nightbatch.errors import NotFoundError
+from nightbatch.files.digests import RunningDigests
+from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.local.runner import LocalWorkflow
 from nightbatch.services import build_services
 from nightbatch.storage.parts import MIN_PART_BYTES, PartStore, plan
 from nightbatch.storage.sqs import SqsUploadJobs
-from nightbatch.uploads import CompleteUploadRequest, CreateUploadRequest
 from tests.uploads.stack import MiB, Stack
 
 

@@ -11,9 +11,9 @@ import pytest
 
 from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError
-from nightbatch.keys import KeyStore
-from nightbatch.limits import read_usage, recount_storage
 from nightbatch.pipeline.sweep import sweep
+from nightbatch.tenancy.keys import KeyStore
+from nightbatch.tenancy.limits import read_usage, recount_storage
 from tests.uploads.stack import Stack
 
 

@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from nightbatch.clock import now
-from nightbatch.keys import KeyStore
+from nightbatch.tenancy.keys import KeyStore
 from tests.uploads.stack import API_KEY, MiB, Stack
 
 

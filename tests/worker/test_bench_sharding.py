@@ -28,7 +28,7 @@ from bench.sharding import (
 )
 from bench.worker import compare_tokens, write_inputs
 from bench.worker_sides import RunResult, Usage
-from nightbatch.model_spec import ModelSpec
+from nightbatch.models.spec import ModelSpec
 from nightbatch.settings import get_settings
 
 ENGINE = "tests.support.deterministic_engine:DeterministicEngine"

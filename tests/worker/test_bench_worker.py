@@ -56,7 +56,7 @@ def test_kv_input_has_more_long_prefixes_than_its_cache_holds_interleaved() -> N
 
 
 def test_only_the_kv_input_runs_with_the_small_kv_cache(tmp_path: Path) -> None:
-    from nightbatch.model_spec import ModelSpec
+    from nightbatch.models.spec import ModelSpec
 
     args = parse_args(["--requests", "12", "--kv-blocks", "24"])
     spec = ModelSpec(name="m", source="/x", engine_args={"max_num_seqs": 64})

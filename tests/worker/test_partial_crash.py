@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 
 from nightbatch import layout
-from nightbatch.partial_results import partial_results
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
+from nightbatch.results.partial import partial_results
 from nightbatch.services import build_services
 from tests.conftest import RecordingWorkflow
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpu_worker.main import main
-from nightbatch.accounting import collect_shard_times
+from nightbatch.batches.cost import collect_shard_times
 from nightbatch.layout import batch_prefix
 from nightbatch.phases import PHASES, Phases, describe, summarize
 

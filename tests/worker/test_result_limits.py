@@ -8,8 +8,8 @@ import pytest
 
 from gpu_worker.engines.base import EngineReply
 from gpu_worker.results import result_line
-from nightbatch.pipeline import results
-from nightbatch.pipeline.results import summarize_result_line
+from nightbatch.results import lines as results
+from nightbatch.results.lines import summarize_result_line
 
 
 def test_an_over_long_result_line_becomes_that_requests_error(monkeypatch: pytest.MonkeyPatch) -> None:

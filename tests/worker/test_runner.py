@@ -13,8 +13,8 @@ from gpu_worker.results import result_line
 from gpu_worker.runner import ShardJob, ShardReport, run_shard
 from nightbatch.ids import batch_request_id
 from nightbatch.layout import checkpoint_key, done_key, read_checkpoint_summary
-from nightbatch.model_spec import LOCAL_MODELS, ModelSpec
-from nightbatch.pipeline.results import summarize_checkpoint
+from nightbatch.models.spec import LOCAL_MODELS, ModelSpec
+from nightbatch.results.lines import summarize_checkpoint
 from nightbatch.settings import Settings
 from nightbatch.wire import BatchRequestOutput
 from tests.support.deterministic_engine import DeterministicEngine

@@ -11,7 +11,7 @@ import pytest
 
 from gpu_worker import host
 from gpu_worker.main import main
-from nightbatch.accounting import ML_PRICES, ShardTime, collect_shard_times, cost_summary, training_job_billing
+from nightbatch.batches.cost import ML_PRICES, ShardTime, collect_shard_times, cost_summary, training_job_billing
 from nightbatch.layout import all_results_prefix
 from nightbatch.settings import Settings
 

@@ -12,7 +12,7 @@ from typing import Any
 from gpu_worker.runner import ShardJob, ShardReport, run_shard
 from gpu_worker.scheduling import OrderPolicy, in_flight_limit, order_window, ordered
 from gpu_worker.shard import PendingRequest
-from nightbatch.model_spec import LOCAL_MODELS
+from nightbatch.models.spec import LOCAL_MODELS
 from nightbatch.pipeline.prefixes import prompt_text
 from nightbatch.settings import Settings
 from tests.support.deterministic_engine import DeterministicEngine

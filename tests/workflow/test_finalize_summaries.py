@@ -15,9 +15,10 @@ from gpu_worker.engines.base import EngineReply
 from gpu_worker.results import result_line
 from nightbatch import layout
 from nightbatch.layout import CheckpointSummary
-from nightbatch.pipeline import BatchTaskInput, finalize_batch, merge
+from nightbatch.pipeline import BatchTaskInput, finalize_batch
 from nightbatch.pipeline.compose import MIN_PART_BYTES, Read
-from nightbatch.pipeline.results import Tally, oversized_result_line, summarize_checkpoint
+from nightbatch.results import merge
+from nightbatch.results.lines import Tally, oversized_result_line, summarize_checkpoint
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore
 from tests.workflow.conftest import planned_shards

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nightbatch.pipeline import BatchTaskInput, validate_batch
 from nightbatch.services import Services
-from nightbatch.validation import MAX_ERRORS_BYTES
+from nightbatch.validation.lines import MAX_ERRORS_BYTES
 from tests.workflow.conftest import chat_line, jsonl, make_batch
 
 

@@ -14,12 +14,12 @@ from hypothesis import strategies as st
 from nightbatch import layout
 from nightbatch.jsonl import dumps_line, loads
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
-from nightbatch.pipeline.results import ResultSummary, summarize_result_line
 from nightbatch.pipeline.shard_lines import shard_lines
-from nightbatch.request_checks import LineInvalid
+from nightbatch.results.lines import ResultSummary, summarize_result_line
 from nightbatch.services import Services
 from nightbatch.settings import Settings
-from nightbatch.validation import Validator
+from nightbatch.validation.lines import Validator
+from nightbatch.validation.requests import LineInvalid
 from tests.workflow.conftest import make_batch, shard_requests_of
 
 CHAT = "/v1/chat/completions"

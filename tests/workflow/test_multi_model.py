@@ -14,7 +14,7 @@ from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, vali
 from nightbatch.pipeline.placement import place_by_model
 from nightbatch.services import Services
 from nightbatch.settings import Settings
-from nightbatch.validation import LineInvalid, Validator
+from nightbatch.validation.lines import LineInvalid, Validator
 from tests.support.deterministic_engine import DeterministicEngine
 from tests.workflow.conftest import chat_line, jsonl, make_batch
 
@@ -160,7 +160,7 @@ def test_single_model_batch_has_no_models_breakdown(services: Services) -> None:
 def test_adapters_need_a_generate_model_and_their_own_name(spec: dict[str, object]) -> None:
     from pydantic import ValidationError
 
-    from nightbatch.model_spec import ModelSpec
+    from nightbatch.models.spec import ModelSpec
 
     with pytest.raises(ValidationError):
         ModelSpec.model_validate(spec)

@@ -1,4 +1,4 @@
-"""Results while running (nightbatch/partial_results.py): the checkpoints' lines as Finalize will merge them."""
+"""Results while running (nightbatch/results/partial.py): the checkpoints' lines as Finalize will merge them."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from nightbatch import layout
 from nightbatch.errors import InvalidRequestError, NotFoundError
 from nightbatch.ids import batch_request_id
 from nightbatch.jsonl import dumps_line
-from nightbatch.partial_results import PartialResults, partial_results
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
+from nightbatch.results.partial import PartialResults, partial_results
 from nightbatch.services import Services
 from tests.workflow.conftest import chat_line, jsonl, make_batch
 from tests.workflow.test_pipeline import run_to_shards

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nightbatch import layout, lifecycle
+from nightbatch import layout
+from nightbatch.batches import lifecycle
 from nightbatch.ids import batch_request_id, new_request_id
 from nightbatch.jsonl import dumps_line
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch

@@ -1,4 +1,4 @@
-"""Retry (nightbatch/retry.py): a new batch of some lines of an ended one, from the original input bytes."""
+"""Retry (nightbatch/batches/retry.py): a new batch of some lines of an ended one, from the original input bytes."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
+from nightbatch.batches.retry import RetryRequest, retry_batch
 from nightbatch.errors import ConflictError, InvalidRequestError, NotFoundError
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
-from nightbatch.retry import RetryRequest, retry_batch
 from nightbatch.services import Services
 from tests.workflow.conftest import chat_line, jsonl, make_batch
 from tests.workflow.test_pipeline import read_file, run_to_shards, write_results

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nightbatch import layout
-from nightbatch.batches import CreateBatchRequest
+from nightbatch.batches.service import CreateBatchRequest
+from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.jsonl import BOM, split_lines
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.pipeline import shard_lines as shard_lines_module
@@ -22,8 +23,7 @@ from nightbatch.pipeline.segments import segment_line
 from nightbatch.pipeline.shard_lines import InputReader, ShardLine, shard_lines
 from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord
-from nightbatch.uploads import CompleteUploadRequest, CreateUploadRequest
-from nightbatch.validation import Validator
+from nightbatch.validation.lines import Validator
 from tests.workflow.conftest import chat_line, make_batch
 
 SYSTEMS = ["You are terse. " * 80, "You answer in French. " * 60]  # long enough for prefix groups

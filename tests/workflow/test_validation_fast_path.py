@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nightbatch.request_checks import LineInvalid
 from nightbatch.settings import Settings
-from nightbatch.validation import Validator
+from nightbatch.validation.lines import Validator
+from nightbatch.validation.requests import LineInvalid
 
 CHAT = "/v1/chat/completions"
 MODEL = "SmolLM2-135M-Instruct"

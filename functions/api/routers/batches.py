@@ -8,8 +8,8 @@ from fastapi import APIRouter, Query
 
 from functions.api.deps import PrincipalDep, ServicesDep
 from functions.api.idempotency import IdempotencyDep
-from nightbatch.admission import create_admitted
-from nightbatch.batches import CreateBatchRequest
+from nightbatch.batches.admission import create_admitted
+from nightbatch.batches.service import CreateBatchRequest
 from nightbatch.wire import Batch, ListPage
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])

@@ -8,9 +8,9 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from functions.api.deps import PrincipalDep, ServicesDep
-from nightbatch.batch_detail import batch_detail
+from nightbatch.batches.detail import batch_detail
 from nightbatch.errors import InvalidRequestError
-from nightbatch.partial_results import partial_results
+from nightbatch.results.partial import partial_results
 
 router = APIRouter(prefix="/v1/nightbatch", tags=["nightbatch"])
 
@@ -30,7 +30,7 @@ def preview_partial_results(
     batch_id: str, principal: PrincipalDep, services: ServicesDep, kind: str = "output",
     lines: Annotated[int, Query()] = 10,
 ) -> dict[str, Any]:
-    """The first `lines` result lines finished so far of a running batch (nightbatch.partial_results), shaped
+    """The first `lines` result lines finished so far of a running batch (nightbatch.results.partial), shaped
     as a file preview; a bounded read of the checkpoints."""
     _check_lines(lines)
     found = partial_results(services, principal.tenant, batch_id, kind, scan_bytes=PREVIEW_BYTES)

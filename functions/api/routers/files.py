@@ -9,7 +9,7 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from functions.api.deps import Principal, PrincipalDep, ServicesDep
 from functions.api.idempotency import IdempotencyDep
-from nightbatch.downloads import locate as locate_download
+from nightbatch.files.downloads import locate as locate_download
 from nightbatch.services import Services
 from nightbatch.storage.records import FileRecord
 from nightbatch.wire import DeletedFile, FileObject, ListPage
@@ -82,7 +82,7 @@ def file_content(file_id: str, principal: PrincipalDep, services: ServicesDep) -
 
 
 def content_response(services: Services, item: FileRecord) -> Response:
-    # Past what a Lambda response can carry: 307 to a pre-signed S3 URL (nightbatch.downloads).
+    # Past what a Lambda response can carry: 307 to a pre-signed S3 URL (nightbatch.files.downloads).
     target = locate_download(services.settings, services.files.blobs, item)
     if target is not None:
         return RedirectResponse(target.url, status_code=307, headers={"cache-control": "no-store"})

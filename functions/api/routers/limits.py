@@ -8,13 +8,13 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 
 from functions.api.deps import PrincipalDep, ServicesDep
-from nightbatch.limits import TenantLimits, TenantUsage, limits_for, read_usage
+from nightbatch.tenancy.limits import TenantLimits, TenantUsage, limits_for, read_usage
 
 router = APIRouter(prefix="/v1/nightbatch", tags=["nightbatch"])
 
 
 class LimitsView(BaseModel):
-    object: Literal["nightbatch.limits"] = "nightbatch.limits"
+    object: Literal["nightbatch.tenancy.limits"] = "nightbatch.tenancy.limits"
     tenant: str
     limits: TenantLimits
     usage: TenantUsage

@@ -7,7 +7,7 @@ from fastapi.responses import RedirectResponse, Response
 
 from functions.api.deps import PrincipalDep, ServicesDep
 from functions.api.routers.files import content_response
-from nightbatch.links import FileLink, link_keys_from, open_link, sign_link
+from nightbatch.files.links import FileLink, link_keys_from, open_link, sign_link
 
 router = APIRouter(prefix="/v1/nightbatch/files", tags=["nightbatch"])
 

@@ -6,7 +6,7 @@ from fastapi import APIRouter
 
 from functions.api.deps import PrincipalDep, ServicesDep
 from nightbatch.errors import NotFoundError
-from nightbatch.model_spec import ModelSpec, served_model
+from nightbatch.models.spec import ModelSpec, served_model
 from nightbatch.wire import ListPage, Model
 
 router = APIRouter(prefix="/v1/models", tags=["models"])

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from functions.api.deps import PrincipalDep, ServicesDep
-from nightbatch.usage import tenant_usage
+from nightbatch.tenancy.usage import tenant_usage
 
 router = APIRouter(prefix="/v1/nightbatch", tags=["nightbatch"])
 

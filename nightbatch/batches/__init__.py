@@ -1,0 +1,1 @@
+"""Batches: create, read, cancel, the lifecycle, options, retry, estimate and cost."""

@@ -1,0 +1,1 @@
+"""The `nightbatch` command line: batches, keys, the doctor and the connection they share."""

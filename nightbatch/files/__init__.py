@@ -1,0 +1,1 @@
+"""Files: uploaded bytes, Uploads, composition, downloads and signed links."""

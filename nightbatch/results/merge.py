@@ -1,0 +1,161 @@
+"""A shard's checkpoints merged into the output and error files: which result of a custom_id counts, and where
+its bytes go.
+
+The rule is `checkpoints_in_order` (nightbatch/results/order.py, which the partial results read too)
+and `merge_shard`: checkpoints in key order (seq, then attempt), the first result per custom_id wins and later
+ones (a zombie attempt's, a re-run's) are dropped. Successful lines go to the output as ranges of the checkpoint
+objects (nightbatch/pipeline/compose.py), the others to the error file. A checkpoint with a summary
+(nightbatch.layout.CheckpointSummary) is counted and placed from it, unparsed: only its error lines, its dropped
+duplicates and the bytes the composer must upload are read. One without (a previous release's worker, a summary
+that was not written or does not match) is read line by line.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from itertools import accumulate, islice
+from typing import Protocol
+
+from nightbatch import layout
+from nightbatch.ids import custom_id_digest, custom_id_digests
+from nightbatch.jsonl import split_lines
+from nightbatch.layout import CheckpointSummary
+from nightbatch.pipeline.compose import Read
+from nightbatch.results.lines import MAX_RESULT_LINE, Tally, summarize_result_line
+from nightbatch.results.order import Checkpoint, checkpoints_in_order
+from nightbatch.storage import BlobStore
+
+log = logging.getLogger("nightbatch.finalize")
+WINDOW_BYTES = 1024 * 1024  # least bytes of a ranged GET of a summarized checkpoint
+AHEAD = 8  # summaries fetched while earlier checkpoints are merged (S3 latency, not CPU)
+
+
+class Output(Protocol):
+    def add_range(self, source: str, start: int, end: int, read: Read) -> None: ...
+
+    def add_bytes(self, data: bytes | memoryview) -> None: ...
+
+
+class Errors(Protocol):
+    def write(self, data: bytes) -> None: ...
+
+
+def merge_shard(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], out: Output, err: Errors,
+                tally: Tally) -> None:
+    """Adds the shard's winning results to `out` and `err` and counts them in `tally`; `seen` holds the
+    custom_id digests taken so far, and grows by this shard's."""
+    for cp, summary in _with_summaries(blobs, checkpoints_in_order(blobs, batch_id, shard_id)):
+        if summary is not None and summary.size == cp.size and summary.consistent():
+            _merge_summarized(blobs, cp.key, summary, seen, out, err, tally)
+            continue
+        if cp.summarized:
+            log.warning("summary of %s unreadable or not matching; its lines are parsed", cp.key,
+                        extra={"batch_id": batch_id})
+        _merge_parsed(blobs, batch_id, cp.key, seen, out, err, tally)
+
+
+def _with_summaries(blobs: BlobStore, checkpoints: list[Checkpoint]) -> Iterator[
+        tuple[Checkpoint, CheckpointSummary | None]]:
+    def fetch(cp: Checkpoint) -> CheckpointSummary | None:
+        return layout.read_checkpoint_summary(blobs, cp.key) if cp.summarized else None
+
+    todo = iter(checkpoints)
+    with ThreadPoolExecutor(AHEAD, thread_name_prefix="summaries") as pool:
+        queued: deque[tuple[Checkpoint, Future[CheckpointSummary | None]]] = deque(
+            (cp, pool.submit(fetch, cp)) for cp in islice(todo, AHEAD))
+        while queued:
+            cp, summary = queued.popleft()
+            nxt = next(todo, None)
+            if nxt is not None:
+                queued.append((nxt, pool.submit(fetch, nxt)))
+            yield cp, summary.result()
+
+
+class _Window:
+    """Ranged reads of one object, moving forward; each byte is fetched once, in GETs of WINDOW_BYTES or more
+    (so the lines of a small checkpoint, or error lines close together, cost one GET)."""
+
+    def __init__(self, blobs: BlobStore, key: str, size: int) -> None:
+        self.blobs, self.key, self.size = blobs, key, size
+        self.lo = self.hi = 0
+        self.data = b""  # the bytes [lo, hi)
+
+    def read(self, start: int, end: int) -> memoryview:
+        if not self.lo <= start <= self.hi:
+            self.lo = self.hi = start
+            self.data = b""
+        if end > self.hi:
+            more = self.blobs.get_range(self.key, self.hi, min(self.size, max(end, self.hi + WINDOW_BYTES)))
+            self.data = self.data[start - self.lo:] + more
+            self.lo, self.hi = start, self.hi + len(more)
+        return memoryview(self.data)[start - self.lo:end - self.lo]
+
+
+def _merge_summarized(blobs: BlobStore, key: str, summary: CheckpointSummary, seen: set[int], out: Output,
+                      err: Errors, tally: Tally) -> None:
+    digests = custom_id_digests(summary.custom_ids)
+    dropped: set[int] = set()
+    if not seen.isdisjoint(digests):
+        dropped = _repeats(digests, seen)
+    else:
+        taken = len(seen)
+        seen.update(digests)
+        if len(seen) - taken != len(digests):  # a custom_id twice in this checkpoint: only the first counts
+            dropped = _repeats(digests, set())
+    tally.add_summary(summary)
+    failed = set(summary.failed)
+    skip = sorted(failed | dropped)  # lines that leave the output's run: usually none
+    ends = list(accumulate(summary.lengths)) if skip else []
+    window = _Window(blobs, key, summary.size)
+    less = Tally()  # the dropped duplicates, taken back out of the summary's totals
+    pos = 0  # start of the run of lines that go to the output as they are
+    for i in skip:
+        start = ends[i - 1] if i else 0
+        out.add_range(key, pos, start, window.read)
+        line = bytes(window.read(start, ends[i]))
+        if i not in dropped:
+            err.write(line)
+        elif i in failed:
+            less.failed += 1
+        else:
+            less.add_success(summarize_result_line(line[:-1]).usage)
+        pos = ends[i]
+    out.add_range(key, pos, summary.size, window.read)
+    tally.subtract(less)
+
+
+def _repeats(digests: list[int], seen: set[int]) -> set[int]:
+    """Indices of the lines whose custom_id is in `seen` or came earlier (rare: a zombie attempt, a re-run);
+    adds the others to `seen`."""
+    repeats = set()
+    for i, d in enumerate(digests):
+        if d in seen:
+            repeats.add(i)
+        seen.add(d)
+    return repeats
+
+
+def _merge_parsed(blobs: BlobStore, batch_id: str, key: str, seen: set[int], out: Output, err: Errors,
+                  tally: Tally) -> None:
+    for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
+        if raw.data is None:
+            # Workers never write one (gpu_worker.results); its request ends as shard_failed, so say why.
+            log.error("result line %d of %s is %d bytes, over %d: its request is reported unrun", raw.number,
+                      key, raw.size, MAX_RESULT_LINE, extra={"batch_id": batch_id})
+            continue
+        if not raw.data:
+            continue
+        summary = summarize_result_line(raw.data)
+        d = custom_id_digest(summary.custom_id)
+        if d in seen:
+            continue
+        seen.add(d)
+        if summary.ok:
+            out.add_bytes(raw.data + b"\n")
+            tally.add_success(summary.usage)
+        else:
+            err.write(raw.data + b"\n")
+            tally.failed += 1

@@ -1,0 +1,121 @@
+"""Results while a batch runs: the result lines its shards' checkpoints hold, as Finalize will merge them.
+
+Shards in Finalize's order, each shard's checkpoints in Finalize's order (`planned_shards`,
+`checkpoints_in_order`), the first line of a custom_id wins and later ones (a zombie or re-run attempt's) are
+dropped: the lines served are the ones Finalize will put in the files, with the same bytes. A restarted attempt
+starts at the seq after every checkpoint it found, so checkpoints only ever join the end of that order and a
+line served once keeps its body. Streamed checkpoint by checkpoint; the only state is one shard's set of
+custom_id digests. Once the batch has ended, its output or error file is served instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from nightbatch.errors import check_supported
+from nightbatch.ids import custom_id_digest
+from nightbatch.jsonl import split_lines
+from nightbatch.results.lines import MAX_RESULT_LINE, summarize_result_line
+from nightbatch.results.order import Checkpoint, checkpoints_in_order, planned_shards
+from nightbatch.services import Services
+from nightbatch.storage import BlobStore
+from nightbatch.storage.records import BatchRecord, FileRecord
+from nightbatch.wire import TERMINAL_STATUSES
+
+KINDS = ("output", "error")
+
+
+@dataclass
+class PartialResults:
+    """What GET /v1/nightbatch/batches/{id}/results answers: headers first, then the lines.
+
+    `count`: with `complete`, the exact number of lines of the file; before, the batch's live counter of
+    finished lines of that kind when the read began (the stream may hold a checkpoint more or less than it:
+    counters are added just after each checkpoint is written). `truncated`: the read stopped at the
+    deployment's inline response limit (AWS: a Lambda response); the rest comes once the batch has ended."""
+
+    batch_id: str
+    status: str
+    kind: str
+    complete: bool
+    count: int
+    truncated: bool = False
+    file: FileRecord | None = None  # complete: the file to serve (None: the batch has no such file)
+    lines: Iterator[bytes] = field(default_factory=lambda: iter(()))
+
+    def headers(self) -> dict[str, str]:
+        return {
+            "x-nightbatch-complete": "true" if self.complete else "false",
+            "x-nightbatch-count": str(self.count),
+            "x-nightbatch-status": self.status,
+            "x-nightbatch-truncated": "true" if self.truncated else "false",
+            "cache-control": "no-store",
+        }
+
+
+def partial_results(services: Services, tenant: str, batch_id: str, kind: str, *,
+                    scan_bytes: int | None = None) -> PartialResults:
+    """`scan_bytes`: stop after reading that much of the checkpoints (a preview's bounded read)."""
+    check_supported(kind, KINDS, param="kind")
+    batch = services.batches.item(tenant, batch_id)  # another tenant's batch: 404, as a missing one
+    ok = kind == "output"
+    if batch.status in TERMINAL_STATUSES:
+        file_id = batch.output_file_id if ok else batch.error_file_id
+        counts = batch.request_counts
+        return PartialResults(batch_id, batch.status, kind, True, counts.get("completed" if ok else "failed", 0),
+                              file=services.files.item(tenant, file_id) if file_id else None)
+    blobs = services.adapters.blobs
+    checkpoints = _checkpoints(blobs, batch)
+    truncated = False
+    settings = services.settings
+    limit = settings.files.max_inline_download_bytes
+    if settings.deployment.mode != "local" and limit > 0:
+        # The response is buffered whole in Lambda: whole checkpoints up to the limit (dedup only drops bytes).
+        checkpoints, truncated = _within(checkpoints, limit)
+    count = (batch.live_completed if ok else batch.live_failed) or 0
+    return PartialResults(batch_id, batch.status, kind, False, count, truncated=truncated,
+                          lines=_lines(blobs, checkpoints, ok, scan_bytes))
+
+
+def _checkpoints(blobs: BlobStore, batch: BatchRecord) -> list[tuple[str, list[Checkpoint]]]:
+    """(shard_id, its checkpoints) per shard: keys and sizes only, listed before the first line is sent."""
+    return [(shard_id, checkpoints_in_order(blobs, batch.pk, shard_id))
+            for shard_id, _spec in planned_shards(blobs, batch.pk) if shard_id is not None]
+
+
+def _within(shards: list[tuple[str, list[Checkpoint]]], limit: int) -> tuple[
+        list[tuple[str, list[Checkpoint]]], bool]:
+    kept: list[tuple[str, list[Checkpoint]]] = []
+    total = 0
+    for shard_id, checkpoints in shards:
+        taken: list[Checkpoint] = []
+        for cp in checkpoints:
+            if total + cp.size > limit:
+                kept.append((shard_id, taken))
+                return kept, True
+            total += cp.size
+            taken.append(cp)
+        kept.append((shard_id, taken))
+    return kept, False
+
+
+def _lines(blobs: BlobStore, shards: list[tuple[str, list[Checkpoint]]], ok: bool,
+           scan_bytes: int | None) -> Iterator[bytes]:
+    scanned = 0
+    for _shard_id, checkpoints in shards:
+        seen: set[int] = set()  # per shard, as Finalize keeps it: a custom_id belongs to one shard
+        for cp in checkpoints:
+            for raw in split_lines(blobs.iter_chunks_ahead(cp.key), max_bytes=MAX_RESULT_LINE):
+                scanned += raw.size + 1
+                if scan_bytes is not None and scanned > scan_bytes:
+                    return
+                if not raw.data:
+                    continue  # blank, or over MAX_RESULT_LINE: Finalize reports that request unrun
+                summary = summarize_result_line(raw.data)
+                d = custom_id_digest(summary.custom_id)
+                if d in seen:
+                    continue
+                seen.add(d)
+                if summary.ok == ok:
+                    yield raw.data + b"\n"

@@ -1,0 +1,1 @@
+"""Tenancy: API keys, per-tenant limits, idempotency and usage."""

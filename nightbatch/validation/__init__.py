@@ -1,0 +1,1 @@
+"""Validation of batch input lines: line checks, request checks, scoring bodies."""

@@ -1,0 +1,295 @@
+"""Validation of batch input lines: stable codes, 1-based line numbers, OpenAI's wording where it has one."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from msgspec import UNSET
+
+from nightbatch.ids import custom_id_digest
+from nightbatch.jsonl import loads
+from nightbatch.models.spec import SCORE_ENDPOINTS, ModelSpec, served_model
+from nightbatch.settings import Settings
+from nightbatch.validation.requests import (
+    LineInvalid,
+    check_media,
+    check_responses,
+    check_template_kwargs,
+    check_tools,
+    echo,
+    estimate_tokens,
+)
+from nightbatch.validation.scoring import check_scoring
+from nightbatch.wire import BatchError
+
+MAX_CUSTOM_ID = 512
+_decode = msgspec.json.Decoder().decode
+# `[[[[…` a few thousand deep hits either parser's recursion limit: one bad line rather than a crashed step.
+_TOO_DEEP = "This line nests JSON too deeply to be parsed."
+# A batch's stored `errors` stop growing here (besides max_reported_errors), so 100 failed batches in one list
+# response stay far under the ~6 MB a Lambda may answer, and the batch item under DynamoDB's 400 KB.
+MAX_ERRORS_BYTES = 32 * 1024
+
+
+class ValidRequest:
+    """A valid line. `body` is decoded from `raw` on first use when the fast path did not build it."""
+
+    __slots__ = ("_body", "custom_id", "est_tokens", "model", "number", "raw")
+
+    def __init__(self, number: int, custom_id: str, body: dict[str, Any] | None, est_tokens: int,
+                 raw: bytes, model: str = "") -> None:
+        self.number, self.custom_id, self._body, self.est_tokens, self.raw = number, custom_id, body, est_tokens, raw
+        self.model = model  # the line's `body.model`: a served model or one of its LoRA adapters
+
+    @property
+    def body(self) -> dict[str, Any]:
+        if self._body is None:
+            self._body = loads(self.raw)["body"]
+        return self._body
+
+
+class _Message(msgspec.Struct, gc=False):
+    role: str
+    content: str  # text only: a list of parts (media) takes the general path
+
+
+class _ChatBody(msgspec.Struct, gc=False):
+    """The fields the general path reads from a chat body; any of the optional ones present sends the line there."""
+
+    model: str
+    messages: list[_Message]
+    max_tokens: int | msgspec.UnsetType | None = msgspec.UNSET
+    max_completion_tokens: int | msgspec.UnsetType | None = msgspec.UNSET
+    stream: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    tools: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    tool_choice: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    chat_template_kwargs: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    n: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+    best_of: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+
+
+class _ChatLine(msgspec.Struct, gc=False):  # no cycles: not tracked by the GC
+    custom_id: str
+    method: str
+    url: str
+    body: _ChatBody
+
+
+_decode_chat = msgspec.json.Decoder(_ChatLine).decode
+
+
+@dataclass
+class Validator:
+    """Checks one line at a time; keeps only a fixed-size digest per custom_id (ARCHITECTURE decision 2)."""
+
+    settings: Settings
+    endpoint: str
+    model: str | None = None
+    spec: ModelSpec | None = None
+    seen: set[int] = field(default_factory=set)
+    # Valid lines per `body.model` (Plan groups by it; more than one: a multi-model or multi-adapter batch).
+    models: dict[str, int] = field(default_factory=dict)
+    _specs: dict[str, ModelSpec] = field(default_factory=dict)
+    embedding_inputs: int = 0
+    # Lines at least this long take the general path, which builds their body (Validate's prefix groups read
+    # the body of long lines; decoding it twice would cost more than the fast path saves).
+    fast_max_bytes: int = 1 << 62
+
+    def check(self, number: int, data: bytes | None, size: int) -> ValidRequest:
+        if data is not None and self.endpoint == "/v1/chat/completions" and len(data) < self.fast_max_bytes:
+            req = self._check_plain_chat(number, data)
+            if req is not None:
+                self.models[req.model] = self.models.get(req.model, 0) + 1
+                return req
+        req = self._check(number, data, size)
+        self.models[req.model] = self.models.get(req.model, 0) + 1
+        return req
+
+    def _check_plain_chat(self, number: int, data: bytes) -> ValidRequest | None:
+        """The common chat line (text messages, none of the parameters that need a closer look) checked on
+        msgspec's typed decode, in the general path's order with its messages; None sends the line there.
+        Only lines the general path accepts as they are pass here: the typed decode refuses everything
+        the general path would look at twice, and it skips unknown fields without checking their UTF-8."""
+        try:
+            line = _decode_chat(data)
+        except (msgspec.MsgspecError, RecursionError):
+            return None
+        body = line.body
+        if (body.stream is not UNSET or body.tools is not UNSET or body.tool_choice is not UNSET
+                or body.chat_template_kwargs is not UNSET or body.n is not UNSET or body.best_of is not UNSET
+                or not body.messages or (not data.isascii() and not _utf8(data))):
+            return None
+        custom_id = line.custom_id
+        if not custom_id or len(custom_id) > MAX_CUSTOM_ID or line.method != "POST" or line.url != self.endpoint:
+            return None
+        model = body.model
+        if model != self.model or self.spec is None:
+            return None  # the batch's first line, or a model to report: the general path checks it
+        max_out = body.max_tokens if body.max_completion_tokens is UNSET else body.max_completion_tokens
+        out = max_out if isinstance(max_out, int) and max_out > 0 else self.settings.serving.default_max_tokens
+        est = estimate_tokens(len(data)) + out
+        digest = custom_id_digest(custom_id)
+        if digest in self.seen:
+            return None  # reported by the general path
+        self.seen.add(digest)
+        return ValidRequest(number, custom_id, None, est, data, model)
+
+    def _check(self, number: int, data: bytes | None, size: int) -> ValidRequest:
+        s = self.settings
+        if data is None:
+            raise LineInvalid("line_too_long", f"Line {number} is {size} bytes, over the limit of "
+                              f"{s.validation.max_line_bytes} bytes per line.")
+        try:
+            # Compiled fast path: a line it parses is valid UTF-8 (bytes outside strings can only be JSON
+            # syntax) and means what json.loads says it means.
+            obj = _decode(data)
+        except msgspec.MsgspecError:
+            obj = _stdlib_parse(number, data)
+        except RecursionError:
+            raise LineInvalid("invalid_json_line", _TOO_DEEP) from None
+        if not isinstance(obj, dict):
+            raise LineInvalid("invalid_json_line", "This line is not a JSON object.")
+        for name in ("custom_id", "method", "url", "body"):
+            if name not in obj:
+                raise LineInvalid("missing_required_parameter", f"Missing required parameter: '{name}'.", name)
+        custom_id = obj["custom_id"]
+        if not isinstance(custom_id, str) or not custom_id or len(custom_id) > MAX_CUSTOM_ID:
+            raise LineInvalid("invalid_request", f"'custom_id' must be a non-empty string of at most "
+                              f"{MAX_CUSTOM_ID} characters.", "custom_id")
+        if obj["method"] != "POST":
+            raise LineInvalid("invalid_method", f"Invalid method {echo(obj['method'])}: only 'POST' is supported.",
+                              "method")
+        if obj["url"] != self.endpoint:
+            raise LineInvalid("invalid_url", "The URL provided for this request does not match the batch "
+                              f"endpoint '{self.endpoint}'.", "url")
+        body = obj["body"]
+        if not isinstance(body, dict):
+            raise LineInvalid("invalid_request", "'body' must be a JSON object.", "body")
+        est = self._check_body(body, len(data))
+        digest = custom_id_digest(custom_id)
+        if digest in self.seen:
+            raise LineInvalid("duplicate_custom_id", f"The custom_id '{custom_id}' for this request is a "
+                              "duplicate of another request. The custom_id parameter must be unique for each "
+                              "request in a batch.", "custom_id")
+        self.seen.add(digest)
+        return ValidRequest(number, custom_id, body, est, data, body["model"])
+
+    def _check_model(self, model: str) -> ModelSpec:
+        known = self._specs.get(model)
+        if known is not None:
+            return known
+        models = self.settings.serving.models
+        spec = served_model(models, model)
+        if spec is None or self.endpoint not in spec.endpoints:
+            served = ", ".join(name for m in models if self.endpoint in m.endpoints
+                               for name in (m.name, *m.lora_modules))
+            raise LineInvalid("model_not_found", f"The provided model {echo(model)} is not supported by the Batch "
+                              f"API for {self.endpoint}. Served models: {served or 'none'}.", "body.model")
+        self._specs[model] = spec
+        return spec
+
+    def _may_mix(self, spec: ModelSpec) -> bool:
+        """Another `model` than the batch's first line's: on a deployment that allows multi-model batches,
+        or an adapter of the same served model (or that model itself), which the same engine serves."""
+        return self.settings.validation.multi_model_batches or (self.spec is not None and spec.name == self.spec.name)
+
+    def _check_body(self, body: dict[str, Any], line_bytes: int) -> int:
+        model = body.get("model")
+        if not isinstance(model, str) or not model:
+            raise LineInvalid("invalid_request", "Model parameter is required.", "body.model")
+        # The batch's model was checked on its first line.
+        spec = self.spec if model == self.model and self.spec is not None else self._check_model(model)
+        if self.model is None:
+            self.model, self.spec = model, spec
+        elif model != self.model and not self._may_mix(spec):
+            raise LineInvalid("mismatched_model", f"The model {echo(model)} for this request does not match the "
+                              "rest of the batch. Each batch must contain requests for a single model.",
+                              "body.model")
+        if body.get("stream"):
+            raise LineInvalid("streaming_unsupported", "Streaming is not supported in the Batch API.",
+                              "body.stream")
+        max_out = body.get("max_completion_tokens", body.get("max_tokens"))
+        out = max_out if isinstance(max_out, int) and max_out > 0 else self.settings.serving.default_max_tokens
+        if self.endpoint == "/v1/chat/completions":
+            messages = body.get("messages")
+            if not isinstance(messages, list) or not messages:
+                raise LineInvalid("invalid_request", "Messages parameter is required.", "body.messages")
+            check_tools(spec, body)
+            check_template_kwargs(body)
+            check_media(self.settings, messages)
+            return estimate_tokens(line_bytes) + out * _choices(self.settings, body)
+        if self.endpoint == "/v1/responses":
+            return estimate_tokens(line_bytes) + check_responses(spec, body, self.settings.serving.default_max_tokens)
+        if self.endpoint in SCORE_ENDPOINTS:
+            return check_scoring(self.settings, spec, self.endpoint, body, line_bytes)
+        if self.endpoint == "/v1/completions":
+            if "prompt" not in body:
+                raise LineInvalid("invalid_request", "Prompt parameter is required.", "body.prompt")
+            return estimate_tokens(line_bytes) + out * _choices(self.settings, body)
+        inputs = body.get("input")
+        if inputs is None or inputs == "" or inputs == []:
+            raise LineInvalid("invalid_request", "Input parameter is required.", "body.input")
+        n = len(inputs) if isinstance(inputs, list) and inputs and not isinstance(inputs[0], int) else 1
+        cap = self.settings.validation.max_embedding_inputs_per_request
+        if cap and n > cap:
+            raise LineInvalid("too_many_inputs", f"This request has {n} inputs; at most {cap} are allowed per "
+                              "embeddings request.", "body.input")
+        self.embedding_inputs += n
+        if self.embedding_inputs > self.settings.validation.max_embedding_inputs:
+            raise LineInvalid("too_many_inputs", "The batch has more than "
+                              f"{self.settings.validation.max_embedding_inputs} embedding inputs across its requests.",
+                              "body.input")
+        return estimate_tokens(line_bytes)
+
+
+def _utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _stdlib_parse(number: int, data: bytes) -> Any:
+    """What the standard library accepts (NaN, 1e400, lone surrogates) and its errors, as before msgspec."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise LineInvalid("invalid_encoding", f"Line {number} is not valid UTF-8 (byte {e.start}).") from e
+    try:
+        return json.loads(text)
+    except ValueError as e:
+        raise LineInvalid("invalid_json_line", "This line is not parseable as valid JSON.") from e
+    except RecursionError:
+        raise LineInvalid("invalid_json_line", _TOO_DEEP) from None
+
+
+def _choices(settings: Settings, body: dict[str, Any]) -> int:
+    """How many completions one request asks for: `n` (and `best_of`, which the engine generates and then
+    discards) multiply the GPU work, so they multiply the token estimate the queue limits count."""
+    if "n" not in body and "best_of" not in body:
+        return 1  # the common line: checked without a call per parameter
+    n, best_of = _choices_param(body, "n"), _choices_param(body, "best_of")
+    cap = settings.validation.max_choices_per_request
+    if cap and max(n, best_of) > cap:
+        name = "n" if n >= best_of else "best_of"
+        raise LineInvalid("invalid_value", f"Invalid '{name}': {max(n, best_of)}. At most {cap} completions per "
+                          "request on this deployment.", f"body.{name}")
+    return max(n, best_of)
+
+
+def _choices_param(body: dict[str, Any], name: str) -> int:
+    value = body.get(name)
+    if value is None:
+        return 1
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise LineInvalid("invalid_value", f"Invalid '{name}': expected an integer of at least 1.", f"body.{name}")
+    return value
+
+
+def line_error(number: int | None, err: LineInvalid) -> BatchError:
+    code, message, param = err.error
+    return BatchError(code=code, message=message, param=param, line=number)

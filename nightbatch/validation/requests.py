@@ -1,0 +1,142 @@
+"""Checks of one request body that stand alone (media URLs, tools, Responses state, template kwargs), the
+error they raise, and the token estimate: below Validator and the per-endpoint checkers (validation/scoring.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from nightbatch.models.spec import ModelSpec
+from nightbatch.settings import Settings
+
+MAX_ECHO = 64
+
+
+class LineInvalid(Exception):
+    def __init__(self, code: str, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.error = (code, message, param)
+
+
+MEDIA_PARTS = ("image_url", "video_url", "audio_url")
+
+
+def check_media(settings: Settings, messages: list[Any],
+                where: Callable[[int], str] = lambda i: f"body.messages[{i}]") -> None:
+    """Multimodal parts: inline `data:` URLs only, unless NIGHTBATCH_MEDIA_ALLOWED_DOMAINS names https hosts
+    the engine may fetch from (a GPU worker fetching any URL a tenant names would reach its VPC and the
+    instance metadata service). `where` names the i-th item holding a `content` list in the error's param."""
+    allowed: set[str] | None = None  # parsed from the settings only when a line names a URL (per-line hot path)
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            if not isinstance(part, dict):
+                continue
+            for kind in MEDIA_PARTS:
+                ref = part.get(kind)
+                url = ref.get("url") if isinstance(ref, dict) else ref
+                if url is None:
+                    continue
+                if isinstance(url, str) and url.startswith("data:"):
+                    continue
+                if allowed is None:
+                    domains = settings.validation.media_allowed_domains
+                    allowed = {d.strip().lower() for d in domains.split(",") if d.strip()}
+                m = re.match(r"^https://([^/:?#@]+)(?::443)?(?:[/?#]|$)", url) if isinstance(url, str) else None
+                if m is None or m.group(1).lower() not in allowed:
+                    raise LineInvalid(
+                        "invalid_value", f"Invalid '{kind}.url': only data: URLs are accepted"
+                        + (f", or https URLs on {', '.join(sorted(allowed))}" if allowed else "") + ".",
+                        f"{where(i)}.content[{j}].{kind}.url")
+
+
+def echo(value: Any, limit: int = MAX_ECHO) -> str:
+    """A user value quoted in an error message, cut short: errors are stored and listed, lines are 4 MiB."""
+    if isinstance(value, dict | list):
+        return "an object" if isinstance(value, dict) else "an array"  # never re-serialised: may be deep
+    text = value if isinstance(value, str) else json.dumps(value)
+    return "'" + (text if len(text) <= limit else text[:limit] + "…") + "'"
+
+
+def check_tools(spec: ModelSpec, body: dict[str, Any]) -> None:
+    """A line with `tools` needs a model configured for tool calls; say which setting, not vLLM's flag."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice", "auto" if tools else "none")
+    if not tools or choice == "none":
+        return
+    if isinstance(choice, dict):
+        name = (choice.get("function") or {}).get("name") or choice.get("name")
+        asked = f"tool_choice naming function {echo(name)}" if isinstance(name, str) else "a named tool_choice"
+    else:
+        asked = f"tool_choice {choice!r}"
+    where = "its entry in NIGHTBATCH_MODELS_JSON or cdk.json `models`"
+    if not spec.tool_call_parser:
+        raise LineInvalid("tools_unsupported", f"The model '{spec.name}' is not configured for tool calls, so "
+                          f"this request's `tools` with {asked} cannot be answered: set the model's "
+                          f"`tool_call_parser` setting ({where}; e.g. \"hermes\" for Qwen2.5) or remove "
+                          "`tools`.", "body.tools")
+    if choice == "auto" and not spec.enable_auto_tool_choice:
+        raise LineInvalid("tools_unsupported", f"The model '{spec.name}' does not choose tools on its own "
+                          "(tool_choice 'auto', the default when `tools` are given): set the model's "
+                          f"`enable_auto_tool_choice` setting ({where}), or send tool_choice 'required' or "
+                          "a named function.", "body.tool_choice")
+
+
+# Responses API parameters that read or write state kept between requests: a batch line stands alone.
+_STATEFUL = {
+    "previous_response_id": "continues a stored response",
+    "conversation": "continues a stored conversation",
+    "prompt": "names a stored prompt template",
+}
+
+
+def check_responses(spec: ModelSpec, body: dict[str, Any], default_max_tokens: int) -> int:
+    """A /v1/responses line: `input` required, no stored state, function tools only. Returns its output cap."""
+    inputs = body.get("input")
+    if not isinstance(inputs, (str, list)) or not inputs:
+        raise LineInvalid("invalid_request", "Input parameter is required.", "body.input")
+    for name, what in _STATEFUL.items():
+        if body.get(name) is not None:
+            raise LineInvalid("unsupported_parameter", f"'{name}' {what}, which the Batch API does not keep: "
+                              "each line must carry its whole conversation in `input` (and `instructions`).",
+                              f"body.{name}")
+    if body.get("background"):
+        raise LineInvalid("unsupported_parameter", "'background' is not supported in the Batch API: every "
+                          "line already runs in the background.", "body.background")
+    if isinstance(inputs, list) and any(isinstance(i, dict) and i.get("type") == "item_reference" for i in inputs):
+        raise LineInvalid("unsupported_parameter", "Input items of type 'item_reference' point at stored items, "
+                          "which the Batch API does not keep: send the items themselves.", "body.input")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise LineInvalid("invalid_request", "'tools' must be a list.", "body.tools")
+    for tool in tools or []:
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind != "function":
+            raise LineInvalid("unsupported_parameter", f"Tool type {echo(kind)} is not supported in the Batch API: "
+                              "only 'function' tools, which the model calls and you run.", "body.tools")
+    check_tools(spec, body)
+    check_template_kwargs(body)
+    cap = body.get("max_output_tokens")
+    if cap is None:
+        return default_max_tokens
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+        raise LineInvalid("invalid_request", "'max_output_tokens' must be a positive integer.",
+                          "body.max_output_tokens")
+    return cap
+
+
+def check_template_kwargs(body: dict[str, Any]) -> None:
+    """`chat_template_kwargs` (vLLM's extension, e.g. {"enable_thinking": false}) go to the template as-is."""
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise LineInvalid("invalid_request", "'chat_template_kwargs' must be a JSON object, e.g. "
+                          '{"enable_thinking": false}.', "body.chat_template_kwargs")
+
+
+def estimate_tokens(line_bytes: int) -> int:
+    """About four bytes of request line per prompt token: only sizes shards and queue limits, so cheap wins."""
+    return line_bytes // 4 + 1
