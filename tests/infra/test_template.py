@@ -226,8 +226,9 @@ def test_worker_image_is_built_from_the_repo_root_with_a_lean_context(synth: Syn
     staged = {p.name for p in context.iterdir()}
     # Exactly what the Dockerfile copies (tests/infra/test_worker_image.py checks what feeds the hash).
     assert staged == {"gpu_worker", "nightbatch", "pyproject.toml"}
-    # Of the local stack only what nightbatch.settings imports: the chat templates.
-    assert {p.name for p in (context / "nightbatch" / "local").iterdir()} == {"__init__.py", "templates"}
+    # Neither the local stack nor the command line; the chat templates the engine reads come with the models.
+    assert not (context / "nightbatch" / "local").exists() and not (context / "nightbatch" / "cli").exists()
+    assert (context / "nightbatch" / "models" / "templates" / "smollm2_tools.jinja").is_file()
     assert not list(context.rglob("__pycache__"))
 
 
