@@ -1,7 +1,7 @@
 """Finalize: merge shard results into the output and error files, then make the terminal transition.
 
 Idempotent: file ids derive from the batch id, a second run writes the same bytes (shards, checkpoints and
-lines are read in key order; the first result per custom_id wins: nightbatch/results/merge.py) and finds the
+lines are read in key order; the first result per custom_id wins: nightbatch.results.merge) and finds the
 batch already terminal. Successful lines are not uploaded again: the output file is composed from ranges of
 the checkpoint objects (nightbatch/pipeline/compose.py); S3 copies every range of at least 5 MiB server-side.
 """

@@ -1,7 +1,7 @@
 """A shard's checkpoints merged into the output and error files: which result of a custom_id counts, and where
 its bytes go.
 
-The rule is `checkpoints_in_order` (nightbatch/results/order.py, which the partial results read too)
+The rule is `checkpoints_in_order` (nightbatch.results.order, which the partial results read too)
 and `merge_shard`: checkpoints in key order (seq, then attempt), the first result per custom_id wins and later
 ones (a zombie attempt's, a re-run's) are dropped. Successful lines go to the output as ranges of the checkpoint
 objects (nightbatch/pipeline/compose.py), the others to the error file. A checkpoint with a summary

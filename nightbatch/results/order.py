@@ -1,6 +1,6 @@
 """The order in which Finalize merges results, which decides between two results of one custom_id (the first
 wins): shards in plan order, each shard's checkpoints in key order. Finalize and the partial results
-(nightbatch/results/partial.py) both read them through these two functions. Light on imports: the API
+(nightbatch.results.partial) both read them through these two functions. Light on imports: the API
 imports it without the workflow's steps."""
 
 from __future__ import annotations
