@@ -175,9 +175,12 @@ def write_results(services: Any, batch_id: str) -> None:
         data = bytearray()
         for number, custom_id in _planned_requests(blobs, batch_id, item["shard_id"]):
             data += result_line(batch_id, custom_id, number)
-        blobs.put_bytes(key, bytes(data))
+        etag = blobs.put_bytes(key, bytes(data))
         if summarize_checkpoint is not None:
-            summary = summarize_checkpoint(bytes(data))
+            try:
+                summary = summarize_checkpoint(bytes(data), etag=etag)
+            except TypeError:  # a checkout from before summaries carried their checkpoint's ETag
+                summary = summarize_checkpoint(bytes(data))
             assert summary is not None
             layout.write_checkpoint_summary(blobs, key, summary)
         blobs.put_bytes(layout.done_key(batch_id, item["shard_id"]), b"{}")

@@ -218,15 +218,15 @@ class OurSide:
                 "NIGHTBATCH_MODELS_JSON": models_json}
 
     def results(self, batch_id: str, shard_id: str = "00000") -> dict[str, Usage]:
-        from gpu_worker.shard import iter_object_lines
         from nightbatch.layout import CHECKPOINT_RE, results_prefix
+        from nightbatch.results.order import first_results
 
         blobs = self.adapters.blobs
         prefix = results_prefix(batch_id, shard_id)
         usage: dict[str, Usage] = {}
+        seen: set[int] = set()
         for key in sorted(blobs.list_keys(prefix)):
             if CHECKPOINT_RE.match(key[len(prefix):]):
-                for raw in iter_object_lines(blobs, key):
-                    line = json.loads(raw)
-                    usage.setdefault(line["custom_id"], usage_of(line))
+                for result in first_results(blobs, key, seen):
+                    usage[result.summary.custom_id] = usage_of(json.loads(result.data))
         return usage

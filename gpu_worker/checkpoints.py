@@ -98,20 +98,20 @@ class Checkpointer:
         key = checkpoint_key(self.prefix, self.seq, self.attempt)
         data = b"".join(line.data for line in lines)
         started = time.monotonic()
-        await asyncio.to_thread(self.blobs.put_bytes, key, data, content_type="application/jsonl")
+        etag = await asyncio.to_thread(self.blobs.put_bytes, key, data, content_type="application/jsonl")
         self.put_seconds += time.monotonic() - started
-        await asyncio.to_thread(self._summarize, key, data)
+        await asyncio.to_thread(self._summarize, key, data, etag)
         self.seq += 1
         self.objects += 1
         self.written += len(lines)
         await asyncio.to_thread(self._count, lines)
         await asyncio.to_thread(self._sample, lines)
 
-    def _summarize(self, key: str, data: bytes) -> None:
+    def _summarize(self, key: str, data: bytes, etag: str) -> None:
         """Writes the checkpoint's summary, so Finalize counts it without parsing it (after the checkpoint: a
         checkpoint whose summary is missing is parsed instead, never lost)."""
         try:
-            summary = summarize_checkpoint(data)
+            summary = summarize_checkpoint(data, etag=etag)
             if summary is not None:
                 write_checkpoint_summary(self.blobs, key, summary)
         except Exception:

@@ -35,6 +35,12 @@ def exception_reply(exc: BaseException) -> EngineReply:
     )
 
 
+def unencodable_reply(exc: BaseException) -> EngineReply:
+    return EngineReply(status_code=500, body={"error": {
+        "message": f"The engine's reply to this request cannot be written as JSON ({type(exc).__name__}).",
+        "type": "server_error", "param": None, "code": "internal_error"}})
+
+
 def result_line(batch_id: str, custom_id: str, request_id: str, reply: EngineReply) -> ResultLine:
     ok = 200 <= reply.status_code < 300
     input_tokens, output_tokens = usage_tokens(reply.body) if ok else (0, 0)
@@ -44,7 +50,11 @@ def result_line(batch_id: str, custom_id: str, request_id: str, reply: EngineRep
         "response": {"status_code": reply.status_code, "request_id": request_id, "body": reply.body},
         "error": None,
     }
-    data = dumps_line(line)
+    try:
+        data = dumps_line(line)
+    except (TypeError, ValueError) as exc:  # UnicodeEncodeError among them: a lone surrogate in the reply
+        # An answer no JSON line can carry is this request's error, never a crashed shard.
+        return result_line(batch_id, custom_id, request_id, unencodable_reply(exc))
     if len(data) > results.MAX_RESULT_LINE:
         # Finalize could not read it back: this request's error, rather than a silently unrun line.
         return ResultLine(custom_id, results.oversized_result_line(batch_id, custom_id, len(data)), False, 0, 0)

@@ -173,7 +173,7 @@ class _ShardRun:
             next_seq=progress.next_seq, every_lines=settings.worker.checkpoint_every_lines,
             every_seconds=settings.worker.checkpoint_every_seconds,
         )
-        self.pending = PendingLines(blobs, spec, progress.done_ids)
+        self.pending = PendingLines(blobs, spec, progress.done)
         self.max_in_flight = in_flight_limit(settings, engine)
         self.halt = asyncio.Event()
         self.reason: str | None = None
@@ -185,7 +185,7 @@ class _ShardRun:
         started = time.monotonic()
         log.info(
             "shard %s/%s attempt %s: %d lines, %d already done in %d checkpoints",
-            self.job.batch_id, self.job.shard_id, self.attempt, self.spec.lines, len(self.progress.done_ids),
+            self.job.batch_id, self.job.shard_id, self.attempt, self.spec.lines, len(self.progress.done),
             self.progress.checkpoints,
         )
         background = [asyncio.create_task(self._watch_batch()), asyncio.create_task(self._watch_stop())]

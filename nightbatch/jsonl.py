@@ -1,14 +1,19 @@
 """Streaming JSONL: split a byte stream into numbered lines without ever holding more than one line.
 
-JSON on the hot paths goes through msgspec (compiled; picked over orjson by `bench.json_parsers`: as fast to
-parse our lines, and it keeps integers beyond 64 bits exact where orjson silently turns them into floats).
-Anything msgspec refuses is handed to the standard library, so what we accept and how we report an error
-are exactly the standard library's (NaN, Infinity, 1e400, lone surrogates are accepted as before).
+The one decoder of a line, request or result, is `loads`: msgspec's (compiled; picked over orjson by
+`bench.json_parsers`: as fast to parse our lines, and it keeps integers beyond 64 bits exact where orjson
+silently turns them into floats). What it refuses is refused everywhere: Validate, the worker, Finalize,
+the partial results and retry all read a line through it, so a line one of them accepts the others read
+alike. That includes what the standard library would take but no line can carry: NaN and Infinity (not
+JSON; OpenAI refuses them), numbers beyond a double or msgspec's integers, and lone UTF-16 surrogate escapes
+(`"\\ud800"`: no UTF-8 output can echo them). The standard library only words the refusal.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple
 
@@ -36,16 +41,10 @@ def split_lines(chunks: Iterable[bytes], *, max_bytes: int) -> Iterator[RawLine]
     head_at = 0         # its offset
     overflow = 0        # bytes of that line already skipped because it is too long
     number = 0
-    base = 0            # the offset of the chunk's first byte
-    first = True
+    chunks, base = _without_bom(chunks)  # base: the offset of the chunk's first byte
     for chunk in chunks:
         if not chunk:
             continue
-        if first:
-            if chunk.startswith(BOM):
-                chunk = chunk[len(BOM):]
-                base = len(BOM)
-            first = False
         parts = chunk.split(b"\n")
         tail = parts.pop()
         start = 0
@@ -82,6 +81,20 @@ def split_lines(chunks: Iterable[bytes], *, max_bytes: int) -> Iterator[RawLine]
         yield _joined(number + 1, head, b"", overflow, max_bytes, head_at)
 
 
+def _without_bom(chunks: Iterable[bytes]) -> tuple[Iterator[bytes], int]:
+    """The chunks without a leading BOM, however the first bytes are cut (an Upload's first part may be one
+    byte), and where the first remaining byte sits."""
+    it = iter(chunks)
+    head = b""
+    for chunk in it:
+        head += chunk
+        if len(head) >= len(BOM):
+            break
+    if head.startswith(BOM):
+        return itertools.chain((head[len(BOM):],), it), len(BOM)
+    return itertools.chain((head,), it), 0
+
+
 def _joined(number: int, head: bytearray, piece: bytes, overflow: int, max_bytes: int, at: int) -> RawLine:
     if overflow or len(head) + len(piece) > max_bytes:
         return RawLine(number, None, overflow + len(head) + len(piece), at)
@@ -91,12 +104,83 @@ def _joined(number: int, head: bytearray, piece: bytes, overflow: int, max_bytes
     return RawLine(number, data, len(data), at)
 
 
+TOO_DEEP = "This line nests JSON too deeply to be parsed."
+NOT_JSON = "This line is not parseable as valid JSON."
+
+
+class UndecodableLine(ValueError):
+    """A line `loads` refuses: `code` is `invalid_encoding` or `invalid_json_line`, `message` says why."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
 def loads(data: bytes | str) -> Any:
-    """`json.loads` semantics (same values, same errors), at compiled speed for everything msgspec parses."""
+    """The line decoder (module docstring); UndecodableLine, with a message fit for a user, when it refuses."""
     try:
         return _decode(data)
     except msgspec.MsgspecError:
-        return json.loads(data)
+        raise _refusal(data) from None
+    except RecursionError:
+        # `[[[[…` a few thousand deep: one bad line rather than a crashed step.
+        raise UndecodableLine("invalid_json_line", TOO_DEEP) from None
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> Any:
+    raise _NonFinite(name)
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if math.isinf(value):
+        raise _NonFinite(text)
+    return value
+
+
+def _refusal(data: bytes | str) -> UndecodableLine:
+    """Why msgspec refused `data`, in the standard library's words where it has them."""
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            return UndecodableLine("invalid_encoding", f"This line is not valid UTF-8 (byte {e.start}).")
+    try:
+        value = json.loads(data, parse_constant=_no_constant, parse_float=_finite)
+    except _NonFinite as e:
+        return UndecodableLine("invalid_json_line", f"This line holds the number {e}, which JSON cannot carry "
+                               "(NaN, Infinity and numbers beyond a double are not JSON values).")
+    except ValueError:
+        return UndecodableLine("invalid_json_line", NOT_JSON)
+    except RecursionError:
+        return UndecodableLine("invalid_json_line", TOO_DEEP)
+    if _lone_surrogate(value):
+        return UndecodableLine("invalid_encoding", "This line holds a lone UTF-16 surrogate escape (such as "
+                               "\\ud800 without its pair): no UTF-8 text can hold it.")
+    return UndecodableLine("invalid_json_line", "This line holds a value that cannot be carried (an integer "
+                           "beyond 2^64 in magnitude or a string too long).")
+
+
+def _lone_surrogate(value: Any) -> bool:
+    todo = [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str):
+            if not v.isascii():
+                try:
+                    v.encode("utf-8")
+                except UnicodeEncodeError:
+                    return True
+        elif isinstance(v, dict):
+            todo.extend(v.keys())
+            todo.extend(v.values())
+        elif isinstance(v, list):
+            todo.extend(v)
+    return False
 
 
 def dumps(obj: object) -> bytes:

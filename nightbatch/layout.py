@@ -269,13 +269,15 @@ class CheckpointSummary(BaseModel):
 
     Line i of the checkpoint is its bytes [sum(lengths[:i]), sum(lengths[:i + 1])), compact JSON ended by a
     newline; custom_ids rather than digests, because our digest is keyed per process (nightbatch.ids). A reader
-    that finds no summary, another version, or a size other than the checkpoint's parses the checkpoint.
+    that finds no summary, another version, or a size or ETag other than the checkpoint's parses the
+    checkpoint: a summary is checked against the object it describes, not trusted.
     """
 
     model_config = ConfigDict(extra="ignore")
 
     version: Literal[1] = 1
     size: int  # bytes of the checkpoint object it describes
+    etag: str = ""  # its ETag, as the checkpoint's PUT answered (a previous release's summary has none)
     custom_ids: list[str]
     lengths: list[int]  # bytes of each line, its newline included
     failed: list[int] = []  # indices of the lines that are not successes (they go to the error file), ascending

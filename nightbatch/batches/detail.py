@@ -136,7 +136,7 @@ def batch_detail(services: Services, tenant: str, batch_id: str) -> dict[str, An
         shards = list(pool.map(lambda sid: _shard(blobs, batch_id, sid, terminal), shown))
     series = progress_series([s for shard in shards for s in shard.pop("_samples")])
     return {
-        "object": "nightbatch.batches.detail", "id": batch_id, "status": batch.status,
+        "object": "nightbatch.batch_detail", "id": batch_id, "status": batch.status,
         "shard_count": len(shard_ids), "shards": shards, "shards_truncated": len(shard_ids) > len(shown),
         "progress": {"columns": ["time", "completed", "failed", "output_tokens"], "points": series},
         "notifications": notifications(services, batch),

@@ -91,7 +91,7 @@ def estimate(services: Services, tenant: str, req: EstimateRequest) -> dict[str,
                                         / gpus_per_instance, 6)
     ahead = _queue_ahead_seconds(services)
     return {
-        "object": "nightbatch.batches.estimate",
+        "object": "nightbatch.estimate",
         "input_file_id": req.input_file_id,
         "endpoint": req.endpoint,
         "model": validator.model,

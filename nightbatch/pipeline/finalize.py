@@ -8,6 +8,7 @@ the checkpoint objects (nightbatch/pipeline/compose.py); S3 copies every range o
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import Any
 
@@ -28,10 +29,14 @@ from nightbatch.results.merge import merge_shard
 from nightbatch.results.order import planned_shards
 from nightbatch.results.per_model import per_model_report
 from nightbatch.services import Services
+from nightbatch.storage import AWS_ERRORS
 from nightbatch.storage.records import BatchRecord
 from nightbatch.wire import TERMINAL_STATUSES
 
 log = logging.getLogger("nightbatch.finalize")
+# Finalize runs that may raise on a batch's data (the workflow's 1 + 2 retries) before it is failed.
+FINALIZE_ATTEMPTS = 3
+_OPEN = ("validating", "in_progress", "cancelling", "finalizing")
 UNRUN_CODE = {"cancelled": "batch_cancelled", "expired": "batch_expired", "completed": "shard_failed"}
 
 
@@ -54,6 +59,37 @@ def finalize_batch(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
         # lifecycle failed the batch for good (its item outgrew DynamoDB's limit); nothing is left to retry.
         log.error("batch item too large; failed", extra={"batch_id": inp.batch_id})
         return FinalizeOutput(batch_id=inp.batch_id, status="failed")
+    except AWS_ERRORS:
+        raise  # AWS or the network: retried (the workflow's retries, then the sweeper), never counted
+    except Exception as exc:
+        return _failed_attempt(services, inp.batch_id, exc)
+
+
+def _failed_attempt(services: Services, batch_id: str, exc: Exception) -> FinalizeOutput:
+    """A Finalize that raised on the batch's data rather than on AWS: raised again (and counted) until the
+    FINALIZE_ATTEMPTS-th time, which fails the batch saying why and gives back the tenant's slot, so one batch
+    Finalize cannot finish never stays open for good."""
+    table = services.adapters.table
+    batch = table.get_record(BatchRecord, batch_id)
+    if batch is None or batch.status in TERMINAL_STATUSES:
+        raise exc
+    ext = dict(batch.ext or {})
+    ext["finalize_failures"] = failures = int(ext.get("finalize_failures") or 0) + 1
+    log.exception("finalize failed (%d of %d)", failures, FINALIZE_ATTEMPTS, extra={"batch_id": batch_id})
+    if failures < FINALIZE_ATTEMPTS:
+        with contextlib.suppress(StorageConflictError):
+            table.update_attributes(BatchRecord, batch_id, set_={"ext": ext}, expect_in={"status": (batch.status,)})
+        raise exc
+    message = (f"The batch's results could not be assembled ({type(exc).__name__}: {str(exc)[:300]}); its "
+               "output and error files were not written. Please report this with the batch id.")
+    try:
+        lifecycle.transition(table, batch_id, "failed", from_=_OPEN, extra={"ext": ext, "errors": {
+            "object": "list", "data": [{"code": "finalize_failed", "line": None, "param": None,
+                                        "message": message}]}})
+    except StorageConflictError:
+        return finalize_batch(BatchTaskInput(batch_id=batch_id), services)
+    emit(services.settings, {"BatchesFinished": 1}, dimensions={"Status": "failed"})
+    return FinalizeOutput(batch_id=batch_id, status="failed")
 
 
 def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:

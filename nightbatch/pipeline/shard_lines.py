@@ -10,16 +10,18 @@ reads its segment copies.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import NamedTuple
 
 from nightbatch import layout
-from nightbatch.jsonl import loads, split_lines
+from nightbatch.jsonl import UndecodableLine, loads, split_lines
 from nightbatch.layout import InputSource, ShardSpec
 from nightbatch.pipeline.segments import SegmentRequest, split_segment_line
 from nightbatch.storage import BlobStore
 from nightbatch.storage.parts import PartStore
 
+log = logging.getLogger("nightbatch.shard_lines")
 # Ranges closer than this are read together: a GET costs a round trip (~20-50 ms on S3), which is worth
 # ~1 MiB of transfer; prefix-grouped segments are scattered lines, each its own range.
 MERGE_GAP_BYTES = 1024 * 1024
@@ -50,7 +52,13 @@ def shard_lines(blobs: BlobStore, spec: ShardSpec, *, chunk: int = BLOCK_BYTES) 
 def shard_requests(blobs: BlobStore, spec: ShardSpec) -> Iterator[SegmentRequest]:
     """shard_lines, each request decoded (its custom_id and body)."""
     for line in shard_lines(blobs, spec):
-        req = loads(line.raw)
+        try:
+            req = loads(line.raw)
+        except UndecodableLine as e:
+            # Validate reads with the same decoder, so only a line a previous release accepted lands here.
+            log.error("line %d of batch %s cannot be read (%s): it is passed over", line.number, spec.batch_id, e,
+                      extra={"batch_id": spec.batch_id})
+            continue
         yield SegmentRequest(number=line.number, est=line.est, custom_id=str(req["custom_id"]), body=req["body"])
 
 

@@ -77,7 +77,7 @@ def summarize_result_line(data: bytes) -> ResultSummary:
     return ResultSummary(line.custom_id, ok, usage if ok else {})
 
 
-def summarize_checkpoint(data: bytes) -> CheckpointSummary | None:
+def summarize_checkpoint(data: bytes, *, etag: str) -> CheckpointSummary | None:
     """The summary the worker writes beside a checkpoint (nightbatch.layout.CheckpointSummary), made by reading
     its lines as Finalize's parsing path reads them, so both paths count alike. None when a line is not plain
     (blank, CR, over MAX_RESULT_LINE, or no newline at the end): such a checkpoint is left to that path."""
@@ -97,7 +97,7 @@ def summarize_checkpoint(data: bytes) -> CheckpointSummary | None:
             tally.add_success(summary.usage)
         else:
             failed.append(i)
-    return CheckpointSummary(size=len(data), custom_ids=ids, lengths=lengths, failed=failed,
+    return CheckpointSummary(size=len(data), etag=etag, custom_ids=ids, lengths=lengths, failed=failed,
                              input_tokens=tally.input_tokens, cached_tokens=tally.cached_tokens,
                              output_tokens=tally.output_tokens, reasoning_tokens=tally.reasoning_tokens)
 

@@ -20,12 +20,11 @@ from itertools import accumulate, islice
 from typing import Protocol
 
 from nightbatch import layout
-from nightbatch.ids import custom_id_digest, custom_id_digests
-from nightbatch.jsonl import split_lines
+from nightbatch.ids import custom_id_digests
 from nightbatch.layout import CheckpointSummary
 from nightbatch.pipeline.compose import Read
-from nightbatch.results.lines import MAX_RESULT_LINE, Tally, summarize_result_line
-from nightbatch.results.order import Checkpoint, checkpoints_in_order
+from nightbatch.results.lines import Tally, summarize_result_line
+from nightbatch.results.order import Checkpoint, checkpoints_in_order, first_results
 from nightbatch.storage import BlobStore
 
 log = logging.getLogger("nightbatch.finalize")
@@ -48,7 +47,7 @@ def merge_shard(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], 
     """Adds the shard's winning results to `out` and `err` and counts them in `tally`; `seen` holds the
     custom_id digests taken so far, and grows by this shard's."""
     for cp, summary in _with_summaries(blobs, checkpoints_in_order(blobs, batch_id, shard_id)):
-        if summary is not None and summary.size == cp.size and summary.consistent():
+        if summary is not None and summary.size == cp.size and summary.etag == cp.etag and summary.consistent():
             _merge_summarized(blobs, cp.key, summary, seen, out, err, tally)
             continue
         if cp.summarized:
@@ -140,22 +139,10 @@ def _repeats(digests: list[int], seen: set[int]) -> set[int]:
 
 def _merge_parsed(blobs: BlobStore, batch_id: str, key: str, seen: set[int], out: Output, err: Errors,
                   tally: Tally) -> None:
-    for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
-        if raw.data is None:
-            # Workers never write one (gpu_worker.results); its request ends as shard_failed, so say why.
-            log.error("result line %d of %s is %d bytes, over %d: its request is reported unrun", raw.number,
-                      key, raw.size, MAX_RESULT_LINE, extra={"batch_id": batch_id})
-            continue
-        if not raw.data:
-            continue
-        summary = summarize_result_line(raw.data)
-        d = custom_id_digest(summary.custom_id)
-        if d in seen:
-            continue
-        seen.add(d)
-        if summary.ok:
-            out.add_bytes(raw.data + b"\n")
-            tally.add_success(summary.usage)
+    for result in first_results(blobs, key, seen):
+        if result.summary.ok:
+            out.add_bytes(result.data + b"\n")
+            tally.add_success(result.summary.usage)
         else:
-            err.write(raw.data + b"\n")
+            err.write(result.data + b"\n")
             tally.failed += 1

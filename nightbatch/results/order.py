@@ -5,12 +5,19 @@ imports it without the workflow's steps."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from nightbatch import layout
+from nightbatch.ids import custom_id_digest
+from nightbatch.jsonl import split_lines
+from nightbatch.results.lines import MAX_RESULT_LINE, ResultSummary, summarize_result_line
 from nightbatch.storage import BlobStore
 from nightbatch.storage.parts import PartStore
+
+log = logging.getLogger("nightbatch.results")
 
 
 def planned_shards(blobs: BlobStore, batch_id: str) -> Iterator[tuple[str | None, layout.ShardSpec]]:
@@ -32,6 +39,7 @@ def planned_shards(blobs: BlobStore, batch_id: str) -> Iterator[tuple[str | None
 class Checkpoint:
     key: str
     size: int
+    etag: str
     summarized: bool  # its summary object was listed beside it
 
 
@@ -39,6 +47,35 @@ def checkpoints_in_order(blobs: BlobStore, batch_id: str, shard_id: str) -> list
     """The shard's checkpoints in the order that decides between results of one custom_id: key order (seq, then
     attempt); the first wins."""
     prefix = layout.results_prefix(batch_id, shard_id)
-    sizes = PartStore(blobs).sizes(prefix)
-    return [Checkpoint(k, sizes[k], layout.checkpoint_summary_key(k) in sizes)
-            for k in sorted(k for k in sizes if layout.is_checkpoint(prefix, k))]
+    listed = PartStore(blobs).listing(prefix)
+    return [Checkpoint(k, *listed[k], layout.checkpoint_summary_key(k) in listed)
+            for k in sorted(k for k in listed if layout.is_checkpoint(prefix, k))]
+
+
+class FirstResult(NamedTuple):
+    data: bytes             # the result line, without its newline
+    summary: ResultSummary
+    digest: int             # of its custom_id (nightbatch.ids.custom_id_digest)
+    end: int                # where the line ends in its checkpoint (its newline counted)
+
+
+def first_results(blobs: BlobStore, key: str, seen: set[int]) -> Iterator[FirstResult]:
+    """The lines of one checkpoint, read by Finalize's parsing path, whose custom_id is not in `seen` yet (it
+    grows by theirs): the first-wins rule, for Finalize, the partial results, the per-model figures and the
+    worker's resume. A line that is blank, over MAX_RESULT_LINE or unreadable (workers write neither) is passed
+    over, and logged: its request stays unrun, so it is run again or reported unrun, never lost."""
+    for raw in split_lines(blobs.iter_chunks_ahead(key), max_bytes=MAX_RESULT_LINE):
+        if not raw.data:
+            if raw.data is None:
+                log.error("result line %d of %s is %d bytes, over %d: its request is reported unrun", raw.number,
+                          key, raw.size, MAX_RESULT_LINE)
+            continue
+        try:
+            summary = summarize_result_line(raw.data)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            log.error("result line %d of %s is not a result line: its request is reported unrun", raw.number, key)
+            continue
+        d = custom_id_digest(summary.custom_id)
+        if d not in seen:
+            seen.add(d)
+            yield FirstResult(raw.data, summary, d, raw.offset + raw.size + 1)

@@ -14,10 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from nightbatch.errors import check_supported
-from nightbatch.ids import custom_id_digest
-from nightbatch.jsonl import split_lines
-from nightbatch.results.lines import MAX_RESULT_LINE, summarize_result_line
-from nightbatch.results.order import Checkpoint, checkpoints_in_order, planned_shards
+from nightbatch.results.order import Checkpoint, checkpoints_in_order, first_results, planned_shards
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore
 from nightbatch.storage.records import BatchRecord, FileRecord
@@ -106,16 +103,9 @@ def _lines(blobs: BlobStore, shards: list[tuple[str, list[Checkpoint]]], ok: boo
     for _shard_id, checkpoints in shards:
         seen: set[int] = set()  # per shard, as Finalize keeps it: a custom_id belongs to one shard
         for cp in checkpoints:
-            for raw in split_lines(blobs.iter_chunks_ahead(cp.key), max_bytes=MAX_RESULT_LINE):
-                scanned += raw.size + 1
-                if scan_bytes is not None and scanned > scan_bytes:
+            for result in first_results(blobs, cp.key, seen):
+                if scan_bytes is not None and scanned + result.end > scan_bytes:
                     return
-                if not raw.data:
-                    continue  # blank, or over MAX_RESULT_LINE: Finalize reports that request unrun
-                summary = summarize_result_line(raw.data)
-                d = custom_id_digest(summary.custom_id)
-                if d in seen:
-                    continue
-                seen.add(d)
-                if summary.ok == ok:
-                    yield raw.data + b"\n"
+                if result.summary.ok == ok:
+                    yield result.data + b"\n"
+            scanned += cp.size

@@ -15,10 +15,9 @@ from typing import Any
 from nightbatch import layout
 from nightbatch.batches.cost import ShardTime, collect_shard_times, cost_summary
 from nightbatch.ids import custom_id_digest
-from nightbatch.jsonl import split_lines
 from nightbatch.pipeline.shard_lines import shard_requests
-from nightbatch.results.lines import MAX_RESULT_LINE, ResultSummary, Tally, summarize_result_line
-from nightbatch.results.order import checkpoints_in_order
+from nightbatch.results.lines import ResultSummary, Tally
+from nightbatch.results.order import checkpoints_in_order, first_results
 from nightbatch.settings import Settings
 from nightbatch.storage import BlobStore
 
@@ -81,14 +80,8 @@ def per_model_report(blobs: BlobStore, settings: Settings, batch_id: str, batch_
 def _results(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int]) -> Iterator[tuple[int, ResultSummary]]:
     """(digest, summary) of each shard result line, the first per custom_id (as Finalize keeps it)."""
     for cp in checkpoints_in_order(blobs, batch_id, shard_id):
-        for raw in split_lines(blobs.iter_chunks_ahead(cp.key), max_bytes=MAX_RESULT_LINE):
-            if not raw.data:
-                continue
-            summary = summarize_result_line(raw.data)
-            d = custom_id_digest(summary.custom_id)
-            if d not in seen:
-                seen.add(d)
-                yield d, summary
+        for result in first_results(blobs, cp.key, seen):
+            yield result.digest, result.summary
 
 
 def _tally_shard(blobs: BlobStore, batch_id: str, shard_id: str, tally: Tally, lines: int) -> None:

@@ -32,11 +32,15 @@ class PartStore:
 
     def sizes(self, prefix: str) -> dict[str, int]:
         """Every object under `prefix` with its size (S3 listings are strongly consistent)."""
-        out: dict[str, int] = {}
+        return {key: size for key, (size, _) in self.listing(prefix).items()}
+
+    def listing(self, prefix: str) -> dict[str, tuple[int, str]]:
+        """Every object under `prefix` with its size and ETag."""
+        out: dict[str, tuple[int, str]] = {}
         paginator = self.client.get_paginator("list_objects_v2")
         for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
             for obj in page.get("Contents", []):
-                out[str(obj["Key"])] = int(obj["Size"])
+                out[str(obj["Key"])] = int(obj["Size"]), str(obj.get("ETag", ""))
         return out
 
     def md5(self, keys: Sequence[str]) -> str:

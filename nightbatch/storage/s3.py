@@ -24,8 +24,9 @@ class BlobStore:
         self.client = client
         self.bucket = bucket
 
-    def put_bytes(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> None:
-        self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType=content_type)
+    def put_bytes(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> str:
+        """One PUT; returns the object's ETag (as a listing shows it)."""
+        return str(self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType=content_type)["ETag"])
 
     def put_fileobj(self, key: str, fileobj: BinaryIO) -> None:
         self.client.upload_fileobj(fileobj, self.bucket, key)

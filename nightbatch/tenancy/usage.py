@@ -39,5 +39,5 @@ def tenant_usage(table: Table, tenant: str, *, start: int | None, end: int | Non
         totals["estimated_cost_usd"] += float(cost.get("estimated_cost_usd", 0.0))
     totals["gpu_seconds"] = round(totals["gpu_seconds"], 3)
     totals["estimated_cost_usd"] = round(totals["estimated_cost_usd"], 6)
-    return {"object": "nightbatch.tenancy.usage", "tenant": tenant, "start": start, "end": end, "by_status": by_status,
+    return {"object": "nightbatch.usage", "tenant": tenant, "start": start, "end": end, "by_status": by_status,
             **totals}

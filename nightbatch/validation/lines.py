@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -10,7 +10,7 @@ import msgspec
 from msgspec import UNSET
 
 from nightbatch.ids import custom_id_digest
-from nightbatch.jsonl import loads
+from nightbatch.jsonl import UndecodableLine, loads
 from nightbatch.models.spec import SCORE_ENDPOINTS, ModelSpec, served_model
 from nightbatch.settings import Settings
 from nightbatch.validation.requests import (
@@ -26,9 +26,6 @@ from nightbatch.validation.scoring import check_scoring
 from nightbatch.wire import BatchError
 
 MAX_CUSTOM_ID = 512
-_decode = msgspec.json.Decoder().decode
-# `[[[[…` a few thousand deep hits either parser's recursion limit: one bad line rather than a crashed step.
-_TOO_DEEP = "This line nests JSON too deeply to be parsed."
 # A batch's stored `errors` stop growing here (besides max_reported_errors), so 100 failed batches in one list
 # response stay far under the ~6 MB a Lambda may answer, and the batch item under DynamoDB's 400 KB.
 MAX_ERRORS_BYTES = 32 * 1024
@@ -79,6 +76,9 @@ class _ChatLine(msgspec.Struct, gc=False):  # no cycles: not tracked by the GC
 
 
 _decode_chat = msgspec.json.Decoder(_ChatLine).decode
+# The typed decode checks the syntax of the fields it skips but not their range: a number with a 3-digit
+# exponent or 20 digits in a row (maybe beyond a double or msgspec's integers) takes the general path.
+_BIG_NUMBER = re.compile(rb"[0-9][eE][+-]?[0-9]{3}|[0-9]{20}").search
 
 
 @dataclass
@@ -120,7 +120,7 @@ class Validator:
         body = line.body
         if (body.stream is not UNSET or body.tools is not UNSET or body.tool_choice is not UNSET
                 or body.chat_template_kwargs is not UNSET or body.n is not UNSET or body.best_of is not UNSET
-                or not body.messages or (not data.isascii() and not _utf8(data))):
+                or not body.messages or (not data.isascii() and not _utf8(data)) or _BIG_NUMBER(data)):
             return None
         custom_id = line.custom_id
         if not custom_id or len(custom_id) > MAX_CUSTOM_ID or line.method != "POST" or line.url != self.endpoint:
@@ -143,13 +143,9 @@ class Validator:
             raise LineInvalid("line_too_long", f"Line {number} is {size} bytes, over the limit of "
                               f"{s.validation.max_line_bytes} bytes per line.")
         try:
-            # Compiled fast path: a line it parses is valid UTF-8 (bytes outside strings can only be JSON
-            # syntax) and means what json.loads says it means.
-            obj = _decode(data)
-        except msgspec.MsgspecError:
-            obj = _stdlib_parse(number, data)
-        except RecursionError:
-            raise LineInvalid("invalid_json_line", _TOO_DEEP) from None
+            obj = loads(data)
+        except UndecodableLine as e:
+            raise LineInvalid(e.code, e.message) from None
         if not isinstance(obj, dict):
             raise LineInvalid("invalid_json_line", "This line is not a JSON object.")
         for name in ("custom_id", "method", "url", "body"):
@@ -251,20 +247,6 @@ def _utf8(data: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
-
-
-def _stdlib_parse(number: int, data: bytes) -> Any:
-    """What the standard library accepts (NaN, 1e400, lone surrogates) and its errors, as before msgspec."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise LineInvalid("invalid_encoding", f"Line {number} is not valid UTF-8 (byte {e.start}).") from e
-    try:
-        return json.loads(text)
-    except ValueError as e:
-        raise LineInvalid("invalid_json_line", "This line is not parseable as valid JSON.") from e
-    except RecursionError:
-        raise LineInvalid("invalid_json_line", _TOO_DEEP) from None
 
 
 def _choices(settings: Settings, body: dict[str, Any]) -> int:

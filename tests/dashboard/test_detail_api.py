@@ -91,7 +91,7 @@ def test_detail_reports_shards_timings_progress_and_deliveries(api_server: ApiSe
     r = get(api_server, f"/nightbatch/batches/{batch_id}/detail")
     assert r.status_code == 200, r.text
     detail = r.json()
-    assert detail["shard_count"] == 2
+    assert detail["object"] == "nightbatch.batch_detail" and detail["shard_count"] == 2
     first, second = detail["shards"]
     assert (first["state"], first["lines"], first["checkpoints"]) == ("running", 3, 2)
     assert [a["attempt"] for a in first["attempts"]] == ["a1", "b2"]

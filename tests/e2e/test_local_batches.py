@@ -136,7 +136,9 @@ def test_usage_and_cost_are_reported(local_stack: LocalStack) -> None:
     assert 0 <= phases["median_s"]["engine_ready"] <= phases["median_s"]["first_result"] <= phases["median_s"]["done"]
     r = httpx.get(f"{local_stack.base_url}/nightbatch/usage",
                   headers={"Authorization": f"Bearer {local_stack.api_key}"})
-    assert r.status_code == 200 and r.json()["batches"] >= 1 and r.json()["output_tokens"] > 0
+    usage = r.json()
+    assert r.status_code == 200 and usage["object"] == "nightbatch.usage"
+    assert usage["batches"] >= 1 and usage["output_tokens"] > 0
 
 
 def test_partial_results_then_cancel_then_retry_covers_every_line_once(local_stack: LocalStack) -> None:

@@ -145,7 +145,7 @@ def test_limits_endpoint_shows_limits_and_use(make_stack: Any) -> None:
     r = httpx.get(f"{stack.base_url}/nightbatch/limits", headers={"Authorization": f"Bearer {key_a}"})
     assert r.status_code == 200
     body = r.json()
-    assert body["object"] == "nightbatch.tenancy.limits" and body["tenant"] == "team-a"
+    assert body["object"] == "nightbatch.limits" and body["tenant"] == "team-a"
     assert body["limits"]["queued_tokens"] == 1234
     assert body["limits"]["batches_in_flight"] == stack.settings.limits.batches_in_flight
     assert body["usage"]["batches_in_flight"] == 1

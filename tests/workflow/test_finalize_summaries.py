@@ -94,14 +94,15 @@ def test_summaries_merge_as_parsing_does(services: Services, checkpoints: list[l
     blobs = services.adapters.blobs
     batch_id, shard_id = "batch_h", f"{next(_shards):05d}"
     prefix = layout.results_prefix(batch_id, shard_id)
-    keys = []
+    keys, etags = [], []
     for seq, lines in enumerate(checkpoints):
         key = layout.checkpoint_key(prefix, seq, "a1")
-        blobs.put_bytes(key, b"".join(worker_line(batch_id, f"c{cid}", kind, n + seq) for cid, kind, n in lines))
+        etags.append(blobs.put_bytes(key, b"".join(worker_line(batch_id, f"c{cid}", kind, n + seq)
+                                                   for cid, kind, n in lines)))
         keys.append(key)
     parsed = merged(blobs, batch_id, shard_id)
     for seq, key in enumerate(keys):
-        summary = summarize_checkpoint(blobs.get_bytes(key) or b"")
+        summary = summarize_checkpoint(blobs.get_bytes(key) or b"", etag=etags[seq])
         assert summary is not None
         if seq == lying:
             summary.size += 1
@@ -121,7 +122,7 @@ def test_a_summary_of_another_version_or_unreadable_is_not_used(services: Servic
           b'"cached_tokens":1,"output_tokens":6,"reasoning_tokens":0}'
           % (len(data), len(data.split(b"\n")[0]) + 1, len(data.split(b"\n")[1]) + 1))
     blobs.put_bytes(layout.checkpoint_summary_key(key), v1)
-    assert layout.read_checkpoint_summary(blobs, key) == summarize_checkpoint(data)
+    assert layout.read_checkpoint_summary(blobs, key) == summarize_checkpoint(data, etag="")
     blobs.put_bytes(layout.checkpoint_summary_key(key), v1.replace(b'"version":1', b'"version":2'))
     assert layout.read_checkpoint_summary(blobs, key) is None
     blobs.put_bytes(layout.checkpoint_summary_key(key), v1[:-5])
@@ -131,9 +132,9 @@ def test_a_summary_of_another_version_or_unreadable_is_not_used(services: Servic
 
 def test_odd_checkpoints_get_no_summary() -> None:
     line = worker_line("b", "x", "chat", 3)
-    assert summarize_checkpoint(line) is not None
+    assert summarize_checkpoint(line, etag="") is not None
     for odd in (b"", line[:-1], line[:-1] + b"\r\n", line + b"\n", b"\n" + line, line + line[:-1]):
-        assert summarize_checkpoint(odd) is None
+        assert summarize_checkpoint(odd, etag="") is None
 
 
 class Reads:
@@ -187,9 +188,9 @@ def test_finalize_from_summaries_matches_finalize_by_parsing(services: Services)
         prefix = layout.results_prefix(batch_id, shard_id)
         for k, lines in enumerate(objects):
             key = layout.checkpoint_key(prefix, k, "a")
-            blobs.put_bytes(key, b"".join(lines))
-            layout.write_checkpoint_summary(blobs, key, summarize_checkpoint(b"".join(lines)) or CheckpointSummary(
-                size=-1, custom_ids=[], lengths=[]))
+            etag = blobs.put_bytes(key, b"".join(lines))
+            layout.write_checkpoint_summary(blobs, key, summarize_checkpoint(b"".join(lines), etag=etag) or
+                                            CheckpointSummary(size=-1, custom_ids=[], lengths=[]))
             keys.append(key)
         blobs.put_bytes(layout.done_key(batch_id, shard_id), b"{}")
 
@@ -217,3 +218,21 @@ def test_finalize_from_summaries_matches_finalize_by_parsing(services: Services)
     with Reads(blobs) as reads:
         assert finalize() == summarized
     assert sorted(reads.parsed) == sorted(keys)
+
+
+def test_a_summary_is_checked_against_its_checkpoint_not_trusted(services: Services) -> None:
+    """A summary that names other custom_ids than its checkpoint holds (a checkpoint rewritten after it, a bug)
+    must not drop the lines the partial results served: its ETag is not the listed one, so Finalize parses."""
+    blobs = services.adapters.blobs
+    batch_id, shard_id = "batch_etag", f"{next(_shards):05d}"
+    key = layout.checkpoint_key(layout.results_prefix(batch_id, shard_id), 0, "a1")
+    data = worker_line(batch_id, "x", "chat", 3) + worker_line(batch_id, "y", "chat", 4)
+    etag = blobs.put_bytes(key, data)
+    good = summarize_checkpoint(data, etag=etag)
+    assert good is not None and good.etag == etag
+    wrong = good.model_copy(update={"custom_ids": ["x", "x"], "etag": '"0123456789abcdef0123456789abcdef"'})
+    layout.write_checkpoint_summary(blobs, key, wrong)
+    out, _, tally, seen = merged(blobs, batch_id, shard_id)
+    assert out == data and tally.completed == 2 and seen == 2
+    layout.write_checkpoint_summary(blobs, key, good)  # the true one is used (and agrees)
+    assert merged(blobs, batch_id, shard_id)[0] == data

@@ -14,7 +14,7 @@ router = APIRouter(prefix="/v1/nightbatch", tags=["nightbatch"])
 
 
 class LimitsView(BaseModel):
-    object: Literal["nightbatch.tenancy.limits"] = "nightbatch.tenancy.limits"
+    object: Literal["nightbatch.limits"] = "nightbatch.limits"
     tenant: str
     limits: TenantLimits
     usage: TenantUsage

@@ -90,7 +90,7 @@ async function estimate(fileId) {
   } catch (err) {
     return;  // no estimate on this deployment (404), or none for this file: nothing to show
   }
-  if (!e || e.object !== "nightbatch.batches.estimate") return;
+  if (!e || e.object !== "nightbatch.estimate") return;
   const cost = e.cost_usd && typeof e.cost_usd === "object"
     ? Object.entries(e.cost_usd).map(([k, v]) => `${money(v)} ${k}`).join(" · ") : money(e.cost_usd);
   const rows = [
