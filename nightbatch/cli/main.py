@@ -10,17 +10,22 @@ from nightbatch.cli import keys as cli_keys
 from nightbatch.cli.commands import register as register_batch_commands
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="nightbatch", description="Self-hosted OpenAI-compatible Batch API")
     sub = parser.add_subparsers(dest="command", required=True)
     local = sub.add_parser("local", help="run the whole stack on this machine (embedded AWS, CPU engines)")
     local.add_argument("--host", default="127.0.0.1")
     local.add_argument("--port", type=int, default=8000)
     local.add_argument("--no-engines", action="store_true",
-                       help="do not start model engines (batches stay in_progress); for API-only work")
+                       help="do not start model engines, for API-only work: a batch ends at once, completed with "
+                            "every line in its error file as shard_failed")
     cli_keys.register(sub)
     register_batch_commands(sub)  # submit, status, list, cancel, results, doctor
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if getattr(args, "handler", None):  # commands that set a handler print for people, not log lines
         return int(args.handler(args))
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,

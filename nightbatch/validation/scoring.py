@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, NoReturn
 
+from nightbatch.jsonl import dumps
 from nightbatch.models.spec import ModelSpec
 from nightbatch.settings import Settings
 from nightbatch.validation.requests import LineInvalid, check_media, echo, estimate_tokens
@@ -107,6 +108,8 @@ def _tokens(spec: ModelSpec, queries: list[Any], pairs: int, line_bytes: int) ->
     """About four bytes a token, as for every line. A cross-encoder reads the query again with each document
     (one forward pass per pair); an embedding model encodes each side once."""
     tokens = estimate_tokens(line_bytes)
-    if spec.task == "score" and len(queries) == 1 and pairs > 1 and isinstance(queries[0], str):
-        tokens += estimate_tokens(len(queries[0].encode())) * (pairs - 1)
+    if spec.task == "score" and len(queries) == 1 and pairs > 1:
+        query = queries[0]  # a string, or a {"content": [parts]} object: its bytes as the line holds them
+        size = len(query.encode() if isinstance(query, str) else dumps(query))
+        tokens += estimate_tokens(size) * (pairs - 1)
     return tokens

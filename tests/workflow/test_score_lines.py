@@ -128,6 +128,10 @@ def test_a_cross_encoder_counts_the_query_once_per_document(services: Services) 
     SETTINGS["models_json"].set(services.settings, CROSS_ENCODER)
     cross = _est(services, rerank(1, model="ms-marco", query=query, documents=["a"] * 10), RERANK)
     assert cross - bi >= 9 * 1000
+    # A query given as content parts is read with every document just the same.
+    parts = {"content": [{"type": "text", "text": query}]}
+    as_parts = _est(services, rerank(1, model="ms-marco", query=parts, documents=["a"] * 10), RERANK)
+    assert as_parts - bi >= 9 * 1000 and abs(as_parts - cross) < 0.01 * cross
 
 
 def test_a_scoring_model_serves_only_score_and_rerank(services: Services) -> None:
