@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 from nightbatch import layout
 from nightbatch.clock import now
 from nightbatch.layout import SegmentEntry, ShardItem
@@ -71,8 +69,7 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
     items: list[ShardItem] = []
     if batch is not None and batch.status == "in_progress":
         index = layout.read_segments(blobs, inp.batch_id)
-        job_definitions: dict[str, str] = json.loads(settings.pipeline.job_definitions_json or "{}")
-        backends: dict[str, str] = json.loads(settings.pipeline.backends_json or "{}")
+        job_definitions, backends = settings.pipeline.job_definitions, settings.pipeline.backends
         window = max(0.0, float(batch.expires_at) - now()) if batch.expires_at else None
         # Each shard serves one model (one engine); a model's shards are numbered together.
         by_model = by_served_model(index.segments, batch.model or "", settings)

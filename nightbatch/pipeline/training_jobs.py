@@ -19,10 +19,6 @@ import re
 import secrets
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
-
-from nightbatch.settings import Settings
-
 # SageMaker's bounds (botocore's CreateTrainingJob model).
 MAX_RUNTIME_SECONDS = 28 * 24 * 3600
 MIN_PENDING_SECONDS, MAX_PENDING_SECONDS = 1800, 2419200
@@ -34,21 +30,6 @@ JOB_NAME_PREFIX = "batch-"
 SPOT_SHORTAGE = ("MaxWaitTimeExceeded", "Interrupted", "ResourceLimitExceeded", "CapacityError")
 # A Batch attempt its queue could not place within its RUNNABLE bound (an EC2 quota of 0 looks the same).
 BATCH_PLACEMENT_FAILURE = ("CAPACITY:", "MISCONFIGURATION:COMPUTE_ENVIRONMENT_MAX_RESOURCE")
-
-
-class SageMakerConfig(BaseModel):
-    """CapacitySettings.sagemaker_json, written by the stack."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    instance_types: dict[str, str] = {}  # model -> ml.* instance type
-    spot: bool = True
-    on_demand: bool = True
-    max_pending_seconds: int = 4 * 3600
-
-
-def sagemaker_config(settings: Settings) -> SageMakerConfig:
-    return SageMakerConfig.model_validate_json(settings.capacity.sagemaker_json or "{}")
 
 
 def batch_jobs_prefix(batch_id: str) -> str:

@@ -18,8 +18,11 @@ from nightbatch.settings.delivery import LinkSettings, NotificationSettings
 from nightbatch.settings.pipeline import (
     AccountingSettings,
     CapacitySettings,
+    GpuBackend,
     LimitSettings,
     PipelineSettings,
+    SageMakerConfig,
+    TenantLimits,
     ValidationSettings,
     WorkerSettings,
 )
@@ -34,9 +37,10 @@ from nightbatch.settings.service import (
 
 __all__ = [
     "ENV_PREFIX", "SETTINGS", "AccountingSettings", "ApiSettings", "CapacitySettings", "CliSettings",
-    "DeploymentSettings", "Env", "FileSettings", "JobInputs", "LimitSettings", "LinkSettings",
-    "NotificationSettings", "PipelineSettings", "Section", "ServingSettings", "SettingField", "Settings",
-    "UploadSettings", "ValidationSettings", "WorkerSettings", "env_var", "get_settings", "nest", "variable_of",
+    "DeploymentSettings", "Env", "FileSettings", "GpuBackend", "JobInputs", "LimitSettings", "LinkSettings",
+    "NotificationSettings", "PipelineSettings", "SageMakerConfig", "Section", "ServingSettings", "SettingField",
+    "Settings", "TenantLimits", "UploadSettings", "ValidationSettings", "WorkerSettings", "env_var", "get_settings",
+    "nest", "variable_of",
 ]
 
 
