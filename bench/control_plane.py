@@ -138,7 +138,7 @@ class S3Bytes:
 
 def prepare(n: int) -> dict[str, Any]:
     """Uploads an n-line input, creates the batch (not timed)."""
-    from nightbatch.batches.service import CreateBatchRequest
+    from nightbatch.batches.request import CreateBatchRequest
     from nightbatch.services import build_services
     from nightbatch.storage import make_adapters
 

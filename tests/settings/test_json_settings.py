@@ -51,7 +51,7 @@ def test_the_cli_names_a_bad_json_variable(monkeypatch: pytest.MonkeyPatch) -> N
     from nightbatch.cli.connection import CommandError, resolve_target
 
     monkeypatch.setenv("NIGHTBATCH_MODELS_JSON", "[{")
-    with pytest.raises(CommandError, match="NIGHTBATCH_MODELS_JSON in the environment is invalid: .*"
+    with pytest.raises(CommandError, match=r"NIGHTBATCH_MODELS_JSON in the environment is invalid: .*"
                                            "NIGHTBATCH_MODELS_JSON is not valid"):
         resolve_target("http://127.0.0.1:1", "k")
 
