@@ -71,6 +71,7 @@ class NightbatchStack(cdk.Stack):
         if self.training_jobs is not None:  # Finalize (and the sweeper's inline Finalize) price managed Spot
             for function in (self.orchestration.tasks["finalize"].function, self.orchestration.sweeper.function):
                 self.training_jobs.grant_describe(function)
+            self.training_jobs.grant_stop(self.orchestration.sweeper.function)
         functions = self.lambda_functions()
         self._reserve_concurrency(functions)
         self.observability = Observability(
@@ -211,8 +212,10 @@ class NightbatchStack(cdk.Stack):
                     **self._sagemaker_capacity(),
                 }),
             },
+            # The sweeper cancels a stopped batch's queued Batch jobs and stops its training jobs (by prefix).
             sweeper_environment={**bus_env, **settings_environment({"job_queue": cdk.Fn.join(",", [
-                q.job_queue_arn for q in self.gpu.queues.values()]) if self.gpu.queues else ""})},
+                q.job_queue_arn for q in self.gpu.queues.values()]) if self.gpu.queues else ""}),
+                **settings_environment(self._sagemaker_capacity())},
             bucket=self.storage.bucket,
             job_queues=list(self.gpu.queues.values()),
             use_batch=config.uses_batch,
@@ -256,6 +259,7 @@ class NightbatchStack(cdk.Stack):
             "instance_types": self._sagemaker_instance_types(),
             "spot": config.capacity.spot, "on_demand": config.capacity.on_demand,
             "max_pending_seconds": config.runnable_timeout_minutes * 60,
+            "job_prefix": self.training_jobs.job_prefix if self.training_jobs is not None else "",
         }, separators=(",", ":"))}
 
     def _sagemaker_instance_types(self) -> dict[str, str]:
