@@ -200,7 +200,7 @@ class NightbatchStack(cdk.Stack):
                 # Plan names each shard's job definition (the model's) in the Map's manifest.
                 "plan": settings_environment({"job_definitions_json": cdk.Stack.of(self).to_json_string({
                     name: jd.job_definition_arn for name, jd in self.gpu.job_definitions.items()}),
-                    **self._backends()}),
+                    **self._backends(), **self._sagemaker_capacity()}),
                 # Capacity picks each submission's queue (Spot, then on-demand), priority and share.
                 "capacity": settings_environment({
                     "job_queues_json": cdk.Stack.of(self).to_json_string({
@@ -220,7 +220,6 @@ class NightbatchStack(cdk.Stack):
             job_queues=list(self.gpu.queues.values()),
             use_batch=config.uses_batch,
             training_jobs=self.training_jobs,
-            max_concurrency=config.max_gpus,
             execution_timeout=cdk.Duration.hours(config.max_window_hours + config.finalize_margin_hours),
         )
         self.api = Api(
@@ -260,6 +259,8 @@ class NightbatchStack(cdk.Stack):
             "spot": config.capacity.spot, "on_demand": config.capacity.on_demand,
             "max_pending_seconds": config.runnable_timeout_minutes * 60,
             "job_prefix": self.training_jobs.job_prefix if self.training_jobs is not None else "",
+            "max_jobs": {m.spec.name: m.fleet.sagemaker_max_jobs for m in config.models
+                         if config.backend_for(m) != "batch" and m.fleet.sagemaker_max_jobs},
         }, separators=(",", ":"))}
 
     def _sagemaker_instance_types(self) -> dict[str, str]:

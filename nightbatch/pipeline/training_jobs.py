@@ -56,6 +56,7 @@ class SageMakerConfig(BaseModel):
     spot: bool = True
     on_demand: bool = True
     max_pending_seconds: int = 4 * 3600
+    max_jobs: dict[str, int] = {}  # model -> shards of one batch at once (its training quota); absent: max_gpus
     job_prefix: str = Field(DEFAULT_JOB_PREFIX, pattern=JOB_PREFIX_RE.pattern)  # deployment_job_prefix(stack)
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from nightbatch import layout
 from nightbatch.clock import now
+from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.pipeline.capacity import CapacityDecision, decide
 from nightbatch.pipeline.training_jobs import DEFAULT_JOB_PREFIX, JOB_NAME_RE
 from nightbatch.services import Services
@@ -156,3 +157,19 @@ def test_a_training_job_runs_on_the_type_of_the_model_its_shard_serves(services:
     _, items = _planned(services, "sagemaker")
     services.adapters.table.update_attributes(BatchRecord, items[0].batch_id, set_={"model": "some-adapter"})
     assert _ask(services, items[0]).instance_type == "ml.g6e.xlarge"
+
+
+@pytest.mark.parametrize(("backend", "max_jobs", "expected"), [
+    ("sagemaker", {MODEL: 2}, 2), ("both", {MODEL: 2}, 2), ("sagemaker", {}, 4), ("batch", {MODEL: 2}, 4),
+    ("sagemaker", {MODEL: 9}, 4)])
+def test_plan_caps_the_map_s_concurrency_at_the_model_s_sagemaker_quota(
+        services: Services, backend: str, max_jobs: dict[str, int], expected: int) -> None:
+    services.settings.pipeline.max_gpus = 4
+    services.settings.pipeline.shard_target_tokens = 20
+    services.settings.pipeline.segment_max_lines = 2
+    services.settings.pipeline.backends_json = json.dumps({MODEL: backend})
+    services.settings.capacity.sagemaker_json = json.dumps({**SAGEMAKER, "max_jobs": max_jobs})
+    batch_id = make_batch(services, jsonl([chat_line(i) for i in range(1, 13)]))
+    validate_batch(BatchTaskInput(batch_id=batch_id), services)
+    planned = plan_batch(BatchTaskInput(batch_id=batch_id), services)
+    assert planned.shard_count > 4 and planned.max_concurrency == expected
