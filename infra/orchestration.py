@@ -79,7 +79,6 @@ class Orchestration(Construct):
         sweeper_environment: Mapping[str, str],
         bucket: s3.IBucket,
         job_queues: list[batch.IJobQueue],
-        max_concurrency: int,
         execution_timeout: cdk.Duration,
         use_batch: bool = True,
         training_jobs: TrainingJobs | None = None,
@@ -103,6 +102,7 @@ class Orchestration(Construct):
         validate = invoke("validate", result_selector={"valid.$": "$.Payload.valid"}, result_path="$.validation")
         plan = invoke("plan", result_selector={
             "manifest_key.$": "$.Payload.manifest_key", "shard_count.$": "$.Payload.shard_count",
+            "max_concurrency.$": "$.Payload.max_concurrency",
         }, result_path="$.plan")
         finalize = invoke("finalize", result_path=sfn.JsonPath.DISCARD)
         notify = invoke("notify", result_path=sfn.JsonPath.DISCARD)
@@ -173,7 +173,8 @@ class Orchestration(Construct):
             self, "Shards",
             # A JSON array manifest: S3JsonItemReader (moto's interpreter rejects JSONL manifests).
             item_reader=sfn.S3JsonItemReader(bucket=bucket, key=sfn.JsonPath.string_at("$.plan.manifest_key")),
-            max_concurrency=max_concurrency,
+            # Plan's: maxGpus, or less for a model whose SageMaker quota is lower (`sagemakerMaxJobs`).
+            max_concurrency_path="$.plan.max_concurrency",
             map_execution_type=sfn.StateMachineType.STANDARD,
             # The iterations' results go to S3, never into the state: a Distributed Map's output otherwise holds
             # every child's result and, past 256 KiB, fails the execution with States.DataLimitExceeded (which

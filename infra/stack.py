@@ -71,6 +71,7 @@ class NightbatchStack(cdk.Stack):
         if self.training_jobs is not None:  # Finalize (and the sweeper's inline Finalize) price managed Spot
             for function in (self.orchestration.tasks["finalize"].function, self.orchestration.sweeper.function):
                 self.training_jobs.grant_describe(function)
+            self.training_jobs.grant_stop(self.orchestration.sweeper.function)
         functions = self.lambda_functions()
         self._reserve_concurrency(functions)
         self.observability = Observability(
@@ -199,7 +200,7 @@ class NightbatchStack(cdk.Stack):
                 # Plan names each shard's job definition (the model's) in the Map's manifest.
                 "plan": settings_environment({"job_definitions_json": cdk.Stack.of(self).to_json_string({
                     name: jd.job_definition_arn for name, jd in self.gpu.job_definitions.items()}),
-                    **self._backends()}),
+                    **self._backends(), **self._sagemaker_capacity()}),
                 # Capacity picks each submission's queue (Spot, then on-demand), priority and share.
                 "capacity": settings_environment({
                     "job_queues_json": cdk.Stack.of(self).to_json_string({
@@ -211,13 +212,14 @@ class NightbatchStack(cdk.Stack):
                     **self._sagemaker_capacity(),
                 }),
             },
+            # The sweeper cancels a stopped batch's queued Batch jobs and stops its training jobs (by prefix).
             sweeper_environment={**bus_env, **settings_environment({"job_queue": cdk.Fn.join(",", [
-                q.job_queue_arn for q in self.gpu.queues.values()]) if self.gpu.queues else ""})},
+                q.job_queue_arn for q in self.gpu.queues.values()]) if self.gpu.queues else ""}),
+                **settings_environment(self._sagemaker_capacity())},
             bucket=self.storage.bucket,
             job_queues=list(self.gpu.queues.values()),
             use_batch=config.uses_batch,
             training_jobs=self.training_jobs,
-            max_concurrency=config.max_gpus,
             execution_timeout=cdk.Duration.hours(config.max_window_hours + config.finalize_margin_hours),
         )
         self.api = Api(
@@ -256,6 +258,9 @@ class NightbatchStack(cdk.Stack):
             "instance_types": self._sagemaker_instance_types(),
             "spot": config.capacity.spot, "on_demand": config.capacity.on_demand,
             "max_pending_seconds": config.runnable_timeout_minutes * 60,
+            "job_prefix": self.training_jobs.job_prefix if self.training_jobs is not None else "",
+            "max_jobs": {m.spec.name: m.fleet.sagemaker_max_jobs for m in config.models
+                         if config.backend_for(m) != "batch" and m.fleet.sagemaker_max_jobs},
         }, separators=(",", ":"))}
 
     def _sagemaker_instance_types(self) -> dict[str, str]:

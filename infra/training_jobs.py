@@ -21,7 +21,7 @@ from constructs import Construct
 
 from infra.environment import settings_environment
 from infra.gpu_compute import CONTAINER_CACHE_DIR, MODEL_CACHE_ENV, VLLM_CACHE_ENV
-from nightbatch.pipeline.training_jobs import JOB_NAME_PREFIX
+from nightbatch.pipeline.training_jobs import deployment_job_prefix
 from nightbatch.settings import JobInputs
 
 # The worker image's ENTRYPOINT (gpu_worker/Dockerfile), named again for SageMaker.
@@ -47,6 +47,9 @@ class TrainingJobs(Construct):
         self.image = image
         self.volume_gib = volume_gib
         self.hf_token_secret = hf_token_secret
+        # Every job this deployment runs is named with it (Capacity reads it from `sagemaker_json`): the grants
+        # below reach this deployment's jobs only, never another workload's.
+        self.job_prefix = deployment_job_prefix(cdk.Stack.of(self).stack_name)
         self.job_role = iam.Role(self, "JobRole", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
                                  description="nightbatch GPU worker on SageMaker: its batch's objects and items only")
         image.repository.grant_pull(self.job_role)
@@ -105,18 +108,25 @@ class TrainingJobs(Construct):
     def grant_describe(self, role: iam.IGrantable) -> None:
         """Reading a job's billable seconds (nightbatch/storage/sagemaker_reads.py)."""
         iam.Grant.add_to_principal(grantee=role, actions=["sagemaker:DescribeTrainingJob"],
-                                   resource_arns=[self._jobs_arn()])
+                                   resource_arns=[self.jobs_arn])
 
-    def _jobs_arn(self) -> str:
-        """nightbatch's training jobs only (every name starts with the prefix Capacity gives it), not the
-        account's others."""
+    def grant_stop(self, role: iam.IGrantable) -> None:
+        """The sweeper stops a cancelled or ended batch's jobs (nightbatch/storage/sagemaker_jobs.py);
+        ListTrainingJobs takes no resource-level permission."""
+        iam.Grant.add_to_principal(grantee=role, actions=["sagemaker:ListTrainingJobs"], resource_arns=["*"])
+        iam.Grant.add_to_principal(grantee=role, actions=["sagemaker:StopTrainingJob"],
+                                   resource_arns=[self.jobs_arn])
+
+    @property
+    def jobs_arn(self) -> str:
+        """This deployment's training jobs only (every name starts with its prefix), not the account's others."""
         return cdk.Stack.of(self).format_arn(service="sagemaker", resource="training-job",
-                                             resource_name=f"{JOB_NAME_PREFIX}*")
+                                             resource_name=f"{self.job_prefix}*")
 
     def grant_run(self, role: iam.IGrantable) -> None:
         """What CDK's SageMakerCreateTrainingJob grants for `.sync` (a CustomState grants nothing itself)."""
         stack = cdk.Stack.of(self)
-        jobs = self._jobs_arn()
+        jobs = self.jobs_arn
         iam.Grant.add_to_principal(grantee=role, actions=[
             "sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob",
             # `.sync` tags each job MANAGED_BY_AWS=STARTED_BY_STEP_FUNCTIONS (aws-cdk#32294).
