@@ -29,6 +29,7 @@ from infra.orchestration import Orchestration
 from infra.storage import BATCHES_PREFIX, FILES_PREFIX, UPLOADS_PREFIX, Storage
 from infra.training_jobs import TrainingJobs
 from infra.uploads import UploadComposer
+from nightbatch.batches import state_changes
 
 
 def _retention(days: int) -> logs.RetentionDays:
@@ -339,8 +340,9 @@ class NightbatchStack(cdk.Stack):
         self._grant_event_bus()
 
     def _grant_event_bus(self) -> None:
-        """PutEvents on the one bus, for the principals that transition a batch (the API creates and cancels,
-        Validate, Finalize and the sweeper's Finalize move it, Notify puts the terminal change)."""
+        """PutEvents on the one bus, with nightbatch's event source only, for the principals that transition a
+        batch (the API creates and cancels, Validate, Finalize and the sweeper's Finalize move it, Notify puts the
+        terminal change)."""
         bus = self.config.notifications.event_bus
         if not bus:
             return
@@ -350,7 +352,9 @@ class NightbatchStack(cdk.Stack):
         for role in (self.api.handler.role, tasks["validate"].role, tasks["finalize"].role, tasks["notify"].role,
                      self.orchestration.sweeper.role):
             assert role is not None
-            role.add_to_principal_policy(iam.PolicyStatement(actions=["events:PutEvents"], resources=[arn]))
+            role.add_to_principal_policy(iam.PolicyStatement(
+                actions=["events:PutEvents"], resources=[arn],
+                conditions={"StringEquals": {"events:source": [state_changes.SOURCE]}}))
 
     # --- limits and outputs ------------------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ import pytest
 
 from infra.access import TABLE_ACTIONS
 from infra.config import Concurrency
+from nightbatch.batches.state_changes import SOURCE
 from nightbatch.layout import INPUT_TAG_KEY, INPUT_TAGS
 from tests.infra.cfn import of_type, resolve
 
@@ -160,6 +161,8 @@ def test_only_the_principals_that_move_a_batch_may_put_events_and_only_on_the_de
             actions = _list(st["Action"])
             if any(str(a).startswith("events:") for a in actions):
                 assert actions == ["events:PutEvents"], (name, actions)
+                # Only nightbatch's own events: a stolen role cannot forge another service's (aws.* or a partner's).
+                assert st["Condition"] == {"StringEquals": {"events:source": [SOURCE]}}, name
                 putters[name] = st["Resource"]
     assert set(putters) == {"api", "validate", "finalize", "notify", "sweep"}
     for resource in putters.values():
