@@ -240,11 +240,17 @@ class Orchestration(Construct):
         self.tasks["notify"].function.grant_invoke(self.sweeper.role)
 
     def _grant_batch(self) -> None:
-        # What CDK's BatchSubmitJob would grant for .sync (the CustomState grants nothing itself).
+        # What `batch:submitJob.sync` needs (Step Functions' IAM guide for AWS Batch; the CustomState grants
+        # nothing itself): SubmitJob, DescribeJobs to follow the job, TerminateJob to end it when the execution
+        # is stopped or the Map cancels the iteration (without it the job runs on, billed), and the managed rule.
         stack = cdk.Stack.of(self)
         self.state_machine.add_to_role_policy(iam.PolicyStatement(actions=["batch:SubmitJob"], resources=[
             stack.format_arn(service="batch", resource="job-definition", resource_name="*"),
             *(q.job_queue_arn for q in self._job_queues)]))
+        # DescribeJobs takes no resource-level permission; job ids are Batch's, minted at submit time.
+        self.state_machine.add_to_role_policy(iam.PolicyStatement(actions=["batch:DescribeJobs"], resources=["*"]))
+        self.state_machine.add_to_role_policy(iam.PolicyStatement(actions=["batch:TerminateJob"], resources=[
+            stack.format_arn(service="batch", resource="job", resource_name="*")]))
         self.state_machine.add_to_role_policy(iam.PolicyStatement(
             actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
             resources=[stack.format_arn(service="events", resource="rule",

@@ -15,7 +15,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
-from infra import nag
+from infra import access, nag
 from infra.access import TABLE_ACTIONS, WORKER_INPUT_PREFIXES, WORKER_PREFIXES, grant_objects, grant_table
 from infra.api import Api
 from infra.bundling import lambda_code
@@ -29,6 +29,7 @@ from infra.orchestration import Orchestration
 from infra.storage import BATCHES_PREFIX, FILES_PREFIX, UPLOADS_PREFIX, Storage
 from infra.training_jobs import TrainingJobs
 from infra.uploads import UploadComposer
+from nightbatch.batches import state_changes
 
 
 def _retention(days: int) -> logs.RetentionDays:
@@ -293,14 +294,20 @@ class NightbatchStack(cdk.Stack):
             grant_objects(self.storage.bucket, tasks[name].role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
         # An uploaded input is read through its parts until composition finishes.
         grant_objects(self.storage.bucket, tasks["validate"].role, (UPLOADS_PREFIX,), write=False)
+        # Validate tags what a batch's shards read (the worker reads no other input); composition carries the tag over.
+        access.grant_object_tags(self.storage.bucket, tasks["validate"].role, WORKER_INPUT_PREFIXES, read=False,
+                                 write=True)
         grant_objects(self.storage.bucket, sweeper.role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
         composer = self.uploads.composer.role
         grant_objects(self.storage.bucket, composer, (FILES_PREFIX, UPLOADS_PREFIX), write=True)
+        access.grant_object_tags(self.storage.bucket, composer, (UPLOADS_PREFIX,), read=True, write=False)
+        access.grant_object_tags(self.storage.bucket, composer, (FILES_PREFIX,), read=False, write=True)
         for sender in (api_role, composer):
             self.uploads.queue.grant_send_messages(sender)
         for worker in self.worker_roles:
             grant_objects(self.storage.bucket, worker, WORKER_PREFIXES, write=True, list_only_prefixes=True)
-            grant_objects(self.storage.bucket, worker, WORKER_INPUT_PREFIXES, write=False, list_only_prefixes=True)
+            grant_objects(self.storage.bucket, worker, WORKER_INPUT_PREFIXES, write=False, list_only_prefixes=True,
+                          inputs_only=True)
         roles = {"api": api_role, "sweep": sweeper.role, "compose_upload": composer,
                  "deliver": self.deliverer.role, **{name: t.role for name, t in tasks.items()}}
         for name, principal in roles.items():
@@ -338,8 +345,9 @@ class NightbatchStack(cdk.Stack):
         self._grant_event_bus()
 
     def _grant_event_bus(self) -> None:
-        """PutEvents on the one bus, for the principals that transition a batch (the API creates and cancels,
-        Validate, Finalize and the sweeper's Finalize move it, Notify puts the terminal change)."""
+        """PutEvents on the one bus, with nightbatch's event source only, for the principals that transition a
+        batch (the API creates and cancels, Validate, Finalize and the sweeper's Finalize move it, Notify puts the
+        terminal change)."""
         bus = self.config.notifications.event_bus
         if not bus:
             return
@@ -349,7 +357,9 @@ class NightbatchStack(cdk.Stack):
         for role in (self.api.handler.role, tasks["validate"].role, tasks["finalize"].role, tasks["notify"].role,
                      self.orchestration.sweeper.role):
             assert role is not None
-            role.add_to_principal_policy(iam.PolicyStatement(actions=["events:PutEvents"], resources=[arn]))
+            role.add_to_principal_policy(iam.PolicyStatement(
+                actions=["events:PutEvents"], resources=[arn],
+                conditions={"StringEquals": {"events:source": [state_changes.SOURCE]}}))
 
     # --- limits and outputs ------------------------------------------------------------------------------------
 

@@ -26,12 +26,18 @@ from nightbatch.settings import JobInputs
 
 # The worker image's ENTRYPOINT (gpu_worker/Dockerfile), named again for SageMaker.
 WORKER_ENTRYPOINT = ("python3", "-m", "gpu_worker")
-# The job's ML storage volume (the instance store on NVMe types) holds /opt/ml; the caches go there.
-CACHE_DIR = "/opt/ml/cache"
+# The caches (weights, vLLM's compile caches) go on the job's ML storage volume (VolumeSizeInGB; the instance
+# store on NVMe types). SageMaker's container contract names the paths it mounts there: /opt/ml/input, model,
+# output, checkpoints and code, each with a purpose (model/ and output/ are uploaded when the job ends), and /tmp,
+# "scratch space", which nothing uploads or restores. /opt/ml/cache is no documented path.
+CACHE_DIR = "/tmp/nightbatch-cache"
 JOB_ENVIRONMENT = {MODEL_CACHE_ENV: f"{CACHE_DIR}/models",
                    **{k: v.replace(CONTAINER_CACHE_DIR, CACHE_DIR, 1) for k, v in VLLM_CACHE_ENV.items()}}
 FAILURE_FILE = "/opt/ml/output/failure"  # SageMaker reports its first line as the job's FailureReason
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+# SageMaker publishes a training job's metrics (instance utilization, algorithm metrics) as the job's role, under
+# this namespace; PutMetricData takes no resource, so the namespace is the limit (cloudwatch:namespace).
+METRICS_NAMESPACE = "/aws/sagemaker/*"
 # Retries of SageMaker's own internal errors only; anything else comes back to Capacity.
 RETRY_ATTEMPTS = 2
 # The managed rule Step Functions' `.sync` integration watches training jobs through.
@@ -60,6 +66,9 @@ class TrainingJobs(Construct):
             actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
             resources=[stack.format_arn(service="logs", resource="log-group", resource_name=f"{LOG_GROUP}:*",
                                         arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME)]))
+        self.job_role.add_to_policy(iam.PolicyStatement(
+            actions=["cloudwatch:PutMetricData"], resources=["*"],
+            conditions={"StringLike": {"cloudwatch:namespace": METRICS_NAMESPACE}}))
 
     def task(self, scope: Construct, id: str, *, bucket_name: str) -> sfn.CustomState:
         return sfn.CustomState(scope, id, state_json=self.state_json(bucket_name))

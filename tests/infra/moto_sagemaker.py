@@ -8,7 +8,7 @@ procedure"), and its SageMaker backend is born Completed and drops Environment a
   description as Cause, datetimes as epoch milliseconds), API errors as `SageMaker.<code>Exception`.
 - `patch_training_jobs` makes CreateTrainingJob refuse a name used before (AWS: ResourceInUse, forever), keeps
   the Environment, and runs the job: the real worker, `python -m gpu_worker`, in a subprocess whose environment
-  is the job's Environment alone (its /opt/ml paths mapped to a directory per job), reaching moto through a
+  is the job's Environment alone (its /opt/ml and /tmp paths mapped into a directory per job), reaching moto through a
   ThreadedMotoServer that shares this process's backends. It ends Completed, or Failed with the FailureReason
   the worker wrote to its failure file.
 """
@@ -197,12 +197,13 @@ def patch_training_jobs(monkeypatch: pytest.MonkeyPatch, jobs: TrainingJobs) -> 
 
 def _run_container(record: TrainingJobRecord, jobs: TrainingJobs) -> None:
     """`python -m gpu_worker` with the job's Environment and nothing else of the deployment's settings."""
-    with tempfile.TemporaryDirectory(prefix="opt-ml-") as opt_ml:
-        env = {k: v.replace("/opt/ml", opt_ml, 1) if v.startswith("/opt/ml") else v for k, v in record.env.items()}
+    with tempfile.TemporaryDirectory(prefix="sagemaker-job-") as root:
+        # SageMaker's paths (/opt/ml, its /tmp scratch on the job's volume) in a directory of this job's own.
+        env = {k: root + v if v.startswith(("/opt/ml/", "/tmp/")) else v for k, v in record.env.items()}
         env.update(PATH=os.environ.get("PATH", ""), PYTHONPATH=str(ROOT), AWS_ENDPOINT_URL=jobs.endpoint_url,
                    AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
         done = subprocess.run([sys.executable, "-m", "gpu_worker", "--engine", jobs.engine], env=env,
-                              capture_output=True, text=True, timeout=300, cwd=opt_ml)
+                              capture_output=True, text=True, timeout=300, cwd=root)
         record.output = done.stdout[-2000:] + done.stderr[-4000:]
         if done.returncode == 0:
             record.status = "Completed"

@@ -96,7 +96,11 @@ def test_the_task_runs_the_worker_image_with_its_entry_point_and_capacity_s_choi
     assert env[JobInputs.env_name("backend")] == "sagemaker"
     assert "NIGHTBATCH_MODELS_JSON" not in env
     assert env["NIGHTBATCH_WORKER_FAILURE_FILE"] == "/opt/ml/output/failure"
-    assert env["NIGHTBATCH_MODEL_CACHE"].startswith("/opt/ml/")
+    # The caches on the job's sized volume, at the path SageMaker's contract gives scratch data (/tmp): not
+    # /opt/ml/model or output (uploaded at the end), not an undocumented /opt/ml/ directory.
+    caches = {k: env[k] for k in ("NIGHTBATCH_MODEL_CACHE", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR",
+                                  "TRITON_CACHE_DIR")}
+    assert all(v.startswith("/tmp/") for v in caches.values()), caches
     assert task["ResultSelector"] == {"TrainingJobName.$": "$.TrainingJobName",
                                       "TrainingJobStatus.$": "$.TrainingJobStatus"}
     assert task["ResultPath"] == "$.job"
@@ -141,8 +145,13 @@ def test_the_sagemaker_job_role_holds_what_the_batch_job_role_holds(both_synth: 
     others = {a for st in sagemaker for a in _list(st["Action"]) if a.split(":")[0] not in ("s3", "dynamodb")}
     assert others == {"ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
                       "ecr:GetAuthorizationToken", "logs:CreateLogGroup", "logs:CreateLogStream",
-                      "logs:PutLogEvents", "logs:DescribeLogStreams"}
+                      "logs:PutLogEvents", "logs:DescribeLogStreams", "cloudwatch:PutMetricData"}
     assert not any(a.endswith("*") for st in sagemaker for a in _list(st["Action"]))
+    # SageMaker publishes the job's metrics as this role: in its own namespace only.
+    (metrics,) = [st for st in sagemaker if "cloudwatch:PutMetricData" in _list(st["Action"])]
+    assert _list(metrics["Action"]) == ["cloudwatch:PutMetricData"] and metrics["Resource"] == "*"
+    assert metrics["Condition"] == {"StringLike": {"cloudwatch:namespace": "/aws/sagemaker/*"}}
+    assert not [st for st in batch if "cloudwatch:PutMetricData" in _list(st["Action"])]
     # The same image as the Batch job definitions'.
     (image,) = {json.dumps(d["Properties"]["ContainerProperties"]["Image"])
                 for d in of_type(template, "AWS::Batch::JobDefinition").values()}
