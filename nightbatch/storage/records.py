@@ -170,6 +170,7 @@ class BatchRecord(ListedRecord):
     live_failed: int | None = None
     live_input_tokens: int | None = None
     live_output_tokens: int | None = None
+    live_since: int | None = None  # when the first shard attempt that reported progress began (the ETA's start)
     # Set along the workflow: Validate's token estimate, Plan's shard count, the status Finalize is heading
     # for, and why Capacity moved the batch's remaining shards to on-demand.
     est_tokens: int | None = None
