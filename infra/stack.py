@@ -15,7 +15,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
-from infra import nag
+from infra import access, nag
 from infra.access import TABLE_ACTIONS, WORKER_INPUT_PREFIXES, WORKER_PREFIXES, grant_objects, grant_table
 from infra.api import Api
 from infra.bundling import lambda_code
@@ -29,6 +29,7 @@ from infra.orchestration import Orchestration
 from infra.storage import BATCHES_PREFIX, FILES_PREFIX, UPLOADS_PREFIX, Storage
 from infra.training_jobs import TrainingJobs
 from infra.uploads import UploadComposer
+from nightbatch.batches import state_changes
 
 
 def _retention(days: int) -> logs.RetentionDays:
@@ -71,6 +72,7 @@ class NightbatchStack(cdk.Stack):
         if self.training_jobs is not None:  # Finalize (and the sweeper's inline Finalize) price managed Spot
             for function in (self.orchestration.tasks["finalize"].function, self.orchestration.sweeper.function):
                 self.training_jobs.grant_describe(function)
+            self.training_jobs.grant_stop(self.orchestration.sweeper.function)
         functions = self.lambda_functions()
         self._reserve_concurrency(functions)
         self.observability = Observability(
@@ -199,7 +201,7 @@ class NightbatchStack(cdk.Stack):
                 # Plan names each shard's job definition (the model's) in the Map's manifest.
                 "plan": settings_environment({"job_definitions_json": cdk.Stack.of(self).to_json_string({
                     name: jd.job_definition_arn for name, jd in self.gpu.job_definitions.items()}),
-                    **self._backends()}),
+                    **self._backends(), **self._sagemaker_capacity()}),
                 # Capacity picks each submission's queue (Spot, then on-demand), priority and share.
                 "capacity": settings_environment({
                     "job_queues_json": cdk.Stack.of(self).to_json_string({
@@ -211,13 +213,14 @@ class NightbatchStack(cdk.Stack):
                     **self._sagemaker_capacity(),
                 }),
             },
+            # The sweeper cancels a stopped batch's queued Batch jobs and stops its training jobs (by prefix).
             sweeper_environment={**bus_env, **settings_environment({"job_queue": cdk.Fn.join(",", [
-                q.job_queue_arn for q in self.gpu.queues.values()]) if self.gpu.queues else ""})},
+                q.job_queue_arn for q in self.gpu.queues.values()]) if self.gpu.queues else ""}),
+                **settings_environment(self._sagemaker_capacity())},
             bucket=self.storage.bucket,
             job_queues=list(self.gpu.queues.values()),
             use_batch=config.uses_batch,
             training_jobs=self.training_jobs,
-            max_concurrency=config.max_gpus,
             execution_timeout=cdk.Duration.hours(config.max_window_hours + config.finalize_margin_hours),
         )
         self.api = Api(
@@ -256,6 +259,9 @@ class NightbatchStack(cdk.Stack):
             "instance_types": self._sagemaker_instance_types(),
             "spot": config.capacity.spot, "on_demand": config.capacity.on_demand,
             "max_pending_seconds": config.runnable_timeout_minutes * 60,
+            "job_prefix": self.training_jobs.job_prefix if self.training_jobs is not None else "",
+            "max_jobs": {m.spec.name: m.fleet.sagemaker_max_jobs for m in config.models
+                         if config.backend_for(m) != "batch" and m.fleet.sagemaker_max_jobs},
         }, separators=(",", ":"))}
 
     def _sagemaker_instance_types(self) -> dict[str, str]:
@@ -288,14 +294,20 @@ class NightbatchStack(cdk.Stack):
             grant_objects(self.storage.bucket, tasks[name].role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
         # An uploaded input is read through its parts until composition finishes.
         grant_objects(self.storage.bucket, tasks["validate"].role, (UPLOADS_PREFIX,), write=False)
+        # Validate tags what a batch's shards read (the worker reads no other input); composition carries the tag over.
+        access.grant_object_tags(self.storage.bucket, tasks["validate"].role, WORKER_INPUT_PREFIXES, read=False,
+                                 write=True)
         grant_objects(self.storage.bucket, sweeper.role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
         composer = self.uploads.composer.role
         grant_objects(self.storage.bucket, composer, (FILES_PREFIX, UPLOADS_PREFIX), write=True)
+        access.grant_object_tags(self.storage.bucket, composer, (UPLOADS_PREFIX,), read=True, write=False)
+        access.grant_object_tags(self.storage.bucket, composer, (FILES_PREFIX,), read=False, write=True)
         for sender in (api_role, composer):
             self.uploads.queue.grant_send_messages(sender)
         for worker in self.worker_roles:
             grant_objects(self.storage.bucket, worker, WORKER_PREFIXES, write=True, list_only_prefixes=True)
-            grant_objects(self.storage.bucket, worker, WORKER_INPUT_PREFIXES, write=False, list_only_prefixes=True)
+            grant_objects(self.storage.bucket, worker, WORKER_INPUT_PREFIXES, write=False, list_only_prefixes=True,
+                          inputs_only=True)
         roles = {"api": api_role, "sweep": sweeper.role, "compose_upload": composer,
                  "deliver": self.deliverer.role, **{name: t.role for name, t in tasks.items()}}
         for name, principal in roles.items():
@@ -333,8 +345,9 @@ class NightbatchStack(cdk.Stack):
         self._grant_event_bus()
 
     def _grant_event_bus(self) -> None:
-        """PutEvents on the one bus, for the principals that transition a batch (the API creates and cancels,
-        Validate, Finalize and the sweeper's Finalize move it, Notify puts the terminal change)."""
+        """PutEvents on the one bus, with nightbatch's event source only, for the principals that transition a
+        batch (the API creates and cancels, Validate, Finalize and the sweeper's Finalize move it, Notify puts the
+        terminal change)."""
         bus = self.config.notifications.event_bus
         if not bus:
             return
@@ -344,7 +357,9 @@ class NightbatchStack(cdk.Stack):
         for role in (self.api.handler.role, tasks["validate"].role, tasks["finalize"].role, tasks["notify"].role,
                      self.orchestration.sweeper.role):
             assert role is not None
-            role.add_to_principal_policy(iam.PolicyStatement(actions=["events:PutEvents"], resources=[arn]))
+            role.add_to_principal_policy(iam.PolicyStatement(
+                actions=["events:PutEvents"], resources=[arn],
+                conditions={"StringEquals": {"events:source": [state_changes.SOURCE]}}))
 
     # --- limits and outputs ------------------------------------------------------------------------------------
 

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from nightbatch.settings.base import Env, JsonSetting, Section
 
 GpuBackend = Literal["batch", "sagemaker", "both"]
+# A deployment's SageMaker job-name prefix (nightbatch/pipeline/training_jobs.py): `nb-<1-8 lower-case
+# alphanumerics>-`; with the rest of a name (32 hex + a 5-digit shard + up to 5 digits of attempt + 6 hex +
+# 4 dashes) it stays within 63 characters.
+JOB_PREFIX_RE = re.compile(r"^nb-[a-z0-9]{1,8}-$")
+# What a deployment whose stack wrote no prefix (the local mode, tests) names its jobs.
+DEFAULT_JOB_PREFIX = "nb-local-"
 
 
 class TenantLimits(BaseModel):
@@ -41,6 +48,8 @@ class SageMakerConfig(BaseModel):
     spot: bool = True
     on_demand: bool = True
     max_pending_seconds: int = 4 * 3600
+    max_jobs: dict[str, int] = {}  # model -> shards of one batch at once (its training quota); absent: max_gpus
+    job_prefix: str = Field(DEFAULT_JOB_PREFIX, pattern=JOB_PREFIX_RE.pattern)  # deployment_job_prefix(stack)
 
 
 TENANT_LIMITS: JsonSetting[dict[str, dict[str, int]]] = JsonSetting(
