@@ -6,8 +6,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_worker.engines.base import EngineFailedError, EngineReply
-from nightbatch.ids import batch_request_id
-from nightbatch.jsonl import dumps_line
 from nightbatch.results import lines as results
 
 
@@ -44,14 +42,9 @@ def unencodable_reply(exc: BaseException) -> EngineReply:
 def result_line(batch_id: str, custom_id: str, request_id: str, reply: EngineReply) -> ResultLine:
     ok = 200 <= reply.status_code < 300
     input_tokens, output_tokens = usage_tokens(reply.body) if ok else (0, 0)
-    line = {
-        "id": batch_request_id(batch_id, custom_id),
-        "custom_id": custom_id,
-        "response": {"status_code": reply.status_code, "request_id": request_id, "body": reply.body},
-        "error": None,
-    }
     try:
-        data = dumps_line(line)
+        data = results.encode(batch_id, custom_id, response=results.Response(reply.status_code, request_id,
+                                                                              reply.body))
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError among them: a lone surrogate in the reply
         # An answer no JSON line can carry is this request's error, never a crashed shard.
         return result_line(batch_id, custom_id, request_id, unencodable_reply(exc))

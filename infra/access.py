@@ -9,6 +9,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_s3 as s3
 
 from infra.storage import BATCHES_PREFIX, FILES_PREFIX, MODELS_PREFIX, UPLOADS_PREFIX, Storage
+from nightbatch.layout import INPUT_TAG_KEY, INPUT_TAGS
 
 _READ = ("s3:GetObject",)
 _WRITE = ("s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts")
@@ -32,15 +33,20 @@ TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
 # models/ weight cache (the first job of a Hugging Face model writes its weights through; later jobs stream them).
 WORKER_PREFIXES = (BATCHES_PREFIX, MODELS_PREFIX)
 # A shard is byte ranges of the batch's input (nightbatch/pipeline/shard_lines.py): read-only, an Upload through
-# its parts until it is composed.
+# its parts until it is composed, and only the objects Validate tagged as a batch's input (layout.INPUT_TAGS).
 WORKER_INPUT_PREFIXES = (FILES_PREFIX, UPLOADS_PREFIX)
+# Read: s3:GetObject only where the object carries the input tag (HEAD and ranged GETs alike).
+INPUT_TAG_CONDITION = {"StringEquals": {f"s3:ExistingObjectTag/{INPUT_TAG_KEY}": INPUT_TAGS[INPUT_TAG_KEY]}}
 
 
 def grant_objects(bucket: s3.IBucket, role: iam.IRole, prefixes: Sequence[str], *, write: bool,
-                  list_only_prefixes: bool = False) -> None:
+                  list_only_prefixes: bool = False, inputs_only: bool = False) -> None:
+    """`inputs_only`: reads limited to the objects tagged as a batch's input (INPUT_TAG_CONDITION)."""
+    assert not (write and inputs_only), "the tag condition limits reads; a write must not depend on it"
     actions = [*_READ, *(_WRITE if write else ())]
     role.add_to_principal_policy(iam.PolicyStatement(
         actions=actions, resources=[bucket.arn_for_objects(f"{p}*") for p in prefixes],
+        conditions=INPUT_TAG_CONDITION if inputs_only else None,
     ))
     # ListBucket turns a missing key into 404 rather than 403 on GetObject/HeadObject (the Lambdas rely on
     # that). `list_only_prefixes` limits listing to the granted prefixes (s3:prefix); such a principal must
@@ -49,6 +55,15 @@ def grant_objects(bucket: s3.IBucket, role: iam.IRole, prefixes: Sequence[str], 
     role.add_to_principal_policy(iam.PolicyStatement(
         actions=["s3:ListBucket"], resources=[bucket.bucket_arn], conditions=conditions,
     ))
+
+
+def grant_object_tags(bucket: s3.IBucket, role: iam.IRole, prefixes: Sequence[str], *, read: bool,
+                      write: bool) -> None:
+    """Reading (s3:GetObjectTagging) and setting (s3:PutObjectTagging, also what a PUT or copy carrying tags
+    needs) object tags under `prefixes`: Validate and composition mark a batch's input objects."""
+    actions = [*(["s3:GetObjectTagging"] if read else []), *(["s3:PutObjectTagging"] if write else [])]
+    role.add_to_principal_policy(iam.PolicyStatement(
+        actions=actions, resources=[bucket.arn_for_objects(f"{p}*") for p in prefixes]))
 
 
 def grant_table(storage: Storage, role: iam.IRole, actions: Sequence[str], *,

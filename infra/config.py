@@ -77,6 +77,10 @@ class ModelFleet(_Strict):
     weights_gib: float = Field(0.0, alias="weightsGiB", ge=0)
     # KV cache the model needs beyond its weights to be worth running (a few max-length sequences).
     min_kv_cache_gib: float = Field(1.0, alias="minKvCacheGiB", ge=0)
+    # Shards of one batch of this model running at once when it may run on SageMaker (gpuBackend sagemaker or
+    # both): set it to the account's training quota of its ml.* type, so the Map does not submit jobs the quota
+    # would refuse; 0: maxGpus.
+    sagemaker_max_jobs: int = Field(0, alias="sagemakerMaxJobs", ge=0, le=256)
 
 
 _FLEET_KEYS = {f.alias or n for n, f in ModelFleet.model_fields.items()} | set(ModelFleet.model_fields)

@@ -76,7 +76,8 @@ def link_environment(link_keys_secret: str) -> dict[str, str]:
 
 
 def task_environments(config: DeployConfig, scope: Construct, *, channels: Mapping[str, str], link_keys_secret: str,
-                      job_definitions: Mapping[str, str], job_queues: Mapping[str, str]) -> dict[str, dict[str, str]]:
+                      job_definitions: Mapping[str, str], job_queues: Mapping[str, str],
+                      sagemaker_job_prefix: str) -> dict[str, dict[str, str]]:
     """The workflow's task Lambdas' own settings, by task (on top of the runtime environment)."""
     bus = event_bus_environment(config)
     to_json = cdk.Stack.of(scope).to_json_string  # the ARNs are tokens until deploy
@@ -85,7 +86,8 @@ def task_environments(config: DeployConfig, scope: Construct, *, channels: Mappi
         "validate": bus,
         "finalize": bus,
         # Plan names each shard's job definition (the model's) in the Map's manifest.
-        "plan": settings_environment({"job_definitions_json": to_json(dict(job_definitions)), **_backends(config)}),
+        "plan": settings_environment({"job_definitions_json": to_json(dict(job_definitions)), **_backends(config),
+                                      **_sagemaker_capacity(config, sagemaker_job_prefix)}),
         # Capacity picks each submission's queue (Spot, then on-demand), priority and share.
         "capacity": settings_environment({
             "job_queues_json": to_json(dict(job_queues)),
@@ -93,15 +95,17 @@ def task_environments(config: DeployConfig, scope: Construct, *, channels: Mappi
             "shard_retry_attempts": config.shard_retry.max_attempts,
             "shard_retry_interval_seconds": config.shard_retry.interval_seconds,
             "shard_retry_backoff": config.shard_retry.backoff_rate,
-            **_sagemaker_capacity(config),
+            **_sagemaker_capacity(config, sagemaker_job_prefix),
         }),
     }
 
 
-def sweeper_environment(config: DeployConfig, job_queues: Sequence[str]) -> dict[str, str]:
-    """The event bus, and the queues whose unstarted jobs of stopped batches it cancels."""
+def sweeper_environment(config: DeployConfig, job_queues: Sequence[str], *, sagemaker_job_prefix: str
+                        ) -> dict[str, str]:
+    """The event bus; it cancels a stopped batch's queued Batch jobs and stops its training jobs (by prefix)."""
     return {**event_bus_environment(config), **settings_environment({
-        "job_queue": cdk.Fn.join(",", list(job_queues)) if job_queues else ""})}
+        "job_queue": cdk.Fn.join(",", list(job_queues)) if job_queues else ""}),
+        **settings_environment(_sagemaker_capacity(config, sagemaker_job_prefix))}
 
 
 def api_environment(config: DeployConfig, *, link_keys_secret: str, upload_queue_url: str, state_machine_arn: str,
@@ -126,12 +130,16 @@ def _backends(config: DeployConfig) -> dict[str, Any]:
                                         separators=(",", ":"))}
 
 
-def _sagemaker_capacity(config: DeployConfig) -> dict[str, Any]:
-    """Capacity's SageMaker instance type per model (the model's first type as ml.*) and capacity kinds."""
+def _sagemaker_capacity(config: DeployConfig, job_prefix: str) -> dict[str, Any]:
+    """SageMaker's instance type per model (the model's first type as ml.*), capacity kinds, the deployment's
+    training-job name prefix and each model's cap on jobs at once (Plan, Capacity and the sweeper read it)."""
     if not config.uses_sagemaker:
         return {}
     return {"sagemaker_json": json.dumps({
         "instance_types": config.sagemaker_instance_types,
         "spot": config.capacity.spot, "on_demand": config.capacity.on_demand,
         "max_pending_seconds": config.runnable_timeout_minutes * 60,
+        "job_prefix": job_prefix,
+        "max_jobs": {m.spec.name: m.fleet.sagemaker_max_jobs for m in config.models
+                     if config.backend_for(m) != "batch" and m.fleet.sagemaker_max_jobs},
     }, separators=(",", ":"))}

@@ -79,7 +79,6 @@ class Orchestration(Construct):
         sweeper_environment: Mapping[str, str],
         bucket: s3.IBucket,
         job_queues: list[batch.IJobQueue],
-        max_concurrency: int,
         execution_timeout: cdk.Duration,
         use_batch: bool = True,
         training_jobs: TrainingJobs | None = None,
@@ -103,6 +102,7 @@ class Orchestration(Construct):
         validate = invoke("validate", result_selector={"valid.$": "$.Payload.valid"}, result_path="$.validation")
         plan = invoke("plan", result_selector={
             "manifest_key.$": "$.Payload.manifest_key", "shard_count.$": "$.Payload.shard_count",
+            "max_concurrency.$": "$.Payload.max_concurrency",
         }, result_path="$.plan")
         finalize = invoke("finalize", result_path=sfn.JsonPath.DISCARD)
         notify = invoke("notify", result_path=sfn.JsonPath.DISCARD)
@@ -173,7 +173,8 @@ class Orchestration(Construct):
             self, "Shards",
             # A JSON array manifest: S3JsonItemReader (moto's interpreter rejects JSONL manifests).
             item_reader=sfn.S3JsonItemReader(bucket=bucket, key=sfn.JsonPath.string_at("$.plan.manifest_key")),
-            max_concurrency=max_concurrency,
+            # Plan's: maxGpus, or less for a model whose SageMaker quota is lower (`sagemakerMaxJobs`).
+            max_concurrency_path="$.plan.max_concurrency",
             map_execution_type=sfn.StateMachineType.STANDARD,
             # The iterations' results go to S3, never into the state: a Distributed Map's output otherwise holds
             # every child's result and, past 256 KiB, fails the execution with States.DataLimitExceeded (which
@@ -239,11 +240,17 @@ class Orchestration(Construct):
         self.tasks["notify"].function.grant_invoke(self.sweeper.role)
 
     def _grant_batch(self) -> None:
-        # What CDK's BatchSubmitJob would grant for .sync (the CustomState grants nothing itself).
+        # What `batch:submitJob.sync` needs (Step Functions' IAM guide for AWS Batch; the CustomState grants
+        # nothing itself): SubmitJob, DescribeJobs to follow the job, TerminateJob to end it when the execution
+        # is stopped or the Map cancels the iteration (without it the job runs on, billed), and the managed rule.
         stack = cdk.Stack.of(self)
         self.state_machine.add_to_role_policy(iam.PolicyStatement(actions=["batch:SubmitJob"], resources=[
             stack.format_arn(service="batch", resource="job-definition", resource_name="*"),
             *(q.job_queue_arn for q in self._job_queues)]))
+        # DescribeJobs takes no resource-level permission; job ids are Batch's, minted at submit time.
+        self.state_machine.add_to_role_policy(iam.PolicyStatement(actions=["batch:DescribeJobs"], resources=["*"]))
+        self.state_machine.add_to_role_policy(iam.PolicyStatement(actions=["batch:TerminateJob"], resources=[
+            stack.format_arn(service="batch", resource="job", resource_name="*")]))
         self.state_machine.add_to_role_policy(iam.PolicyStatement(
             actions=["events:PutTargets", "events:PutRule", "events:DescribeRule"],
             resources=[stack.format_arn(service="events", resource="rule",

@@ -15,7 +15,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
-from infra import environment, nag
+from infra import access, environment, nag
 from infra.access import TABLE_ACTIONS, WORKER_INPUT_PREFIXES, WORKER_PREFIXES, grant_objects, grant_table
 from infra.api import Api
 from infra.bundling import lambda_code
@@ -28,6 +28,7 @@ from infra.orchestration import Orchestration
 from infra.storage import BATCHES_PREFIX, FILES_PREFIX, UPLOADS_PREFIX, Storage
 from infra.training_jobs import TrainingJobs
 from infra.uploads import UploadComposer
+from nightbatch.batches import state_changes
 
 
 def _retention(days: int) -> logs.RetentionDays:
@@ -73,6 +74,7 @@ class NightbatchStack(cdk.Stack):
         if self.training_jobs is not None:  # Finalize (and the sweeper's inline Finalize) price managed Spot
             for function in (self.orchestration.tasks["finalize"].function, self.orchestration.sweeper.function):
                 self.training_jobs.grant_describe(function)
+            self.training_jobs.grant_stop(self.orchestration.sweeper.function)
         functions = self.lambda_functions()
         self._reserve_concurrency(functions)
         self.observability = Observability(
@@ -158,14 +160,15 @@ class NightbatchStack(cdk.Stack):
             task_environment=environment.task_environments(
                 config, self, channels=channels, link_keys_secret=self.link_secret.secret_arn,
                 job_definitions={name: jd.job_definition_arn for name, jd in self.gpu.job_definitions.items()},
-                job_queues={kind: q.job_queue_arn for kind, q in self.gpu.queues.items()}),
+                job_queues={kind: q.job_queue_arn for kind, q in self.gpu.queues.items()},
+                sagemaker_job_prefix=self._sagemaker_job_prefix()),
             sweeper_environment=environment.sweeper_environment(
-                config, [q.job_queue_arn for q in self.gpu.queues.values()]),
+                config, [q.job_queue_arn for q in self.gpu.queues.values()],
+                sagemaker_job_prefix=self._sagemaker_job_prefix()),
             bucket=self.storage.bucket,
             job_queues=list(self.gpu.queues.values()),
             use_batch=config.uses_batch,
             training_jobs=self.training_jobs,
-            max_concurrency=config.max_gpus,
             execution_timeout=cdk.Duration.hours(config.max_window_hours + config.finalize_margin_hours),
         )
         self.api = Api(
@@ -183,6 +186,9 @@ class NightbatchStack(cdk.Stack):
         # public URL (a custom domain). No cycle: the HTTP API does not depend on the workflow, its Lambda does.
         if "public_base_url" not in config.limits:
             self.orchestration.tasks["notify"].add_environment(environment.env_name("public_base_url"), self.api.url)
+
+    def _sagemaker_job_prefix(self) -> str:
+        return self.training_jobs.job_prefix if self.training_jobs is not None else ""
 
     @property
     def worker_roles(self) -> list[iam.IRole]:
@@ -208,14 +214,20 @@ class NightbatchStack(cdk.Stack):
             grant_objects(self.storage.bucket, tasks[name].role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
         # An uploaded input is read through its parts until composition finishes.
         grant_objects(self.storage.bucket, tasks["validate"].role, (UPLOADS_PREFIX,), write=False)
+        # Validate tags what a batch's shards read (the worker reads no other input); composition carries the tag over.
+        access.grant_object_tags(self.storage.bucket, tasks["validate"].role, WORKER_INPUT_PREFIXES, read=False,
+                                 write=True)
         grant_objects(self.storage.bucket, sweeper.role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
         composer = self.uploads.composer.role
         grant_objects(self.storage.bucket, composer, (FILES_PREFIX, UPLOADS_PREFIX), write=True)
+        access.grant_object_tags(self.storage.bucket, composer, (UPLOADS_PREFIX,), read=True, write=False)
+        access.grant_object_tags(self.storage.bucket, composer, (FILES_PREFIX,), read=False, write=True)
         for sender in (api_role, composer):
             self.uploads.queue.grant_send_messages(sender)
         for worker in self.worker_roles:
             grant_objects(self.storage.bucket, worker, WORKER_PREFIXES, write=True, list_only_prefixes=True)
-            grant_objects(self.storage.bucket, worker, WORKER_INPUT_PREFIXES, write=False, list_only_prefixes=True)
+            grant_objects(self.storage.bucket, worker, WORKER_INPUT_PREFIXES, write=False, list_only_prefixes=True,
+                          inputs_only=True)
         roles = {"api": api_role, "sweep": sweeper.role, "compose_upload": composer,
                  "deliver": self.deliverer.role, **{name: t.role for name, t in tasks.items()}}
         for name, principal in roles.items():
@@ -253,8 +265,9 @@ class NightbatchStack(cdk.Stack):
         self._grant_event_bus()
 
     def _grant_event_bus(self) -> None:
-        """PutEvents on the one bus, for the principals that transition a batch (the API creates and cancels,
-        Validate, Finalize and the sweeper's Finalize move it, Notify puts the terminal change)."""
+        """PutEvents on the one bus, with nightbatch's event source only, for the principals that transition a
+        batch (the API creates and cancels, Validate, Finalize and the sweeper's Finalize move it, Notify puts the
+        terminal change)."""
         bus = self.config.notifications.event_bus
         if not bus:
             return
@@ -264,7 +277,9 @@ class NightbatchStack(cdk.Stack):
         for role in (self.api.handler.role, tasks["validate"].role, tasks["finalize"].role, tasks["notify"].role,
                      self.orchestration.sweeper.role):
             assert role is not None
-            role.add_to_principal_policy(iam.PolicyStatement(actions=["events:PutEvents"], resources=[arn]))
+            role.add_to_principal_policy(iam.PolicyStatement(
+                actions=["events:PutEvents"], resources=[arn],
+                conditions={"StringEquals": {"events:source": [state_changes.SOURCE]}}))
 
     # --- limits and outputs ------------------------------------------------------------------------------------
 

@@ -21,17 +21,23 @@ from constructs import Construct
 
 from infra.environment import settings_environment
 from infra.gpu_compute import CONTAINER_CACHE_DIR, MODEL_CACHE_ENV, VLLM_CACHE_ENV
-from nightbatch.pipeline.training_jobs import JOB_NAME_PREFIX
+from nightbatch.pipeline.training_jobs import deployment_job_prefix
 from nightbatch.settings import JobInputs
 
 # The worker image's ENTRYPOINT (gpu_worker/Dockerfile), named again for SageMaker.
 WORKER_ENTRYPOINT = ("python3", "-m", "gpu_worker")
-# The job's ML storage volume (the instance store on NVMe types) holds /opt/ml; the caches go there.
-CACHE_DIR = "/opt/ml/cache"
+# The caches (weights, vLLM's compile caches) go on the job's ML storage volume (VolumeSizeInGB; the instance
+# store on NVMe types). SageMaker's container contract names the paths it mounts there: /opt/ml/input, model,
+# output, checkpoints and code, each with a purpose (model/ and output/ are uploaded when the job ends), and /tmp,
+# "scratch space", which nothing uploads or restores. /opt/ml/cache is no documented path.
+CACHE_DIR = "/tmp/nightbatch-cache"
 JOB_ENVIRONMENT = {MODEL_CACHE_ENV: f"{CACHE_DIR}/models",
                    **{k: v.replace(CONTAINER_CACHE_DIR, CACHE_DIR, 1) for k, v in VLLM_CACHE_ENV.items()}}
 FAILURE_FILE = "/opt/ml/output/failure"  # SageMaker reports its first line as the job's FailureReason
 LOG_GROUP = "/aws/sagemaker/TrainingJobs"
+# SageMaker publishes a training job's metrics (instance utilization, algorithm metrics) as the job's role, under
+# this namespace; PutMetricData takes no resource, so the namespace is the limit (cloudwatch:namespace).
+METRICS_NAMESPACE = "/aws/sagemaker/*"
 # Retries of SageMaker's own internal errors only; anything else comes back to Capacity.
 RETRY_ATTEMPTS = 2
 # The managed rule Step Functions' `.sync` integration watches training jobs through.
@@ -47,6 +53,9 @@ class TrainingJobs(Construct):
         self.image = image
         self.volume_gib = volume_gib
         self.hf_token_secret = hf_token_secret
+        # Every job this deployment runs is named with it (Capacity reads it from `sagemaker_json`): the grants
+        # below reach this deployment's jobs only, never another workload's.
+        self.job_prefix = deployment_job_prefix(cdk.Stack.of(self).stack_name)
         self.job_role = iam.Role(self, "JobRole", assumed_by=iam.ServicePrincipal("sagemaker.amazonaws.com"),
                                  description="nightbatch GPU worker on SageMaker: its batch's objects and items only")
         image.repository.grant_pull(self.job_role)
@@ -57,6 +66,9 @@ class TrainingJobs(Construct):
             actions=["logs:CreateLogGroup", "logs:CreateLogStream", "logs:PutLogEvents", "logs:DescribeLogStreams"],
             resources=[stack.format_arn(service="logs", resource="log-group", resource_name=f"{LOG_GROUP}:*",
                                         arn_format=cdk.ArnFormat.COLON_RESOURCE_NAME)]))
+        self.job_role.add_to_policy(iam.PolicyStatement(
+            actions=["cloudwatch:PutMetricData"], resources=["*"],
+            conditions={"StringLike": {"cloudwatch:namespace": METRICS_NAMESPACE}}))
 
     def task(self, scope: Construct, id: str, *, bucket_name: str) -> sfn.CustomState:
         return sfn.CustomState(scope, id, state_json=self.state_json(bucket_name))
@@ -105,18 +117,25 @@ class TrainingJobs(Construct):
     def grant_describe(self, role: iam.IGrantable) -> None:
         """Reading a job's billable seconds (nightbatch/storage/sagemaker_reads.py)."""
         iam.Grant.add_to_principal(grantee=role, actions=["sagemaker:DescribeTrainingJob"],
-                                   resource_arns=[self._jobs_arn()])
+                                   resource_arns=[self.jobs_arn])
 
-    def _jobs_arn(self) -> str:
-        """nightbatch's training jobs only (every name starts with the prefix Capacity gives it), not the
-        account's others."""
+    def grant_stop(self, role: iam.IGrantable) -> None:
+        """The sweeper stops a cancelled or ended batch's jobs (nightbatch/storage/sagemaker_jobs.py);
+        ListTrainingJobs takes no resource-level permission."""
+        iam.Grant.add_to_principal(grantee=role, actions=["sagemaker:ListTrainingJobs"], resource_arns=["*"])
+        iam.Grant.add_to_principal(grantee=role, actions=["sagemaker:StopTrainingJob"],
+                                   resource_arns=[self.jobs_arn])
+
+    @property
+    def jobs_arn(self) -> str:
+        """This deployment's training jobs only (every name starts with its prefix), not the account's others."""
         return cdk.Stack.of(self).format_arn(service="sagemaker", resource="training-job",
-                                             resource_name=f"{JOB_NAME_PREFIX}*")
+                                             resource_name=f"{self.job_prefix}*")
 
     def grant_run(self, role: iam.IGrantable) -> None:
         """What CDK's SageMakerCreateTrainingJob grants for `.sync` (a CustomState grants nothing itself)."""
         stack = cdk.Stack.of(self)
-        jobs = self._jobs_arn()
+        jobs = self.jobs_arn
         iam.Grant.add_to_principal(grantee=role, actions=[
             "sagemaker:CreateTrainingJob", "sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob",
             # `.sync` tags each job MANAGED_BY_AWS=STARTED_BY_STEP_FUNCTIONS (aws-cdk#32294).

@@ -189,8 +189,3 @@ def dumps(obj: object) -> bytes:
         return _encode(obj)
     except TypeError:  # a type msgspec doesn't know: the standard library decides (and raises the same way)
         return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def dumps_line(obj: object) -> bytes:
-    """Compact JSON plus `\\n`, the form of every line we write."""
-    return dumps(obj) + b"\n"

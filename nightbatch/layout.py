@@ -28,6 +28,11 @@ PROGRESS_RE = re.compile(r"^progress-([0-9a-f]+)\.json$")
 FILES_PREFIX = "files/"
 BATCHES_PREFIX = "batches/"
 UPLOADS_PREFIX = "uploads/"
+# The object tag Validate sets on every object a batch's shards read: its input, or an Upload's parts and then
+# the object composed from them (pipeline/validate.py, files/assembly.py). The GPU worker may read files/ and
+# uploads/ only through it (an s3:ExistingObjectTag condition, infra/access.py), not every tenant's files.
+INPUT_TAG_KEY = "nightbatch-input"
+INPUT_TAGS = {INPUT_TAG_KEY: "batch"}
 # The bucket's lifecycle deletes objects under files/ and batches/ this many days after they were written
 # (infra/storage.py); a batch's input older than that by the batch's end is written again (pipeline/validate.py).
 OBJECT_EXPIRY_DAYS = 31

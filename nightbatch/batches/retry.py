@@ -16,16 +16,15 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
-import msgspec
 from pydantic import BaseModel, ConfigDict
 
 from nightbatch.batches.admission import create_admitted
 from nightbatch.batches.service import CreateBatchRequest, ExpiresAfter
 from nightbatch.errors import ConflictError, InvalidRequestError, NotFoundError, StorageConflictError
 from nightbatch.ids import custom_id_digest, new_file_id
-from nightbatch.jsonl import split_lines
+from nightbatch.jsonl import UndecodableLine, loads, split_lines
 from nightbatch.layout import file_key
-from nightbatch.results.lines import MAX_RESULT_LINE
+from nightbatch.results.lines import MAX_RESULT_LINE, summarize_result_line
 from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.tenancy.limits import QUOTA_ATTR, reserve_storage
@@ -45,38 +44,6 @@ class RetryRequest(BaseModel):
     metadata: dict[str, Any] | None = None
     output_expires_after: ExpiresAfter | None = None
     nightbatch: dict[str, Any] | None = None  # merged over the retried batch's options, key by key
-
-
-class _CustomId(msgspec.Struct):
-    custom_id: str
-
-
-class _Error(msgspec.Struct):
-    code: Any = None  # engines' envelopes may carry a number
-
-
-class _ErrorBody(msgspec.Struct):
-    error: _Error | None = None
-
-
-class _ErrorResponse(msgspec.Struct):
-    body: _ErrorBody | None = None
-
-
-class _ErrorLine(msgspec.Struct):
-    custom_id: str
-    error: _Error | None = None
-    response: _ErrorResponse | None = None
-
-    def code(self) -> Any:
-        if self.error is not None and self.error.code:
-            return self.error.code
-        body = self.response.body if self.response is not None else None
-        return body.error.code if body is not None and body.error is not None else None
-
-
-_decode_id = msgspec.json.Decoder(_CustomId).decode
-_decode_error = msgspec.json.Decoder(_ErrorLine).decode
 
 
 def retry_batch(services: Services, tenant: str, batch_id: str, req: RetryRequest) -> Batch:
@@ -146,10 +113,10 @@ def _failed_with(services: Services, tenant: str, old: BatchRecord, codes: set[s
     wanted: set[int] = set()
     for data in _lines(services, errors):
         try:
-            line = _decode_error(data)
-        except msgspec.MsgspecError:
-            continue
-        if line.code() in codes:
+            line = summarize_result_line(data)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue  # not a result line (Finalize writes none such)
+        if line.code in codes:
             wanted.add(custom_id_digest(line.custom_id))
     if not wanted:
         raise InvalidRequestError(
@@ -176,8 +143,8 @@ def _write_input(services: Services, tenant: str, old: BatchRecord, source: File
     try:
         for data in _lines(services, source):
             try:
-                d = custom_id_digest(_decode_id(data).custom_id)
-            except msgspec.MsgspecError:
+                d = custom_id_digest(loads(data)["custom_id"])
+            except (UndecodableLine, KeyError, TypeError):
                 continue  # not a request line: Validate refused it the first time
             if d in wanted:
                 wanted.discard(d)  # a custom_id once (the first line of it, as Validate kept it)

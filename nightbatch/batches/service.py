@@ -137,10 +137,12 @@ class BatchService:
             options=req.nightbatch or None, ext=ext or None,
         )
         self.table.put_record(rec, new=True)
+        # A failed start leaves the batch in `validating`; the sweeper re-drives it. Started before the event is
+        # put: a slow bus must not hold the workflow (nor the request, past API Gateway's 29 s) once the record
+        # is written.
+        self.workflow.start(batch_id)
         if self.events is not None:
             self.events.publish(rec)
-        # A failed start leaves the batch in `validating`; the sweeper re-drives it.
-        self.workflow.start(batch_id)
         return to_wire(rec)
 
     def _check_input_file(self, tenant: str, file_id: str) -> None:

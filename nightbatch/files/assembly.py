@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from nightbatch.clock import now
 from nightbatch.errors import StorageConflictError
-from nightbatch.layout import upload_prefix
+from nightbatch.layout import INPUT_TAG_KEY, INPUT_TAGS, upload_prefix
 from nightbatch.settings import Settings
 from nightbatch.storage import Table
 from nightbatch.storage.parts import PartStore
@@ -61,7 +61,10 @@ class AssemblyService:
         outcome = "composed"
         if item.md5_expected:
             outcome = self._verify(file_id, keys, item.md5_expected)
-        self.parts.compose(item.s3_key, [(k, sizes[k]) for k in keys])
+        # A batch validated on the parts tagged them as its input (pipeline/validate.py): the composed object the
+        # worker switches to must carry that tag too.
+        tags = self._input_tags(keys[0])
+        self.parts.compose(item.s3_key, [(k, sizes[k]) for k in keys], tags=tags)
         try:
             self.table.update_attributes(FileRecord, file_id, set_={"composed_at": now()}, remove=("parts",))
         except StorageConflictError:
@@ -69,9 +72,17 @@ class AssemblyService:
             self.parts.blobs.delete(item.s3_key)
             self.purge(upload_id)
             return "file deleted"
+        # Read again once `parts` is gone: a Validate that tagged the parts after the read above finds the item
+        # composed when it checks, after its tagging, and tags the object itself; one that tagged them before this
+        # read is seen here. Either way the object ends up tagged.
+        if not tags and (tags := self._input_tags(keys[0])):
+            self.parts.blobs.tag(item.s3_key, tags)
         self.jobs.purge_parts(upload_id, delay_seconds=self.settings.uploads.parts_grace_seconds)
         log.info("upload %s composed into %s (%s)", upload_id, file_id, outcome)
         return outcome
+
+    def _input_tags(self, part: str) -> dict[str, str]:
+        return INPUT_TAGS if self.parts.blobs.tags(part).get(INPUT_TAG_KEY) == INPUT_TAGS[INPUT_TAG_KEY] else {}
 
     def _verify(self, file_id: str, keys: list[str], expected: str) -> str:
         actual = self.parts.md5(keys)

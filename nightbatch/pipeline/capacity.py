@@ -15,6 +15,11 @@ The workflow asks before every submission of a shard (the first, and after each 
   to SageMaker when Batch has no other capacity to try or the batch's slack is below the margin; the move is
   recorded on the batch (`backend_moved`), so its remaining shards follow. On SageMaker, Spot is managed Spot and
   a Spot attempt that waited past its bound or was reclaimed moves on-demand (nightbatch/pipeline/training_jobs.py).
+- Quota: SageMaker refuses a job over the account's quota of its type (`ResourceLimitExceeded`) where Batch would
+  queue it. That is a wait for one of the running jobs to end, not a failed attempt: the same capacity (Spot stays
+  Spot, the batch stays put) after a growing delay, as long as the shard still fits in the window after it
+  (seconds left - the delay - the shard's own work > the margin). Then it is handled as any other end of the
+  attempt: Spot moves on-demand (a separate quota), on-demand counts a failure.
 Each decision is written next to the shard's results (`capacity-<n>.json`); Finalize lists them in the batch's
 `nightbatch.capacity` extension.
 """
@@ -39,6 +44,8 @@ Capacity = Literal["spot", "on-demand"]
 Backend = Literal["batch", "sagemaker"]
 # statusReason prefixes that mean "Spot could not hold or place this job" (aws-gpu-fleet-notes §1.4, §2.3).
 SPOT_SHORTAGE = ("Host EC2", "CAPACITY:", "MISCONFIGURATION:COMPUTE_ENVIRONMENT_MAX_RESOURCE")
+# The longest wait between two submissions refused for the quota (the delay doubles up to it).
+QUOTA_WAIT_MAX_SECONDS = 900
 
 
 class CapacityDecision(BaseModel):
@@ -50,6 +57,7 @@ class CapacityDecision(BaseModel):
     share: str
     attempt: int  # submissions of this shard so far, this one included
     failures: int  # failed attempts on the current capacity
+    quota_waits: int = 0  # submissions refused for the quota in a row (not failures)
     wait_seconds: int
     reason: str
     # The job's retry strategy: none on Spot (a lost host comes back here and moves), host loss retried on-demand.
@@ -140,10 +148,11 @@ def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
         return seconds_left - remaining_work_seconds(services, batch_id)
 
     def choose(capacity: Capacity, reason: str, *, failures: int = 0, wait: int = 0,
-               on: Backend | None = None) -> CapacityDecision:
+               on: Backend | None = None, quota_waits: int = 0) -> CapacityDecision:
         on = on or backend
         if on == "sagemaker":
-            return _training_job(capacity, reason, failures=failures, wait=wait)
+            decision = _training_job(capacity, reason, failures=failures, wait=wait)
+            return decision.model_copy(update={"quota_waits": quota_waits})
         if capacity not in available:  # a deployment with one kind only
             capacity = "on-demand" if "on-demand" in available else "spot"
         retry = ({"Attempts": 1} if capacity == "spot" else
@@ -162,7 +171,8 @@ def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
         shard_work = _shard_work_seconds(services, item)
         return CapacityDecision(
             action="run", capacity=capacity, queue="", failures=failures, wait_seconds=wait, reason=reason,
-            retry_strategy={}, backend="sagemaker", job_name=training_jobs.job_name(batch_id, shard_id, attempt),
+            retry_strategy={}, backend="sagemaker",
+            job_name=training_jobs.job_name(sagemaker.job_prefix, batch_id, shard_id, attempt),
             instance_type=sagemaker.instance_types.get(model, ""), managed_spot=capacity == "spot",
             stopping_condition=training_jobs.stopping_condition(
                 spot=capacity == "spot", seconds_left=seconds_left,
@@ -184,13 +194,21 @@ def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
     elif item.get("shard_error"):
         status_reason = _status_reason(item["shard_error"])
         placement = backend == "batch" and status_reason.startswith(training_jobs.BATCH_PLACEMENT_FAILURE)
-        if placement and fallback and (prev.get("capacity") == "on-demand" or "on-demand" not in available
-                                       or slack() < margin):
+        quota = backend == "sagemaker" and training_jobs.is_quota_refusal(
+            str(item["shard_error"].get("Error") or ""), str(item["shard_error"].get("Cause") or ""))
+        waits = int(prev.get("quota_waits", 0)) + 1
+        quota_wait = int(min(QUOTA_WAIT_MAX_SECONDS, settings.capacity.retry_interval_seconds
+                             * settings.capacity.retry_backoff ** (waits - 1)))
+        if quota and seconds_left - quota_wait - _shard_work_seconds(services, item) > margin:
+            decision = choose(prev.get("capacity", "spot"), f"waiting for quota: {status_reason[:200]}",
+                              failures=int(prev.get("failures", 0)), wait=quota_wait, quota_waits=waits)
+        elif placement and fallback and (prev.get("capacity") == "on-demand" or "on-demand" not in available
+                                         or slack() < margin):
             # Batch could not place it, and there is no time (or no queue) left to try its other capacity.
             decision = move_to_sagemaker(f"batch could not place it: {status_reason[:200]}")
         elif prev.get("capacity") == "spot" and (
                 status_reason.startswith(SPOT_SHORTAGE) if backend == "batch"
-                else status_reason.startswith(training_jobs.SPOT_SHORTAGE)):
+                else quota or status_reason.startswith(training_jobs.SPOT_SHORTAGE)):
             reason = f"spot attempt ended: {status_reason[:200]}"
             # The batch's remaining shards follow.
             table.update_attributes(BatchRecord, batch_id, set_={"capacity_on_demand": reason})

@@ -28,6 +28,8 @@ class PlanOutput(BaseModel):
     manifest_bucket: str
     manifest_key: str
     shard_count: int
+    # Shards running at once (the Map's MaxConcurrencyPath): max_gpus, or a SageMaker model's `max_jobs` if lower.
+    max_concurrency: int = 1
 
 
 class FinalizeOutput(BaseModel):

@@ -8,6 +8,7 @@ from nightbatch import layout
 from nightbatch.clock import now
 from nightbatch.layout import SegmentEntry, ShardItem
 from nightbatch.models.spec import served_model
+from nightbatch.pipeline import training_jobs
 from nightbatch.pipeline.models import BatchTaskInput, PlanOutput
 from nightbatch.pipeline.placement import place_by_model, place_by_prefix
 from nightbatch.pipeline.sizing import plan_shards
@@ -69,6 +70,7 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
     settings, table, blobs = services.settings, services.adapters.table, services.adapters.blobs
     batch = table.get_record(BatchRecord, inp.batch_id)
     items: list[ShardItem] = []
+    on_sagemaker: set[str] = set()  # models whose shards may run on SageMaker
     if batch is not None and batch.status == "in_progress":
         index = layout.read_segments(blobs, inp.batch_id)
         job_definitions: dict[str, str] = json.loads(settings.pipeline.job_definitions_json or "{}")
@@ -82,6 +84,8 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
                             content_type="application/json")
         for model, own in by_model.items():
             backend = backends.get(model, "batch")
+            if backend != "batch":
+                on_sagemaker.add(model)
             # fleet's sizing decides how many shards; placement decides which segments go in each.
             shards = group_segments(own, settings, window)
             placed = place_by_model(shards) if len({s.model for s in own}) > 1 else place_by_prefix(shards)
@@ -101,4 +105,11 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
     if batch is not None:
         table.update_attributes(BatchRecord, inp.batch_id, set_={"shard_count": len(items)})
     return PlanOutput(batch_id=inp.batch_id, manifest_bucket=settings.deployment.bucket, manifest_key=manifest_key,
-                      shard_count=len(items))
+                      shard_count=len(items), max_concurrency=max_concurrency(settings, on_sagemaker))
+
+
+def max_concurrency(settings: Settings, models: set[str]) -> int:
+    """max_gpus, capped by the SageMaker quota (`max_jobs`) of each model whose shards may run there: jobs over
+    the quota would only be refused and wait. Never 0, which the Map reads as "no limit"."""
+    caps = training_jobs.sagemaker_config(settings).max_jobs if models else {}
+    return max(1, min([settings.pipeline.max_gpus, *(caps[m] for m in models if caps.get(m))]))

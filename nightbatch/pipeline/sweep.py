@@ -1,6 +1,6 @@
 """The sweeper (every few minutes in AWS): re-drives batches whose workflow never started, finalizes batches
-whose workflow died past their window, cancels queued jobs of cancelled or expired batches, and reports the
-gauges the alarms watch."""
+whose workflow died past their window, cancels queued Batch jobs and stops running SageMaker training jobs of
+cancelled, expired or ended batches, and reports the gauges the alarms watch."""
 
 from __future__ import annotations
 
@@ -12,9 +12,11 @@ from nightbatch.clock import now
 from nightbatch.metrics import emit
 from nightbatch.pipeline.finalize import finalize_batch
 from nightbatch.pipeline.models import BatchTaskInput
+from nightbatch.pipeline.training_jobs import batch_of_job, sagemaker_config
 from nightbatch.services import Services
 from nightbatch.storage.batch_jobs import ACTIVE, UNSTARTED, BatchJobs
 from nightbatch.storage.records import BatchRecord, EventRecord
+from nightbatch.storage.sagemaker_jobs import TrainingJobStops
 from nightbatch.wire import TERMINAL_STATUSES
 
 log = logging.getLogger("nightbatch.sweep")
@@ -24,6 +26,8 @@ OPEN_STATUSES = ("validating", "in_progress", "cancelling", "finalizing")
 EXPIRY_GRACE_SECONDS = 1800
 # Notify retries for ~15 minutes (infra/orchestration.py); the sweeper takes over after that.
 NOTIFY_GRACE_SECONDS = 1200
+# Training jobs looked at per run (each costs a batch read, and a stop): the rest wait for the next run.
+MAX_TRAINING_JOBS_PER_SWEEP = 200
 
 
 def sweep(services: Services, *, stale_seconds: int = STALE_SECONDS,
@@ -59,6 +63,11 @@ def sweep(services: Services, *, stale_seconds: int = STALE_SECONDS,
                 skipped.append(batch_id)
     cancelled_jobs = _sweep_jobs(services, t) if settings.pipeline.job_queue else []
     try:
+        stopped_training_jobs = _sweep_training_jobs(services, t) if settings.capacity.sagemaker_json else []
+    except Exception:
+        log.exception("sweep: listing the training jobs failed")
+        stopped_training_jobs = []
+    try:
         expired_uploads = services.uploads.sweep_expired()
     except Exception:
         log.exception("sweep: expiring uploads failed")
@@ -79,7 +88,7 @@ def sweep(services: Services, *, stale_seconds: int = STALE_SECONDS,
                      dimensions={"Status": status})
     renotified = _renotify(services, t, notify, notify_grace_seconds) if notify is not None else []
     return {"redriven": redriven, "finalized": finalized, "renotified": renotified,
-            "cancelled_jobs": cancelled_jobs, "skipped": skipped,
+            "cancelled_jobs": cancelled_jobs, "stopped_training_jobs": stopped_training_jobs, "skipped": skipped,
             "expired_uploads": expired_uploads, "released_files": released_files}
 
 
@@ -117,8 +126,7 @@ def _sweep_jobs(services: Services, t: int) -> list[str]:
             try:
                 # Job names are "<batch_id>-<shard_id>" (infra/orchestration.py).
                 batch = table.get_record(BatchRecord, str(job.get("jobName", "")).rsplit("-", 1)[0])
-                if batch is not None and (batch.status in TERMINAL_STATUSES or batch.status == "cancelling"
-                                          or t >= _expires_at(batch)):
+                if batch is not None and _unwanted(batch, t):
                     jobs.cancel(job["jobId"], "nightbatch: batch cancelled or expired")
                     cancelled.append(job["jobId"])
             except Exception:
@@ -130,6 +138,37 @@ def _sweep_jobs(services: Services, t: int) -> list[str]:
                                     "GpuInstancesRunning": counts.get("RUNNING", 0)}
         emit(settings, gauges, units={"OldestRunnableJobAgeSeconds": "Seconds"})
     return cancelled
+
+
+def _sweep_training_jobs(services: Services, t: int) -> list[str]:
+    """Stops the InProgress training jobs (of this deployment: found by its job-name prefix) whose batch is
+    cancelling, ended or past its window. A job still waiting for an instance never sees the batch's cancel flag
+    itself; a running one flushes on SIGTERM (StopTrainingJob gives it 120 s), and its shard's lines are written
+    by Finalize as the batch's. One job that cannot be handled is logged and skipped."""
+    table = services.adapters.table
+    jobs = TrainingJobStops(client=services.adapters.client("sagemaker"),
+                            prefix=sagemaker_config(services.settings).job_prefix)
+    batches: dict[str, BatchRecord | None] = {}
+    stopped: list[str] = []
+    for name in jobs.in_progress(MAX_TRAINING_JOBS_PER_SWEEP):
+        try:
+            batch_id = batch_of_job(name, jobs.prefix)
+            if batch_id is None:
+                continue
+            if batch_id not in batches:
+                batches[batch_id] = table.get_record(BatchRecord, batch_id)
+            batch = batches[batch_id]
+            if batch is not None and _unwanted(batch, t):
+                jobs.stop(name)
+                stopped.append(name)
+        except Exception:
+            log.exception("sweep: training job %s skipped", name)
+    return stopped
+
+
+def _unwanted(batch: BatchRecord, t: int) -> bool:
+    """The batch wants no more GPU work: cancelled or cancelling, ended, or past its window."""
+    return batch.status in TERMINAL_STATUSES or batch.status == "cancelling" or t >= _expires_at(batch)
 
 
 def _expires_at(batch: BatchRecord) -> int:

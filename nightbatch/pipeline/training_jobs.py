@@ -8,18 +8,23 @@ Spot and stopping condition:
   reruns it on-demand; `MaxRuntimeInSeconds` never exceeds it (the API requires MaxWait >= MaxRuntime).
 - On-demand: `MaxPendingTimeInSeconds`, the twin of the Batch queue's RUNNABLE bound.
 Names: 1-63 characters of `[a-zA-Z0-9](-*[a-zA-Z0-9])*`, unique forever in an account and region (a training
-job cannot be deleted), hence the batch id without its `_`, the attempt and a random tail (a re-driven batch
-counts its attempts from 1 again).
+job cannot be deleted): the deployment's prefix (`nb-<8 hex>-`, from its stack name), the batch id's hex, the
+shard, the attempt and a random tail (a re-driven batch counts its attempts from 1 again). The prefix is the
+deployment's own, not `batch-` (which other workloads use too): the workflow's IAM and the sweeper's stops are
+scoped to it, so they never reach another workload's or another deployment's jobs.
+A quota refusal (`ResourceLimitExceeded`) is neither a Spot shortage nor a failure: the account runs as many
+jobs of the type as it may already, so Capacity waits for one to end (nightbatch/pipeline/capacity.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import secrets
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from nightbatch.settings import Settings
 
@@ -27,11 +32,17 @@ from nightbatch.settings import Settings
 MAX_RUNTIME_SECONDS = 28 * 24 * 3600
 MIN_PENDING_SECONDS, MAX_PENDING_SECONDS = 1800, 2419200
 JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
-# Every job name starts so (a batch id with its `_` made `-`): the workflow's IAM is scoped to it.
-JOB_NAME_PREFIX = "batch-"
-# How a SageMaker attempt ends when Spot could not hold or place it, or the account's quota was reached
-# (SecondaryStatus, or the API error of CreateTrainingJob).
-SPOT_SHORTAGE = ("MaxWaitTimeExceeded", "Interrupted", "ResourceLimitExceeded", "CapacityError")
+# `nb-<1-8 lower-case alphanumerics>-`: with the rest of a name (32 hex + a 5-digit shard + up to 5 digits of
+# attempt + 6 hex + 4 dashes) it stays within 63 characters.
+JOB_PREFIX_RE = re.compile(r"^nb-[a-z0-9]{1,8}-$")
+# What a deployment whose stack wrote no prefix (the local mode, tests) names its jobs.
+DEFAULT_JOB_PREFIX = "nb-local-"
+# How a SageMaker attempt ends when Spot could not hold or place it (SecondaryStatus / FailureReason).
+SPOT_SHORTAGE = ("MaxWaitTimeExceeded", "Interrupted", "CapacityError")
+# CreateTrainingJob refused for the account's quota of the type: Step Functions names the API error
+# `SageMaker.ResourceLimitExceededException` (or a generic `SageMaker.AmazonSageMakerException` whose Cause
+# says so).
+QUOTA_REFUSAL = "ResourceLimitExceeded"
 # A Batch attempt its queue could not place within its RUNNABLE bound (an EC2 quota of 0 looks the same).
 BATCH_PLACEMENT_FAILURE = ("CAPACITY:", "MISCONFIGURATION:COMPUTE_ENVIRONMENT_MAX_RESOURCE")
 
@@ -45,22 +56,44 @@ class SageMakerConfig(BaseModel):
     spot: bool = True
     on_demand: bool = True
     max_pending_seconds: int = 4 * 3600
+    max_jobs: dict[str, int] = {}  # model -> shards of one batch at once (its training quota); absent: max_gpus
+    job_prefix: str = Field(DEFAULT_JOB_PREFIX, pattern=JOB_PREFIX_RE.pattern)  # deployment_job_prefix(stack)
 
 
 def sagemaker_config(settings: Settings) -> SageMakerConfig:
     return SageMakerConfig.model_validate_json(settings.capacity.sagemaker_json or "{}")
 
 
-def batch_jobs_prefix(batch_id: str) -> str:
-    """What every training job name of the batch begins with (the doctor finds a batch's jobs by it)."""
-    return batch_id.replace("_", "-")
+def deployment_job_prefix(deployment: str) -> str:
+    """The job-name prefix of the deployment named `deployment` (its stack name, unique in an account and
+    region, where job names live)."""
+    return f"nb-{hashlib.sha256(deployment.encode()).hexdigest()[:8]}-"
 
 
-def job_name(batch_id: str, shard_id: str, attempt: int) -> str:
-    name = f"{batch_jobs_prefix(batch_id)}-{shard_id}-{attempt}-{secrets.token_hex(3)}".replace("_", "-")
-    if not JOB_NAME_RE.match(name) or not name.startswith(JOB_NAME_PREFIX):
+def batch_jobs_marker(batch_id: str) -> str:
+    """What every training job name of the batch contains, whatever its prefix: the batch id's hex. The doctor
+    finds a batch's jobs by it, those the previous release named `batch-<hex>-…` included."""
+    return batch_id.removeprefix("batch_").replace("_", "-")
+
+
+def job_name(prefix: str, batch_id: str, shard_id: str, attempt: int) -> str:
+    name = f"{prefix}{batch_jobs_marker(batch_id)}-{shard_id}-{attempt}-{secrets.token_hex(3)}".replace("_", "-")
+    if not JOB_NAME_RE.match(name) or not JOB_PREFIX_RE.match(prefix):
         raise ValueError(f"{name!r} is not a SageMaker training job name")
     return name
+
+
+def batch_of_job(name: str, prefix: str) -> str | None:
+    """The batch id a job of this deployment (named by `job_name`) runs a shard of; None for another's name."""
+    if not name.startswith(prefix):
+        return None
+    marker = name[len(prefix):].split("-", 1)[0]
+    return f"batch_{marker}" if re.fullmatch(r"[0-9a-f]{32}", marker) else None
+
+
+def is_quota_refusal(error_name: str, cause: str) -> bool:
+    """A `.sync` task's error that is CreateTrainingJob's quota refusal."""
+    return error_name.startswith("SageMaker.") and (QUOTA_REFUSAL in error_name or QUOTA_REFUSAL in cause)
 
 
 def stopping_condition(*, spot: bool, seconds_left: float, budget_seconds: float,

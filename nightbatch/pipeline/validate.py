@@ -96,6 +96,7 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
     source = _input_source(blobs, file_item)
     writer.close(source)
     _keep_input(blobs, source, inp.batch_id, batch.expires_at)
+    _mark_input(services, file_item, source)
     est_total = sum(s.est for s in writer.index)
     over = check_queue_limits(table, batch.tenant, inp.batch_id, count, est_total, model=validator.model,
                               settings=settings)
@@ -133,8 +134,23 @@ def _keep_input(blobs: BlobStore, source: layout.InputSource, batch_id: str, exp
         return
     written = blobs.written_at(source.key)
     if written is not None and written + layout.OBJECT_EXPIRY_DAYS * 86400 < expires_at + KEEP_MARGIN_SECONDS:
-        blobs.rewrite(source.key, {"nightbatch-kept-for": batch_id})
+        blobs.rewrite(source.key, {"nightbatch-kept-for": batch_id}, tags=layout.INPUT_TAGS)
         log.info("input rewritten to outlive the batch", extra={"batch_id": batch_id})
+
+
+def _mark_input(services: Services, file_item: FileRecord, source: layout.InputSource) -> None:
+    """Tags every object the shards will read (layout.INPUT_TAGS): the GPU worker may read no other object of
+    files/ or uploads/. An Upload still in parts: each part, and the composed object if composition finished
+    meanwhile (composition checks the parts' tag after it finishes, files/assembly.py, so one of the two sees the
+    other). A part already purged was composed: the composed object is tagged then."""
+    blobs = services.adapters.blobs
+    for part in source.parts:
+        blobs.tag(part.key, layout.INPUT_TAGS)
+    if source.parts:
+        now_item = services.adapters.table.get_record(FileRecord, file_item.pk)
+        if now_item is None or now_item.parts:
+            return
+    blobs.tag(source.key, layout.INPUT_TAGS)
 
 
 def _fail(services: Services, batch: BatchRecord, errors: list[BatchError]) -> ValidateOutput:

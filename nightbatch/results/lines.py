@@ -1,4 +1,6 @@
-"""Result lines: the error lines for requests that never ran, and the tallies Finalize takes from the files."""
+"""Result lines: their one type and encoder (the worker's answers, the oversized and the unrun lines), their one
+decoder (`summarize_result_line`: Finalize, the partial results, per-model figures, the worker's resume, retry),
+and the tallies Finalize takes from the files."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ from typing import Any
 import msgspec
 
 from nightbatch.ids import batch_request_id
-from nightbatch.jsonl import dumps_line, loads
+from nightbatch.jsonl import loads
 from nightbatch.layout import CheckpointSummary
 
 UNRUN_MESSAGES = {
@@ -22,25 +24,55 @@ UNRUN_MESSAGES = {
 MAX_RESULT_LINE = 64 * 1024 * 1024
 
 
+class Response(msgspec.Struct):
+    status_code: int
+    request_id: str | None
+    body: Any
+
+
+class Error(msgspec.Struct):
+    code: str
+    message: str
+
+
+class ResultLine(msgspec.Struct):
+    """One line of an output or error file, as OpenAI writes it: `response` for a request the engine answered
+    (its status code says success or failure), `error` for one it never answered. Every result line is encoded
+    by `encode` and read by `summarize_result_line`."""
+
+    id: str
+    custom_id: str
+    response: Response | None
+    error: Error | None
+
+
+_encode = msgspec.json.Encoder().encode
+
+
+def encode(batch_id: str, custom_id: str, *, response: Response | None = None, error: Error | None = None) -> bytes:
+    """The line, compact JSON plus its newline (NaN and infinities in an engine's body written as null).
+    Raises TypeError or ValueError (UnicodeEncodeError) when the body holds what JSON cannot."""
+    return _encode(ResultLine(batch_request_id(batch_id, custom_id), custom_id, response, error)) + b"\n"
+
+
 def oversized_result_line(batch_id: str, custom_id: str, size: int) -> bytes:
     """What a worker writes instead of a result line over MAX_RESULT_LINE: that request's own error."""
-    return dumps_line({
-        "id": batch_request_id(batch_id, custom_id), "custom_id": custom_id, "response": None,
-        "error": {"code": "result_too_large", "message": (
-            f"The response to this request is {size} bytes, over the {MAX_RESULT_LINE}-byte limit of one "
-            "result line; ask for fewer tokens, choices or inputs.")},
-    })
+    return encode(batch_id, custom_id, error=Error("result_too_large", (
+        f"The response to this request is {size} bytes, over the {MAX_RESULT_LINE}-byte limit of one "
+        "result line; ask for fewer tokens, choices or inputs.")))
 
 
 def unrun_line(batch_id: str, custom_id: str, code: str) -> bytes:
-    return dumps_line({
-        "id": batch_request_id(batch_id, custom_id), "custom_id": custom_id, "response": None,
-        "error": {"code": code, "message": UNRUN_MESSAGES[code]},
-    })
+    return encode(batch_id, custom_id, error=Error(code, UNRUN_MESSAGES[code]))
+
+
+class _Code(msgspec.Struct):
+    code: Any = None  # engines' envelopes may carry a number
 
 
 class _Body(msgspec.Struct):
     usage: dict[str, Any] | None = None
+    error: Any = None  # an engine's error envelope
 
 
 class _Response(msgspec.Struct):
@@ -49,10 +81,11 @@ class _Response(msgspec.Struct):
 
 
 class _Line(msgspec.Struct):
-    """The fields Finalize needs from a result line; msgspec skips the rest without building it."""
+    """The fields a reader needs from a result line; msgspec skips the rest without building it."""
 
     custom_id: str
     response: _Response | None = None
+    error: _Code | None = None
 
 
 _decode_line = msgspec.json.Decoder(_Line).decode
@@ -63,6 +96,7 @@ class ResultSummary:
     custom_id: str
     ok: bool
     usage: dict[str, Any]
+    code: Any = None  # a failed line's error code: `error.code`, else the engine's `response.body.error.code`
 
 
 def summarize_result_line(data: bytes) -> ResultSummary:
@@ -73,8 +107,13 @@ def summarize_result_line(data: bytes) -> ResultSummary:
         return _summarize_any(data)  # not shaped as our workers write it: the general path decides
     r = line.response
     ok = r is not None and 200 <= r.status_code < 300
-    usage = (r.body.usage if r is not None and r.body is not None else None) or {}
-    return ResultSummary(line.custom_id, ok, usage if ok else {})
+    body = r.body if r is not None else None
+    if ok:
+        return ResultSummary(line.custom_id, True, (body.usage if body is not None else None) or {})
+    code = line.error.code if line.error is not None and line.error.code else None
+    if code is None and body is not None and isinstance(body.error, dict):
+        code = body.error.get("code")
+    return ResultSummary(line.custom_id, False, {}, code)
 
 
 def summarize_checkpoint(data: bytes, *, etag: str) -> CheckpointSummary | None:
@@ -107,7 +146,9 @@ def _summarize_any(data: bytes) -> ResultSummary:
     response = line.get("response")
     ok = response is not None and 200 <= int(response.get("status_code", 0)) < 300
     body = (response or {}).get("body") or {}
-    return ResultSummary(str(line["custom_id"]), ok, body.get("usage") or {} if ok else {})
+    code = (line.get("error") or {}).get("code") or ((body.get("error") or {}) if isinstance(body, dict) else {}
+                                                     ).get("code")
+    return ResultSummary(str(line["custom_id"]), ok, body.get("usage") or {} if ok else {}, None if ok else code)
 
 
 @dataclass

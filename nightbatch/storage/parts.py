@@ -7,7 +7,7 @@ import hashlib
 from collections.abc import Iterator, Sequence
 from typing import Any, BinaryIO
 
-from nightbatch.storage.s3 import BlobStore
+from nightbatch.storage.s3 import BlobStore, tagging
 
 # S3 refuses multipart parts under 5 MiB except the last one; parts that small are merged through a buffer.
 MIN_PART_BYTES = 5 * 1024 * 1024
@@ -51,17 +51,20 @@ class PartStore:
                 digest.update(chunk)
         return digest.hexdigest()
 
-    def compose(self, dest: str, sources: Sequence[Source]) -> None:
-        """Writes the sources' bytes, in order, as the one object `dest` (idempotent: it overwrites)."""
+    def compose(self, dest: str, sources: Sequence[Source], *, tags: dict[str, str] | None = None) -> None:
+        """Writes the sources' bytes, in order, as the one object `dest` (idempotent: it overwrites), tagged
+        `tags` from the start."""
         if not sources:
-            self.blobs.put_bytes(dest, b"")
+            self.blobs.put_bytes(dest, b"")  # an empty file: Validate refuses it, no shard reads it
             return
+        tagged: dict[str, Any] = {"Tagging": tagging(tags)} if tags else {}
         if len(sources) == 1:
             # Server-side, no bytes through this process (CopyObject takes up to 5 GB; parts are far smaller).
             self.client.copy_object(Bucket=self.bucket, Key=dest, CopySource={"Bucket": self.bucket,
-                                                                               "Key": sources[0][0]})
+                                                                               "Key": sources[0][0]},
+                                    **({"TaggingDirective": "REPLACE", **tagged} if tags else {}))
             return
-        upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=dest)["UploadId"]
+        upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=dest, **tagged)["UploadId"]
         try:
             etags = [self._write(dest, upload_id, n, step) for n, step in enumerate(plan(sources), start=1)]
             self.client.complete_multipart_upload(

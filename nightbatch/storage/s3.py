@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, BinaryIO
+from urllib.parse import urlencode
 
 from nightbatch.storage.botoerrors import client_error
 
@@ -110,10 +111,34 @@ class BlobStore:
                 return None
             raise
 
-    def rewrite(self, key: str, metadata: dict[str, str]) -> None:
-        """Copies the object onto itself, server-side (multipart past 5 GB): same bytes, written now."""
-        self.client.copy({"Bucket": self.bucket, "Key": key}, self.bucket, key,
-                         ExtraArgs={"MetadataDirective": "REPLACE", "Metadata": metadata})
+    def rewrite(self, key: str, metadata: dict[str, str], *, tags: dict[str, str] | None = None) -> None:
+        """Copies the object onto itself, server-side (multipart past 5 GB): same bytes, written now. `tags`
+        replace its tags in the same call (a multipart copy would otherwise drop them)."""
+        extra: dict[str, Any] = {"MetadataDirective": "REPLACE", "Metadata": metadata}
+        if tags is not None:
+            extra.update(TaggingDirective="REPLACE", Tagging=tagging(tags))
+        self.client.copy({"Bucket": self.bucket, "Key": key}, self.bucket, key, ExtraArgs=extra)
+
+    def tag(self, key: str, tags: dict[str, str]) -> bool:
+        """Sets the object's tags (its whole tag set); False when it does not exist."""
+        try:
+            self.client.put_object_tagging(Bucket=self.bucket, Key=key, Tagging={
+                "TagSet": [{"Key": k, "Value": v} for k, v in tags.items()]})
+        except client_error() as e:
+            if _missing(e):
+                return False
+            raise
+        return True
+
+    def tags(self, key: str) -> dict[str, str]:
+        """The object's tags; none when it does not exist."""
+        try:
+            tag_set = self.client.get_object_tagging(Bucket=self.bucket, Key=key)["TagSet"]
+        except client_error() as e:
+            if _missing(e):
+                return {}
+            raise
+        return {str(t["Key"]): str(t["Value"]) for t in tag_set}
 
     def exists(self, key: str) -> bool:
         return self.size(key) is not None
@@ -234,6 +259,11 @@ class LineWriter:
             self.close()
         else:
             self.abort()
+
+
+def tagging(tags: dict[str, str]) -> str:
+    """Tags as the `Tagging` parameter of PutObject, CopyObject and CreateMultipartUpload (URL-encoded)."""
+    return urlencode(tags)
 
 
 def _missing(e: ClientError) -> bool:

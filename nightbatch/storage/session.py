@@ -12,6 +12,8 @@ from nightbatch.storage.eventbus import EventBus
 from nightbatch.storage.s3 import BlobStore
 from nightbatch.storage.secrets import SecretReader
 
+EVENTS_TIMEOUT_SECONDS = 2
+
 
 @dataclass
 class Adapters:
@@ -47,7 +49,16 @@ class Adapters:
     def event_bus(self) -> EventBus | None:
         """The bus batch state changes go to, when one is configured."""
         bus = self.settings.notifications.event_bus
-        return EventBus(client=self.client("events"), bus=bus) if bus else None
+        if not bus:
+            return None
+        from botocore.config import Config
+
+        # The API puts creates' and cancels' events inline: a slow bus costs a request at most ~2 s twice, never
+        # API Gateway's 29 s (botocore's defaults are 60 s reads, retried). An open status's event is best
+        # effort; the terminal one is retried by the Notify step.
+        cfg = Config(connect_timeout=EVENTS_TIMEOUT_SECONDS, read_timeout=EVENTS_TIMEOUT_SECONDS,
+                     retries={"total_max_attempts": 2, "mode": "standard"})
+        return EventBus(client=self.client("events", config=cfg), bus=bus)
 
     @cached_property
     def secrets(self) -> SecretReader:

@@ -21,7 +21,7 @@ from moto import mock_aws
 from nightbatch.cli.doctor.aws import StackWatcher
 from nightbatch.cli.doctor.report import Probe, Report
 from nightbatch.cli.doctor.sagemaker import SageMakerWatcher
-from nightbatch.pipeline.training_jobs import batch_jobs_prefix
+from nightbatch.pipeline.training_jobs import DEFAULT_JOB_PREFIX, batch_jobs_marker, job_name
 from nightbatch.storage.account import AwsAccount
 
 REGION = "us-east-1"
@@ -72,7 +72,7 @@ def training_job(shard: str, *, status: str, secondary: str, transitions: list[s
     """A shard's training job as the workflow names it, left where AWS would show it."""
     from moto.sagemaker.models import sagemaker_backends
 
-    name = f"{batch_jobs_prefix(BATCH_ID)}-{shard}-1"
+    name = job_name(DEFAULT_JOB_PREFIX, BATCH_ID, shard, 1)
     iam = boto3.client("iam", region_name=REGION)
     try:
         role = iam.get_role(RoleName="sm-job")["Role"]["Arn"]
@@ -123,7 +123,7 @@ def test_every_training_quota_zero_blocks_and_a_waiting_job_is_blamed_on_it(aws:
     p = probe()
     watcher.observe(p, 5.0)
     assert [p.phase(n).status for n in ("job queued", "job RUNNABLE", "job STARTING")] == ["ok", "ok", "pending"]
-    assert batch_jobs_prefix(BATCH_ID) in p.phase("job queued").detail
+    assert batch_jobs_marker(BATCH_ID) in p.phase("job queued").detail
     detail, remedy = watcher.diagnose(p, p.phase("job STARTING")) or ("", "")
     assert "is 0" in detail and "L-G6EXL0001" in remedy
 

@@ -5,10 +5,10 @@ procedure"), and its SageMaker backend is born Completed and drops Environment a
 - `patch_state_task` adds a state-task service for `sagemaker`: CreateTrainingJob with every parameter botocore's
   model knows (moto drops parameters not on a service's list), the MANAGED_BY_AWS tag `.sync` adds, a `.sync`
   resolver polling DescribeTrainingJob (a Failed/Stopped job fails the task with States.TaskFailed and the
-  description as Cause, datetimes as epoch milliseconds), API errors as `SageMaker.<code>`.
+  description as Cause, datetimes as epoch milliseconds), API errors as `SageMaker.<code>Exception`.
 - `patch_training_jobs` makes CreateTrainingJob refuse a name used before (AWS: ResourceInUse, forever), keeps
   the Environment, and runs the job: the real worker, `python -m gpu_worker`, in a subprocess whose environment
-  is the job's Environment alone (its /opt/ml paths mapped to a directory per job), reaching moto through a
+  is the job's Environment alone (its /opt/ml and /tmp paths mapped into a directory per job), reaching moto through a
   ThreadedMotoServer that shares this process's backends. It ends Completed, or Failed with the FailureReason
   the worker wrote to its failure file.
 """
@@ -96,7 +96,9 @@ def patch_state_task(monkeypatch: pytest.MonkeyPatch) -> None:
         def _from_error(self, env: Any, ex: Exception) -> Any:
             if not isinstance(ex, ClientError):
                 return super()._from_error(env=env, ex=ex)
-            name = f"SageMaker.{ex.response['Error']['Code']}"
+            # As Step Functions names them: the API's error code with `Exception` (SageMaker's model drops it).
+            code = ex.response["Error"]["Code"]
+            name = f"SageMaker.{code if code.endswith('Exception') else code + 'Exception'}"
             return FailureEvent(env=env, error_name=CustomErrorName(name), event_type=HistoryEventType.TaskFailed,
                                 event_details=EventDetails(taskFailedEventDetails=TaskFailedEventDetails(
                                     error=name, cause=ex.response["Error"]["Message"],
@@ -195,12 +197,13 @@ def patch_training_jobs(monkeypatch: pytest.MonkeyPatch, jobs: TrainingJobs) -> 
 
 def _run_container(record: TrainingJobRecord, jobs: TrainingJobs) -> None:
     """`python -m gpu_worker` with the job's Environment and nothing else of the deployment's settings."""
-    with tempfile.TemporaryDirectory(prefix="opt-ml-") as opt_ml:
-        env = {k: v.replace("/opt/ml", opt_ml, 1) if v.startswith("/opt/ml") else v for k, v in record.env.items()}
+    with tempfile.TemporaryDirectory(prefix="sagemaker-job-") as root:
+        # SageMaker's paths (/opt/ml, its /tmp scratch on the job's volume) in a directory of this job's own.
+        env = {k: root + v if v.startswith(("/opt/ml/", "/tmp/")) else v for k, v in record.env.items()}
         env.update(PATH=os.environ.get("PATH", ""), PYTHONPATH=str(ROOT), AWS_ENDPOINT_URL=jobs.endpoint_url,
                    AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
         done = subprocess.run([sys.executable, "-m", "gpu_worker", "--engine", jobs.engine], env=env,
-                              capture_output=True, text=True, timeout=300, cwd=opt_ml)
+                              capture_output=True, text=True, timeout=300, cwd=root)
         record.output = done.stdout[-2000:] + done.stderr[-4000:]
         if done.returncode == 0:
             record.status = "Completed"
@@ -209,3 +212,34 @@ def _run_container(record: TrainingJobRecord, jobs: TrainingJobs) -> None:
         failure = Path(env.get("NIGHTBATCH_WORKER_FAILURE_FILE", ""))
         record.failure_reason = (failure.read_text().strip() if failure.is_file()
                                  else f"AlgorithmError: exited {done.returncode}")
+
+
+def patch_stoppable_training_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CreateTrainingJob leaves the job InProgress (moto's is born Completed) and StopTrainingJob (not in moto)
+    moves an InProgress job to Stopping, as AWS does before Stopped; another status is AWS's ValidationException.
+    No container runs: for tests of who stops which job."""
+    from moto.core.responses import EmptyResult
+    from moto.sagemaker.exceptions import ValidationError
+    from moto.sagemaker.responses import SageMakerResponse
+
+    create = SageMakerResponse.create_training_job
+
+    def create_training_job(self: Any) -> Any:
+        result = create(self)
+        job = self.sagemaker_backend.training_jobs[self._get_param("TrainingJobName")]
+        job.training_job_status, job.secondary_status = "InProgress", "Starting"
+        return result
+
+    def stop_training_job(self: Any) -> Any:
+        name = self._get_param("TrainingJobName")
+        job = self.sagemaker_backend.training_jobs.get(name)
+        if job is None:
+            raise ValidationError(message=f"Requested resource not found: training job {name}")
+        if job.training_job_status != "InProgress":
+            raise ValidationError(message=f"The request was rejected because the training job is in status "
+                                          f"{job.training_job_status}.")
+        job.training_job_status = job.secondary_status = "Stopping"
+        return EmptyResult()
+
+    monkeypatch.setattr(SageMakerResponse, "create_training_job", create_training_job)
+    monkeypatch.setattr(SageMakerResponse, "stop_training_job", stop_training_job, raising=False)

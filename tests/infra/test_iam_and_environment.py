@@ -18,7 +18,8 @@ STAR_ALLOWED = {
     "logs:CreateLogDelivery", "logs:GetLogDelivery", "logs:UpdateLogDelivery", "logs:DeleteLogDelivery",
     "logs:ListLogDeliveries", "logs:PutResourcePolicy", "logs:DescribeResourcePolicies", "logs:DescribeLogGroups",
     "ecr:GetAuthorizationToken",
-    "batch:ListJobs",
+    "batch:ListJobs", "batch:DescribeJobs",
+    "cloudwatch:PutMetricData",  # conditioned on the namespace (test_training_jobs.py)
 }
 # The worker reads these two outside Settings (gpu_worker/model_prep.py): the model cache dir and HF's token.
 WORKER_ONLY_ENV = {"NIGHTBATCH_MODEL_CACHE", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"}
@@ -118,6 +119,21 @@ def test_sweeper_may_list_the_queue_s_jobs_and_cancel_jobs_and_nothing_else_of_b
             assert statement in _role_statements(template, "functions.tasks.sweep.handler"), logical
 
 
+def test_the_workflow_may_follow_and_terminate_the_batch_jobs_it_submits(template: dict[str, Any]) -> None:
+    """`batch:submitJob.sync` describes the job until it ends and terminates it when the task is stopped (an
+    execution stopped, a cancelled batch's Map): without DescribeJobs/TerminateJob the jobs are not cancelled."""
+    machine_roles = [k for k, r in of_type(template, "AWS::IAM::Role").items()
+                     if "states.amazonaws.com" in json.dumps(r["Properties"]["AssumeRolePolicyDocument"])]
+    grants = {(a, json.dumps(resolve(r, {}, lambda lid, attr: f"{lid}.{attr}")))
+              for logical, st in _statements(template) for a in _list(st["Action"]) if a.startswith("batch:")
+              if any({"Ref": role} in template["Resources"][logical]["Properties"]["Roles"] for role in machine_roles)
+              for r in _list(st["Resource"])}
+    assert {a for a, _ in grants} == {"batch:SubmitJob", "batch:DescribeJobs", "batch:TerminateJob"}
+    assert {r for a, r in grants if a != "batch:SubmitJob"} == {
+        '"*"', '"arn:aws:batch:us-east-1:123456789012:job/*"'}
+    assert ("batch:DescribeJobs", '"*"') in grants
+
+
 def _s3_grants(template: dict[str, Any], handler: str) -> dict[str, set[str]]:
     """Key prefix -> S3 object actions the handler's role holds on it."""
     grants: dict[str, set[str]] = {}
@@ -139,7 +155,9 @@ def test_sweeper_reads_and_writes_what_finalize_does(template: dict[str, Any]) -
 
 
 def test_validate_may_read_upload_parts(template: dict[str, Any]) -> None:
-    assert _s3_grants(template, "functions.tasks.validate.handler")["uploads"] == {"s3:GetObject"}
+    # ... and tag them as the batch's input (the worker reads only tagged parts).
+    assert _s3_grants(template, "functions.tasks.validate.handler")["uploads"] == {"s3:GetObject",
+                                                                                   "s3:PutObjectTagging"}
 
 
 def test_only_batch_hosts_use_a_managed_policy(template: dict[str, Any]) -> None:

@@ -3,12 +3,17 @@ M5: each Lambda's reserved concurrency."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from typing import Any
 
+import pytest
+
 from infra.access import TABLE_ACTIONS
 from infra.config import Concurrency
-from tests.infra.cfn import of_type
+from nightbatch.batches.state_changes import SOURCE
+from nightbatch.layout import INPUT_TAG_KEY, INPUT_TAGS
+from tests.infra.cfn import of_type, resolve
 
 HANDLERS = {
     "api": "functions.api.handler.handler", "validate": "functions.tasks.validate.handler",
@@ -56,6 +61,50 @@ def test_the_worker_writes_batches_only_and_reads_inputs(template: dict[str, Any
                and "Storage" in json.dumps(st["Resource"])]
     assert sorted(json.dumps(st["Condition"]) for st in listing) == sorted(json.dumps(
         {"StringLike": {"s3:prefix": prefixes}}) for prefixes in (["batches/*", "models/*"], ["files/*", "uploads/*"]))
+
+
+def _may_get(statements: list[dict[str, Any]], bucket: str, key: str, tags: dict[str, str]) -> bool:
+    """Would these Allow statements let s3:GetObject read `key` of the bucket, an object tagged `tags`? (The
+    conditions the worker's S3 statements use: s3:prefix, which GetObject does not carry, and ExistingObjectTag.)"""
+    arn = f"arn:aws:s3:::bucket/{key}"
+    for st in statements:
+        if st.get("Effect", "Allow") != "Allow" or not any(
+                fnmatch.fnmatchcase("s3:GetObject", a) for a in _list(st["Action"])):
+            continue
+        resources = resolve(_list(st["Resource"]), {}, lambda logical, attr: "arn:aws:s3:::bucket"
+                            if logical == bucket and attr == "Arn" else f"{logical}.{attr}")
+        if not any(fnmatch.fnmatchcase(arn, str(r)) for r in resources):
+            continue
+        conditions = st.get("Condition", {})
+        assert set(conditions) <= {"StringEquals", "StringLike"}, conditions
+        tag_conditions = {k.removeprefix("s3:ExistingObjectTag/"): v for op in conditions.values()
+                          for k, v in op.items() if k.startswith("s3:ExistingObjectTag/")}
+        assert all(k.startswith("s3:ExistingObjectTag/") for op in conditions.values() for k in op), conditions
+        if all(tags.get(k) in _list(v) for k, v in tag_conditions.items()):
+            return True
+    return False
+
+
+@pytest.mark.parametrize("which", ["synth", "sagemaker_synth"])
+def test_the_worker_cannot_read_an_input_no_batch_tagged(which: str, request: pytest.FixtureRequest) -> None:
+    """Every tenant's files live under files/ (fine-tune data, results, user files): the worker's role reads only
+    the objects Validate tagged as an open batch's input (moto does not evaluate the condition, so the
+    synthesized policy is read here, for the Batch job role and the SageMaker job role alike)."""
+    template = request.getfixturevalue(which).template
+    bucket = next(iter(of_type(template, "AWS::S3::Bucket")))
+    batch_roles = {str(d["Properties"]["ContainerProperties"]["JobRoleArn"]["Fn::GetAtt"][0])
+                   for d in of_type(template, "AWS::Batch::JobDefinition").values()}
+    sagemaker_roles = {r for r, res in of_type(template, "AWS::IAM::Role").items()
+                       if "sagemaker.amazonaws.com" in json.dumps(res["Properties"]["AssumeRolePolicyDocument"])}
+    roles = batch_roles | sagemaker_roles
+    assert len(roles) == 1
+    for role in roles:
+        statements = _statements_of_role(template, role)
+        for key in ("files/file-abc", "uploads/upload-abc/parts/part-1"):
+            assert not _may_get(statements, bucket, key, {}), (role, key)
+            assert not _may_get(statements, bucket, key, {INPUT_TAG_KEY: "other"}), (role, key)
+            assert _may_get(statements, bucket, key, INPUT_TAGS), (role, key)
+        assert _may_get(statements, bucket, "batches/batch_x/shards/00000.json", {}), role
 
 
 def test_the_worker_may_only_get_and_update_batch_items(template: dict[str, Any]) -> None:
@@ -112,6 +161,8 @@ def test_only_the_principals_that_move_a_batch_may_put_events_and_only_on_the_de
             actions = _list(st["Action"])
             if any(str(a).startswith("events:") for a in actions):
                 assert actions == ["events:PutEvents"], (name, actions)
+                # Only nightbatch's own events: a stolen role cannot forge another service's (aws.* or a partner's).
+                assert st["Condition"] == {"StringEquals": {"events:source": [SOURCE]}}, name
                 putters[name] = st["Resource"]
     assert set(putters) == {"api", "validate", "finalize", "notify", "sweep"}
     for resource in putters.values():
@@ -122,3 +173,16 @@ def test_only_the_principals_that_move_a_batch_may_put_events_and_only_on_the_de
         env = next(f for f in of_type(template, "AWS::Lambda::Function").values()
                    if f["Properties"]["Handler"] == HANDLERS[name])["Properties"]["Environment"]["Variables"]
         assert env["NIGHTBATCH_EVENT_BUS"] == "default", name
+
+
+def test_validate_and_composition_may_tag_the_inputs_they_mark(template: dict[str, Any]) -> None:
+    """Validate tags the input objects (PutObjectTagging, also what its tagged rewrite needs); composition reads a
+    part's tag and writes the composed object with it. Nobody else handles tags."""
+    def tagging(name: str) -> set[tuple[str, str]]:
+        return {(a, p) for st in _statements_of_role(template, _role_of(template, HANDLERS[name]))
+                for a in _list(st["Action"]) if "ObjectTagging" in a
+                for r in _list(st["Resource"]) for p in ("/files/*", "/uploads/*", "/batches/*") if p in json.dumps(r)}
+    assert tagging("validate") == {("s3:PutObjectTagging", "/files/*"), ("s3:PutObjectTagging", "/uploads/*")}
+    assert tagging("compose_upload") == {("s3:GetObjectTagging", "/uploads/*"), ("s3:PutObjectTagging", "/files/*")}
+    for name in set(HANDLERS) - {"validate", "compose_upload"}:
+        assert not tagging(name), name

@@ -10,13 +10,14 @@ job's container (tests/infra/moto_sagemaker.py), with the real task handlers and
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from nightbatch import layout
-from nightbatch.pipeline.training_jobs import JOB_NAME_RE
+from nightbatch.pipeline.training_jobs import JOB_NAME_RE, JOB_PREFIX_RE, deployment_job_prefix
 from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord
 from tests.infra.moto_sagemaker import TrainingJobRecord, TrainingJobs, patch_state_task, patch_training_jobs
@@ -70,7 +71,10 @@ def _phases(services: Services, batch_id: str) -> dict[str, Any]:
 
 def _assert_job_contract(job: TrainingJobRecord, batch_id: str) -> None:
     assert JOB_NAME_RE.match(job.name) and len(job.name) <= 63 and "_" not in job.name, job.name
-    assert job.name.startswith(batch_id.replace("_", "-") + f"-{job.shard_id}-")
+    # The deployment's own prefix (the stack wrote it into the Capacity and sweeper environments), not `batch-`.
+    prefix = json.loads(os.environ["NIGHTBATCH_SAGEMAKER_JSON"])["job_prefix"]
+    assert prefix == deployment_job_prefix("nightbatch-prod") and JOB_PREFIX_RE.match(prefix)
+    assert job.name.startswith(f"{prefix}{batch_id.removeprefix('batch_')}-{job.shard_id}-")
     assert all(len(v) <= 512 for v in job.env.values()) and len(job.env) <= 100
     # The deployment's settings are not in the job's Environment: the worker read them from the bucket.
     assert "NIGHTBATCH_MODELS_JSON" not in job.env
@@ -130,6 +134,44 @@ def test_both_moves_shards_batch_cannot_place_to_sagemaker(
         assert record is not None and (record.backend_moved or "").startswith("batch could not place it")
         phases = _phases(services, batch_id)
         assert phases["backends"] == {"sagemaker": 3}
+
+
+class QuotaFull:
+    """Refuses the first `times` CreateTrainingJob calls of one shard, as a full account quota does."""
+
+    def __init__(self, shard_id: str, times: int) -> None:
+        self.shard_id, self.left = shard_id, times
+
+    def __call__(self, job: TrainingJobRecord) -> str | None:
+        if job.shard_id != self.shard_id or self.left <= 0:
+            return None
+        self.left -= 1
+        return "ResourceLimitExceeded"
+
+
+def test_a_quota_refusal_waits_for_capacity_on_spot_instead_of_failing_the_shard(
+        sagemaker_template: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
+    """SageMaker refuses CreateTrainingJob over the account's quota of the type (AWS Batch would queue the job):
+    with no retries allowed at all, the refused shard waits and runs on Spot once the quota has room, its batch
+    stays on Spot, and no line ends `shard_failed`."""
+    for d, jobs in deploy_with_training_jobs(sagemaker_template, monkeypatch):
+        monkeypatch.setenv("NIGHTBATCH_SHARD_RETRY_ATTEMPTS", "0")
+        monkeypatch.setenv("NIGHTBATCH_SHARD_RETRY_INTERVAL_SECONDS", "1")  # the Wait state really sleeps
+        _clear_caches()
+        jobs.refuse = QuotaFull("00000", times=2)
+        services, batch_id = submit("default", LINES, "24h")
+        execution = wait_for_execution(execution_arn(d, batch_id))
+        assert execution["status"] == "SUCCEEDED", execution
+        first = [j for j in jobs.jobs if j.shard_id == "00000"]
+        assert [j.status for j in first] == ["Refused", "Refused", "Completed"], [j.output for j in first]
+        assert all(j.managed_spot for j in jobs.jobs)  # Spot stays Spot, for this shard and the others
+        assert len({j.name for j in first}) == 3
+        batch = assert_each_line_once(services, "default", batch_id, LINES)
+        assert batch.request_counts.failed == 0
+        waited = [c for c in batch.nightbatch["capacity"] if c["shard_id"] == "00000"]
+        assert [c["reason"].split(":")[0] for c in waited[1:]] == ["waiting for quota"] * 2, waited
+        record = services.adapters.table.get_record(BatchRecord, batch_id)
+        assert record is not None and record.capacity_on_demand is None
 
 
 @pytest.fixture(autouse=True)

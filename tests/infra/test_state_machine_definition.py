@@ -73,7 +73,9 @@ def test_distributed_map_over_json_manifest(asl: dict[str, Any]) -> None:
     assert reader["Resource"] == "arn:aws:states:::s3:getObject"
     assert reader["ReaderConfig"] == {"InputType": "JSON"}
     assert reader["Parameters"]["Key.$"] == "$.plan.manifest_key"
-    assert shards["MaxConcurrency"] == 4
+    # Plan's answer (maxGpus, or a SageMaker model's `sagemakerMaxJobs` if lower), not a constant.
+    assert shards["MaxConcurrencyPath"] == "$.plan.max_concurrency" and "MaxConcurrency" not in shards
+    assert asl["States"]["Plan"]["ResultSelector"]["max_concurrency.$"] == "$.Payload.max_concurrency"
     assert "ItemBatcher" not in shards
 
 

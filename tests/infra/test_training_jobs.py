@@ -24,6 +24,7 @@ from tests.infra.test_least_privilege import _list, _role_of, _statements_of_rol
 _MODEL = botocore.session.get_session().get_service_model("sagemaker")
 CREATE = _MODEL.operation_model("CreateTrainingJob").input_shape
 INSTANCE_TYPES = set(CREATE.members["ResourceConfig"].members["InstanceType"].enum)
+PREFIX = training_jobs.deployment_job_prefix("nightbatch-prod")  # the synthesized stack's name
 BATCH_TYPES = ("AWS::EC2::VPC", "AWS::EC2::LaunchTemplate", "AWS::Batch::ComputeEnvironment",
                "AWS::Batch::JobQueue", "AWS::Batch::JobDefinition", "AWS::Batch::SchedulingPolicy")
 
@@ -95,7 +96,11 @@ def test_the_task_runs_the_worker_image_with_its_entry_point_and_capacity_s_choi
     assert env[JobInputs.env_name("backend")] == "sagemaker"
     assert "NIGHTBATCH_MODELS_JSON" not in env
     assert env["NIGHTBATCH_WORKER_FAILURE_FILE"] == "/opt/ml/output/failure"
-    assert env["NIGHTBATCH_MODEL_CACHE"].startswith("/opt/ml/")
+    # The caches on the job's sized volume, at the path SageMaker's contract gives scratch data (/tmp): not
+    # /opt/ml/model or output (uploaded at the end), not an undocumented /opt/ml/ directory.
+    caches = {k: env[k] for k in ("NIGHTBATCH_MODEL_CACHE", "VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR",
+                                  "TRITON_CACHE_DIR")}
+    assert all(v.startswith("/tmp/") for v in caches.values()), caches
     assert task["ResultSelector"] == {"TrainingJobName.$": "$.TrainingJobName",
                                       "TrainingJobStatus.$": "$.TrainingJobStatus"}
     assert task["ResultPath"] == "$.job"
@@ -118,7 +123,8 @@ def test_the_workflow_may_pass_only_the_job_role_and_run_training_jobs(sagemaker
     (jobs,) = [st for st in statements if "sagemaker:CreateTrainingJob" in _list(st["Action"])]
     assert sorted(_list(jobs["Action"])) == ["sagemaker:AddTags", "sagemaker:CreateTrainingJob",
                                              "sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob"]
-    assert ":training-job/batch-*" in json.dumps(jobs["Resource"])  # nightbatch's jobs, not the account's
+    # This deployment's jobs, not the account's (other workloads name theirs `batch-…` too).
+    assert f":training-job/{PREFIX}*" in json.dumps(jobs["Resource"]) and "batch-*" not in json.dumps(statements)
     (tags,) = [st for st in statements if "sagemaker:ListTags" in _list(st["Action"])]
     assert tags["Resource"] == "*"  # as CDK's own task grants it (ListTags has no resource-level permission)
     (rule,) = [st for st in statements if "events:PutRule" in _list(st["Action"])]
@@ -139,8 +145,13 @@ def test_the_sagemaker_job_role_holds_what_the_batch_job_role_holds(both_synth: 
     others = {a for st in sagemaker for a in _list(st["Action"]) if a.split(":")[0] not in ("s3", "dynamodb")}
     assert others == {"ecr:BatchCheckLayerAvailability", "ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer",
                       "ecr:GetAuthorizationToken", "logs:CreateLogGroup", "logs:CreateLogStream",
-                      "logs:PutLogEvents", "logs:DescribeLogStreams"}
+                      "logs:PutLogEvents", "logs:DescribeLogStreams", "cloudwatch:PutMetricData"}
     assert not any(a.endswith("*") for st in sagemaker for a in _list(st["Action"]))
+    # SageMaker publishes the job's metrics as this role: in its own namespace only.
+    (metrics,) = [st for st in sagemaker if "cloudwatch:PutMetricData" in _list(st["Action"])]
+    assert _list(metrics["Action"]) == ["cloudwatch:PutMetricData"] and metrics["Resource"] == "*"
+    assert metrics["Condition"] == {"StringLike": {"cloudwatch:namespace": "/aws/sagemaker/*"}}
+    assert not [st for st in batch if "cloudwatch:PutMetricData" in _list(st["Action"])]
     # The same image as the Batch job definitions'.
     (image,) = {json.dumps(d["Properties"]["ContainerProperties"]["Image"])
                 for d in of_type(template, "AWS::Batch::JobDefinition").values()}
@@ -172,9 +183,10 @@ def _resolve_paths(node: Any, state: dict[str, Any]) -> Any:
 def test_every_request_the_task_sends_is_a_valid_create_training_job(
         task: dict[str, Any], spot: bool, seconds_left: float) -> None:
     batch_id = new_batch_id()
-    shard_id = "99999"  # the widest shard id Plan writes
+    shard_id = "99999"  # the widest shard id Plan writes, with the widest prefix and attempt
     state = {"batch_id": batch_id, "shard_id": shard_id, "capacity": {
-        "job_name": training_jobs.job_name(batch_id, shard_id, 99), "instance_type": "ml.g6e.48xlarge",
+        "job_name": training_jobs.job_name("nb-abcdefgh-", batch_id, shard_id, 99999),
+        "instance_type": "ml.g6e.48xlarge",
         "managed_spot": spot, "settings_key": layout.worker_settings_key(batch_id),
         "output_uri": f"s3://{'b' * 63}/{layout.training_output_prefix(batch_id)}",
         "stopping_condition": training_jobs.stopping_condition(
@@ -241,13 +253,43 @@ def test_gated_and_s3_weights_on_sagemaker(tmp_path_factory: pytest.TempPathFact
 def test_finalize_and_the_sweeper_may_read_training_jobs_and_the_doctor_gets_their_types(
         sagemaker_synth: Synth) -> None:
     template = sagemaker_synth.template
-    for handler in ("functions.tasks.finalize.handler", "functions.tasks.sweep.handler"):
+    for handler, actions in (("functions.tasks.finalize.handler", ["sagemaker:DescribeTrainingJob"]),
+                             ("functions.tasks.sweep.handler", ["sagemaker:DescribeTrainingJob",
+                                                                "sagemaker:StopTrainingJob"])):
         statements = _statements_of_role(template, _role_of(template, handler))
         (describe,) = [st for st in statements if "sagemaker:DescribeTrainingJob" in _list(st["Action"])]
-        assert _list(describe["Action"]) == ["sagemaker:DescribeTrainingJob"]
-        assert ":training-job/batch-*" in json.dumps(describe["Resource"])
+        assert sorted(_list(describe["Action"])) == actions
+        assert f":training-job/{PREFIX}*" in json.dumps(describe["Resource"])
     types = template["Outputs"]["SageMakerInstanceTypes"]["Value"]
     assert types and all(t.startswith("ml.") and t[3:] in GPU_SHAPES for t in types.split(",")), types
+
+
+def test_the_sweeper_may_stop_this_deployment_s_training_jobs_only(sagemaker_synth: Synth) -> None:
+    template = sagemaker_synth.template
+    statements = _statements_of_role(template, _role_of(template, "functions.tasks.sweep.handler"))
+    (stop,) = [st for st in statements if "sagemaker:StopTrainingJob" in _list(st["Action"])]
+    assert sorted(_list(stop["Action"])) == ["sagemaker:DescribeTrainingJob", "sagemaker:StopTrainingJob"]
+    assert f":training-job/{PREFIX}*" in json.dumps(stop["Resource"])
+    (listing,) = [st for st in statements if "sagemaker:ListTrainingJobs" in _list(st["Action"])]
+    assert listing["Resource"] == "*"  # ListTrainingJobs takes no resource-level permission
+    functions = of_type(template, "AWS::Lambda::Function").values()
+    for handler in ("functions.tasks.sweep.handler", "functions.tasks.capacity.handler",
+                    "functions.tasks.plan.handler"):
+        function = next(f for f in functions if f["Properties"]["Handler"] == handler)
+        config = json.loads(function["Properties"]["Environment"]["Variables"]["NIGHTBATCH_SAGEMAKER_JSON"])
+        assert config["job_prefix"] == PREFIX, handler
+
+
+def test_a_model_s_sagemaker_quota_caps_its_batches_concurrency(tmp_path_factory: pytest.TempPathFactory) -> None:
+    variant = synthesize({"gpuBackend": "sagemaker", "models": [
+        {"name": "small", "source": "hf:HuggingFaceTB/SmolLM2-135M-Instruct", "sagemakerMaxJobs": 2},
+        {"name": "other", "source": "hf:BAAI/bge-small-en-v1.5", "task": "embed"}]},
+        tmp_path_factory.mktemp("sagemaker-cap") / "cdk.out")
+    assert variant.error is None, variant.error
+    functions = of_type(variant.template, "AWS::Lambda::Function").values()
+    plan = next(f for f in functions if f["Properties"]["Handler"] == "functions.tasks.plan.handler")
+    config = json.loads(plan["Properties"]["Environment"]["Variables"]["NIGHTBATCH_SAGEMAKER_JSON"])
+    assert config["max_jobs"] == {"small": 2}
 
 
 def test_every_stack_shape_outputs_what_the_doctor_reads(synth: Synth, sagemaker_synth: Synth,

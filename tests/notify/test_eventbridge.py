@@ -7,7 +7,13 @@ by the Notify step with the other channels."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import http.server
+import io
 import json
+import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 
 import boto3
@@ -15,6 +21,7 @@ import pytest
 
 from gpu_worker.main import serve_shard
 from gpu_worker.runner import ShardJob
+from nightbatch.batches.service import CreateBatchRequest
 from nightbatch.batches.state_changes import DETAIL_TYPE, SOURCE
 from nightbatch.notifications import NotifyError, notify_batch
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
@@ -147,3 +154,70 @@ def test_a_refused_put_never_fails_a_transition_and_the_terminal_event_is_retrie
     assert event is not None and not event.pending
     record = services.adapters.table.get_record(BatchRecord, batch_id)
     assert record is not None and record.status == "completed"
+
+
+class _TimedWorkflow(RecordingWorkflow):
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: list[float] = []
+
+    def start(self, batch_id: str) -> None:
+        self.at.append(time.monotonic())
+        super().start(batch_id)
+
+
+@contextlib.contextmanager
+def slow_bus(hold_seconds: float) -> Iterator[str]:
+    """An EventBridge endpoint that holds every request `hold_seconds` before it accepts it: a slow bus."""
+    release = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            release.wait(hold_seconds)
+            body = b'{"FailedEntryCount":0,"Entries":[{"EventId":"slow-1"}]}'
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-amz-json-1.1")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except OSError:  # the client gave up on it
+                pass
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        release.set()
+        server.shutdown()
+        server.server_close()
+
+
+def test_a_slow_bus_delays_neither_the_workflow_start_nor_the_create_or_cancel(
+        aws: Services, monkeypatch: pytest.MonkeyPatch) -> None:
+    hold = 15.0
+    with slow_bus(hold) as endpoint:
+        monkeypatch.setenv("AWS_ENDPOINT_URL_EVENTBRIDGE", endpoint)  # the events client alone; the rest is moto
+        workflow = _TimedWorkflow()
+        settings = aws.settings.updated({"event_bus": "default"})
+        services = build_services(make_adapters(settings), workflow)
+        payload = jsonl([chat_line(i) for i in range(1, 4)])
+        f = services.files.create("default", filename="in.jsonl", purpose="batch", fileobj=io.BytesIO(payload),
+                                  size=len(payload))
+        t0 = time.monotonic()
+        batch = services.batches.create("default", CreateBatchRequest(
+            input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h"))
+        created = time.monotonic() - t0
+        assert workflow.started == [batch.id]
+        assert workflow.at[0] - t0 < 2.0, "the workflow waited for the bus"
+        # Two attempts of ~2 s each (plus backoff), well under API Gateway's 29 s and the bus's hold.
+        assert created < 8.0, created
+        t0 = time.monotonic()
+        assert services.batches.cancel("default", batch.id).status == "cancelling"
+        assert time.monotonic() - t0 < 8.0

@@ -90,3 +90,16 @@ def test_presigned_get_downloads_the_bytes(adapters: Adapters) -> None:
     assert resp.status_code == 200
     assert resp.content == b'{"ok":true}\n'
     assert resp.headers["content-disposition"] == 'attachment; filename="res_ults.jsonl"'
+
+
+def test_tags_survive_a_multipart_rewrite(adapters: Adapters) -> None:
+    """rewrite's copy onto itself past the transfer's multipart threshold (8 MiB) would drop the object's tags:
+    the ones asked for are written in the same call."""
+    blobs = adapters.blobs
+    data = b"y" * (9 * 1024 * 1024)
+    blobs.put_bytes("files/big", data)
+    assert blobs.tag("files/big", {"old": "1"})
+    blobs.rewrite("files/big", {"kept-for": "b"}, tags={"nightbatch-input": "batch"})
+    assert blobs.tags("files/big") == {"nightbatch-input": "batch"}
+    assert blobs.get_bytes("files/big") == data
+    assert not blobs.tag("files/missing", {"k": "v"}) and blobs.tags("files/missing") == {}

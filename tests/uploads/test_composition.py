@@ -16,6 +16,7 @@ from functions.tasks import compose_upload
 from nightbatch.errors import NotFoundError
 from nightbatch.files.digests import RunningDigests
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
+from nightbatch.layout import INPUT_TAGS
 from nightbatch.local.runner import LocalWorkflow
 from nightbatch.services import build_services
 from nightbatch.storage.parts import MIN_PART_BYTES, PartStore, plan
@@ -65,6 +66,22 @@ def test_compose_mixes_server_side_copies_and_merged_small_parts(stack: Stack) -
     store.compose("files/test-empty", [])
     assert stack.services.files.blobs.get_bytes("files/test-empty") == b""
     stack.services.files.blobs.delete_prefix("uploads/test-compose/")
+
+
+def test_compose_writes_the_object_tagged_by_either_path(stack: Stack) -> None:
+    """A batch's input tag (layout.INPUT_TAGS) set at write time, on a copy (one part) as on a multipart upload;
+    no tag asked, none written, even when the one part copied is tagged."""
+    store = PartStore(stack.services.files.blobs)
+    blobs = stack.services.files.blobs
+    keys = ["uploads/test-tags/parts/p0", "uploads/test-tags/parts/p1"]
+    for key in keys:
+        store.put(key, io.BytesIO(b"x" * 10), md5=hashlib.md5(b"x" * 10).digest())
+    store.compose("files/test-tags-one", [(keys[0], 10)], tags=INPUT_TAGS)
+    store.compose("files/test-tags-many", [(k, 10) for k in keys], tags=INPUT_TAGS)
+    assert blobs.tags("files/test-tags-one") == blobs.tags("files/test-tags-many") == INPUT_TAGS
+    store.compose("files/test-untagged", [(k, 10) for k in keys])
+    assert blobs.tags("files/test-untagged") == {}
+    blobs.delete_prefix("uploads/test-tags/")
 
 
 def test_running_digest_follows_arrival_order_only() -> None:

@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 
 from nightbatch import layout
+from nightbatch.clock import now
+from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.pipeline.capacity import CapacityDecision, decide
-from nightbatch.pipeline.training_jobs import JOB_NAME_RE
+from nightbatch.pipeline.training_jobs import DEFAULT_JOB_PREFIX, JOB_NAME_RE
 from nightbatch.services import Services
 from nightbatch.settings import Settings
 from nightbatch.settings import document as settings_document
@@ -75,7 +77,7 @@ def test_a_sagemaker_shard_gets_a_training_job_on_spot_bounded_by_the_slack(serv
     decision = _ask(services, items[0])
     assert decision.backend == "sagemaker" and decision.capacity == "spot" and decision.managed_spot
     assert JOB_NAME_RE.match(decision.job_name) and "_" not in decision.job_name
-    assert decision.job_name.startswith(batch_id.replace("_", "-") + "-00000-1-")
+    assert decision.job_name.startswith(DEFAULT_JOB_PREFIX + batch_id.removeprefix("batch_") + "-00000-1-")
     assert decision.instance_type == "ml.g6e.xlarge"
     stop = decision.stopping_condition
     assert stop["MaxWaitTimeInSeconds"] >= stop["MaxRuntimeInSeconds"] and stop["MaxWaitTimeInSeconds"] < 24 * 3600
@@ -94,13 +96,36 @@ def test_a_spot_training_job_that_waited_too_long_reruns_on_demand(services: Ser
     assert second.reason.startswith("spot attempt ended: MaxWaitTimeExceeded")
 
 
-def test_a_quota_refusal_on_demand_is_retried_with_backoff(services: Services) -> None:
-    _, items = _planned(services, "sagemaker")
-    first = _ask(services, items[0]).model_copy(update={"capacity": "on-demand"})
-    error = {"Error": "SageMaker.ResourceLimitExceeded", "Cause": "The account-level service limit ..."}
-    second = _ask(services, items[0], first.model_dump(), error)
-    assert second.action == "run" and second.backend == "sagemaker" and second.wait_seconds > 0
-    assert second.reason.startswith("retry after: ResourceLimitExceeded")
+QUOTA = {"Error": "SageMaker.ResourceLimitExceededException",
+         "Cause": "The account-level service limit 'ml.g6e.xlarge for spot training job usage' is 1 Instances"}
+
+
+@pytest.mark.parametrize("error", [QUOTA, {"Error": "SageMaker.AmazonSageMakerException",
+                                           "Cause": "ResourceLimitExceeded: The account-level service limit ..."}])
+@pytest.mark.parametrize("capacity", ["spot", "on-demand"])
+def test_a_quota_refusal_waits_on_the_same_capacity_without_counting_a_failure(
+        services: Services, capacity: str, error: dict[str, Any]) -> None:
+    batch_id, items = _planned(services, "sagemaker")
+    decision = _ask(services, items[0]).model_copy(update={"capacity": capacity, "managed_spot": capacity == "spot"})
+    waits = []
+    for _ in range(4):
+        decision = _ask(services, items[0], decision.model_dump(), error)
+        assert (decision.action, decision.backend, decision.capacity) == ("run", "sagemaker", capacity)
+        assert decision.failures == 0 and decision.reason.startswith("waiting for quota: ")
+        waits.append(decision.wait_seconds)
+    assert waits == [60, 120, 240, 480] and decision.quota_waits == 4 and decision.attempt == 5
+    record = services.adapters.table.get_record(BatchRecord, batch_id)
+    assert record is not None and record.capacity_on_demand is None  # the batch's other shards stay on Spot
+
+
+def test_a_quota_refusal_with_no_slack_left_falls_back(services: Services) -> None:
+    batch_id, items = _planned(services, "sagemaker")
+    services.adapters.table.update_attributes(BatchRecord, batch_id, set_={"expires_at": now() + 600})
+    spot = _ask(services, items[0]).model_copy(update={"capacity": "spot"})
+    moved = _ask(services, items[0], spot.model_dump(), QUOTA)
+    assert moved.capacity == "on-demand" and moved.reason.startswith("spot attempt ended: ResourceLimitExceeded")
+    again = _ask(services, items[0], moved.model_dump(), QUOTA)
+    assert again.capacity == "on-demand" and again.failures == 1 and again.reason.startswith("retry after:")
 
 
 def test_both_moves_to_sagemaker_when_batch_on_demand_cannot_place_and_the_rest_follow(
@@ -132,3 +157,19 @@ def test_a_training_job_runs_on_the_type_of_the_model_its_shard_serves(services:
     _, items = _planned(services, "sagemaker")
     services.adapters.table.update_attributes(BatchRecord, items[0].batch_id, set_={"model": "some-adapter"})
     assert _ask(services, items[0]).instance_type == "ml.g6e.xlarge"
+
+
+@pytest.mark.parametrize(("backend", "max_jobs", "expected"), [
+    ("sagemaker", {MODEL: 2}, 2), ("both", {MODEL: 2}, 2), ("sagemaker", {}, 4), ("batch", {MODEL: 2}, 4),
+    ("sagemaker", {MODEL: 9}, 4)])
+def test_plan_caps_the_map_s_concurrency_at_the_model_s_sagemaker_quota(
+        services: Services, backend: str, max_jobs: dict[str, int], expected: int) -> None:
+    services.settings.pipeline.max_gpus = 4
+    services.settings.pipeline.shard_target_tokens = 20
+    services.settings.pipeline.segment_max_lines = 2
+    services.settings.pipeline.backends_json = json.dumps({MODEL: backend})
+    services.settings.capacity.sagemaker_json = json.dumps({**SAGEMAKER, "max_jobs": max_jobs})
+    batch_id = make_batch(services, jsonl([chat_line(i) for i in range(1, 13)]))
+    validate_batch(BatchTaskInput(batch_id=batch_id), services)
+    planned = plan_batch(BatchTaskInput(batch_id=batch_id), services)
+    assert planned.shard_count > 4 and planned.max_concurrency == expected

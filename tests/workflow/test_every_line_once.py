@@ -195,3 +195,17 @@ def test_any_line_loads_reads_it_reads_again_as_written(services: Services) -> N
     for text in ["\x00", "e\u0301", "é", "😀", "\u2028", "\ufeff"]:
         value: Any = {"custom_id": text, "n": 123456789012345678901234567890}
         assert loads(json.dumps(value).encode()) == value
+
+
+def test_a_bom_cut_across_the_first_chunks_is_stripped_as_a_whole_one() -> None:
+    """An Upload's first part may be one byte: the BOM is dropped however the reads cut it (it was dropped only
+    when the first chunk held all three bytes, so a batch read through its parts saw a different line 1)."""
+    from nightbatch.jsonl import split_lines
+
+    line = b'{"a":1}'
+    for cuts in ([b"\xef", b"\xbb", b"\xbf" + line], [b"\xef\xbb", b"\xbf" + line], [b"\xef\xbb\xbf" + line],
+                 [b"", b"\xef", b"\xbb\xbf", line]):
+        [raw] = split_lines(cuts, max_bytes=100)
+        assert (raw.data, raw.offset) == (line, 3)
+    [raw] = split_lines([b"\xef\xbb"], max_bytes=100)  # not a BOM: kept (and refused as not JSON)
+    assert raw.data == b"\xef\xbb"

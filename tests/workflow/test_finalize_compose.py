@@ -9,10 +9,9 @@ import pytest
 from botocore.exceptions import ClientError
 
 from nightbatch import layout
-from nightbatch.ids import batch_request_id
-from nightbatch.jsonl import dumps_line
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
 from nightbatch.pipeline.compose import MIN_PART_BYTES, PartComposer
+from nightbatch.results import lines as results
 from nightbatch.services import Services
 from tests.workflow.conftest import planned_shards
 
@@ -24,9 +23,7 @@ def result(batch_id: str, custom_id: str, status: int, attempt: str = "a") -> by
         {"object": "chat.completion", "choices": [{"message": {"content": PAD + attempt}}],
          "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
         if status == 200 else {"error": {"message": "bad", "type": "BadRequestError", "param": None, "code": 400}})
-    return dumps_line({"id": batch_request_id(batch_id, custom_id), "custom_id": custom_id,
-                       "response": {"status_code": status, "request_id": f"req_{custom_id}", "body": body},
-                       "error": None})
+    return results.encode(batch_id, custom_id, response=results.Response(status, f"req_{custom_id}", body))
 
 
 def test_composer_copies_big_ranges_and_merges_small_ones(services: Services) -> None:

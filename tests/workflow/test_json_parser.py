@@ -13,9 +13,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nightbatch import layout
-from nightbatch.jsonl import dumps_line, loads
+from nightbatch.jsonl import loads
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.pipeline.shard_lines import shard_lines
+from nightbatch.results import lines as results
 from nightbatch.results.lines import ResultSummary, summarize_result_line
 from nightbatch.services import Services
 from nightbatch.settings import Settings
@@ -131,8 +132,8 @@ def test_shards_keep_each_request_byte_for_byte(services: Services) -> None:
 
 
 def test_result_summary_and_written_lines() -> None:
-    line = dumps_line({"id": "x", "custom_id": "é\"", "response": {"status_code": 200, "body": {
-        "usage": {"prompt_tokens": 3, "completion_tokens": 2}}}, "error": None})
+    line = results.encode("batch_x", "é\"", response=results.Response(200, None, {
+        "usage": {"prompt_tokens": 3, "completion_tokens": 2}}))
     assert line == json.dumps(json.loads(line), separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
     s = summarize_result_line(line.rstrip(b"\n"))
     assert (s.custom_id, s.ok, s.usage) == ('é"', True, {"prompt_tokens": 3, "completion_tokens": 2})

@@ -9,9 +9,8 @@ import pytest
 
 from nightbatch import layout
 from nightbatch.errors import InvalidRequestError, NotFoundError
-from nightbatch.ids import batch_request_id
-from nightbatch.jsonl import dumps_line
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
+from nightbatch.results import lines as results
 from nightbatch.results.partial import PartialResults, partial_results
 from nightbatch.services import Services
 from tests.workflow.conftest import chat_line, jsonl, make_batch
@@ -22,9 +21,7 @@ def result(batch_id: str, custom_id: str, status: int, answer: str) -> bytes:
     body: dict[str, Any] = ({"choices": [{"message": {"content": answer}}],
                              "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}
                             if status == 200 else {"error": {"message": answer, "code": None}})
-    return dumps_line({"id": batch_request_id(batch_id, custom_id), "custom_id": custom_id,
-                       "response": {"status_code": status, "request_id": f"req_{answer}", "body": body},
-                       "error": None})
+    return results.encode(batch_id, custom_id, response=results.Response(status, f"req_{answer}", body))
 
 
 def read(found: PartialResults) -> list[bytes]:

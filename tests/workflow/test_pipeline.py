@@ -7,9 +7,9 @@ from typing import Any
 
 from nightbatch import layout
 from nightbatch.batches import lifecycle
-from nightbatch.ids import batch_request_id, new_request_id
-from nightbatch.jsonl import dumps_line
+from nightbatch.ids import new_request_id
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
+from nightbatch.results import lines as results
 from nightbatch.services import Services
 from nightbatch.wire import BatchRequestOutput
 from tests.workflow.conftest import chat_line, jsonl, make_batch, shard_requests_of
@@ -29,10 +29,8 @@ def write_results(services: Services, batch_id: str, shard_id: str, *, fail_ever
             if status != 200 else
             {"object": "chat.completion", "choices": [{"message": {"content": f"a{n}"}}],
              "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
-        out.append(dumps_line({"id": batch_request_id(batch_id, line.custom_id),
-                               "custom_id": line.custom_id,
-                               "response": {"status_code": status, "request_id": new_request_id(),
-                                            "body": body}, "error": None}))
+        out.append(results.encode(batch_id, line.custom_id,
+                                  response=results.Response(status, new_request_id(), body)))
     blobs.put_bytes(layout.results_prefix(batch_id, shard_id) + "000000-a.jsonl", b"".join(out))
     if not skip:
         blobs.put_bytes(layout.done_key(batch_id, shard_id), b"{}")

@@ -3,8 +3,9 @@ quotas of the stack's ml.* instance types before the probes, the probe batch's t
 and a remedy for each failure a retry will not fix.
 
 The stack names its instance types in the output `SageMakerInstanceTypes` (comma-separated ml.* types); a stack
-without it runs nothing on SageMaker and this watcher stays silent. Jobs are found by name: the workflow names
-them `batch-<hex>-<shard>-<attempt>` (SageMaker refuses the `_` of a batch id).
+without it runs nothing on SageMaker and this watcher stays silent. Jobs are found by the batch id's hex in their
+name: the workflow names them `nb-<deployment>-<hex>-<shard>-<attempt>-<tail>` (SageMaker refuses the `_` of a
+batch id), and the previous release named them `batch-<hex>-…`; the hex finds both.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from nightbatch.cli.doctor.remedies import (
     sagemaker_quota_remedy,
 )
 from nightbatch.cli.doctor.report import JOB_PHASES, Check, Phase, Probe, Report
-from nightbatch.pipeline.training_jobs import batch_jobs_prefix
+from nightbatch.pipeline.training_jobs import batch_jobs_marker
 from nightbatch.storage.account import AccountReadError, AwsAccount
 from nightbatch.storage.sagemaker_reads import TrainingJobView, account_training_jobs, account_training_quotas
 from nightbatch.wire import TERMINAL_STATUSES
@@ -109,7 +110,7 @@ class SageMakerWatcher:
         if probe.batch_id is None or not self.instance_types or probe.status in ("validating", None):
             return
         try:
-            jobs = self.jobs[probe.batch_id] = account_training_jobs(self.account, batch_jobs_prefix(probe.batch_id))
+            jobs = self.jobs[probe.batch_id] = account_training_jobs(self.account, batch_jobs_marker(probe.batch_id))
         except AccountReadError as e:
             for name in JOB_PHASES:
                 probe.skip(name, f"could not read the training jobs: {e}")
