@@ -127,6 +127,8 @@ class Validator:
 
     def __post_init__(self) -> None:
         self._decode_plain = _PLAIN.get(self.endpoint)
+        self._embeddings = self.endpoint == "/v1/embeddings"
+        self._default_out = self.settings.serving.default_max_tokens  # read per line: once here
 
     @property
     def models(self) -> dict[str, int]:
@@ -157,7 +159,7 @@ class Validator:
         if line.url != self.endpoint or body.model != self.model or self.spec is None:
             return None  # the batch's first line, a model to report, or a wrong url: the general path checks it
         inputs = 0
-        if self.endpoint == "/v1/embeddings":
+        if self._embeddings:
             inputs = len(body.input) if isinstance(body.input, list) else 1
             cap = self.settings.validation.max_embedding_inputs_per_request
             if not body.input or (cap and inputs > cap) or (
@@ -166,8 +168,7 @@ class Validator:
             est = estimate_tokens(len(data))
         else:
             max_out = body.max_tokens if body.max_completion_tokens is UNSET else body.max_completion_tokens
-            out = max_out if max_out is not None and max_out > 0 else self.settings.serving.default_max_tokens
-            est = estimate_tokens(len(data)) + out
+            est = estimate_tokens(len(data)) + (max_out if max_out is not None and max_out > 0 else self._default_out)
         digest = custom_id_digest(line.custom_id)
         if digest in self.seen:
             return None  # reported by the general path
