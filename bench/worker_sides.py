@@ -126,7 +126,7 @@ class OurSide:
     (one shard), then `python -m gpu_worker` on it with the real vLLM engine."""
 
     def __init__(self, spec: ModelSpec, workdir: Path) -> None:
-        from bench.control_plane import start_s3
+        from bench.control_plane_world import start_s3
 
         self.spec = spec
         self.workdir = workdir

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gpu_worker.engines.vllm_engine import _split_args
+from gpu_worker.engines.vllm_args import split_args
 from infra.config import DeployConfig
 from nightbatch.models.spec import LOCAL_MODELS, ModelSpec
 from nightbatch.models.templates import DIRECTORY, resolve_chat_template
@@ -28,7 +28,7 @@ WEATHER = {"type": "function", "function": {
 
 
 def args(spec: ModelSpec) -> tuple[Any, Any]:
-    return _split_args(spec, Path("/models/x"), on_cpu=True)
+    return split_args(spec, Path("/models/x"), on_cpu=True)
 
 
 def test_local_chat_model_is_configured_for_tools_with_our_template() -> None:
