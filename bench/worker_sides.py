@@ -165,7 +165,7 @@ class OurSide:
 
     def plan(self, input_path: Path) -> str:
         """A new batch over the input, validated and planned into one shard; returns its id."""
-        from nightbatch.batches.service import CreateBatchRequest
+        from nightbatch.batches.request import CreateBatchRequest
         from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 
         services = self._services()

@@ -71,6 +71,8 @@ def split_args(
             frontend_kwargs[key] = value
         else:
             raise ValueError(f"model {spec.name!r}: unknown engine_args key {key!r}")
+    # Usage reports prompt_tokens_details.cached_tokens (the batch's prompt-cache hit rate) unless a model says not.
+    frontend_kwargs.setdefault("enable_prompt_tokens_details", True)
     return AsyncEngineArgs(**engine_kwargs), BaseFrontendArgs(**frontend_kwargs)
 
 

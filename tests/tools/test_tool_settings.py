@@ -35,6 +35,7 @@ def test_local_chat_model_is_configured_for_tools_with_our_template() -> None:
     engine, frontend = args(SMOL)
     assert frontend.tool_call_parser == "hermes"
     assert frontend.enable_auto_tool_choice is True
+    assert frontend.enable_prompt_tokens_details is True  # cached_tokens in usage: the prompt-cache hit rate
     assert frontend.chat_template == str(DIRECTORY / "smollm2_tools.jinja")
     assert Path(frontend.chat_template).is_file()
     assert frontend.tool_strict_level == "parameter"  # arguments forced to the function's schema
