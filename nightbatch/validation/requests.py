@@ -141,19 +141,19 @@ def check_messages(settings: Settings, spec: ModelSpec, body: dict[str, Any]) ->
     check_media allows them, tools only on a model configured for them. Returns its output cap."""
     cap = body.get("max_tokens")
     if cap is None:
-        raise LineInvalid("missing_required_parameter", "max_tokens: Field required", "body.max_tokens")
+        raise LineInvalid("missing_required_parameter", "Field required", "body.max_tokens")
     if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
-        raise LineInvalid("invalid_request", "max_tokens: must be a positive integer", "body.max_tokens")
+        raise LineInvalid("invalid_request", "must be a positive integer", "body.max_tokens")
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise LineInvalid("invalid_request", "messages: at least one message is required", "body.messages")
+        raise LineInvalid("invalid_request", "at least one message is required", "body.messages")
     for i, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-            raise LineInvalid("invalid_request", f"messages.{i}.role: Input should be 'user' or 'assistant'",
+            raise LineInvalid("invalid_request", "Input should be 'user' or 'assistant'",
                               f"body.messages[{i}].role")
         content = message.get("content")
         if not isinstance(content, str | list):
-            raise LineInvalid("invalid_request", f"messages.{i}.content: Field required", f"body.messages[{i}].content")
+            raise LineInvalid("invalid_request", "Field required", f"body.messages[{i}].content")
         for j, block in enumerate(content if isinstance(content, list) else ()):
             source = block.get("source") if isinstance(block, dict) else None
             if isinstance(source, dict) and source.get("type") == "url":
@@ -161,19 +161,19 @@ def check_messages(settings: Settings, spec: ModelSpec, body: dict[str, Any]) ->
                                 f"body.messages[{i}].content[{j}].source.url")
     system = body.get("system")
     if system is not None and not isinstance(system, str | list):
-        raise LineInvalid("invalid_request", "system: Input should be a string or a list of text blocks",
+        raise LineInvalid("invalid_request", "Input should be a string or a list of text blocks",
                           "body.system")
     stops = body.get("stop_sequences")
     if stops is not None and (not isinstance(stops, list) or not all(isinstance(x, str) for x in stops)):
-        raise LineInvalid("invalid_request", "stop_sequences: Input should be a list of strings",
+        raise LineInvalid("invalid_request", "Input should be a list of strings",
                           "body.stop_sequences")
     tools = body.get("tools")
     if tools is not None and not isinstance(tools, list):
-        raise LineInvalid("invalid_request", "tools: Input should be a list", "body.tools")
+        raise LineInvalid("invalid_request", "Input should be a list", "body.tools")
     choice = body.get("tool_choice")
     kind = choice.get("type") if isinstance(choice, dict) else None
     if choice is not None and kind not in (*_ANTHROPIC_CHOICE, "tool"):
-        raise LineInvalid("invalid_request", "tool_choice: Input should be an object whose type is 'auto', 'any', "
+        raise LineInvalid("invalid_request", "Input should be an object whose type is 'auto', 'any', "
                           "'tool' or 'none'", "body.tool_choice")
     as_openai = _ANTHROPIC_CHOICE.get(kind or "auto", choice) if isinstance(choice, dict) else "auto"
     check_tools(spec, {"tools": tools, "tool_choice": as_openai} if tools else {})
