@@ -43,6 +43,7 @@ class Checkpointer:
     ) -> None:
         self.blobs = blobs
         self.table = table
+        self.started_at = time.time()
         self.batch_id = batch_id
         self.prefix = prefix
         self.attempt = attempt
@@ -138,7 +139,8 @@ class Checkpointer:
             "live_output_tokens": sum(line.output_tokens for line in lines),
         }
         try:
-            self.table.update_attributes(BatchRecord, self.batch_id, add=add)
+            self.table.update_attributes(BatchRecord, self.batch_id, add=add,
+                                         set_if_absent={"live_since": int(self.started_at)})
         except StorageConflictError:
             log.warning("batch %s is gone; progress counters not updated", self.batch_id)
         except Exception:

@@ -46,6 +46,7 @@ class Table:
         *,
         set_: Mapping[str, Any] | None = None,
         add: Mapping[str, int] | None = None,
+        set_if_absent: Mapping[str, Any] | None = None,
         remove: tuple[str, ...] = (),
         expect_in: Mapping[str, tuple[Any, ...]] | None = None,
         expect_absent: tuple[str, ...] = (),
@@ -68,8 +69,10 @@ class Table:
             values[key] = _to_ddb(v)
             return key
 
-        if set_:
-            clauses.append("SET " + ", ".join(f"{name(k)} = {value(v)}" for k, v in set_.items()))
+        sets = [f"{name(k)} = {value(v)}" for k, v in (set_ or {}).items()]
+        sets += [f"{(n := name(k))} = if_not_exists({n}, {value(v)})" for k, v in (set_if_absent or {}).items()]
+        if sets:
+            clauses.append("SET " + ", ".join(sets))
         if add:
             clauses.append("ADD " + ", ".join(f"{name(k)} {value(v)}" for k, v in add.items()))
         if remove:
@@ -241,7 +244,7 @@ def create_table(client: Any, name: str) -> None:
 def _check_attributes(kind: type[Record], kwargs: Mapping[str, Any]) -> None:
     known = {*kind.model_fields, *kind.DERIVED}
     named: set[str] = set()
-    for arg in ("set_", "add", "expect_in", "expect_at_most", "remove", "expect_absent"):
+    for arg in ("set_", "add", "set_if_absent", "expect_in", "expect_at_most", "remove", "expect_absent"):
         named.update(kwargs.get(arg) or ())
     unknown = sorted(named - known)
     if unknown:

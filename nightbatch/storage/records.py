@@ -13,7 +13,7 @@ from typing import Any, ClassVar, Self
 
 from pydantic import BaseModel, ConfigDict
 
-from nightbatch.clock import sort_key
+from nightbatch.clock import listing_key, sort_key
 
 # Statuses after which a batch leaves the open-status index (same as wire.TERMINAL_STATUSES).
 _TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
@@ -97,8 +97,8 @@ class ListedRecord(Record):
             self.owner_sk = self.first_sort_key()
 
     def first_sort_key(self) -> str:
-        """The listing order, fixed when the record is made: creation time, then id."""
-        return sort_key(self.created_at, self.pk)
+        """The listing order, fixed when the record is made (nightbatch.clock.listing_key)."""
+        return listing_key(self.created_at, self.pk)
 
     @classmethod
     def owner_of(cls, tenant: str) -> str:
@@ -177,6 +177,7 @@ class BatchRecord(ListedRecord):
     live_failed: int | None = None
     live_input_tokens: int | None = None
     live_output_tokens: int | None = None
+    live_since: int | None = None  # when the first shard attempt that reported progress began (the ETA's start)
     # Set along the workflow: Validate's token estimate, Plan's shard count, the status Finalize is heading
     # for, and why Capacity moved the batch's remaining shards to on-demand.
     est_tokens: int | None = None

@@ -122,3 +122,23 @@ def test_raw_http_without_or_with_a_bad_key_is_401(two: Any) -> None:
         r = httpx.get(f"{stack.base_url}/files", headers=headers)
         assert r.status_code == 401
         assert r.json()["error"]["code"] == "invalid_api_key"
+
+
+def test_lists_are_newest_first_within_one_second(two: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenAI's lists are newest first; items made in the same second used to tie-break on their random ids
+    (found with AsyncOpenAI's `batches.list`)."""
+    import nightbatch.batches.service
+    import nightbatch.files.service
+
+    for module in (nightbatch.files.service, nightbatch.batches.service):
+        monkeypatch.setattr(module, "now", lambda: 1_800_000_000)  # every item made in one second
+    _stack, a, _b = two
+    files = [a.files.create(file=(f"in{i}.jsonl", chat_lines(1)), purpose="batch") for i in range(6)]
+    assert {f.created_at for f in files} == {1_800_000_000}
+    batches = [a.batches.create(input_file_id=f.id, endpoint="/v1/chat/completions", completion_window="24h")
+               for f in files]
+    listed = [f.id for f in a.files.list(limit=100) if f.id in {x.id for x in files}]
+    assert listed == [f.id for f in reversed(files)]
+    assert [b.id for b in a.batches.list(limit=100)] == [b.id for b in reversed(batches)]
+    page = a.batches.list(limit=2, after=batches[3].id)  # the cursor keeps the order
+    assert [b.id for b in page.data] == [batches[2].id, batches[1].id]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -83,6 +84,7 @@ def test_every_line_gets_exactly_one_result(world: ShardWorld) -> None:
     assert item["live_completed"] == 120 and item["live_failed"] == 0
     assert item["live_input_tokens"] == report.input_tokens
     assert item["live_output_tokens"] == report.output_tokens
+    assert time.time() - 60 < item["live_since"] <= time.time()  # set once, by the first checkpoint's counts
     # Lines are compact JSON.
     raw = world.adapters.blobs.get_bytes(world.checkpoint_keys()[0])
     assert raw is not None and b'", "' not in raw and b'": ' not in raw
