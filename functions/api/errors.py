@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nightbatch.errors import NightbatchError
-from nightbatch.messages.objects import error_body
+from nightbatch.messages.errors import error_body
 
 log = logging.getLogger("nightbatch.api")
 MESSAGES_PATH = "/v1/messages"

@@ -1,5 +1,5 @@
 """The Anthropic wire's objects, with the field names of Anthropic's API reference (SDK 2.16.0's
-types/messages/): MessageBatch as a batch record shows it, its list page, the deleted answer, error bodies.
+types/messages/): MessageBatch as a batch record shows it, its list page, the deleted answer.
 
 A Message Batch is one of our batches (`BatchRecord.wire == "anthropic"`, endpoint /v1/messages); its id is
 the batch id with `msgbatch_` for `batch_` (`msgbatch_ab12…` is `batch_ab12…` in events and the extensions).
@@ -20,12 +20,6 @@ WIRE = "anthropic"
 ID_PREFIX = "msgbatch_"
 _BATCH_PREFIX = "batch_"
 CUSTOM_ID_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
-# Anthropic's error `type` for each HTTP status it answers with (its API reference, "Errors").
-ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-               404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 500: "api_error",
-               529: "overloaded_error"}
-
-
 def wire_id(batch_id: str) -> str:
     return ID_PREFIX + batch_id.removeprefix(_BATCH_PREFIX)
 
@@ -35,17 +29,6 @@ def batch_id_of(message_batch_id: str) -> str | None:
     if not message_batch_id.startswith(ID_PREFIX) or len(message_batch_id) == len(ID_PREFIX):
         return None
     return _BATCH_PREFIX + message_batch_id.removeprefix(ID_PREFIX)
-
-
-def error_type(status: int) -> str:
-    if status in ERROR_TYPES:
-        return ERROR_TYPES[status]
-    return "api_error" if status >= 500 else "invalid_request_error"
-
-
-def error_body(status: int, message: str) -> dict[str, Any]:
-    """Anthropic's error object: `{"type": "error", "error": {"type", "message"}}` (the API adds request_id)."""
-    return {"type": "error", "error": {"type": error_type(status), "message": message}}
 
 
 def rfc3339(ts: int | None) -> str | None:

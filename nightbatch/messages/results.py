@@ -15,7 +15,7 @@ from typing import Any
 
 from nightbatch.errors import NotFoundError
 from nightbatch.jsonl import dumps, loads, split_lines
-from nightbatch.messages.objects import error_body
+from nightbatch.messages.errors import error_body
 from nightbatch.results.lines import MAX_RESULT_LINE
 from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord
