@@ -175,6 +175,11 @@ class _ShardRun:
         )
         self.pending = PendingLines(blobs, spec, progress.done)
         self.max_in_flight = in_flight_limit(settings, engine)
+        # An engine shared by several shards at once (the local stack) schedules by priority: each request's is
+        # the count of this attempt's earlier ones, so a small batch's first requests go before a big one's
+        # backlog (fair sharing by requests sent) instead of behind it.
+        self.priorities = bool(getattr(engine, "priorities", False))
+        self.sent = 0
         self.halt = asyncio.Event()
         self.reason: str | None = None
         self.fatal: BaseException | None = None
@@ -270,6 +275,9 @@ class _ShardRun:
         request_id = new_request_id()
         endpoint = self.spec.endpoint
         body = with_default_max_tokens(endpoint, request.body, self.settings.serving.default_max_tokens)
+        if self.priorities:
+            body = {**body, "priority": self.sent}
+        self.sent += 1
         try:
             reply = await self.engine.handle(endpoint, body, request_id)
         except Exception as exc:

@@ -52,8 +52,14 @@ class EngineHost:
         model_dir = await asyncio.to_thread(resolve_model_dir, spec)
         print(f"nightbatch local: starting engine for {spec.name} (about 30 s on a CPU) …", file=sys.stderr,
               flush=True)
+        # Shards of several open batches share this engine: it schedules by the priority each request carries
+        # (gpu_worker.runner), unless the model's own engine_args chose another policy.
+        policy = spec.engine_args.get("scheduling_policy", "priority")
+        if policy == "priority":
+            spec = spec.model_copy(update={"engine_args": {**spec.engine_args, "scheduling_policy": "priority"}})
         engine = VllmEngine(spec, model_dir=model_dir)
         await engine.start()
+        engine.priorities = policy == "priority"  # type: ignore[attr-defined]
         print(f"nightbatch local: engine {spec.name} ready in {time.monotonic() - t0:.0f} s", file=sys.stderr,
               flush=True)
         return engine

@@ -73,6 +73,7 @@ def test_every_line_gets_exactly_one_result(world: ShardWorld) -> None:
     assert all(line["response"]["body"]["object"] == "chat.completion" for line in results.values())
     # One engine request per line, and the request id the engine saw is the one in the result line.
     assert len(engine.received) == 120
+    assert all("priority" not in body for _, body in engine.received)  # only a shared engine's requests have one
     marker = world.done_marker()
     assert marker is not None
     assert marker["lines"] == 120 and marker["attempts"] == 1
@@ -381,3 +382,13 @@ def test_requests_aborted_by_a_stop_leave_no_result_line(world: ShardWorld) -> N
     assert report.stopped_reason == "cancelling" and not report.finished
     # Unrun, so Finalize writes `batch_cancelled` for each rather than a bogus 500 line.
     assert world.results() == ({}, 0)
+
+
+def test_a_shared_engine_gets_each_request_s_priority(world: ShardWorld) -> None:
+    """On an engine several shards share (the local stack), each request carries the count of the attempt's
+    earlier ones as its priority, so a small batch's first requests are served before a big one's backlog."""
+    world.seed(chat_requests(12), per_segment=5)
+    engine = DeterministicEngine(CHAT_SPEC)
+    engine.priorities = True  # type: ignore[attr-defined]
+    assert run(world, engine).finished
+    assert sorted(body["priority"] for _, body in engine.received) == list(range(12))
