@@ -11,11 +11,12 @@ from msgspec import UNSET, UnsetType
 
 from nightbatch.ids import custom_id_digest
 from nightbatch.jsonl import UndecodableLine, loads
-from nightbatch.models.spec import SCORE_ENDPOINTS, ModelSpec, served_model
+from nightbatch.models.spec import MESSAGES_ENDPOINT, SCORE_ENDPOINTS, ModelSpec, served_model
 from nightbatch.settings import Settings
 from nightbatch.validation.requests import (
     LineInvalid,
     check_media,
+    check_messages,
     check_responses,
     check_template_kwargs,
     check_tools,
@@ -219,8 +220,8 @@ class Validator:
             return known
         models = self.settings.serving.models
         spec = served_model(models, model)
-        if spec is None or self.endpoint not in spec.endpoints:
-            served = ", ".join(name for m in models if self.endpoint in m.endpoints
+        if spec is None or not spec.serves(self.endpoint):
+            served = ", ".join(name for m in models if m.serves(self.endpoint)
                                for name in (m.name, *m.lora_modules))
             raise LineInvalid("model_not_found", f"The provided model {echo(model)} is not supported by the Batch "
                               f"API for {self.endpoint}. Served models: {served or 'none'}.", "body.model")
@@ -257,6 +258,8 @@ class Validator:
             check_template_kwargs(body)
             check_media(self.settings, messages)
             return estimate_tokens(line_bytes) + out * _choices(self.settings, body)
+        if self.endpoint == MESSAGES_ENDPOINT:
+            return estimate_tokens(line_bytes) + check_messages(self.settings, spec, body)
         if self.endpoint == "/v1/responses":
             return estimate_tokens(line_bytes) + check_responses(spec, body, self.settings.serving.default_max_tokens)
         if self.endpoint in SCORE_ENDPOINTS:
