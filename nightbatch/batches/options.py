@@ -11,12 +11,15 @@ import json
 from typing import Any
 
 from nightbatch.errors import InvalidRequestError
+from nightbatch.files.user_buckets import check_uri_options
 from nightbatch.notifications.email import check_notify_options
 from nightbatch.settings import Settings
 
 # Option -> the keys allowed inside it (None: a scalar or list value, not an object).
 ALLOWED: dict[str, frozenset[str] | None] = {
     "notify": frozenset({"email"}),
+    "input_uri": None,  # s3://bucket/key or prefix/ read in place instead of input_file_id (files/user_buckets.py)
+    "output_uri": None,  # s3://bucket/prefix/ the output and error files are copied under
 }
 MAX_OPTIONS_BYTES = 4096
 
@@ -48,3 +51,4 @@ def check_options(options: dict[str, Any] | None, settings: Settings) -> None:
             f"Invalid 'nightbatch': the options take {size} bytes; at most {MAX_OPTIONS_BYTES} are allowed.",
             param="nightbatch", code="invalid_value")
     check_notify_options(options, settings)
+    check_uri_options(options, settings)

@@ -22,6 +22,7 @@ from nightbatch.errors import (
     check_supported,
 )
 from nightbatch.files.service import FileService, check_expiry_seconds
+from nightbatch.files.user_buckets import output_location, register_input
 from nightbatch.ids import new_batch_id
 from nightbatch.listing import after_sort_key
 from nightbatch.models.spec import ENDPOINTS
@@ -42,7 +43,7 @@ class ExpiresAfter(BaseModel):
 class CreateBatchRequest(BaseModel):
     """Loosely typed so that the use case can answer each problem with OpenAI's own wording."""
 
-    input_file_id: str
+    input_file_id: str = ""  # or `nightbatch.input_uri` (nightbatch/files/user_buckets.py)
     endpoint: str
     completion_window: str
     metadata: dict[str, Any] | None = None
@@ -125,12 +126,13 @@ class BatchService:
         if req.output_expires_after is not None:
             check_supported(req.output_expires_after.anchor, ("created_at",), param="output_expires_after.anchor")
             check_expiry_seconds(req.output_expires_after.seconds, "output_expires_after.seconds")
-        self._check_input_file(tenant, req.input_file_id)
         batch_id = batch_id or new_batch_id()
+        input_file_id, where = self._input(tenant, req, batch_id)
+        ext = {**(ext or {}), **where}
         created = now()
         rec = BatchRecord(
             pk=batch_id, tenant=tenant, status="validating", endpoint=req.endpoint,
-            input_file_id=req.input_file_id, completion_window=req.completion_window, created_at=created,
+            input_file_id=input_file_id, completion_window=req.completion_window, created_at=created,
             expires_at=created + int(hours * self.settings.validation.hour_seconds),
             request_counts={"total": 0, "completed": 0, "failed": 0}, metadata=req.metadata,
             output_expires_after_seconds=req.output_expires_after.seconds if req.output_expires_after else None,
@@ -144,6 +146,25 @@ class BatchService:
         if self.events is not None:
             self.events.publish(rec)
         return to_wire(rec)
+
+    def _input(self, tenant: str, req: CreateBatchRequest, batch_id: str) -> tuple[str, dict[str, str]]:
+        """The batch's input file id (a file over `nightbatch.input_uri`'s objects, made now, or the checked
+        `input_file_id`) and where its input and output are in the user's buckets, for the batch object."""
+        options = req.nightbatch or {}
+        where = {}
+        if "output_uri" in options:
+            where["output_uri"] = output_location(options["output_uri"], batch_id)
+        if "input_uri" not in options:
+            if not req.input_file_id:
+                raise InvalidRequestError("Missing required parameter: 'input_file_id'.", param="input_file_id",
+                                          code="missing_required_parameter")
+            self._check_input_file(tenant, req.input_file_id)
+            return req.input_file_id, where
+        if req.input_file_id:
+            raise InvalidRequestError("Give 'input_file_id' or 'nightbatch.input_uri', not both.",
+                                      param="nightbatch.input_uri", code="invalid_value")
+        where["input_uri"] = options["input_uri"]
+        return register_input(self.files, tenant, options["input_uri"]).id, where
 
     def _check_input_file(self, tenant: str, file_id: str) -> None:
         # ARCHITECTURE decision 10: missing, another tenant's, or not purpose=batch -> one answer.
