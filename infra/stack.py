@@ -106,6 +106,7 @@ class NightbatchStack(cdk.Stack):
             "instance_type": config.gpu_instance_types[0],
             "capacity": "spot" if config.capacity.spot else "on-demand",
             "gpus_per_instance": 1,
+            **config.user_buckets.settings,
             **config.limits,
         })
 
@@ -314,6 +315,7 @@ class NightbatchStack(cdk.Stack):
             grant_table(self.storage, principal, TABLE_ACTIONS[name])
         for worker in self.worker_roles:
             grant_table(self.storage, worker, TABLE_ACTIONS["worker"], leading_keys=("batch_*",))
+        self.config.user_buckets.grant(roles, self.worker_roles)
 
     def _grant_drivers(self) -> None:
         """The one thing each principal drives: the workflow, a secret, a key, a topic, a queue, Batch jobs."""
