@@ -25,7 +25,8 @@ MEDIA_PARTS = ("image_url", "video_url", "audio_url")
 
 def check_media(settings: Settings, messages: list[Any],
                 where: Callable[[int], str] = lambda i: f"body.messages[{i}]") -> None:
-    """Multimodal parts: inline `data:` URLs only, unless NIGHTBATCH_MEDIA_ALLOWED_DOMAINS names https hosts
+    """Multimodal parts: inline `data:` URLs (and `s3://` images of the allow-listed user buckets,
+    docs/USER_BUCKETS.md) only, unless NIGHTBATCH_MEDIA_ALLOWED_DOMAINS names https hosts
     the engine may fetch from (a GPU worker fetching any URL a tenant names would reach its VPC and the
     instance metadata service). `where` names the i-th item holding a `content` list in the error's param."""
     allowed: set[str] | None = None  # parsed from the settings only when a line names a URL (per-line hot path)
@@ -43,6 +44,10 @@ def check_media(settings: Settings, messages: list[Any],
                     continue
                 if isinstance(url, str) and url.startswith("data:"):
                     continue
+                if kind == "image_url" and isinstance(url, str) and url.startswith("s3://"):
+                    bucket = url[len("s3://"):].partition("/")[0]
+                    if bucket in {b.strip() for b in settings.files.user_input_buckets.split(",")}:
+                        continue  # fetched by the worker (gpu_worker/images.py), within max_image_bytes
                 if allowed is None:
                     domains = settings.validation.media_allowed_domains
                     allowed = {d.strip().lower() for d in domains.split(",") if d.strip()}
