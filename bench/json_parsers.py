@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from bench.control_plane import input_line, result_line
+from bench.control_plane_world import input_line, result_line
 
 Fn = Callable[[Any], Any]
 

@@ -17,7 +17,7 @@ import tracemalloc
 
 from moto import mock_aws
 
-from bench.control_plane import result_line
+from bench.control_plane_world import result_line
 from nightbatch import layout
 from nightbatch.results.partial import partial_results
 from nightbatch.services import build_services

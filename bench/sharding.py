@@ -77,7 +77,7 @@ class ShardedSide(OurSide):
     def plan_sharded(self, input_path: Path, groups: int) -> tuple[str, list[dict[str, Any]]]:
         from bench.worker_sides import TENANT
         from nightbatch import layout
-        from nightbatch.batches.service import CreateBatchRequest
+        from nightbatch.batches.request import CreateBatchRequest
         from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 
         self.settings.pipeline.plan_prefix_groups = groups

@@ -126,7 +126,7 @@ class OurSide:
     (one shard), then `python -m gpu_worker` on it with the real vLLM engine."""
 
     def __init__(self, spec: ModelSpec, workdir: Path) -> None:
-        from bench.control_plane import start_s3
+        from bench.control_plane_world import start_s3
 
         self.spec = spec
         self.workdir = workdir
@@ -165,7 +165,7 @@ class OurSide:
 
     def plan(self, input_path: Path) -> str:
         """A new batch over the input, validated and planned into one shard; returns its id."""
-        from nightbatch.batches.service import CreateBatchRequest
+        from nightbatch.batches.request import CreateBatchRequest
         from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 
         services = self._services()

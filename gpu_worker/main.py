@@ -95,6 +95,7 @@ async def serve_shard(
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     blobs, table = adapters.blobs, adapters.table
+    # Once per attempt, before the engine starts: run_shard is handed the shard and does neither again.
     reason = await preflight(job, blobs=blobs, table=table)
     if reason is not None:
         # The cheap end of an unstarted job of a cancelled/expired batch, or a retry of a finished shard.
@@ -112,7 +113,7 @@ async def serve_shard(
         load_seconds = time.monotonic() - started
         report = await run_shard(
             job, engine=engine, blobs=blobs, table=table, settings=settings, stop=stop,
-            model_load_seconds=load_seconds, phases=phases,
+            model_load_seconds=load_seconds, phases=phases, shard=shard,
         )
     finally:
         await engine.stop()

@@ -97,18 +97,26 @@ async def preflight(job: ShardJob, *, blobs: BlobStore, table: Table) -> str | N
 async def run_shard(
     job: ShardJob, *, engine: Engine, blobs: BlobStore, table: Table, settings: Settings,
     stop: asyncio.Event | None = None, model_load_seconds: float = 0.0, phases: Phases | None = None,
+    shard: ShardSpec | None = None,
 ) -> ShardReport:
     """Runs what is left of a shard on a started engine. Returns when every line has a result (`finished`),
     or after a stop (batch cancelling/expired/terminal, or `stop` set) once in-flight requests are drained
-    and flushed. Raises when the engine dies or a checkpoint cannot be written, after flushing what it can."""
+    and flushed. Raises when the engine dies or a checkpoint cannot be written, after flushing what it can.
+
+    `shard`: its definition, from a caller that already ran `preflight` and loaded it (the worker's entry
+    does both before it starts the engine); without it, both happen here. Either way no request goes to the
+    engine before the batch watcher's first read says the batch still wants results (it may have been
+    cancelled while the engine started)."""
     report = ShardReport(batch_id=job.batch_id, shard_id=job.shard_id, model_load_seconds=model_load_seconds)
-    reason = await preflight(job, blobs=blobs, table=table)
-    if reason is not None:
-        report.finished = reason == "already_done"
-        report.stopped_reason = None if report.finished else reason
-        log.info("shard %s/%s not run: %s", job.batch_id, job.shard_id, reason)
-        return report
-    spec = await asyncio.to_thread(load_shard, blobs, job.batch_id, job.shard_id)
+    if shard is None:
+        reason = await preflight(job, blobs=blobs, table=table)
+        if reason is not None:
+            report.finished = reason == "already_done"
+            report.stopped_reason = None if report.finished else reason
+            log.info("shard %s/%s not run: %s", job.batch_id, job.shard_id, reason)
+            return report
+        shard = await asyncio.to_thread(load_shard, blobs, job.batch_id, job.shard_id)
+    spec = shard
     prefix = results_prefix(job.batch_id, job.shard_id)
     progress = await asyncio.to_thread(read_progress, blobs, prefix)
     run = _ShardRun(job, spec, engine, settings, progress, blobs=blobs, table=table, stop=stop,
@@ -182,6 +190,7 @@ class _ShardRun:
         self.priorities = bool(getattr(engine, "priorities", False))
         self.sent = 0
         self.halt = asyncio.Event()
+        self.watched = asyncio.Event()  # set once the batch watcher has read the batch
         self.reason: str | None = None
         self.fatal: BaseException | None = None
         self.tasks: set[asyncio.Task[None]] = set()
@@ -235,6 +244,9 @@ class _ShardRun:
     async def _dispatch(self, halt_waiter: asyncio.Task[Any]) -> bool:
         """Feeds lines to the engine until the shard is exhausted (True) or a stop arrives (False)."""
         lines: Iterator[PendingRequest] = ordered(self.pending, OrderPolicy.from_settings(self.settings))
+        watched = asyncio.create_task(self.watched.wait())
+        await asyncio.wait({watched, halt_waiter}, return_when=asyncio.FIRST_COMPLETED)
+        watched.cancel()
         block = max(1, min(READ_BLOCK, self.max_in_flight))
         ready: deque[PendingRequest] = deque()
         exhausted = False
@@ -330,7 +342,8 @@ class _ShardRun:
 
     async def _watch_batch(self) -> None:
         reason = await watch_batch(
-            self.table, self.job.batch_id, every=self.settings.worker.poll_seconds, halt=self.halt
+            self.table, self.job.batch_id, every=self.settings.worker.poll_seconds, halt=self.halt,
+            polled=self.watched,
         )
         if reason:
             self._halt_for(reason)

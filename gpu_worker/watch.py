@@ -41,8 +41,10 @@ async def read_stop_reason(table: Table, batch_id: str) -> str | None:
     return stop_reason(batch, time.time())
 
 
-async def watch_batch(table: Table, batch_id: str, *, every: float, halt: asyncio.Event) -> str:
-    """Polls the batch item until it says stop (returns the reason) or `halt` is set (returns "")."""
+async def watch_batch(table: Table, batch_id: str, *, every: float, halt: asyncio.Event,
+                      polled: asyncio.Event | None = None) -> str:
+    """Polls the batch item until it says stop (returns the reason) or `halt` is set (returns ""); sets
+    `polled` after each read, failed or not."""
     while not halt.is_set():
         try:
             reason = await read_stop_reason(table, batch_id)
@@ -50,6 +52,8 @@ async def watch_batch(table: Table, batch_id: str, *, every: float, halt: asynci
             # A DynamoDB hiccup must not stop inference; the next poll tries again.
             log.exception("could not read batch %s", batch_id)
             reason = None
+        if polled is not None:
+            polled.set()
         if reason is not None:
             return reason
         with contextlib.suppress(TimeoutError):

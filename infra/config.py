@@ -7,7 +7,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from infra.gpu_catalog import GPU_SHAPES, check_model_fit, is_fp8, params_billions, weights_gib
+from infra.gpu_catalog import GPU_SHAPES
+from infra.gpu_fit import GpuNeeds
 from infra.user_buckets import UserBuckets
 from nightbatch.models.spec import ModelSpec
 from nightbatch.settings import SETTINGS, Settings, nest
@@ -107,35 +108,11 @@ class DeployedModel(_Strict):
         return data
 
     @property
-    def tensor_parallel_size(self) -> int:
-        return int(self.spec.engine_args.get("tensor_parallel_size", 1))
-
-    @property
-    def gpu_memory_utilization(self) -> float:
-        return float(self.spec.engine_args.get("gpu_memory_utilization", 0.9))
-
-    @property
-    def fp8(self) -> bool:
-        return is_fp8(self.spec.dtype, self.spec.engine_args, self.spec.name)
-
-    @property
-    def weights_gib(self) -> float | None:
-        if self.fleet.weights_gib:
-            return self.fleet.weights_gib
-        params = params_billions(self.spec.name, self.spec.source)
-        return None if params is None else weights_gib(params, self.spec.dtype, self.fp8)
-
-    @property
-    def shared_memory_gib(self) -> int:
-        return self.fleet.shared_memory_gib or 2 + 4 * (self.tensor_parallel_size - 1)
-
-    def check_fits(self, instance_types: tuple[str, ...]) -> None:
-        for instance_type in instance_types:
-            check_model_fit(
-                model=self.spec.name, instance_type=instance_type, dtype=self.spec.dtype,
-                tensor_parallel_size=self.tensor_parallel_size, fp8=self.fp8, weights=self.weights_gib,
-                min_kv_cache_gib=self.fleet.min_kv_cache_gib, gpu_memory_utilization=self.gpu_memory_utilization,
-            )
+    def gpu(self) -> GpuNeeds:
+        """What it asks of its GPUs (tensor parallelism, memory, FP8, /dev/shm), checked against its types."""
+        return GpuNeeds.of(self.spec, weights_gib_set=self.fleet.weights_gib,
+                           shared_memory_gib_set=self.fleet.shared_memory_gib,
+                           min_kv_cache_gib=self.fleet.min_kv_cache_gib)
 
     @field_validator("spec")
     @classmethod
@@ -326,7 +303,7 @@ class DeployConfig(_Strict):
         if unknown:
             raise ValueError(f"gpuInstanceTypes {unknown} are not types nightbatch knows: {sorted(GPU_SHAPES)}")
         for model in self.models:
-            model.check_fits(self.instance_types_for(model))
+            model.gpu.check_fits(self.instance_types_for(model))
         if self.worker_volume_throughput * 4 > self.worker_volume_iops:
             raise ValueError(f"workerVolumeThroughputMiBps={self.worker_volume_throughput} needs workerVolumeIops >= "
                              f"{self.worker_volume_throughput * 4} (gp3 allows 0.25 MiB/s per IOPS)")
@@ -351,6 +328,12 @@ class DeployConfig(_Strict):
     def all_instance_types(self) -> tuple[str, ...]:
         """Every type some model may run on, for the compute environments (Batch picks one a job fits)."""
         return tuple(dict.fromkeys(t for m in self.models for t in self.instance_types_for(m)))
+
+    @property
+    def sagemaker_instance_types(self) -> dict[str, str]:
+        """The ml.* type each model's training jobs run on: its first instance type."""
+        return {m.spec.name: f"ml.{self.instance_types_for(m)[0]}" for m in self.models
+                if self.backend_for(m) != "batch"}
 
     @field_validator("limits")
     @classmethod

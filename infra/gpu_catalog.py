@@ -1,13 +1,11 @@
-"""GPU instance types nightbatch knows, and the checks that refuse a model/instance pairing vLLM cannot run.
+"""GPU instance types nightbatch knows, and what a job of some GPUs may ask of them.
 
 Shapes and GPU facts: AWS instance pages and ../shared/reference/aws-gpu-fleet-notes.md §3.3. GPU memory is what
-the driver reports (a little under the nominal figure), in GiB. Synth calls `check_model_fit` for every model and
-every instance type it may be placed on, so an impossible configuration fails before anything is deployed.
+the driver reports (a little under the nominal figure), in GiB. Whether a model fits a type: `infra.gpu_fit`.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -68,65 +66,11 @@ GPU_SHAPES: Mapping[str, GpuShape] = {
 HOST_RESERVED_GIB = 2
 HOST_RESERVED_SHARE = 0.05
 
-_BYTES_PER_PARAM = {"float32": 4.0, "float16": 2.0, "half": 2.0, "bfloat16": 2.0, "auto": 2.0}
-# "Llama-3.1-8B", "Qwen2.5-72B-Instruct", "s3://w/llama/8b/", "SmolLM2-135M"
-_PARAMS = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)\s*([bBmM])(?![a-zA-Z])")
-
 
 def shape(instance_type: str) -> GpuShape:
     if instance_type not in GPU_SHAPES:
         raise ValueError(f"instance type {instance_type!r} is not one nightbatch knows: {sorted(GPU_SHAPES)}")
     return GPU_SHAPES[instance_type]
-
-
-def params_billions(*texts: str) -> float | None:
-    """The parameter count a model's name or source states ("8B", "135M"), in billions; None if none does."""
-    for text in texts:
-        for number, unit in _PARAMS.findall(text):
-            return float(number) * (1.0 if unit in "bB" else 0.001)
-    return None
-
-
-def is_fp8(dtype: str, engine_args: Mapping[str, object], name: str) -> bool:
-    quantization = str(engine_args.get("quantization") or "").lower()
-    return "fp8" in quantization or "fp8" in dtype.lower() or bool(re.search(r"fp8", name, re.IGNORECASE))
-
-
-def weights_gib(params_b: float, dtype: str, fp8: bool) -> float:
-    per_param = 1.0 if fp8 else _BYTES_PER_PARAM.get(dtype.lower(), 2.0)
-    return params_b * 1e9 * per_param / 2**30
-
-
-def check_model_fit(
-    *,
-    model: str,
-    instance_type: str,
-    dtype: str,
-    tensor_parallel_size: int,
-    fp8: bool,
-    weights: float | None,
-    min_kv_cache_gib: float,
-    gpu_memory_utilization: float,
-) -> None:
-    """Raise ValueError, naming the model, the instance type and the fix, when vLLM could not serve it there."""
-    s = shape(instance_type)
-    where = f"model {model!r} on {instance_type} ({s.gpus}x {s.gpu}, compute capability {s.compute_capability})"
-    if tensor_parallel_size > s.gpus:
-        raise ValueError(f"{where}: tensor_parallel_size={tensor_parallel_size} needs {tensor_parallel_size} GPUs in "
-                         f"one instance, it has {s.gpus}; list multi-GPU types in the model's instanceTypes")
-    if dtype.lower() == "bfloat16" and not s.bf16:
-        raise ValueError(f"{where}: {s.gpu} has no bfloat16 (vLLM needs compute capability >= 8.0); "
-                         f"set the model's dtype to float16, or drop {instance_type} from its instanceTypes")
-    if fp8 and not s.fp8:
-        raise ValueError(f"{where}: {s.gpu} has no FP8 (W8A8 FP8 needs compute capability >= 8.9: L4, L40S, H100); "
-                         f"use g6/g6e/p5 types or an unquantized checkpoint")
-    if weights is not None:
-        usable = s.gpu_memory_gib * tensor_parallel_size * gpu_memory_utilization
-        if weights + min_kv_cache_gib > usable:
-            raise ValueError(
-                f"{where}: weights {weights:.1f} GiB + minimum KV cache {min_kv_cache_gib:.1f} GiB exceed the "
-                f"{usable:.1f} GiB vLLM may use on {tensor_parallel_size} GPU(s) at gpu_memory_utilization="
-                f"{gpu_memory_utilization}; raise tensor_parallel_size, use larger GPUs, or quantize")
 
 
 def job_resources(instance_types: Sequence[str], gpus: int = 1) -> tuple[int, int]:

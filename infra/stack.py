@@ -15,12 +15,11 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_secretsmanager as secretsmanager
 from constructs import Construct
 
-from infra import access, nag
+from infra import access, environment, nag
 from infra.access import TABLE_ACTIONS, WORKER_INPUT_PREFIXES, WORKER_PREFIXES, grant_objects, grant_table
 from infra.api import Api
 from infra.bundling import lambda_code
 from infra.config import DeployConfig
-from infra.environment import env_name, settings_environment
 from infra.gpu_compute import GpuCompute, ModelJob
 from infra.lambdas import LambdaBase
 from infra.notifications import Notifications
@@ -39,9 +38,10 @@ def _retention(days: int) -> logs.RetentionDays:
 class NightbatchStack(cdk.Stack):
     """API Gateway → API Lambda; S3 + DynamoDB; Step Functions per batch → AWS Batch GPU workers.
 
-    The constructor reads as the stack's parts in order: the runtime environment, the constructs (storage,
-    notifications, GPU compute, secrets, the Lambdas and the workflow), the grants, the limits and alarms, and
-    the outputs; each part is one method below."""
+    The constructor reads as the stack's parts in order: the constructs (storage, notifications, GPU compute,
+    secrets, the Lambdas and the workflow), the grants, the limits and alarms, and the outputs; each part is one
+    method below. What each function's environment holds is `infra.environment`'s; the stack hands it the
+    references of what it built."""
 
     def __init__(self, scope: Construct, id: str, *, config: DeployConfig, repo_root: Path, **kwargs: Any) -> None:
         super().__init__(scope, id, description=f"nightbatch ({config.stage}): OpenAI-compatible Batch API",
@@ -56,7 +56,9 @@ class NightbatchStack(cdk.Stack):
             alarm_email=config.notifications.alarm_email, sender_identity=config.notifications.sender_identity,
             create_sender_identity=config.notifications.create_sender_identity,
         )
-        self.runtime = self._runtime_environment()
+        self.runtime = environment.runtime_environment(config, region=self.region,
+                                                       bucket=self.storage.bucket.bucket_name,
+                                                       table=self.storage.table.table_name)
         self.gpu = self._gpu_compute(repo_root)
         # SageMaker Training Jobs for the models whose `gpuBackend` is sagemaker or both.
         self.training_jobs = (TrainingJobs(self, "TrainingJobs", image=self.gpu.image,
@@ -89,44 +91,6 @@ class NightbatchStack(cdk.Stack):
         self._outputs()
         nag.acknowledge(self)
 
-    # --- environment -------------------------------------------------------------------------------------------
-
-    def _runtime_environment(self) -> dict[str, str]:
-        """What every Lambda and the worker are configured with."""
-        config = self.config
-        return settings_environment({
-            "mode": "aws",
-            "region": self.region,
-            "bucket": self.storage.bucket.bucket_name,
-            "table": self.storage.table.table_name,
-            "models_json": config.models_json,
-            "max_gpus": config.max_gpus,
-            # Cost estimates (batch.nightbatch.cost): the preferred type and capacity; the job definition is
-            # shared by both compute environments, so a job cannot be told which one placed it.
-            "instance_type": config.gpu_instance_types[0],
-            "capacity": "spot" if config.capacity.spot else "on-demand",
-            "gpus_per_instance": 1,
-            **config.user_buckets.settings,
-            **config.limits,
-        })
-
-    def _email_policy(self) -> dict[str, str]:
-        # The API refuses a batch naming an address outside these domains; Notify skips one that slipped through.
-        return settings_environment({"email_allowed_domains": ",".join(self.config.notifications.allowed_domains)})
-
-    def _notify_environment(self) -> dict[str, str]:
-        """Notify's and the webhook deliverer's channels."""
-        notify_env: dict[str, Any] = {
-            "topic_arn": self.notifications.topic.topic_arn,
-            "webhook_queue_url": self.notifications.webhook_queue.queue_url,
-            # Webhook signing secrets are sealed with the stack's key (nightbatch/storage/kms.py).
-            "secrets_kms_key": self.secrets_key.key_arn,
-        }
-        if self.notifications.configuration_set is not None:
-            notify_env["email_sender"] = self.config.notifications.sender_email
-            notify_env["email_configuration_set"] = self.notifications.configuration_set.configuration_set_name
-        return settings_environment(notify_env)
-
     # --- constructs --------------------------------------------------------------------------------------------
 
     def _gpu_compute(self, repo_root: Path) -> GpuCompute:
@@ -135,7 +99,7 @@ class NightbatchStack(cdk.Stack):
             self, "Gpu",
             repo_root=repo_root,
             models=[ModelJob(name=m.spec.name, instance_types=config.instance_types_for(m),
-                             gpus=m.tensor_parallel_size, shared_memory_gib=m.shared_memory_gib)
+                             gpus=m.gpu.tensor_parallel_size, shared_memory_gib=m.gpu.shared_memory_gib)
                     for m in config.models if config.backend_for(m) != "sagemaker"],
             use_batch=config.uses_batch,
             max_gpus=config.max_gpus,
@@ -179,45 +143,28 @@ class NightbatchStack(cdk.Stack):
 
     def _functions(self, code: lambda_.Code) -> None:
         """The upload composer, the webhook deliverer, the workflow's tasks and sweeper, and the API."""
-        config, runtime, retention = self.config, self.runtime, self.log_retention
-        link_env = settings_environment({"link_keys_secret": self.link_secret.secret_arn})
-        email_policy, notify_env = self._email_policy(), self._notify_environment()
-        # The principals that move a batch put its state changes on the bus (nightbatch/batches/state_changes.py).
-        bus = self.config.notifications.event_bus
-        bus_env = settings_environment({"event_bus": bus}) if bus else {}
-        lambdas = LambdaBase(code, runtime, retention)
+        config = self.config
+        lambdas = LambdaBase(code, self.runtime, self.log_retention)
         self.uploads = UploadComposer(self, "Uploads", lambdas=lambdas)
-        upload_env = settings_environment({"upload_queue_url": self.uploads.queue.queue_url})
+        configuration_set = self.notifications.configuration_set
+        channels = environment.channels_environment(
+            config, topic_arn=self.notifications.topic.topic_arn,
+            webhook_queue_url=self.notifications.webhook_queue.queue_url, secrets_kms_key=self.secrets_key.key_arn,
+            configuration_set=None if configuration_set is None else configuration_set.configuration_set_name)
         # The webhook queue's consumer builds the same notifier as Notify; it signs no download links, so it
         # gets neither the link secret nor the API's URL.
-        self.deliverer = self.notifications.add_deliverer(
-            lambdas=lambdas.with_environment({**email_policy, **notify_env}))
+        self.deliverer = self.notifications.add_deliverer(lambdas=lambdas.with_environment(channels))
         self.orchestration = Orchestration(
             self, "Orchestration",
             lambdas=lambdas,
-            task_environment={
-                "notify": {**email_policy, **notify_env, **link_env, **bus_env},
-                "validate": bus_env,
-                "finalize": bus_env,
-                # Plan names each shard's job definition (the model's) in the Map's manifest.
-                "plan": settings_environment({"job_definitions_json": cdk.Stack.of(self).to_json_string({
-                    name: jd.job_definition_arn for name, jd in self.gpu.job_definitions.items()}),
-                    **self._backends(), **self._sagemaker_capacity()}),
-                # Capacity picks each submission's queue (Spot, then on-demand), priority and share.
-                "capacity": settings_environment({
-                    "job_queues_json": cdk.Stack.of(self).to_json_string({
-                        kind: q.job_queue_arn for kind, q in self.gpu.queues.items()}),
-                    "capacity_margin_seconds": config.capacity_margin_minutes * 60,
-                    "shard_retry_attempts": config.shard_retry.max_attempts,
-                    "shard_retry_interval_seconds": config.shard_retry.interval_seconds,
-                    "shard_retry_backoff": config.shard_retry.backoff_rate,
-                    **self._sagemaker_capacity(),
-                }),
-            },
-            # The sweeper cancels a stopped batch's queued Batch jobs and stops its training jobs (by prefix).
-            sweeper_environment={**bus_env, **settings_environment({"job_queue": cdk.Fn.join(",", [
-                q.job_queue_arn for q in self.gpu.queues.values()]) if self.gpu.queues else ""}),
-                **settings_environment(self._sagemaker_capacity())},
+            task_environment=environment.task_environments(
+                config, self, channels=channels, link_keys_secret=self.link_secret.secret_arn,
+                job_definitions={name: jd.job_definition_arn for name, jd in self.gpu.job_definitions.items()},
+                job_queues={kind: q.job_queue_arn for kind, q in self.gpu.queues.items()},
+                sagemaker_job_prefix=self._sagemaker_job_prefix()),
+            sweeper_environment=environment.sweeper_environment(
+                config, [q.job_queue_arn for q in self.gpu.queues.values()],
+                sagemaker_job_prefix=self._sagemaker_job_prefix()),
             bucket=self.storage.bucket,
             job_queues=list(self.gpu.queues.values()),
             use_batch=config.uses_batch,
@@ -226,14 +173,11 @@ class NightbatchStack(cdk.Stack):
         )
         self.api = Api(
             self, "Api",
-            lambdas=lambdas.with_environment({
-                **link_env, **upload_env, **email_policy, **bus_env, **settings_environment({
-                "state_machine_arn": self.orchestration.state_machine.state_machine_arn,
-                "api_keys_secret": self.api_keys.secret_arn,
-                "secrets_kms_key": self.secrets_key.key_arn,
-                # `webhooks.test` queues its sample event for Deliver instead of calling the receiver itself.
-                "webhook_queue_url": self.notifications.webhook_queue.queue_url,
-                })}),
+            lambdas=lambdas.with_environment(environment.api_environment(
+                config, link_keys_secret=self.link_secret.secret_arn, upload_queue_url=self.uploads.queue.queue_url,
+                state_machine_arn=self.orchestration.state_machine.state_machine_arn,
+                api_keys_secret=self.api_keys.secret_arn, secrets_kms_key=self.secrets_key.key_arn,
+                webhook_queue_url=self.notifications.webhook_queue.queue_url)),
             memory_mb=config.api.memory_mb,
             rate_limit=config.api.rate_limit,
             burst_limit=config.api.burst_limit,
@@ -241,35 +185,10 @@ class NightbatchStack(cdk.Stack):
         # Notify signs download links into its e-mails; they point at this API, unless `limits` names another
         # public URL (a custom domain). No cycle: the HTTP API does not depend on the workflow, its Lambda does.
         if "public_base_url" not in config.limits:
-            self.orchestration.tasks["notify"].add_environment(env_name("public_base_url"), self.api.url)
+            self.orchestration.tasks["notify"].add_environment(environment.env_name("public_base_url"), self.api.url)
 
-    def _backends(self) -> dict[str, Any]:
-        """Plan's backend per model, when some model does not run on AWS Batch alone."""
-        config = self.config
-        if not config.uses_sagemaker:
-            return {}
-        return {"backends_json": json.dumps({m.spec.name: config.backend_for(m) for m in config.models},
-                                            separators=(",", ":"))}
-
-    def _sagemaker_capacity(self) -> dict[str, Any]:
-        """Capacity's SageMaker instance type per model (the model's first type as ml.*) and capacity kinds."""
-        config = self.config
-        if not config.uses_sagemaker:
-            return {}
-        return {"sagemaker_json": json.dumps({
-            "instance_types": self._sagemaker_instance_types(),
-            "spot": config.capacity.spot, "on_demand": config.capacity.on_demand,
-            "max_pending_seconds": config.runnable_timeout_minutes * 60,
-            "job_prefix": self.training_jobs.job_prefix if self.training_jobs is not None else "",
-            "max_jobs": {m.spec.name: m.fleet.sagemaker_max_jobs for m in config.models
-                         if config.backend_for(m) != "batch" and m.fleet.sagemaker_max_jobs},
-        }, separators=(",", ":"))}
-
-    def _sagemaker_instance_types(self) -> dict[str, str]:
-        """The ml.* type each model's training jobs run on: its first instance type."""
-        config = self.config
-        return {m.spec.name: f"ml.{config.instance_types_for(m)[0]}" for m in config.models
-                if config.backend_for(m) != "batch"}
+    def _sagemaker_job_prefix(self) -> str:
+        return self.training_jobs.job_prefix if self.training_jobs is not None else ""
 
     @property
     def worker_roles(self) -> list[iam.IRole]:
@@ -386,7 +305,7 @@ class NightbatchStack(cdk.Stack):
             cdk.CfnOutput(self, "SpotQueueArn" if kind == "spot" else "OnDemandQueueArn", value=queue.job_queue_arn)
         if self.training_jobs is not None:  # the doctor reads these types' SageMaker quotas
             cdk.CfnOutput(self, "SageMakerInstanceTypes",
-                          value=",".join(sorted(set(self._sagemaker_instance_types().values()))))
+                          value=",".join(sorted(set(self.config.sagemaker_instance_types.values()))))
         cdk.CfnOutput(self, "TopicArn", value=self.notifications.topic.topic_arn)
         cdk.CfnOutput(self, "DashboardName", value=self.observability.dashboard.dashboard_name)
 

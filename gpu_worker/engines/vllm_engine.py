@@ -1,4 +1,6 @@
-"""The vLLM engine: OpenAI request bodies answered by vLLM's own serving layer, as `run_batch` does."""
+"""The vLLM engine: OpenAI request bodies answered by vLLM's own serving layer, as `run_batch` does.
+
+The running engine and `handle()`; the arguments it is started with are `gpu_worker.engines.vllm_args`'s."""
 
 from __future__ import annotations
 
@@ -6,11 +8,9 @@ import asyncio
 import dataclasses
 import gc
 import json
-import os
 import sys
 import time
 import warnings
-from argparse import Namespace
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack
 from http import HTTPStatus
@@ -24,14 +24,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from gpu_worker.engines.base import EngineFailedError, EngineReply
-from gpu_worker.engines.lora import lora_engine_args, lora_module_paths
+from gpu_worker.engines.vllm_args import cli_namespace, prepare_platform, split_args
 from gpu_worker.model_prep import resolve_model_dir
 from nightbatch.models.spec import ModelSpec
-from nightbatch.models.templates import resolve_chat_template
-
-# vLLM reads these when its EngineCore process starts. Defaults for a small CPU box (local-engines.md §2):
-# vLLM otherwise reserves one of two cores and computes on a single thread.
-CPU_ENV_DEFAULTS = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
 
 CHAT_URL = "/v1/chat/completions"
 COMPLETIONS_URL = "/v1/completions"
@@ -78,7 +73,7 @@ class VllmEngine:
         if self._stack is not None:
             return
         started = time.monotonic()
-        on_cpu = _prepare_platform()
+        on_cpu = prepare_platform()
         model_dir = self._model_dir
         if model_dir is None:
             model_dir = await asyncio.to_thread(resolve_model_dir, self.spec, self._cache_dir)
@@ -92,8 +87,8 @@ class VllmEngine:
         from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client_from_engine_args
         from vllm.usage.usage_lib import UsageContext
 
-        engine_args, frontend = _split_args(self.spec, model_dir, on_cpu=on_cpu, load_format=self._load_format,
-                                            lora_dirs=lora_dirs)
+        engine_args, frontend = split_args(self.spec, model_dir, on_cpu=on_cpu, load_format=self._load_format,
+                                           lora_dirs=lora_dirs)
         stack = AsyncExitStack()
         try:
             client = await stack.enter_async_context(
@@ -101,9 +96,8 @@ class VllmEngine:
                     engine_args, usage_context=UsageContext.OPENAI_BATCH_RUNNER
                 )
             )
-            # init_app_state is what both the OpenAI server and run_batch use to build the serving objects;
-            # it wants the CLI namespace, which is the union of the frontend and engine dataclasses.
-            args = Namespace(**{**_fields(frontend), **_fields(engine_args)})
+            # init_app_state is what both the OpenAI server and run_batch use to build the serving objects.
+            args = cli_namespace(engine_args, frontend)
             state = State()
             await init_app_state(client, state, args, await client.get_supported_tasks())
             if self.spec.task == "score" and getattr(state, "serving_scores", None) is None:
@@ -239,91 +233,6 @@ def logprobs_over_limit(url: str, body: dict[str, Any], limit: int) -> tuple[str
         return None
     return (f"'{param}' is {asked}, over this model's limit of {limit} log probabilities per token (the model's "
             "`max_logprobs` engine argument).", param)
-
-
-def _prepare_platform() -> bool:
-    from vllm.platforms import current_platform
-
-    on_cpu = bool(current_platform.is_cpu())
-    if on_cpu:
-        for name, value in CPU_ENV_DEFAULTS.items():
-            os.environ.setdefault(name, value)
-    return on_cpu
-
-
-def _split_args(
-    spec: ModelSpec, model_dir: Path | str, *, on_cpu: bool, load_format: str | None = None,
-    lora_dirs: dict[str, str] | None = None,
-) -> tuple[Any, Any]:
-    """AsyncEngineArgs and the server's frontend args; `spec.engine_args` keys may belong to either."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.cli_args import BaseFrontendArgs
-
-    engine_kwargs: dict[str, Any] = {
-        "model": str(model_dir),
-        "served_model_name": [spec.name],
-        "dtype": spec.dtype,
-        "max_model_len": spec.max_model_len,
-        "enable_log_requests": False,
-        "disable_log_stats": True,
-    }
-    if spec.task in ("embed", "score"):
-        engine_kwargs["runner"] = "pooling"
-    if load_format:
-        # Run:ai streamer: safetensors read from S3 straight into GPU memory, config/tokenizer copied locally.
-        engine_kwargs["load_format"] = load_format
-    if spec.reasoning_parser:
-        engine_kwargs["reasoning_parser"] = spec.reasoning_parser
-    if on_cpu:
-        # torch.compile costs 60-80 s per start on CPU for a 10-17 % gain (local-engines.md §2).
-        engine_kwargs["enforce_eager"] = True
-    engine_names = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
-    frontend_names = {f.name for f in dataclasses.fields(BaseFrontendArgs)}
-    frontend_kwargs = _model_frontend_args(spec)
-    if spec.lora_modules:
-        engine_kwargs.update(lora_engine_args(spec, on_cpu=on_cpu))
-        frontend_kwargs["lora_modules"] = lora_module_paths(spec, lora_dirs or {})
-    for key, value in spec.engine_args.items():
-        if key in frontend_kwargs or (key == "reasoning_parser" and spec.reasoning_parser):
-            raise ValueError(f"model {spec.name!r}: set {key!r} as the model's own setting, not in engine_args")
-        if key in engine_names:
-            engine_kwargs[key] = value
-        elif key in frontend_names:
-            frontend_kwargs[key] = value
-        else:
-            raise ValueError(f"model {spec.name!r}: unknown engine_args key {key!r}")
-    return AsyncEngineArgs(**engine_kwargs), BaseFrontendArgs(**frontend_kwargs)
-
-
-def _model_frontend_args(spec: ModelSpec) -> dict[str, Any]:
-    """vLLM server flags that a model's own settings name (tool calling, chat template)."""
-    _check_parser_names(spec)
-    kwargs: dict[str, Any] = {}
-    if spec.tool_call_parser:
-        kwargs["tool_call_parser"] = spec.tool_call_parser
-    if spec.enable_auto_tool_choice:
-        kwargs["enable_auto_tool_choice"] = True
-    if spec.chat_template is not None:
-        kwargs["chat_template"] = resolve_chat_template(spec.chat_template)
-    if spec.default_chat_template_kwargs:
-        kwargs["default_chat_template_kwargs"] = dict(spec.default_chat_template_kwargs)
-    return kwargs
-
-
-def _check_parser_names(spec: ModelSpec) -> None:
-    from vllm.reasoning import ReasoningParserManager
-    from vllm.tool_parsers import ToolParserManager
-
-    for setting, name, known in (
-        ("tool_call_parser", spec.tool_call_parser, ToolParserManager.list_registered),
-        ("reasoning_parser", spec.reasoning_parser, ReasoningParserManager.list_registered),
-    ):
-        if name and name not in known():
-            raise ValueError(f"model {spec.name!r}: {setting} {name!r} is not one of vLLM's: {', '.join(known())}")
-
-
-def _fields(obj: Any) -> dict[str, Any]:
-    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
 
 
 def _routes(state: State) -> dict[str, _Route]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nightbatch.batches.service import CreateBatchRequest
+from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.ids import new_batch_id
 from nightbatch.services import Services
 from nightbatch.tenancy.limits import admit_batch, release_batch_slot

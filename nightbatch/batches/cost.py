@@ -7,7 +7,6 @@ Attempts that ran on SageMaker (layout.AttemptRecord.backend) are priced at ml.*
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -98,9 +97,7 @@ def training_job_billing(adapters: Adapters, times: ShardTime) -> dict[str, tupl
 
 def ml_price_per_hour(settings: Settings, instance_type: str) -> float | None:
     """The configured or built-in on-demand price of an ml.* type; None when neither knows it."""
-    a = settings.accounting
-    overrides = json.loads(a.sagemaker_prices_json) if a.sagemaker_prices_json else {}
-    price = overrides.get(instance_type, ML_PRICES.get(instance_type))
+    price = settings.accounting.sagemaker_prices.get(instance_type, ML_PRICES.get(instance_type))
     return float(price) if price is not None else None
 
 

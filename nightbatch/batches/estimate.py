@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from nightbatch.batches.cost import PRICES
-from nightbatch.batches.service import window_hours
+from nightbatch.batches.request import window_hours
 from nightbatch.errors import InvalidRequestError
 from nightbatch.jsonl import split_lines
 from nightbatch.models.spec import SCORE_ENDPOINTS

@@ -19,7 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from nightbatch.batches.admission import create_admitted
-from nightbatch.batches.service import CreateBatchRequest, ExpiresAfter
+from nightbatch.batches.request import CreateBatchRequest, ExpiresAfter
 from nightbatch.errors import ConflictError, InvalidRequestError, NotFoundError, StorageConflictError
 from nightbatch.ids import custom_id_digest, new_file_id
 from nightbatch.jsonl import UndecodableLine, loads, split_lines

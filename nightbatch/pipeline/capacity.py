@@ -37,7 +37,6 @@ from nightbatch.clock import now
 from nightbatch.pipeline import training_jobs
 from nightbatch.pipeline.sizing import _wall
 from nightbatch.services import Services
-from nightbatch.settings import Settings
 from nightbatch.storage.records import BatchRecord
 
 Capacity = Literal["spot", "on-demand"]
@@ -80,11 +79,6 @@ def share_identifier(tenant: str) -> str:
 
 def scheduling_priority(seconds_left: float) -> int:
     return int(max(0, min(9999, 9999 - max(0.0, seconds_left) // 600)))
-
-
-def queues(settings: Settings) -> dict[str, str]:
-    parsed: dict[str, str] = json.loads(settings.capacity.job_queues_json or "{}")
-    return parsed
 
 
 def remaining_work_seconds(services: Services, batch_id: str) -> float:
@@ -131,8 +125,8 @@ def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
     prev = item.get("capacity") or {}
     attempt = int(prev.get("attempt", 0)) + 1
     batch = table.get_record(BatchRecord, batch_id)
-    available = queues(settings)
-    sagemaker = training_jobs.sagemaker_config(settings)
+    available = settings.capacity.job_queues
+    sagemaker = settings.capacity.sagemaker
     t = now()
     expires_at = batch.expires_at if batch is not None else None
     seconds_left = float(t if expires_at is None else expires_at) - t

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 from nightbatch import layout
 from nightbatch.clock import now
 from nightbatch.layout import SegmentEntry, ShardItem
 from nightbatch.models.spec import served_model
-from nightbatch.pipeline import training_jobs
 from nightbatch.pipeline.models import BatchTaskInput, PlanOutput
 from nightbatch.pipeline.placement import place_by_model, place_by_prefix
 from nightbatch.pipeline.sizing import plan_shards
@@ -73,8 +70,7 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
     on_sagemaker: set[str] = set()  # models whose shards may run on SageMaker
     if batch is not None and batch.status == "in_progress":
         index = layout.read_segments(blobs, inp.batch_id)
-        job_definitions: dict[str, str] = json.loads(settings.pipeline.job_definitions_json or "{}")
-        backends: dict[str, str] = json.loads(settings.pipeline.backends_json or "{}")
+        job_definitions, backends = settings.pipeline.job_definitions, settings.pipeline.backends
         window = max(0.0, float(batch.expires_at) - now()) if batch.expires_at else None
         # Each shard serves one model (one engine); a model's shards are numbered together.
         by_model = by_served_model(index.segments, batch.model or "", settings)
@@ -111,5 +107,5 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
 def max_concurrency(settings: Settings, models: set[str]) -> int:
     """max_gpus, capped by the SageMaker quota (`max_jobs`) of each model whose shards may run there: jobs over
     the quota would only be refused and wait. Never 0, which the Map reads as "no limit"."""
-    caps = training_jobs.sagemaker_config(settings).max_jobs if models else {}
+    caps = settings.capacity.sagemaker.max_jobs if models else {}
     return max(1, min([settings.pipeline.max_gpus, *(caps[m] for m in models if caps.get(m))]))

@@ -12,7 +12,7 @@ from nightbatch.clock import now
 from nightbatch.metrics import emit
 from nightbatch.pipeline.finalize import finalize_batch
 from nightbatch.pipeline.models import BatchTaskInput
-from nightbatch.pipeline.training_jobs import batch_of_job, sagemaker_config
+from nightbatch.pipeline.training_jobs import batch_of_job
 from nightbatch.services import Services
 from nightbatch.storage.batch_jobs import ACTIVE, UNSTARTED, BatchJobs
 from nightbatch.storage.records import BatchRecord, EventRecord
@@ -147,7 +147,7 @@ def _sweep_training_jobs(services: Services, t: int) -> list[str]:
     by Finalize as the batch's. One job that cannot be handled is logged and skipped."""
     table = services.adapters.table
     jobs = TrainingJobStops(client=services.adapters.client("sagemaker"),
-                            prefix=sagemaker_config(services.settings).job_prefix)
+                            prefix=services.settings.capacity.sagemaker.job_prefix)
     batches: dict[str, BatchRecord | None] = {}
     stopped: list[str] = []
     for name in jobs.in_progress(MAX_TRAINING_JOBS_PER_SWEEP):

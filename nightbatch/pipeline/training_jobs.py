@@ -24,19 +24,12 @@ import re
 import secrets
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from nightbatch.settings import Settings
+from nightbatch.settings import JOB_PREFIX_RE
 
 # SageMaker's bounds (botocore's CreateTrainingJob model).
 MAX_RUNTIME_SECONDS = 28 * 24 * 3600
 MIN_PENDING_SECONDS, MAX_PENDING_SECONDS = 1800, 2419200
 JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
-# `nb-<1-8 lower-case alphanumerics>-`: with the rest of a name (32 hex + a 5-digit shard + up to 5 digits of
-# attempt + 6 hex + 4 dashes) it stays within 63 characters.
-JOB_PREFIX_RE = re.compile(r"^nb-[a-z0-9]{1,8}-$")
-# What a deployment whose stack wrote no prefix (the local mode, tests) names its jobs.
-DEFAULT_JOB_PREFIX = "nb-local-"
 # How a SageMaker attempt ends when Spot could not hold or place it (SecondaryStatus / FailureReason).
 SPOT_SHORTAGE = ("MaxWaitTimeExceeded", "Interrupted", "CapacityError")
 # CreateTrainingJob refused for the account's quota of the type: Step Functions names the API error
@@ -45,23 +38,6 @@ SPOT_SHORTAGE = ("MaxWaitTimeExceeded", "Interrupted", "CapacityError")
 QUOTA_REFUSAL = "ResourceLimitExceeded"
 # A Batch attempt its queue could not place within its RUNNABLE bound (an EC2 quota of 0 looks the same).
 BATCH_PLACEMENT_FAILURE = ("CAPACITY:", "MISCONFIGURATION:COMPUTE_ENVIRONMENT_MAX_RESOURCE")
-
-
-class SageMakerConfig(BaseModel):
-    """CapacitySettings.sagemaker_json, written by the stack."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    instance_types: dict[str, str] = {}  # model -> ml.* instance type
-    spot: bool = True
-    on_demand: bool = True
-    max_pending_seconds: int = 4 * 3600
-    max_jobs: dict[str, int] = {}  # model -> shards of one batch at once (its training quota); absent: max_gpus
-    job_prefix: str = Field(DEFAULT_JOB_PREFIX, pattern=JOB_PREFIX_RE.pattern)  # deployment_job_prefix(stack)
-
-
-def sagemaker_config(settings: Settings) -> SageMakerConfig:
-    return SageMakerConfig.model_validate_json(settings.capacity.sagemaker_json or "{}")
 
 
 def deployment_job_prefix(deployment: str) -> str:

@@ -16,10 +16,15 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from nightbatch.settings.base import ENV_PREFIX, Env, Section, env_var
 from nightbatch.settings.delivery import LinkSettings, NotificationSettings
 from nightbatch.settings.pipeline import (
+    DEFAULT_JOB_PREFIX,
+    JOB_PREFIX_RE,
     AccountingSettings,
     CapacitySettings,
+    GpuBackend,
     LimitSettings,
     PipelineSettings,
+    SageMakerConfig,
+    TenantLimits,
     ValidationSettings,
     WorkerSettings,
 )
@@ -33,10 +38,11 @@ from nightbatch.settings.service import (
 )
 
 __all__ = [
-    "ENV_PREFIX", "SETTINGS", "AccountingSettings", "ApiSettings", "CapacitySettings", "CliSettings",
-    "DeploymentSettings", "Env", "FileSettings", "JobInputs", "LimitSettings", "LinkSettings",
-    "NotificationSettings", "PipelineSettings", "Section", "ServingSettings", "SettingField", "Settings",
-    "UploadSettings", "ValidationSettings", "WorkerSettings", "env_var", "get_settings", "nest", "variable_of",
+    "DEFAULT_JOB_PREFIX", "ENV_PREFIX", "JOB_PREFIX_RE", "SETTINGS", "AccountingSettings", "ApiSettings",
+    "CapacitySettings", "CliSettings", "DeploymentSettings", "Env", "FileSettings", "GpuBackend", "JobInputs",
+    "LimitSettings", "LinkSettings", "NotificationSettings", "PipelineSettings", "SageMakerConfig", "Section",
+    "ServingSettings", "SettingField", "Settings", "TenantLimits", "UploadSettings", "ValidationSettings",
+    "WorkerSettings", "env_var", "get_settings", "nest", "variable_of",
 ]
 
 

@@ -2,11 +2,63 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Annotated, Literal
 
-from pydantic import field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
-from nightbatch.settings.base import Env, Section
+from nightbatch.settings.base import Env, JsonSetting, Section
+
+GpuBackend = Literal["batch", "sagemaker", "both"]
+# A deployment's SageMaker job-name prefix (nightbatch/pipeline/training_jobs.py): `nb-<1-8 lower-case
+# alphanumerics>-`; with the rest of a name (32 hex + a 5-digit shard + up to 5 digits of attempt + 6 hex +
+# 4 dashes) it stays within 63 characters.
+JOB_PREFIX_RE = re.compile(r"^nb-[a-z0-9]{1,8}-$")
+# What a deployment whose stack wrote no prefix (the local mode, tests) names its jobs.
+DEFAULT_JOB_PREFIX = "nb-local-"
+
+
+class TenantLimits(BaseModel):
+    """What one tenant may hold at once; 0 means unlimited (nightbatch/tenancy/limits.py resolves them)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    queued_requests: int
+    queued_tokens: int
+    batches_in_flight: int
+    requests_per_minute: int
+    stored_bytes: int
+
+
+def _known_limits(values: dict[str, int]) -> dict[str, int]:
+    # A typo in a limit name must not silently mean "no limit".
+    unknown = sorted(set(values) - set(TenantLimits.model_fields))
+    if unknown:
+        raise ValueError(f"{unknown} are not limits; the limits are {sorted(TenantLimits.model_fields)}")
+    return values
+
+
+class SageMakerConfig(BaseModel):
+    """NIGHTBATCH_SAGEMAKER_JSON, written by the stack (nightbatch/pipeline/training_jobs.py reads it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)  # one parsed value is shared by every reader
+
+    instance_types: dict[str, str] = {}  # model -> ml.* instance type
+    spot: bool = True
+    on_demand: bool = True
+    max_pending_seconds: int = 4 * 3600
+    max_jobs: dict[str, int] = {}  # model -> shards of one batch at once (its training quota); absent: max_gpus
+    job_prefix: str = Field(DEFAULT_JOB_PREFIX, pattern=JOB_PREFIX_RE.pattern)  # deployment_job_prefix(stack)
+
+
+TENANT_LIMITS: JsonSetting[dict[str, dict[str, int]]] = JsonSetting(
+    "tenant_limits_json", dict[str, Annotated[dict[str, int], AfterValidator(_known_limits)]])
+JOB_DEFINITIONS: JsonSetting[dict[str, str]] = JsonSetting("job_definitions_json", dict[str, str])
+BACKENDS: JsonSetting[dict[str, GpuBackend]] = JsonSetting("backends_json", dict[str, GpuBackend])
+JOB_QUEUES: JsonSetting[dict[str, str]] = JsonSetting("job_queues_json", dict[str, str])
+SAGEMAKER: JsonSetting[SageMakerConfig] = JsonSetting("sagemaker_json", SageMakerConfig)
+SAGEMAKER_PRICES: JsonSetting[dict[str, float]] = JsonSetting("sagemaker_prices_json", dict[str, float])
 
 
 class ValidationSettings(Section):
@@ -59,7 +111,12 @@ class LimitSettings(Section):
     stored_bytes: Annotated[int, Env("limit_stored_bytes")] = 100 * 1024**3
     # Retry-After sent with a 429 for too many batches in flight (the SDK honours values up to 60 s).
     in_flight_retry_after: Annotated[int, Env("limit_in_flight_retry_after")] = 30
-    tenant_limits_json: str = ""
+    tenant_limits_json: Annotated[str, TENANT_LIMITS.validator] = ""
+
+    @property
+    def tenant_overrides(self) -> Mapping[str, Mapping[str, int]]:
+        """tenant_limits_json: tenant ("*" = every other) -> the limits it changes."""
+        return TENANT_LIMITS.parse(self.tenant_limits_json)
 
 class PipelineSettings(Section):
     """The workflow: Validate's segments, Plan's shards, the sweeper.
@@ -93,19 +150,27 @@ class PipelineSettings(Section):
     # Share of a completion window kept free for queueing and Finalize when sizing for it.
     window_safety_share: float = 0.25
     # Plan: {"<model>": "<job definition ARN>"}, the job definition each shard of a model's batch runs with.
-    job_definitions_json: str = ""
+    job_definitions_json: Annotated[str, JOB_DEFINITIONS.validator] = ""
     # Plan: {"<model>": "batch" | "sagemaker" | "both"}, the model's `gpuBackend` (absent: batch). `both` starts a
     # shard on AWS Batch and lets Capacity move it to SageMaker when Batch cannot place it.
-    backends_json: str = ""
+    backends_json: Annotated[str, BACKENDS.validator] = ""
     # AWS Batch queue ARNs (comma-separated): the sweeper cancels a cancelled/expired batch's unstarted jobs.
     job_queue: str = ""
+
+    @property
+    def job_definitions(self) -> Mapping[str, str]:
+        return JOB_DEFINITIONS.parse(self.job_definitions_json)
+
+    @property
+    def backends(self) -> Mapping[str, GpuBackend]:
+        return BACKENDS.parse(self.backends_json)
 
 class CapacitySettings(Section):
     """The Capacity step (nightbatch/pipeline/capacity.py): where and how often a shard is submitted."""
 
     # {"spot": "<queue ARN>", "on-demand": "<queue ARN>"}; a batch moves to on-demand when its slack (time
     # left - estimated remaining work) drops below the margin.
-    job_queues_json: str = ""
+    job_queues_json: Annotated[str, JOB_QUEUES.validator] = ""
     margin_seconds: Annotated[float, Env("capacity_margin_seconds")] = 1800.0
     # Failed attempts of a shard (other than a Spot shortage) retried on the same capacity, with backoff.
     retry_attempts: Annotated[int, Env("shard_retry_attempts")] = 2
@@ -113,7 +178,15 @@ class CapacitySettings(Section):
     retry_backoff: Annotated[float, Env("shard_retry_backoff")] = 2.0
     # SageMaker Training Jobs (nightbatch/pipeline/training_jobs.py): {"instance_types": {"<model>": "ml.g6.xlarge"},
     # "spot": true, "on_demand": true, "max_pending_seconds": 14400}; empty: no model runs there.
-    sagemaker_json: str = ""
+    sagemaker_json: Annotated[str, SAGEMAKER.validator] = ""
+
+    @property
+    def job_queues(self) -> Mapping[str, str]:
+        return JOB_QUEUES.parse(self.job_queues_json)
+
+    @property
+    def sagemaker(self) -> SageMakerConfig:
+        return SAGEMAKER.parse(self.sagemaker_json)
 
 class AccountingSettings(Section):
     """What one GPU-second costs, for `batch.nightbatch.cost` (estimates; set to your prices)."""
@@ -124,10 +197,14 @@ class AccountingSettings(Section):
     gpus_per_instance: int = 1
     # SageMaker attempts (gpu_backend sagemaker/both): {"ml.g6.xlarge": 1.2} USD per instance-hour on top of the
     # built-in ml.* table (nightbatch/batches/cost.py); the type is the job's, else "ml." + instance_type.
-    sagemaker_prices_json: str = ""
+    sagemaker_prices_json: Annotated[str, SAGEMAKER_PRICES.validator] = ""
     # The managed-Spot saving assumed for a training job whose billable time Finalize could not read (0 = price
     # it on-demand, an upper bound).
     sagemaker_spot_savings: float = 0.0  # read as a share, clamped to 0-1
+
+    @property
+    def sagemaker_prices(self) -> Mapping[str, float]:
+        return SAGEMAKER_PRICES.parse(self.sagemaker_prices_json)
 
 class WorkerSettings(Section):
     """The GPU worker (gpu_worker/): its engine, checkpoints, polling, draining and request order."""

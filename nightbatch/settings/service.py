@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Annotated, Literal
 
 from nightbatch.models.spec import LOCAL_MODELS, ModelSpec
-from nightbatch.settings.base import Env, Section
+from nightbatch.settings.base import Env, JsonSetting, Section
+
+# NIGHTBATCH_MODELS_JSON: a JSON list of model settings (infra/config.py writes it from cdk.json `models`).
+MODELS: JsonSetting[tuple[ModelSpec, ...]] = JsonSetting("models_json", tuple[ModelSpec, ...], empty="[]")
 
 
 class DeploymentSettings(Section):
@@ -20,14 +22,13 @@ class DeploymentSettings(Section):
 class ServingSettings(Section):
     """The served models (Validate, Plan, the worker, /v1/models)."""
 
-    models_json: str = ""
+    models_json: Annotated[str, MODELS.validator] = ""
     default_max_tokens: int = 256
 
     @property
     def models(self) -> list[ModelSpec]:
-        if self.models_json:
-            return [ModelSpec.model_validate(m) for m in json.loads(self.models_json)]
-        return list(LOCAL_MODELS)
+        """The served models, parsed once per value of models_json; unset: the local defaults."""
+        return list(MODELS.parse(self.models_json)) if self.models_json.strip() else list(LOCAL_MODELS)
 
     def model(self, name: str) -> ModelSpec | None:
         return next((m for m in self.models if m.name == name), None)

@@ -13,17 +13,15 @@ statuses first, so a lost release costs one extra read rather than a permanently
 
 from __future__ import annotations
 
-import json
 import math
 import time
-from functools import lru_cache
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 
 from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError, RateLimitError, StorageConflictError
-from nightbatch.settings import Settings
+from nightbatch.settings import Settings, TenantLimits
 from nightbatch.storage import Table, quota
 from nightbatch.storage.records import BatchRecord, FileRecord, RateCounter, UploadRecord, UsageCounters
 from nightbatch.wire import TERMINAL_STATUSES, BatchError
@@ -35,39 +33,12 @@ ORPHAN_GRACE_SECONDS = 120
 WINDOW_SECONDS = 60
 
 
-class TenantLimits(BaseModel):
-    """What one tenant may hold at once; 0 means unlimited."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    queued_requests: int
-    queued_tokens: int
-    batches_in_flight: int
-    requests_per_minute: int
-    stored_bytes: int
-
-
 class TenantUsage(BaseModel):
     queued_requests: int = 0
     queued_tokens: int = 0
     batches_in_flight: int = 0
     requests_this_minute: int = 0
     stored_bytes: int = 0
-
-
-@lru_cache(maxsize=8)
-def _overrides(raw: str) -> dict[str, dict[str, int]]:
-    if not raw.strip():
-        return {}
-    data = json.loads(raw)
-    if not isinstance(data, dict):
-        raise ValueError("NIGHTBATCH_TENANT_LIMITS_JSON must be a JSON object of tenant -> limits")
-    out: dict[str, dict[str, int]] = {}
-    for tenant, values in data.items():
-        # Validates names and types early: a typo in a limit name must not silently mean "no limit".
-        TenantLimits.model_validate({**dict.fromkeys(TenantLimits.model_fields, 0), **values})
-        out[str(tenant)] = {str(k): int(v) for k, v in values.items()}
-    return out
 
 
 def limits_for(settings: Settings, tenant: str) -> TenantLimits:
@@ -78,7 +49,7 @@ def limits_for(settings: Settings, tenant: str) -> TenantLimits:
         "requests_per_minute": settings.limits.requests_per_minute,
         "stored_bytes": settings.limits.stored_bytes,
     }
-    overrides = _overrides(settings.limits.tenant_limits_json)
+    overrides = settings.limits.tenant_overrides
     base.update(overrides.get(tenant, overrides.get("*", {})))
     return TenantLimits.model_validate(base)
 

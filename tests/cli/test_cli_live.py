@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from nightbatch import layout
-from nightbatch.batches.service import CreateBatchRequest
+from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.local.aws import free_port
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
 from nightbatch.services import Services

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from nightbatch import layout
-from nightbatch.batches.service import CreateBatchRequest
+from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.clock import now, sort_key
 from nightbatch.notifications.delivery import delivery_id
 from nightbatch.notifications.events import event_pk

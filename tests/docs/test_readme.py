@@ -1,7 +1,8 @@
-"""The README's configuration tables list every setting, section by section in declaration order, with its
-environment variable and default (then the per-job inputs of a shard), and every `make` target it mentions
-exists. Run this file as a script to print the tables (existing descriptions kept, new settings marked TODO);
-`--write` puts them into README.md."""
+"""The README is the front door (at most 300 lines, linking the pages in docs/, every link resolving) and every
+`make` target it mentions exists; docs/CONFIGURATION.md's tables list every setting, section by section in
+declaration order, with its environment variable and default (then the per-job inputs of a shard). Run this
+file as a script to print the tables (existing descriptions kept, new settings marked TODO); `--write` puts them
+into docs/CONFIGURATION.md."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from nightbatch.settings import SETTINGS, JobInputs, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+CONFIGURATION = DOCS / "CONFIGURATION.md"
 ROW = re.compile(r"^\| `(NIGHTBATCH_[A-Z0-9_]+)` \| `([^`]*)` \| (.*) \|$")
 START = "<!-- settings-table: generated from nightbatch/settings/ by `python tests/docs/test_readme.py --write` -->"
 END = "<!-- /settings-table -->"
@@ -31,9 +34,9 @@ def render_default(value: Any) -> str:
 
 
 def documented() -> dict[str, tuple[str, str]]:
-    """variable -> (default, description) for each settings row of the README."""
+    """variable -> (default, description) for each settings row of docs/CONFIGURATION.md."""
     rows = {}
-    for line in README.read_text().splitlines():
+    for line in CONFIGURATION.read_text().splitlines():
         m = ROW.match(line)
         if m:
             rows[m.group(1)] = (m.group(2), m.group(3))
@@ -68,9 +71,9 @@ def _block(text: str) -> str:
 
 def test_every_setting_is_documented_with_its_default_in_its_section() -> None:
     tables = settings_tables()
-    assert "TODO: describe" not in tables, "describe the new settings in README.md:\n\n" + tables
-    assert _block(README.read_text()) == tables, (
-        "README.md's configuration tables are out of date with nightbatch/settings/. Run "
+    assert "TODO: describe" not in tables, "describe the new settings in docs/CONFIGURATION.md:\n\n" + tables
+    assert _block(CONFIGURATION.read_text()) == tables, (
+        "docs/CONFIGURATION.md's tables are out of date with nightbatch/settings/. Run "
         "`python tests/docs/test_readme.py --write` (and describe any TODO rows)."
     )
 
@@ -82,6 +85,41 @@ def test_readme_make_targets_exist() -> None:
     assert mentioned <= targets, mentioned - targets
 
 
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's heading anchors: lower-cased, punctuation but hyphens dropped, spaces as hyphens."""
+    headings = re.findall(r"^#+\s+(.+)$", page.read_text(), flags=re.M)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def _broken_links(page: Path) -> list[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+    broken = []
+    for target in LINK.findall(text):
+        if re.match(r"^[a-z]+:", target):  # https:, mailto:
+            continue
+        path, _, anchor = target.partition("#")
+        dest = (page.parent / path) if path else page
+        if not dest.exists() or (anchor and dest.suffix == ".md" and anchor not in _anchors(dest)):
+            broken.append(target)
+    return broken
+
+
+def test_readme_is_the_front_door() -> None:
+    """What it is, the two commands, the SDK, endpoints, limits, deploy and benchmarks in brief; the rest in docs/."""
+    text = README.read_text()
+    assert len(text.splitlines()) <= 300
+    headings = re.findall(r"^## (.+)$", text, flags=re.M)
+    for heading in ("Two commands", "Use it with the OpenAI SDK", "Limits", "Deploy to AWS", "Benchmarks"):
+        assert heading in headings, heading
+    linked = {m.removeprefix("docs/").partition("#")[0] for m in LINK.findall(text) if m.startswith("docs/")}
+    assert {p.name for p in DOCS.glob("*.md")} <= linked, "link every page of docs/ from the README"
+    for page in [README, *DOCS.glob("*.md")]:
+        assert _broken_links(page) == [], page.name
+
+
 def test_readme_names_the_seed_compat_setting() -> None:
     text = README.read_text()
     assert "NIGHTBATCH_SEED_COMPAT_FILE_GET=false" in text
@@ -90,7 +128,7 @@ def test_readme_names_the_seed_compat_setting() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:] == ["--write"]:
-        text = README.read_text()
-        README.write_text(text.replace(_block(text), settings_tables()))
+        text = CONFIGURATION.read_text()
+        CONFIGURATION.write_text(text.replace(_block(text), settings_tables()))
     else:
         print(settings_tables())

@@ -21,7 +21,8 @@ from moto import mock_aws
 from nightbatch.cli.doctor.aws import StackWatcher
 from nightbatch.cli.doctor.report import Probe, Report
 from nightbatch.cli.doctor.sagemaker import SageMakerWatcher
-from nightbatch.pipeline.training_jobs import DEFAULT_JOB_PREFIX, batch_jobs_marker, job_name
+from nightbatch.pipeline.training_jobs import batch_jobs_marker, job_name
+from nightbatch.settings import DEFAULT_JOB_PREFIX
 from nightbatch.storage.account import AwsAccount
 
 REGION = "us-east-1"

@@ -130,6 +130,8 @@ def test_usage_and_cost_are_reported(local_stack: LocalStack) -> None:
     extra = batch.model_extra or {}
     cost = (extra.get("nightbatch") or {}).get("cost")
     assert cost and cost["gpu_seconds"] > 0 and cost["estimate"] is True
+    # The engine reports cached prompt tokens, so the batch has a prompt-cache hit rate.
+    assert 0 <= (extra.get("nightbatch") or {})["prompt_cache_hit_rate"] <= 1
     # Phase timings of the shard's attempt (the local stack's engine is shared, so weights come from "local").
     phases = (extra.get("nightbatch") or {}).get("phases")
     assert phases and phases["attempts"] >= 1 and phases["weights_sources"] == {"local": phases["attempts"]}

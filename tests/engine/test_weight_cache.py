@@ -139,12 +139,12 @@ def test_streamer_path_builds_runai_engine_args() -> None:
 
 
 def _streamer_path_builds_runai_engine_args() -> None:
-    from gpu_worker.engines.vllm_engine import _split_args
+    from gpu_worker.engines.vllm_args import split_args
 
     uri = f"s3://{BUCKET}/models/Tiny-1B-Instruct@abc123/0123/"
-    engine, _ = _split_args(SPEC, uri, on_cpu=False, load_format=STREAMER)
+    engine, _ = split_args(SPEC, uri, on_cpu=False, load_format=STREAMER)
     assert engine.model == uri and engine.load_format == STREAMER
-    local, _ = _split_args(SPEC, Path("/cache/models/x"), on_cpu=False)
+    local, _ = split_args(SPEC, Path("/cache/models/x"), on_cpu=False)
     assert local.load_format != STREAMER
 
 
@@ -169,16 +169,16 @@ def test_lora_adapters_come_from_s3_once_and_local_directories_in_place(s3: Any,
 
 
 def test_lora_turns_on_in_the_engine_args_with_vllm_s_static_adapters(tmp_path: Path) -> None:
-    from gpu_worker.engines.vllm_engine import _split_args
+    from gpu_worker.engines.vllm_args import split_args
 
     spec = SPEC.model_copy(update={"lora_modules": {"sql": "s3://b/sql"}, "max_loras": 2, "max_lora_rank": 8})
-    engine, frontend = _split_args(spec, tmp_path, on_cpu=False, lora_dirs={"sql": "/cache/sql"})
+    engine, frontend = split_args(spec, tmp_path, on_cpu=False, lora_dirs={"sql": "/cache/sql"})
     assert (engine.enable_lora, engine.max_loras, engine.max_lora_rank) == (True, 2, 8)
-    on_cpu, _ = _split_args(spec, tmp_path, on_cpu=True, lora_dirs={"sql": "/cache/sql"})
+    on_cpu, _ = split_args(spec, tmp_path, on_cpu=True, lora_dirs={"sql": "/cache/sql"})
     assert on_cpu.max_loras == 3  # a slot no adapter takes (gpu_worker/engines/lora.py)
     (module,) = frontend.lora_modules
     assert (module.name, module.path, module.base_model_name) == ("sql", "/cache/sql", SPEC.name)
-    plain, plain_frontend = _split_args(SPEC, tmp_path, on_cpu=True)
+    plain, plain_frontend = split_args(SPEC, tmp_path, on_cpu=True)
     assert not plain.enable_lora and not plain_frontend.lora_modules
     with pytest.raises(ValueError, match=r"adapter.*sql.*no local directory"):
-        _split_args(spec, tmp_path, on_cpu=True, lora_dirs={})
+        split_args(spec, tmp_path, on_cpu=True, lora_dirs={})

@@ -13,7 +13,7 @@ import pytest
 import nightbatch.clock
 from gpu_worker.engines.base import EngineFailedError, EngineReply
 from nightbatch import layout
-from nightbatch.batches.service import CreateBatchRequest
+from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.services import Services, default_services
 from tests.infra.moto_workflow import (
     Deployment,

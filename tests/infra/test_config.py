@@ -97,12 +97,12 @@ def test_70b_fits_tp4_on_g6e_12xlarge_and_tp8_on_p5() -> None:
         c = config(models=[{"name": "Llama-3.3-70B-Instruct", "source": "hf:meta-llama/Llama-3.3-70B-Instruct",
                             "engine_args": {"tensor_parallel_size": tp}, "instanceTypes": types}])
         (m,) = c.models
-        assert m.tensor_parallel_size == tp and m.shared_memory_gib == 2 + 4 * (tp - 1)
+        assert m.gpu.tensor_parallel_size == tp and m.gpu.shared_memory_gib == 2 + 4 * (tp - 1)
         assert c.all_instance_types == tuple(types)
     # FP8 halves the weights: a 70B FP8 checkpoint fits 2x H100.
     c = config(models=[{"name": "Llama-3.3-70B-Instruct-FP8", "source": "hf:x/y", "engine_args": {
         "tensor_parallel_size": 2}, "instanceTypes": ["p5.48xlarge"]}])
-    assert c.models[0].fp8 and round(c.models[0].weights_gib or 0) == 65
+    assert c.models[0].gpu.fp8 and round(c.models[0].gpu.weights_gib or 0) == 65
 
 
 def test_gp3_throughput_needs_iops() -> None:

@@ -17,8 +17,9 @@ from typing import Any
 import pytest
 
 from nightbatch import layout
-from nightbatch.pipeline.training_jobs import JOB_NAME_RE, JOB_PREFIX_RE, deployment_job_prefix
+from nightbatch.pipeline.training_jobs import JOB_NAME_RE, deployment_job_prefix
 from nightbatch.services import Services
+from nightbatch.settings import JOB_PREFIX_RE
 from nightbatch.storage.records import BatchRecord
 from tests.infra.moto_sagemaker import TrainingJobRecord, TrainingJobs, patch_state_task, patch_training_jobs
 from tests.infra.moto_workflow import Deployment, JobRecord, wait_for_execution

@@ -20,7 +20,7 @@ from moto import mock_aws
 from openai.types.webhooks import BatchFailedWebhookEvent
 
 from functions.tasks.notify import default_notifier
-from nightbatch.batches.service import CreateBatchRequest
+from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.notifications.models import CreateWebhookEndpointRequest
 from nightbatch.services import Services, default_services
 from nightbatch.settings import get_settings

@@ -15,7 +15,7 @@ import requests
 from moto.core.models import DEFAULT_ACCOUNT_ID
 
 from nightbatch.batches import lifecycle
-from nightbatch.batches.service import CreateBatchRequest
+from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.notifications import Notifier
 from nightbatch.services import Services
 from nightbatch.settings import Settings

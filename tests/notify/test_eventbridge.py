@@ -21,7 +21,7 @@ import pytest
 
 from gpu_worker.main import serve_shard
 from gpu_worker.runner import ShardJob
-from nightbatch.batches.service import CreateBatchRequest
+from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.batches.state_changes import DETAIL_TYPE, SOURCE
 from nightbatch.notifications import NotifyError, notify_batch
 from nightbatch.pipeline import BatchTaskInput, finalize_batch

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from nightbatch.batches.service import CreateBatchRequest
+from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.notifications import NotifyError
 from nightbatch.notifications.events import event_pk
 from tests.notify.support import deliveries, make_batch, ses_messages, sns_notifications

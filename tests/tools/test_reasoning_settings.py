@@ -4,14 +4,13 @@ reasoning tokens are counted in the batch's usage (no reasoning model is at hand
 from __future__ import annotations
 
 import json
-from argparse import Namespace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from gpu_worker.engines.vllm_engine import _fields, _split_args
+from gpu_worker.engines.vllm_args import cli_namespace, split_args
 from nightbatch.models.spec import ModelSpec
 from nightbatch.results.lines import Tally, summarize_result_line
 from nightbatch.settings import Settings
@@ -26,19 +25,19 @@ QWEN3 = ModelSpec(name="Qwen3-8B", source="hf:Qwen/Qwen3-8B", reasoning_parser="
 
 
 def test_reasoning_parser_reaches_the_structured_outputs_config_the_serving_classes_read() -> None:
-    engine, frontend = _split_args(QWEN3, Path("/models/q"), on_cpu=False)
+    engine, frontend = split_args(QWEN3, Path("/models/q"), on_cpu=False)
     assert engine.reasoning_parser == "qwen3"
     # vLLM merges the flag into structured_outputs_config while building its config (create_engine_config);
     # init_app_state then reads args.structured_outputs_config.reasoning_parser for every serving class.
     engine.create_structured_outputs_config()
-    args = Namespace(**{**_fields(frontend), **_fields(engine)})
+    args = cli_namespace(engine, frontend)
     assert args.structured_outputs_config.reasoning_parser == "qwen3"
     assert args.default_chat_template_kwargs == {"enable_thinking": False}
     assert (args.tool_call_parser, args.enable_auto_tool_choice) == ("hermes", True)
 
 
 def test_no_reasoning_parser_by_default() -> None:
-    engine, frontend = _split_args(ModelSpec(name="m", source="hf:a/b"), Path("/m"), on_cpu=False)
+    engine, frontend = split_args(ModelSpec(name="m", source="hf:a/b"), Path("/m"), on_cpu=False)
     assert not engine.create_structured_outputs_config().reasoning_parser
     assert frontend.default_chat_template_kwargs is None
 
@@ -51,7 +50,7 @@ def test_no_reasoning_parser_by_default() -> None:
 def test_unknown_parsers_and_double_settings_are_refused_before_vllm_starts(fields: dict[str, Any],
                                                                             message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        _split_args(ModelSpec(name="m", source="hf:a/b", **fields), Path("/m"), on_cpu=False)
+        split_args(ModelSpec(name="m", source="hf:a/b", **fields), Path("/m"), on_cpu=False)
 
 
 def test_embedding_models_take_no_reasoning_parser() -> None:

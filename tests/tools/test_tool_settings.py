@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gpu_worker.engines.vllm_engine import _split_args
+from gpu_worker.engines.vllm_args import split_args
 from infra.config import DeployConfig
 from nightbatch.models.spec import LOCAL_MODELS, ModelSpec
 from nightbatch.models.templates import DIRECTORY, resolve_chat_template
@@ -28,13 +28,14 @@ WEATHER = {"type": "function", "function": {
 
 
 def args(spec: ModelSpec) -> tuple[Any, Any]:
-    return _split_args(spec, Path("/models/x"), on_cpu=True)
+    return split_args(spec, Path("/models/x"), on_cpu=True)
 
 
 def test_local_chat_model_is_configured_for_tools_with_our_template() -> None:
     engine, frontend = args(SMOL)
     assert frontend.tool_call_parser == "hermes"
     assert frontend.enable_auto_tool_choice is True
+    assert frontend.enable_prompt_tokens_details is True  # cached_tokens in usage: the prompt-cache hit rate
     assert frontend.chat_template == str(DIRECTORY / "smollm2_tools.jinja")
     assert Path(frontend.chat_template).is_file()
     assert frontend.tool_strict_level == "parameter"  # arguments forced to the function's schema

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from gpu_worker.main import main
+from gpu_worker.main import main, serve_shard
+from gpu_worker.runner import ShardJob
 from nightbatch import layout
 from nightbatch.layout import attempt_keys
 from nightbatch.settings import get_settings
+from nightbatch.storage import make_adapters
 from tests.support.deterministic_engine import DeterministicEngine
 
 from .conftest import ShardWorld, chat_requests
@@ -53,6 +57,23 @@ def test_a_finished_shard_ends_the_job_without_starting_the_engine(env: ShardWor
     starts = DeterministicEngine.starts
     assert main(["--engine", DETERMINISTIC]) == 0
     assert DeterministicEngine.starts == starts
+
+
+def test_an_attempt_runs_preflight_and_reads_its_shard_once(world: ShardWorld) -> None:
+    world.seed(chat_requests(3))
+    adapters = make_adapters(world.settings)  # clients of its own: the hooks see this attempt alone
+    calls: list[str] = []
+
+    def record(params: dict[str, Any], model: Any, **_: Any) -> None:
+        calls.append(f"{model.name} {params.get('Key') or params.get('Prefix')}")
+
+    adapters.blobs.client.meta.events.register("provide-client-params.s3.*", record)
+    job = ShardJob(batch_id=world.batch_id, shard_id=world.shard_id)
+    assert asyncio.run(serve_shard(job, world.settings, adapters, engine_path=DETERMINISTIC)) == 0
+    assert world.done_marker() is not None
+    # The done marker listed once (preflight's), the shard's definition read once (its load).
+    assert calls.count(f"ListObjectsV2 {layout.done_key(world.batch_id, world.shard_id)}") == 1
+    assert calls.count(f"GetObject {layout.shard_key(world.batch_id, world.shard_id)}") == 1
 
 
 def test_errors_exit_non_zero_so_aws_batch_retries(env: ShardWorld) -> None:

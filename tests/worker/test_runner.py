@@ -12,6 +12,7 @@ import pytest
 from gpu_worker.engines.base import EngineFailedError, EngineReply
 from gpu_worker.results import result_line
 from gpu_worker.runner import ShardJob, ShardReport, run_shard
+from gpu_worker.shard import load_shard
 from nightbatch.ids import batch_request_id
 from nightbatch.layout import checkpoint_key, done_key, read_checkpoint_summary
 from nightbatch.models.spec import LOCAL_MODELS, ModelSpec
@@ -226,6 +227,25 @@ def test_cancel_mid_run_stops_with_partial_results_and_no_done_marker(world: Sha
     assert duplicates == 0 and 0 < len(results) < len(ids)
     # In-flight requests were allowed to finish: everything the engine was given has a durable result.
     assert len(engine.received) == len(results) == report.done
+
+
+def test_a_shard_handed_over_loaded_waits_for_the_batch_s_first_read(world: ShardWorld) -> None:
+    """The worker's entry hands run_shard the shard it checked before starting the engine; a batch cancelled
+    while the engine started must get no request, however slowly its item is read."""
+    world.seed(chat_requests(20))
+    shard = load_shard(world.adapters.blobs, world.batch_id, world.shard_id)
+    world.set_status("cancelling")
+    engine = DeterministicEngine(CHAT_SPEC)
+    events = world.adapters.table.table.meta.client.meta.events
+    events.register("before-call.dynamodb.GetItem", lambda **_: time.sleep(0.3), unique_id="slow-batch-read")
+    try:
+        report = asyncio.run(run_shard(
+            ShardJob(batch_id=world.batch_id, shard_id=world.shard_id), engine=engine, blobs=world.adapters.blobs,
+            table=world.adapters.table, settings=world.settings, shard=shard))
+    finally:
+        events.unregister("before-call.dynamodb.GetItem", unique_id="slow-batch-read")
+    assert not report.finished and report.stopped_reason == "cancelling"
+    assert engine.received == [] and world.checkpoint_keys() == []
 
 
 def test_expiry_stops_the_shard(world: ShardWorld) -> None:

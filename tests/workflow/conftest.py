@@ -11,7 +11,7 @@ import pytest
 from moto import mock_aws
 
 from nightbatch import layout
-from nightbatch.batches.service import CreateBatchRequest
+from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.pipeline.segments import SegmentRequest
 from nightbatch.pipeline.shard_lines import shard_requests

@@ -12,9 +12,9 @@ from nightbatch import layout
 from nightbatch.clock import now
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.pipeline.capacity import CapacityDecision, decide
-from nightbatch.pipeline.training_jobs import DEFAULT_JOB_PREFIX, JOB_NAME_RE
+from nightbatch.pipeline.training_jobs import JOB_NAME_RE
 from nightbatch.services import Services
-from nightbatch.settings import Settings
+from nightbatch.settings import DEFAULT_JOB_PREFIX, Settings
 from nightbatch.settings import document as settings_document
 from nightbatch.storage.records import BatchRecord
 from tests.workflow.conftest import chat_line, jsonl, make_batch

@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 
 from gpu_worker.runner import ShardJob, run_shard
 from nightbatch import layout
+from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.batches.retry import RetryRequest, retry_batch
-from nightbatch.batches.service import CreateBatchRequest
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.jsonl import loads
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch

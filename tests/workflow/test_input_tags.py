@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from nightbatch import layout
-from nightbatch.batches.service import CreateBatchRequest
+from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.pipeline import validate as validate_module

@@ -104,7 +104,8 @@ def test_one_training_job_that_cannot_be_stopped_does_not_stop_the_sweep(
         services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
     from moto.sagemaker.responses import SageMakerResponse
 
-    from nightbatch.pipeline.training_jobs import DEFAULT_JOB_PREFIX, job_name
+    from nightbatch.pipeline.training_jobs import job_name
+    from nightbatch.settings import DEFAULT_JOB_PREFIX
     from tests.infra.moto_sagemaker import patch_stoppable_training_jobs
 
     patch_stoppable_training_jobs(monkeypatch)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from functions.api.deps import PrincipalDep, ServicesDep
 from functions.api.idempotency import IdempotencyDep
 from nightbatch.batches.admission import create_admitted
-from nightbatch.batches.service import CreateBatchRequest
+from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.wire import Batch, ListPage
 
 router = APIRouter(prefix="/v1/batches", tags=["batches"])

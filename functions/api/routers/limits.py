@@ -8,7 +8,8 @@ from fastapi import APIRouter
 from pydantic import BaseModel
 
 from functions.api.deps import PrincipalDep, ServicesDep
-from nightbatch.tenancy.limits import TenantLimits, TenantUsage, limits_for, read_usage
+from nightbatch.settings import TenantLimits
+from nightbatch.tenancy.limits import TenantUsage, limits_for, read_usage
 
 router = APIRouter(prefix="/v1/nightbatch", tags=["nightbatch"])
 
