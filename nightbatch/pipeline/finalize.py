@@ -30,8 +30,8 @@ from nightbatch.results.merge import merge_shard
 from nightbatch.results.order import planned_shards
 from nightbatch.results.per_model import per_model_report
 from nightbatch.services import Services
-from nightbatch.storage import AWS_ERRORS
 from nightbatch.storage.botoerrors import client_error
+from nightbatch.storage.failures import AWS_ERRORS
 from nightbatch.storage.records import BatchRecord
 from nightbatch.wire import TERMINAL_STATUSES
 

@@ -49,6 +49,9 @@ class Clock:
     def time(self) -> float:
         return self._time.time() + self.offset
 
+    def time_ns(self) -> int:
+        return self._time.time_ns() + int(self.offset * 1e9)
+
 
 @pytest.fixture
 def deployment(template: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Iterator[Deployment]:
