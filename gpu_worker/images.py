@@ -57,13 +57,17 @@ def has_s3_images(body: dict[str, Any]) -> bool:
     return any(isinstance(h.get(f), str) and h[f].startswith("s3://") for h, f, _ in _slots(body))
 
 
-def resolve_images(blobs: BlobStore, body: dict[str, Any], *, max_bytes: int) -> dict[str, Any]:
+def resolve_images(blobs: BlobStore, body: dict[str, Any], *, max_bytes: int, buckets: set[str]) -> dict[str, Any]:
     """A copy of the body with every `s3://` image URL replaced by its object as a data: URL; ImageError for an
-    object that is missing, unreadable, or over `max_bytes`."""
+    object outside the allow-listed `buckets` (Validate refused those already; checked again here, since the
+    worker's role may read its own bucket too), missing, unreadable, or over `max_bytes`."""
     out = copy.deepcopy(body)
     for holder, field, param in _slots(out):
         url = holder.get(field)
         if isinstance(url, str) and url.startswith("s3://"):
+            if parse_uri(url, param)[0] not in buckets:
+                raise ImageError(f"The image {url[:200]} is not in a bucket this deployment reads images from.",
+                                 param)
             holder[field] = _data_url(blobs, url, param, max_bytes)
     return out
 

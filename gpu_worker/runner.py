@@ -23,6 +23,7 @@ from gpu_worker.scheduling import OrderPolicy, in_flight_limit, ordered
 from gpu_worker.shard import PendingLines, PendingRequest, Progress, load_shard, read_progress
 from gpu_worker.watch import read_stop_reason, watch_batch
 from nightbatch import layout
+from nightbatch.files.user_buckets import names
 from nightbatch.ids import new_request_id
 from nightbatch.layout import ShardSpec, done_key, results_prefix
 from nightbatch.phases import Phases
@@ -293,8 +294,9 @@ class _ShardRun:
         self.sent += 1
         try:
             if has_s3_images(body):  # the user's images by reference, as data: URLs (gpu_worker/images.py)
-                body = await asyncio.to_thread(resolve_images, self.blobs, body,
-                                               max_bytes=self.settings.validation.max_image_bytes)
+                body = await asyncio.to_thread(
+                    resolve_images, self.blobs, body, max_bytes=self.settings.validation.max_image_bytes,
+                    buckets=set(names(self.settings.files.user_input_buckets)))
             reply = await self.engine.handle(endpoint, body, request_id)
         except ImageError as exc:
             reply = exc.reply()

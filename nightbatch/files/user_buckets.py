@@ -42,13 +42,14 @@ def parse_uri(uri: Any, param: str) -> tuple[str, str]:
     return bucket, key
 
 
-def _names(raw: str) -> list[str]:
+def names(raw: str) -> list[str]:
+    """A comma-separated allow-list setting, as its entries."""
     return [x.strip() for x in raw.split(",") if x.strip()]
 
 
 def check_input_uri(settings: Settings, uri: Any) -> tuple[str, str]:
     bucket, key = parse_uri(uri, INPUT_PARAM)
-    if bucket not in _names(settings.files.user_input_buckets):
+    if bucket not in names(settings.files.user_input_buckets):
         raise InvalidRequestError(
             f"Invalid '{INPUT_PARAM}': bucket '{bucket}' is not one this deployment may read batch inputs from "
             "(cdk.json userBuckets; docs/USER_BUCKETS.md).", param=INPUT_PARAM, code="bucket_not_allowed")
@@ -59,7 +60,7 @@ def check_output_uri(settings: Settings, uri: Any) -> tuple[str, str]:
     """(bucket, prefix ending in "/"), under one of the allow-listed output prefixes."""
     bucket, key = parse_uri(uri, OUTPUT_PARAM)
     prefix = key.rstrip("/") + "/" if key.strip("/") else ""
-    for allowed in _names(settings.files.user_output_prefixes):
+    for allowed in names(settings.files.user_output_prefixes):
         a_bucket, a_key = parse_uri(allowed, "user_output_prefixes")
         if a_bucket == bucket and prefix.startswith(a_key):
             return bucket, prefix

@@ -218,7 +218,10 @@ class Validator:
             check_media(self.settings, messages)
             return estimate_tokens(line_bytes) + out * _choices(self.settings, body)
         if self.endpoint == "/v1/responses":
-            return estimate_tokens(line_bytes) + check_responses(spec, body, self.settings.serving.default_max_tokens)
+            out = check_responses(spec, body, self.settings.serving.default_max_tokens)
+            if isinstance(body.get("input"), list):  # input_image parts: the same URL rules and guards as chat
+                check_media(self.settings, body["input"], where=lambda i: f"body.input[{i}]")
+            return estimate_tokens(line_bytes) + out
         if self.endpoint in SCORE_ENDPOINTS:
             return check_scoring(self.settings, spec, self.endpoint, body, line_bytes)
         if self.endpoint == "/v1/completions":

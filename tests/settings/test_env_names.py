@@ -51,6 +51,7 @@ ENV_NAMES: dict[str, str] = {
     "NIGHTBATCH_MAX_SCORE_DOCUMENTS_PER_REQUEST": "validation.max_score_documents_per_request",
     "NIGHTBATCH_MEDIA_ALLOWED_DOMAINS": "validation.media_allowed_domains",
     "NIGHTBATCH_MAX_IMAGE_BYTES": "validation.max_image_bytes",
+    "NIGHTBATCH_MAX_IMAGES_PER_REQUEST": "validation.max_images_per_request",
     "NIGHTBATCH_MAX_REPORTED_ERRORS": "validation.max_reported_errors",
     "NIGHTBATCH_MULTI_MODEL_BATCHES": "validation.multi_model_batches",
     "NIGHTBATCH_MAX_COMPLETION_WINDOW_HOURS": "validation.max_completion_window_hours",

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from gpu_worker.images import ImageError, resolve_images
 from nightbatch.settings import Settings
 from nightbatch.validation.requests import LineInvalid, check_media
 from tests.support.deterministic_engine import DeterministicEngine
@@ -38,6 +39,7 @@ def test_s3_images_reach_the_engine_as_images(world: ShardWorld) -> None:
                 line("gone", "s3://users-images/missing.png"), line("plain", "data:image/png;base64,AAAA")])
     settings = world.settings.model_copy(deep=True)
     settings.validation.max_image_bytes = 1000
+    settings.files.user_input_buckets = "users-images"
     engine = DeterministicEngine(CHAT_SPEC)
     run(world, engine, settings=settings)
     urls = [body["messages"][0]["content"][1]["image_url"]["url"] for _, body in engine.received]
@@ -55,14 +57,17 @@ def test_s3_images_reach_the_engine_as_images(world: ShardWorld) -> None:
 
 
 def test_responses_input_images_are_resolved_too(world: ShardWorld) -> None:
-    from gpu_worker.images import resolve_images
     s3 = world.adapters.client("s3")
     s3.create_bucket(Bucket="users-images")
     s3.put_object(Bucket="users-images", Key="a/cat.jpg", Body=PNG)
     body = line("r", "s3://users-images/a/cat.jpg", responses=True)["body"]
-    out = resolve_images(world.adapters.blobs, body, max_bytes=1000)
+    out = resolve_images(world.adapters.blobs, body, max_bytes=1000, buckets={"users-images"})
     assert out["input"][0]["content"][1]["image_url"] == f"data:image/jpeg;base64,{base64.b64encode(PNG).decode()}"
     assert body["input"][0]["content"][1]["image_url"].startswith("s3://")  # the line itself is left as it was
+    # The worker's own bucket (or any other) is never fetched, even for a line Validate did not see.
+    own = line("o", f"s3://{world.settings.deployment.bucket}/batches/x.png", responses=True)["body"]
+    with pytest.raises(ImageError, match="not in a bucket this deployment reads images from"):
+        resolve_images(world.adapters.blobs, own, max_bytes=1000, buckets={"users-images"})
 
 
 def test_validate_takes_s3_images_of_the_allow_listed_buckets_only() -> None:
@@ -71,3 +76,4 @@ def test_validate_takes_s3_images_of_the_allow_listed_buckets_only() -> None:
     with pytest.raises(LineInvalid) as e:
         check_media(settings, line("b", "s3://someone-else/cat.png")["body"]["messages"])
     assert e.value.error[2] == "body.messages[0].content[1].image_url.url"
+
