@@ -7,9 +7,11 @@ in another process; a second table splits each side's time into its own process 
 server spent meanwhile (work real S3 does on its own machines: Finalize's UploadPartCopy and
 CompleteMultipartUpload are copies inside moto here). A third table puts nightbatch's own CPU against the
 floor's, and counts the bytes sent to S3 (PutObject and UploadPart bodies; UploadPartCopy apart, as bytes
-S3 copies without them crossing the network) per input byte and against the output's size. Between the two
-timed sections stand-in workers write one checkpoint per shard and its summary (not timed; their bytes are
-counted as the workers'). Each measurement runs in a fresh child process so that its peak RSS is its own
+S3 copies without them crossing the network) per input byte and against the output's size, and the S3
+requests per 1,000 lines. Between the two timed sections stand-in workers checkpoint each shard's results at
+the real worker's cadence (gpu_worker.checkpoints' own policy and writer, on a clock of
+control_plane_world.WORKER_BYTES_PER_SECOND per shard; not timed, their bytes and requests counted as the
+workers'). Each measurement runs in a fresh child process so that its peak RSS is its own
 (nightbatch's: the higher of its two timed sections' peaks, the stand-in's left out); each size runs
 `--repeat` times (floors and ours alternating) and the tables show medians with the min..max spread. The
 world it runs in (S3, the batch, the stand-in workers): bench/control_plane_world.py.
@@ -32,7 +34,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.control_plane_world import BUCKET, TABLE, prepare, settings, start_s3, write_results
+from bench.control_plane_world import (
+    BUCKET,
+    TABLE,
+    WORKER_BYTES_PER_SECOND,
+    prepare,
+    settings,
+    start_s3,
+    write_results,
+)
 
 
 class Clocks:
@@ -63,13 +73,16 @@ class Clocks:
 
 class S3Bytes:
     """Bytes this process sends to S3 (PutObject and UploadPart bodies) and asks S3 to copy (UploadPartCopy:
-    its bytes never cross the network, so they are counted apart), by the phase set in `phase`."""
+    its bytes never cross the network, so they are counted apart), and its S3 requests, by the phase set in
+    `phase`."""
 
     def __init__(self, client: Any) -> None:
         self.phase = "control"
         self.written: dict[str, int] = {}
+        self.requests: dict[str, int] = {}
         self.copied = 0
         events = client.meta.events
+        events.register("before-call.s3", self._request)
         events.register("before-parameter-build.s3.PutObject", self._sent)
         events.register("before-parameter-build.s3.UploadPart", self._sent)
         events.register("before-parameter-build.s3.UploadPartCopy", self._copy)
@@ -83,6 +96,9 @@ class S3Bytes:
             size = body.seek(0, io.SEEK_END) - at
             body.seek(at)
         self.written[self.phase] = self.written.get(self.phase, 0) + size
+
+    def _request(self, **_: Any) -> None:
+        self.requests[self.phase] = self.requests.get(self.phase, 0) + 1
 
     def _copy(self, params: dict[str, Any], **_: Any) -> None:
         first, last = params["CopySourceRange"].removeprefix("bytes=").split("-")
@@ -124,6 +140,7 @@ def child_ours(batch_id: str) -> dict[str, Any]:
     return {"seconds": t_plan + t_final, "validate_plan_s": t_plan, "finalize_s": t_final, **clocks.fields(),
             "status": out.status, "completed": batch.request_counts.completed, "total": batch.request_counts.total,
             "written_control": sent.written.get("control", 0), "written_workers": sent.written.get("workers", 0),
+            "requests_control": sent.requests.get("control", 0), "requests_workers": sent.requests.get("workers", 0),
             "copied": sent.copied, "output_bytes": output, "rss_mb": rss, "validate_plan_cpu": cpu_plan,
             "finalize_cpu": clocks.cpu - cpu_plan}
 
@@ -212,6 +229,11 @@ def measure(sizes: list[int], repeat: int = 1, baseline: Path | None = None) -> 
                                                                                 strict=True)],
                          "bytes": {k: statistics.median(x[k] for x in runs["ours"]) for k in (
                              "written_control", "written_workers", "copied", "output_bytes")},
+                         "written_per_output": [
+                             (x["written_control"] + x["written_workers"]) / max(1, x["output_bytes"])
+                             for x in runs["ours"]],
+                         "requests_per_1k": {k: [x[k] * 1000 / n for x in runs["ours"]]
+                                             for k in ("requests_control", "requests_workers")},
                          "input_bytes": prep["bytes"],
                          "cpu_split": " / ".join(spread([x[k] for x in runs["ours"]]) for k in (
                              "validate_plan_cpu", "finalize_cpu")),
@@ -241,8 +263,10 @@ def print_table(rows: list[dict[str, Any]], repeat: int) -> None:
                      r["floor_parts"]["cpu"], r["floor_parts"]["s3_cpu"]] for r in rows])
     print("\nCPU and S3 bytes (medians): nightbatch's own CPU against the msgspec floor's (floor CPU / ours); "
           "bytes sent to S3 in PutObject and UploadPart bodies by the control plane (validate, plan, finalize) "
-          "and by the stand-in workers (checkpoints and their summaries); UploadPartCopy counted apart, as copied "
-          "(no bytes cross the network)")
+          "and by the stand-in workers (checkpoints at the real worker's cadence, their summaries and progress "
+          f"samples, at {WORKER_BYTES_PER_SECOND / 1000:.0f} KB of results a second per shard); UploadPartCopy "
+          "counted apart, as copied (no bytes cross the network); S3 requests per 1,000 lines, control plane / "
+          "stand-in workers")
     mb = 1e6
 
     def written(r: dict[str, Any]) -> int:
@@ -250,12 +274,13 @@ def print_table(rows: list[dict[str, Any]], repeat: int) -> None:
 
     markdown_table(["lines", "CPU vs floor (goal >= 50 %)", "CPU: validate + plan / finalize (s)",
                     "written: control (MB)", "written: workers (MB)",
-                    "copied by S3 (MB)", "output (MB)", "written / input byte", "written / output (goal <= 1.1)",
-                    "peak RSS (goal <= 256 MB)"],
+                    "copied by S3 (MB)", "output (MB)", "written / input byte", "written / output (goal <= 1.2)",
+                    "S3 requests / 1k lines: control / workers", "peak RSS (goal <= 256 MB)"],
                    [[r["lines"], ratio(r["cpu_vs_floor"]), r["cpu_split"], f"{r['bytes']['written_control'] / mb:.1f}",
                      f"{r['bytes']['written_workers'] / mb:.1f}", f"{r['bytes']['copied'] / mb:.1f}",
                      f"{r['bytes']['output_bytes'] / mb:.1f}",
-                     f"{written(r) / r['input_bytes']:.2f}", f"{written(r) / max(1, r['bytes']['output_bytes']):.2f}",
+                     f"{written(r) / r['input_bytes']:.2f}", spread(r["written_per_output"]),
+                     " / ".join(spread(r["requests_per_1k"][k]) for k in ("requests_control", "requests_workers")),
                      f"{r['ours_rss_mb']:.0f}"] for r in rows])
     if any(r["vs_base"] for r in rows):
         print("\nAgainst the baseline checkout, side by side (speed-up: its time over ours, run by run)")

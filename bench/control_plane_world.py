@@ -1,5 +1,6 @@
 """The control-plane bench's world, none of it timed: S3 (moto's server in another process), the settings, the
-input and result lines, a created batch, and the stand-in GPU workers writing each shard's checkpoint and summary.
+input and result lines, a created batch, and the stand-in GPU workers writing each shard's checkpoints (the
+worker's own policy and writer) and summaries.
 
 What is measured, and how it is printed: bench/control_plane.py.
 """
@@ -87,12 +88,50 @@ def prepare(n: int) -> dict[str, Any]:
     return {"batch_id": b.id, "file_key": f"files/{f.id}", "bytes": size}
 
 
-def write_results(services: Any, batch_id: str) -> None:
-    """Stands in for the GPU workers: one result line per planned request, one checkpoint per shard, and its
-    summary as gpu_worker.checkpoints writes it (not timed)."""
+# The stand-in workers' pace, in bytes of result lines a second per shard: about an 8B chat model on one GPU
+# (~3k output tokens/s of ~4 bytes, plus each line's JSON). The checkpoint policy's time bounds run on this clock.
+WORKER_BYTES_PER_SECOND = 20_000
+
+
+def write_results(services: Any, batch_id: str, pace: float = WORKER_BYTES_PER_SECOND) -> None:
+    """Stands in for the GPU workers: one result line per planned request, checkpointed by the worker's own
+    policy and writer (gpu_worker.checkpoints: CheckpointPolicy, Checkpointer.write — each checkpoint, its
+    summary, the progress samples) on a clock that advances `pace` bytes a second per shard (not timed)."""
     from nightbatch import layout
 
-    try:  # a baseline checkout from before checkpoint summaries (`--baseline`, or these files copied into one)
+    try:
+        from gpu_worker.checkpoints import Checkpointer, CheckpointPolicy
+        from gpu_worker.results import ResultLine
+    except ImportError:  # a baseline checkout from before the size policy (`--baseline`)
+        _one_checkpoint_per_shard(services, batch_id)
+        return
+    blobs = services.adapters.blobs
+    policy = CheckpointPolicy.from_settings(services.settings.worker)
+    for item in json.loads(blobs.get_bytes(layout.manifest_key(batch_id)) or b"[]"):
+        writer = Checkpointer(blobs=blobs, table=services.adapters.table, batch_id=batch_id,
+                              prefix=layout.results_prefix(batch_id, item["shard_id"]), attempt="bec4", next_seq=0,
+                              policy=policy)
+        clock = last = 0.0
+        buffer: list[Any] = []
+        size = 0
+        for number, custom_id in _planned_requests(blobs, batch_id, item["shard_id"]):
+            data = result_line(batch_id, custom_id, number)
+            clock += len(data) / pace
+            buffer.append(ResultLine(custom_id, data, ok=True, input_tokens=21, output_tokens=7))
+            size += len(data)
+            if policy.due(lines=len(buffer), nbytes=size, since=clock - last, first=not writer.objects):
+                writer.write(buffer)
+                buffer, size, last = [], 0, clock
+        if buffer:
+            writer.write(buffer)
+        blobs.put_bytes(layout.done_key(batch_id, item["shard_id"]), b"{}")
+
+
+def _one_checkpoint_per_shard(services: Any, batch_id: str) -> None:
+    """The stand-in of a checkout from before the size policy: one checkpoint per shard, and its summary."""
+    from nightbatch import layout
+
+    try:  # a baseline checkout from before checkpoint summaries
         from nightbatch.results.lines import summarize_checkpoint
     except ImportError:
         summarize_checkpoint = None

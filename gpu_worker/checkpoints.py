@@ -1,4 +1,12 @@
-"""Checkpoints: finished result lines made durable in S3 every N lines or T seconds, summarized, then counted."""
+"""Checkpoints: finished result lines made durable in S3, summarized, then counted.
+
+When (CheckpointPolicy): an attempt's first checkpoint comes early (after `checkpoint_every_lines` lines or
+`checkpoint_every_seconds`), so results while running show something at once and a resume has a foothold; every
+later one when the buffer holds S3's part minimum (5 MiB, so Finalize copies it server-side instead of uploading
+its bytes again) or `checkpoint_max_seconds` after the last one; and at once, then at every tick, once the
+attempt is stopping (cancel, expiry, SIGTERM) and at its end. The live counters are added at every tick
+(`checkpoint_every_seconds`) for the lines finished since, durable or not: they are progress only.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +15,15 @@ import contextlib
 import json
 import logging
 import time
+from dataclasses import dataclass
 
 from gpu_worker.results import ResultLine
 from nightbatch.errors import StorageConflictError
 from nightbatch.layout import checkpoint_key, progress_key, write_checkpoint_summary
 from nightbatch.results.lines import summarize_checkpoint
+from nightbatch.settings import WorkerSettings
 from nightbatch.storage import BlobStore, Table
+from nightbatch.storage.parts import MIN_PART_BYTES
 from nightbatch.storage.records import BatchRecord
 
 log = logging.getLogger("gpu_worker.checkpoints")
@@ -29,17 +40,45 @@ def thin(samples: list[list[float]]) -> list[list[float]]:
     return samples[-1::-2][::-1]
 
 
-class Checkpointer:
-    """Buffers result lines and writes them as one new S3 object per flush, from a background task.
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """When a buffer of finished lines becomes a checkpoint (the worker's, and the bench's stand-in workers')."""
 
-    Each flush is one PUT (atomic: a reader sees all of its lines or none), so after a crash every line is
-    either durable or never written, and a restarted shard skips exactly the durable ones. Flushes run one at
-    a time in seq order while inference goes on.
+    first_lines: int = 64
+    first_seconds: float = 10.0
+    min_bytes: int = MIN_PART_BYTES
+    max_seconds: float = 600.0
+
+    @classmethod
+    def from_settings(cls, worker: WorkerSettings) -> CheckpointPolicy:
+        return cls(first_lines=max(1, worker.checkpoint_every_lines),
+                   first_seconds=max(0.01, worker.checkpoint_every_seconds),
+                   min_bytes=worker.checkpoint_bytes or MIN_PART_BYTES,
+                   max_seconds=max(0.01, worker.checkpoint_max_seconds))
+
+    def due(self, *, lines: int, nbytes: int, since: float, first: bool) -> bool:
+        """Whether `lines` buffered lines of `nbytes` become a checkpoint now; `since`: seconds since the
+        attempt's last checkpoint (or its start), `first`: the attempt has written none yet."""
+        if not lines:
+            return False
+        if nbytes >= self.min_bytes:
+            return True
+        if first:
+            return lines >= self.first_lines or since >= self.first_seconds
+        return since >= self.max_seconds
+
+
+class Checkpointer:
+    """Buffers result lines and writes them as one new S3 object per checkpoint, from a background task.
+
+    Each checkpoint is one PUT (atomic: a reader sees all of its lines or none), so after a crash every line is
+    either durable or never written, and a restarted shard skips exactly the durable ones. Checkpoints are
+    written one at a time in seq order while inference goes on.
     """
 
     def __init__(
         self, *, blobs: BlobStore, table: Table, batch_id: str, prefix: str, attempt: str, next_seq: int,
-        every_lines: int, every_seconds: float,
+        policy: CheckpointPolicy,
     ) -> None:
         self.blobs = blobs
         self.table = table
@@ -48,15 +87,18 @@ class Checkpointer:
         self.prefix = prefix
         self.attempt = attempt
         self.seq = next_seq
-        self.every_lines = max(1, every_lines)
-        self.every_seconds = max(0.01, every_seconds)
+        self.policy = policy
         self.buffer: list[ResultLine] = []
+        self.buffered_bytes = 0
+        self.uncounted: list[ResultLine] = []  # finished since the live counters were last added to
         self.written = 0  # lines made durable by this attempt
         self.objects = 0
         self.put_seconds = 0.0
+        self.last_checkpoint = time.monotonic()  # or the attempt's start
         self.samples: list[list[float]] = []  # [unix time, completed, failed, output tokens], cumulative
         self._totals = [0, 0, 0]
         self._wake = asyncio.Event()
+        self._stopping = False
         self._closing = False
         self._task: asyncio.Task[None] | None = None
 
@@ -66,11 +108,15 @@ class Checkpointer:
 
     def add(self, line: ResultLine) -> None:
         self.buffer.append(line)
-        if len(self.buffer) >= self.every_lines:
+        self.uncounted.append(line)
+        self.buffered_bytes += len(line.data)
+        if self.buffered_bytes >= self.policy.min_bytes or (
+                not self.objects and len(self.buffer) >= self.policy.first_lines):
             self._wake.set()
 
     def flush_soon(self) -> None:
-        """Asks for a flush now rather than at the next cadence point (a stop was requested)."""
+        """A stop was requested: write what is buffered now, and from then on at every tick."""
+        self._stopping = True
         self._wake.set()
 
     async def close(self) -> None:
@@ -81,32 +127,49 @@ class Checkpointer:
             await self._task
         else:
             await self._flush()
+            await self._count_finished()
+
+    def due(self) -> bool:
+        return self.policy.due(lines=len(self.buffer), nbytes=self.buffered_bytes,
+                               since=time.monotonic() - self.last_checkpoint, first=not self.objects)
 
     async def _run(self) -> None:
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=self.every_seconds)
+                await asyncio.wait_for(self._wake.wait(), timeout=self.policy.first_seconds)
             self._wake.clear()
             closing = self._closing
-            await self._flush()
+            if closing or self._stopping or self.due():
+                await self._flush()
+            await self._count_finished()
             if closing:
                 return
 
     async def _flush(self) -> None:
         if not self.buffer:
             return
-        lines, self.buffer = self.buffer, []
+        lines, self.buffer, self.buffered_bytes = self.buffer, [], 0
+        await asyncio.to_thread(self.write, lines)
+
+    async def _count_finished(self) -> None:
+        lines, self.uncounted = self.uncounted, []
+        if lines:
+            await asyncio.to_thread(self._count, lines)
+
+    def write(self, lines: list[ResultLine]) -> None:
+        """One checkpoint of `lines` (blocking: the flusher's thread, or a stand-in worker): its PUT, its
+        summary, the progress samples."""
         key = checkpoint_key(self.prefix, self.seq, self.attempt)
         data = b"".join(line.data for line in lines)
         started = time.monotonic()
-        etag = await asyncio.to_thread(self.blobs.put_bytes, key, data, content_type="application/jsonl")
+        etag = self.blobs.put_bytes(key, data, content_type="application/jsonl")
         self.put_seconds += time.monotonic() - started
-        await asyncio.to_thread(self._summarize, key, data, etag)
+        self._summarize(key, data, etag)
         self.seq += 1
         self.objects += 1
         self.written += len(lines)
-        await asyncio.to_thread(self._count, lines)
-        await asyncio.to_thread(self._sample, lines)
+        self.last_checkpoint = time.monotonic()
+        self._sample(lines)
 
     def _summarize(self, key: str, data: bytes, etag: str) -> None:
         """Writes the checkpoint's summary, so Finalize counts it without parsing it (after the checkpoint: a

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from gpu_worker import host
-from gpu_worker.checkpoints import Checkpointer
+from gpu_worker.checkpoints import Checkpointer, CheckpointPolicy
 from gpu_worker.engines.base import Engine
 from gpu_worker.images import ImageError, has_s3_images, resolve_images
 from gpu_worker.results import ResultLine, exception_reply, is_fatal, result_line
@@ -180,8 +180,7 @@ class _ShardRun:
         self.prefix = results_prefix(job.batch_id, job.shard_id)
         self.checkpointer = Checkpointer(
             blobs=blobs, table=table, batch_id=job.batch_id, prefix=self.prefix, attempt=self.attempt,
-            next_seq=progress.next_seq, every_lines=settings.worker.checkpoint_every_lines,
-            every_seconds=settings.worker.checkpoint_every_seconds,
+            next_seq=progress.next_seq, policy=CheckpointPolicy.from_settings(settings.worker),
         )
         self.pending = PendingLines(blobs, spec, progress.done)
         self.max_in_flight = in_flight_limit(settings, engine)

@@ -17,6 +17,7 @@ from functions.api.routers import (
     files,
     limits,
     links,
+    message_batches,
     models,
     uploads,
     usage,
@@ -32,7 +33,7 @@ def create_app(services: Callable[[], Services] = default_services) -> FastAPI:
     errors.install(app)
     for r in (files.router, batches.router, models.router, usage.router, limits.router, uploads.router,
               links.router, dashboard.router, dashboard_api.router, webhooks.router, estimate.router,
-              batch_results.router):
+              batch_results.router, message_batches.router):
         app.include_router(r)
     app.add_middleware(BodyLimitMiddleware, upload_limit=lambda: services().settings.files.max_upload_bytes,
                        part_limit=lambda: services().settings.uploads.max_part_bytes)

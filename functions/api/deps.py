@@ -1,4 +1,5 @@
-"""Request dependencies: the services, the authenticated tenant (stored or bootstrap keys), rate counting."""
+"""Request dependencies: the services, the authenticated tenant (stored or bootstrap keys, sent as
+`Authorization: Bearer` or Anthropic's `x-api-key`), rate counting."""
 
 from __future__ import annotations
 
@@ -69,6 +70,9 @@ def authenticate(request: Request, services: ServicesDep) -> Principal:
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
+        # The Anthropic SDK's header (accepted on every path, as Bearer is on the Anthropic wire's).
+        scheme, key = "bearer", request.headers.get("x-api-key", "")
+    if not key.strip():
         raise AuthenticationError(
             "You didn't provide an API key. You need to provide your API key in an Authorization header "
             "using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."

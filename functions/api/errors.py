@@ -1,4 +1,5 @@
-"""One place that renders every failure as OpenAI's `{"error": {...}}` envelope."""
+"""One place that renders every failure: OpenAI's `{"error": {...}}` envelope, or Anthropic's
+`{"type": "error", "error": {...}, "request_id": ...}` on the Anthropic wire's paths (/v1/messages/…)."""
 
 from __future__ import annotations
 
@@ -11,17 +12,30 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from nightbatch.errors import NightbatchError
+from nightbatch.messages.errors import error_body
 
 log = logging.getLogger("nightbatch.api")
+MESSAGES_PATH = "/v1/messages"
 
 
-def error_response(status: int, message: str, *, type_: str = "invalid_request_error",
+def on_messages_wire(path: str) -> bool:
+    return path == MESSAGES_PATH or path.startswith(MESSAGES_PATH + "/")
+
+
+def envelope(path: str, status: int, message: str, *, type_: str = "invalid_request_error",
+             param: str | None = None, code: str | None = None, request_id: str | None = None) -> dict[str, Any]:
+    """The error body for a request to `path` (the middlewares' answers use it too)."""
+    if on_messages_wire(path):
+        return {**error_body(status, message), "request_id": request_id}
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(request: Request, status: int, message: str, *, type_: str = "invalid_request_error",
                    param: str | None = None, code: str | None = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"message": message, "type": type_, "param": param, "code": code}},
-        status_code=status, headers=headers,
-    )
+    request_id = getattr(request.state, "request_id", None)
+    return JSONResponse(envelope(request.url.path, status, message, type_=type_, param=param, code=code,
+                                 request_id=request_id), status_code=status, headers=headers)
 
 
 def _loc_param(loc: tuple[Any, ...]) -> str | None:
@@ -50,15 +64,31 @@ def validation_message(exc: RequestValidationError) -> tuple[str, str | None, st
     return f"Invalid value for '{param}': {msg}.", param, "invalid_type" if "type" in etype else "invalid_value"
 
 
+def anthropic_validation_message(exc: RequestValidationError) -> str:
+    """Anthropic's wording: `requests.0.params: Field required`."""
+    errs = exc.errors()
+    if not errs:
+        return "The request is invalid."
+    e = errs[0]
+    if e.get("type") == "json_invalid":
+        return "There was an error parsing the body of your request: it is not valid JSON."
+    where = ".".join(str(p) for p in e.get("loc", ()) if p not in ("body", "query", "path", "header"))
+    return f"{where or 'body'}: {e.get('msg', 'invalid value')}"
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(NightbatchError)
-    async def _nightbatch(_: Request, exc: NightbatchError) -> JSONResponse:
+    async def _nightbatch(request: Request, exc: NightbatchError) -> JSONResponse:
+        if on_messages_wire(request.url.path):
+            return error_response(request, exc.status, exc.message, headers=exc.headers)
         return JSONResponse(exc.envelope(), status_code=exc.status, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        if on_messages_wire(request.url.path):
+            return error_response(request, 400, anthropic_validation_message(exc))
         message, param, code = validation_message(exc)
-        return error_response(400, message, param=param, code=code)
+        return error_response(request, 400, message, param=param, code=code)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
@@ -68,4 +98,4 @@ def install(app: FastAPI) -> None:
             message = f"Method {request.method} is not allowed for {request.url.path}."
         else:
             message = str(exc.detail)
-        return error_response(exc.status_code, message, headers=getattr(exc, "headers", None))
+        return error_response(request, exc.status_code, message, headers=getattr(exc, "headers", None))

@@ -8,6 +8,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from functions.api.errors import envelope, on_messages_wire
 from nightbatch.files.uploads import part_limit_message
 from nightbatch.ids import new_request_id
 from nightbatch.logs import bind, unbind
@@ -42,6 +43,8 @@ class RequestIdMiddleware:
                 started = True
                 headers = list(message.get("headers", []))
                 headers.append((b"x-request-id", request_id.encode()))
+                if on_messages_wire(scope.get("path", "")):
+                    headers.append((b"request-id", request_id.encode()))  # the Anthropic SDK reads this one
                 message["headers"] = headers
             await send(message)
 
@@ -52,9 +55,9 @@ class RequestIdMiddleware:
             log.exception("unhandled error", extra={"request_id": request_id, "path": scope.get("path")})
             if started:
                 raise
-            body = json.dumps({"error": {
-                "message": "The server had an error while processing your request. Sorry about that!",
-                "type": "server_error", "param": None, "code": None}}).encode()
+            body = json.dumps(envelope(
+                scope.get("path", ""), 500, "The server had an error while processing your request. Sorry about that!",
+                type_="server_error", request_id=request_id)).encode()
             await send_with_id({"type": "http.response.start", "status": 500, "headers": [
                 (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
             await send_with_id({"type": "http.response.body", "body": body})
@@ -77,7 +80,12 @@ class BodyLimitMiddleware:
         if self.part_limit is not None and path.rstrip("/").endswith("/parts"):
             limit = self.part_limit()
             return limit + MULTIPART_SLACK, part_limit_message(limit)
-        if path.rstrip("/").endswith("/files") or path.rstrip("/").endswith("/parts"):
+        if path.rstrip("/").endswith("/messages/batches"):
+            # A Message Batch's inline requests are its input file: the upload limit (AWS: a Lambda's body).
+            limit = self.upload_limit()
+            return limit, (f"Request body is larger than the {_human(limit)} limit for POST /v1/messages/batches on "
+                           "this deployment: split the requests into several batches.")
+        if path.rstrip("/").endswith(("/files", "/parts")):
             limit = self.upload_limit()
             return limit + MULTIPART_SLACK, _upload_message(limit)
         return JSON_BODY_LIMIT, f"Request body is larger than the {JSON_BODY_LIMIT // 1024} KiB limit."
@@ -144,10 +152,10 @@ def _human(n: int) -> str:
 
 
 async def _send_413(send: Any, message: str, scope: Scope) -> None:
-    body = json.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
-                                 "code": "payload_too_large"}}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     request_id = scope.get("state", {}).get("request_id")
+    body = json.dumps(envelope(scope.get("path", ""), 413, message, code="payload_too_large",
+                               request_id=request_id)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if request_id:
         headers.append((b"x-request-id", request_id.encode()))
     await send({"type": "http.response.start", "status": 413, "headers": headers})

@@ -34,6 +34,7 @@ EMBEDDINGS_URL = "/v1/embeddings"
 RESPONSES_URL = "/v1/responses"
 SCORE_URL = "/v1/score"
 RERANK_URL = "/v1/rerank"
+MESSAGES_URL = "/v1/messages"  # Anthropic's Messages API (the Anthropic wire's batches: nightbatch/messages/)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +44,15 @@ class _Route:
     missing: str  # what vLLM's router says when the model has no handler for this endpoint
     id_prefix: str = ""  # vLLM uses a Responses request id as the response id as-is: give it OpenAI's "resp_"
     by_alias: bool = False  # the Responses router renders its models with model_dump(mode="json", by_alias=True)
+    exclude_none: bool = False  # the Messages router renders its Message with model_dump(exclude_none=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class _MessagesCall:
+    """A Messages request and its Message's id: vLLM would reuse its chat request's (`chatcmpl-…`)."""
+
+    request: Any
+    message_id: str
 
 
 class VllmEngine:
@@ -172,7 +182,7 @@ class VllmEngine:
             raise EngineFailedError(f"the vLLM engine for {self.model_name} has died") from exc
         except Exception as exc:  # the server's exception handlers turn these into error envelopes
             result = create_error_response(exc)
-        reply = await _reply(result, by_alias=route.by_alias)
+        reply = await _reply(result, by_alias=route.by_alias, exclude_none=route.exclude_none)
         if reply.status_code >= 500:
             # The serving layer answers a dead engine with a 500 like any other failure; tell them apart.
             self._raise_if_dead()
@@ -275,10 +285,30 @@ def _routes(state: State) -> dict[str, _Route]:
         ),
         SCORE_URL: _Route(score_adapter.validate_python, scores, "The model does not support Score API"),
         RERANK_URL: _Route(RerankRequest.model_validate, scores, "The model does not support Rerank (Score) API"),
+        MESSAGES_URL: _messages_route(getattr(state, "anthropic_serving_messages", None)),
     }
 
 
-async def _reply(result: Any, *, by_alias: bool = False) -> EngineReply:
+def _messages_route(serving: Any) -> _Route:
+    """Anthropic Messages through vLLM's Anthropic serving layer (it converts to a chat request and back)."""
+    from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest, AnthropicMessagesResponse
+
+    def parse(body: dict[str, Any]) -> _MessagesCall:
+        fields = {k: v for k, v in body.items() if k != "request_id"}
+        return _MessagesCall(AnthropicMessagesRequest.model_validate(fields),
+                             "msg_" + str(body["request_id"]).removeprefix("req_"))
+
+    async def serve(call: _MessagesCall) -> Any:
+        result = await serving.create_messages(call.request)
+        if isinstance(result, AnthropicMessagesResponse):
+            result.id = call.message_id
+        return result
+
+    return _Route(parse, serve if serving is not None else None, "The model does not support Messages API",
+                  exclude_none=True)
+
+
+async def _reply(result: Any, *, by_alias: bool = False, exclude_none: bool = False) -> EngineReply:
     from vllm.entrypoints.serve import create_error_response
     from vllm.entrypoints.serve.engine.protocol import ErrorResponse
 
@@ -298,7 +328,8 @@ async def _reply(result: Any, *, by_alias: bool = False) -> EngineReply:
     if isinstance(result, pydantic.BaseModel):
         # The routers answer with JSONResponse(content=model_dump()); rendering through it keeps the
         # server's JSON exactly (for example non-finite logprobs).
-        dumped = result.model_dump(mode="json", by_alias=True) if by_alias else result.model_dump()
+        dumped = (result.model_dump(mode="json", by_alias=True) if by_alias
+                  else result.model_dump(exclude_none=exclude_none))
         return _response_reply(JSONResponse(content=dumped))
     aclose = getattr(result, "aclose", None)
     if aclose is not None:  # a streaming generator: close it so vLLM aborts the request

@@ -12,12 +12,12 @@ from nightbatch.wire import Batch
 
 
 def create_admitted(services: Services, tenant: str, req: CreateBatchRequest, *,
-                    ext: dict[str, Any] | None = None) -> Batch:
+                    ext: dict[str, Any] | None = None, wire: str = "openai", total: int = 0) -> Batch:
     batch_id = new_batch_id()
     table = services.adapters.table
     admit_batch(table, tenant, batch_id, settings=services.settings)
     try:
-        return services.batches.create(tenant, req, batch_id=batch_id, ext=ext)
+        return services.batches.create(tenant, req, batch_id=batch_id, ext=ext, wire=wire, total=total)
     except BaseException:
         release_batch_slot(table, tenant, batch_id)
         raise

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 from nightbatch.errors import InvalidRequestError, NotFoundError, check_supported
 from nightbatch.files.service import FileService, check_expiry_seconds
 from nightbatch.files.user_buckets import check_uri_options
-from nightbatch.models.spec import ENDPOINTS
+from nightbatch.models.spec import ENDPOINTS, MESSAGES_ENDPOINT
 from nightbatch.notifications.email import check_notify_options
 from nightbatch.settings import Settings
 
@@ -52,9 +52,11 @@ class CreateBatchRequest(BaseModel):
     nightbatch: dict[str, Any] | None = None
 
 
-def check_create(tenant: str, req: CreateBatchRequest, *, settings: Settings, files: FileService) -> int:
+def check_create(tenant: str, req: CreateBatchRequest, *, settings: Settings, files: FileService,
+                 wire: str = "openai") -> int:
     """400 for the first problem of a create request; returns its completion window in hours."""
-    check_supported(req.endpoint, ENDPOINTS, param="endpoint")
+    # The Anthropic wire's batches run Messages lines, which OpenAI's POST /v1/batches does not take.
+    check_supported(req.endpoint, ENDPOINTS if wire == "openai" else (MESSAGES_ENDPOINT,), param="endpoint")
     hours = window_hours(req.completion_window, settings.validation.max_completion_window_hours)
     check_metadata(req.metadata)
     # Known keys only, a few KB at most; a bad e-mail address is a 400 now rather than a dropped e-mail later.

@@ -11,7 +11,7 @@ from nightbatch.batches.objects import to_wire
 from nightbatch.batches.request import CreateBatchRequest, check_create
 from nightbatch.batches.state_changes import StateChanges
 from nightbatch.clock import now
-from nightbatch.errors import ConflictError, StorageConflictError, check_range
+from nightbatch.errors import ConflictError, NotFoundError, StorageConflictError, check_range
 from nightbatch.files.service import FileService
 from nightbatch.files.user_buckets import output_location, register_input
 from nightbatch.ids import new_batch_id
@@ -30,6 +30,10 @@ class Workflow(Protocol):
     def start(self, batch_id: str) -> None: ...
 
 
+def _openai(rec: BatchRecord) -> bool:
+    return rec.wire == "openai"
+
+
 @dataclass(kw_only=True)
 class BatchService:
     settings: Settings
@@ -39,8 +43,10 @@ class BatchService:
     events: StateChanges | None = None  # EventBridge state changes (batches/state_changes.py), when configured
 
     def create(self, tenant: str, req: CreateBatchRequest, *, batch_id: str | None = None,
-               ext: dict[str, Any] | None = None) -> Batch:
-        hours = check_create(tenant, req, settings=self.settings, files=self.files)
+               ext: dict[str, Any] | None = None, wire: str = "openai", total: int = 0) -> Batch:
+        """`total`: the requests the caller already counted (the Anthropic wire's inline requests; OpenAI's
+        batches show 0 until Validate has counted the input file)."""
+        hours = check_create(tenant, req, settings=self.settings, files=self.files, wire=wire)
         batch_id = batch_id or new_batch_id()
         input_file_id, where = self._input(tenant, req, batch_id)
         ext = {**(ext or {}), **where}
@@ -49,9 +55,9 @@ class BatchService:
             pk=batch_id, tenant=tenant, status="validating", endpoint=req.endpoint,
             input_file_id=input_file_id, completion_window=req.completion_window, created_at=created,
             expires_at=created + int(hours * self.settings.validation.hour_seconds),
-            request_counts={"total": 0, "completed": 0, "failed": 0}, metadata=req.metadata,
+            request_counts={"total": total, "completed": 0, "failed": 0}, metadata=req.metadata,
             output_expires_after_seconds=req.output_expires_after.seconds if req.output_expires_after else None,
-            options=req.nightbatch or None, ext=ext or None,
+            options=req.nightbatch or None, ext=ext or None, wire=wire,
         )
         self.table.put_record(rec, new=True)
         # A failed start leaves the batch in `validating`; the sweeper re-drives it. Started before the event is
@@ -74,30 +80,37 @@ class BatchService:
         where["input_uri"] = options["input_uri"]
         return register_input(self.files, tenant, options["input_uri"]).id, where
 
-    def item(self, tenant: str, batch_id: str) -> BatchRecord:
-        return self.table.require_owned(BatchRecord, tenant, batch_id, param="batch_id",
-                                        missing=f"No batch found with id '{batch_id}'.")
+    def item(self, tenant: str, batch_id: str, *, wire: str | None = None) -> BatchRecord:
+        """The tenant's batch (of that wire, when one is named: the other wire's id is answered as unknown)."""
+        missing = f"No batch found with id '{batch_id}'."
+        rec = self.table.require_owned(BatchRecord, tenant, batch_id, param="batch_id", missing=missing)
+        if wire is not None and rec.wire != wire:
+            raise NotFoundError(missing, param="batch_id")
+        return rec
 
     def get(self, tenant: str, batch_id: str) -> Batch:
-        return to_wire(self.item(tenant, batch_id))
+        return to_wire(self.item(tenant, batch_id, wire="openai"))
 
     def list(self, tenant: str, *, limit: int, after: str | None) -> ListPage[Batch]:
         check_range(limit, 1, MAX_BATCHES_LIMIT, param="limit")
-        after_sk = after_sort_key(self.table, BatchRecord, tenant, after, noun="batch")
-        recs, has_more = self.table.page(BatchRecord, BatchRecord.owner_of(tenant), limit=limit, after_sk=after_sk)
+        after_sk = after_sort_key(self.table, BatchRecord, tenant, after, noun="batch", belongs=_openai)
+        recs, has_more = self.table.page(BatchRecord, BatchRecord.owner_of(tenant), limit=limit, after_sk=after_sk,
+                                         keep=_openai)
         return list_page([to_wire(r) for r in recs], has_more)
 
-    def cancel(self, tenant: str, batch_id: str) -> Batch:
-        rec = self.item(tenant, batch_id)
+    def cancel(self, tenant: str, batch_id: str, *, wire: str = "openai") -> Batch:
+        return to_wire(self.cancel_record(tenant, batch_id, wire=wire))
+
+    def cancel_record(self, tenant: str, batch_id: str, *, wire: str) -> BatchRecord:
+        rec = self.item(tenant, batch_id, wire=wire)
         for _ in range(5):
             status = rec.status
             if status in ("cancelling", "cancelled"):
-                return to_wire(rec)
+                return rec
             if status not in lifecycle.TRANSITIONS["cancelling"]:
                 raise ConflictError(f"Cannot cancel a batch with status '{status}'.")
             try:
-                return to_wire(lifecycle.transition(self.table, batch_id, "cancelling", from_=(status,),
-                                                          events=self.events))
+                return lifecycle.transition(self.table, batch_id, "cancelling", from_=(status,), events=self.events)
             except StorageConflictError:
-                rec = self.item(tenant, batch_id)  # lost a race: decide again on the fresh status
+                rec = self.item(tenant, batch_id, wire=wire)  # lost a race: decide again on the fresh status
         raise ConflictError("The batch changed while it was being cancelled; try again.", retry=True)

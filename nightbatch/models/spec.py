@@ -14,6 +14,9 @@ SCORE_ENDPOINTS: tuple[str, ...] = ("/v1/score", "/v1/rerank")
 ENDPOINTS: tuple[str, ...] = (
     "/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses", *SCORE_ENDPOINTS
 )
+# Anthropic's Messages API: the lines of a batch made on the Anthropic wire (POST /v1/messages/batches,
+# nightbatch/messages/). Not one of ENDPOINTS: OpenAI's POST /v1/batches does not take it.
+MESSAGES_ENDPOINT = "/v1/messages"
 
 
 class ModelSpec(BaseModel):
@@ -71,6 +74,11 @@ class ModelSpec(BaseModel):
         if self.task == "score":
             return SCORE_ENDPOINTS
         return ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+
+    def serves(self, endpoint: str) -> bool:
+        """Whether this model runs batch lines of `endpoint`: its OpenAI endpoints, and Anthropic's Messages
+        on a generate model (vLLM's Anthropic serving layer answers those; gpu_worker/engines/vllm_engine.py)."""
+        return endpoint in self.endpoints or (endpoint == MESSAGES_ENDPOINT and self.task == "generate")
 
 
 def served_model(models: list[ModelSpec], name: str) -> ModelSpec | None:

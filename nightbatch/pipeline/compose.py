@@ -1,10 +1,15 @@
 """The output file assembled server-side: ranges of checkpoint objects copied by S3 (UploadPartCopy) where
-they are big enough to be parts of their own, the rest merged into uploaded parts.
+they are big enough to be parts of their own, the rest gathered into uploaded parts.
 
 Every part but the last is at least 5 MiB (S3's floor). A range of at least 5 MiB is copied without its
-bytes passing through this process; when a smaller merged part is pending, it is first topped up from the
-head of the range (read from S3, or handed over by a caller that holds the bytes already). The part layout
-depends only on the sequence of ranges, so a re-run writes the same object.
+bytes passing through this process; a smaller one joins the merged part being gathered, which is sent once it
+holds MERGED_PART_BYTES, and the last one at the end. So the bytes uploaded are exactly those of the small
+ranges (workers write checkpoints of 5 MiB, nightbatch.settings `checkpoint_bytes`: usually just each
+attempt's first and last), never a top-up read from a big range. The output's lines are therefore not in the
+checkpoints' order: a merged part's lines come where that part is sent. OpenAI promises no line order
+(clients match by custom_id); which result of a custom_id counts is decided before, by the merge order
+(nightbatch.results.order). A merged part is sent whole, at a line boundary, since copied parts come between
+merged ones. The part layout depends only on the sequence of ranges, so a re-run writes the same object.
 
 Parts are sent by a few threads while the caller reads on: Finalize reads the next checkpoint while S3
 copies the last one (part numbers are given in order when a part is queued, so the object is the same).
@@ -17,12 +22,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from nightbatch.storage import BlobStore
+from nightbatch.storage.parts import MERGED_PART_BYTES, MIN_PART_BYTES
+
+__all__ = ["MERGED_PART_BYTES", "MIN_PART_BYTES", "PartComposer", "Read"]
 
 Read = Callable[[int, int], bytes | memoryview]
 
-MIN_PART_BYTES = 5 * 1024 * 1024
-MERGED_PART_BYTES = 8 * 1024 * 1024
-IN_FLIGHT = 3  # parts being sent at once: at most this many merged parts (8 MiB each) held beyond the buffer
+IN_FLIGHT = 3  # parts being sent at once: at most this many merged parts (8 MiB and up) held beyond the buffer
 
 
 class PartComposer:
@@ -40,28 +46,18 @@ class PartComposer:
         self.copied = 0  # bytes S3 copied server-side
 
     def add_bytes(self, data: bytes | memoryview) -> None:
+        """Whole lines (or a range of them) for the merged part; it is sent once it holds MERGED_PART_BYTES."""
         self.buf += data
         self.size += len(data)
-        while len(self.buf) >= MERGED_PART_BYTES:
-            self._upload(bytes(self.buf[:MERGED_PART_BYTES]))
-            del self.buf[:MERGED_PART_BYTES]
-
-    def add_range(self, source: str, start: int, end: int, read: Read) -> None:
-        """Bytes [start, end) of object `source`. `read(a, b)` gives its bytes [a, b); it is asked only for
-        bytes that pass through this process: a range too small to copy, or the head that tops up a part."""
-        if start >= end:
-            return
-        if self.buf:
-            top = max(0, MIN_PART_BYTES - len(self.buf))
-            if end - start - top < MIN_PART_BYTES:
-                self.add_bytes(read(start, end))  # too small to copy after topping up: merged
-                return
-            if top:
-                self.buf += read(start, start + top)
-                self.size += top
+        if len(self.buf) >= MERGED_PART_BYTES:
             self._upload(bytes(self.buf))
             self.buf.clear()
-            start += top
+
+    def add_range(self, source: str, start: int, end: int, read: Read) -> None:
+        """Bytes [start, end) of object `source`, whole lines. `read(a, b)` gives its bytes [a, b); it is asked
+        only for a range too small to copy, whose bytes join the merged part."""
+        if start >= end:
+            return
         if end - start < MIN_PART_BYTES:
             self.add_bytes(read(start, end))
             return

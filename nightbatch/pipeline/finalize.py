@@ -133,6 +133,8 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
                            "failed": tally.failed},
         "usage": usage, "output_file_id": out_id, "error_file_id": err_id, "ext": ext,
     }
+    if tally.unrun:
+        fields["unrun_counts"] = tally.unrun
     if target == "expired":
         fields["finalizing_at"] = batch.finalizing_at or now()
     try:
@@ -193,6 +195,7 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str) -> tup
                         seen.add(d)
                         err.write(unrun_line(batch_id, custom_id, unrun_code))
                         tally.failed += 1
+                        tally.unrun[unrun_code] = tally.unrun.get(unrun_code, 0) + 1
         out_bytes = out.close()
         err_bytes = err.close()
     except BaseException:

@@ -26,7 +26,6 @@ class _Open:
     first: int = 0  # the open run: its first line number, start, end
     start: int = -1
     end: int = 0
-    est_sum: int = 0
     spanned: int = 0  # input bytes of the closed runs
 
     def close_run(self) -> None:
@@ -47,27 +46,34 @@ class IndexWriter:
     max_bytes: int
     open: dict[tuple[int, str], _Open] = field(default_factory=dict)
     index: list[layout.SegmentEntry] = field(default_factory=list)
-    last: tuple[int, str] | None = None  # the slot of the last line added: a line of the same slot extends its run
+    # The last line's slot and open segment: a line of the same slot extends its run without a lookup (the
+    # common case, and every line of a batch with one model and no long prompts).
+    last: tuple[int, str] | None = None
+    _seg: _Open | None = None
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="segments"))
     pending: list[Future[None]] = field(default_factory=list)
 
     def add(self, number: int, offset: int, size: int, est: int, group: int = 0, model: str = "") -> None:
-        slot = (group, model)
-        seg = self.open.get(slot)
-        if seg is None:
-            seg = self.open[slot] = _Open()
-        if self.last != slot or seg.start < 0:
+        seg = self._seg
+        last = self.last
+        if seg is None or last is None or last[0] != group or last[1] != model:
+            slot = self.last = (group, model)
+            seg = self.open.get(slot)
+            if seg is None:
+                seg = self.open[slot] = _Open()
+            self._seg = seg
             seg.close_run()
+        if seg.start < 0:
             seg.first, seg.start = number, offset
-        self.last = slot
         seg.end = offset + size
         seg.est.append(est)
-        seg.est_sum += est
         if len(seg.est) >= self.max_lines or seg.spanned + seg.end - seg.start >= self.max_bytes:
-            self.flush(slot)
+            self.flush((group, model))
 
     def flush(self, slot: tuple[int, str]) -> None:
         seg = self.open.pop(slot, None)
+        if seg is self._seg:
+            self._seg = None
         if seg is None or not seg.est:
             return
         seg.close_run()
@@ -77,7 +83,7 @@ class IndexWriter:
             self.pending.pop(0).result()
         self.pending.append(self.pool.submit(layout.write_line_index, self.blobs, key,
                                              layout.LineIndex(runs=seg.runs, est=seg.est)))
-        self.index.append(layout.SegmentEntry(key=key, lines=len(seg.est), est=seg.est_sum, group=slot[0],
+        self.index.append(layout.SegmentEntry(key=key, lines=len(seg.est), est=sum(seg.est), group=slot[0],
                                               bytes=seg.spanned, model=slot[1]))
 
     def abandon(self) -> None:

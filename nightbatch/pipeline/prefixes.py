@@ -63,11 +63,9 @@ class PrefixGroups:
     def __init__(self, *, groups: int, min_chars: int) -> None:
         self.groups = groups
         self.min_chars = min_chars
+        # Lines at least this long may hold a prompt head worth grouping (a shorter one cannot: group 0).
+        self.min_line_bytes = min_chars if groups > 0 else 1 << 62
         self._first: dict[bytes, int] = {}
-
-    def wants(self, line_bytes: int) -> bool:
-        """Whether a line this long may hold a prompt head worth grouping (a shorter one cannot: group 0)."""
-        return self.groups > 0 and line_bytes >= self.min_chars
 
     def of(self, body: dict[str, Any]) -> int:
         if self.groups <= 0:

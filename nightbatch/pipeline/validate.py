@@ -55,9 +55,7 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
     prefix_groups = PrefixGroups(groups=settings.pipeline.plan_prefix_groups,
                                  min_chars=settings.pipeline.plan_prefix_chars)
     # Lines prefix grouping reads take the general path: it builds the body their group is read from.
-    validator = Validator(settings=settings, endpoint=batch.endpoint,
-                          fast_max_bytes=prefix_groups.min_chars if prefix_groups.groups > 0
-                          else Validator.fast_max_bytes)
+    validator = Validator(settings=settings, endpoint=batch.endpoint, fast_max_bytes=prefix_groups.min_line_bytes)
     writer = IndexWriter(blobs, inp.batch_id, settings.pipeline.segment_max_lines,
                            settings.pipeline.segment_max_bytes)
     errors: list[BatchError] = []
@@ -65,9 +63,11 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
     count = 0
     # Read once, not per line: the loop runs a million times for a big batch.
     max_requests = settings.validation.max_requests_per_batch
+    add = writer.add
+    grouped_from = prefix_groups.min_line_bytes
     chunks = services.files.chunks(file_item, read_ahead=True)
     for raw in split_lines(chunks, max_bytes=settings.validation.max_line_bytes):
-        if raw.data is not None and not raw.data.strip():
+        if raw.data is not None and (not raw.data or raw.data.isspace()):
             continue  # blank lines are skipped but keep their numbers
         count += 1
         if count > max_requests:
@@ -85,8 +85,8 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
                 break
             continue
         if not errors:
-            group = prefix_groups.of(req.body) if prefix_groups.wants(len(req.raw)) else 0
-            writer.add(raw.number, raw.offset, raw.size, req.est_tokens, group, req.model)
+            group = prefix_groups.of(req.body) if raw.size >= grouped_from else 0
+            add(raw.number, raw.offset, raw.size, req.est_tokens, group, req.model)
     if not errors and count == 0:
         errors.append(BatchError(code="empty_file", param=None, line=None,
                                  message="The input file has no requests."))

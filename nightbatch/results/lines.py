@@ -162,6 +162,7 @@ class Tally:
     output_tokens: int = 0
     reasoning_tokens: int = 0
     models: set[str] = field(default_factory=set)
+    unrun: dict[str, int] = field(default_factory=dict)  # Finalize's lines never run, by code (among `failed`)
 
     def add_summary(self, summary: CheckpointSummary) -> None:
         """Every line of a checkpoint, from its summary."""

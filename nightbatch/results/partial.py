@@ -28,9 +28,10 @@ class PartialResults:
     """What GET /v1/nightbatch/batches/{id}/results answers: headers first, then the lines.
 
     `count`: with `complete`, the exact number of lines of the file; before, the batch's live counter of
-    finished lines of that kind when the read began (the stream may hold a checkpoint more or less than it:
-    counters are added just after each checkpoint is written). `truncated`: the read stopped at the
-    deployment's inline response limit (AWS: a Lambda response); the rest comes once the batch has ended."""
+    finished lines of that kind when the read began: the workers add to it every few seconds for the lines they
+    finished, checkpointed yet or not, so it may run ahead of the lines streamed by up to a checkpoint's worth.
+    `truncated`: the read stopped, at a line's end, at the deployment's inline response limit (AWS: a Lambda
+    response); the rest comes once the batch has ended."""
 
     batch_id: str
     status: str
@@ -68,8 +69,10 @@ def partial_results(services: Services, tenant: str, batch_id: str, kind: str, *
     settings = services.settings
     limit = settings.files.max_inline_download_bytes
     if settings.deployment.mode != "local" and limit > 0:
-        # The response is buffered whole in Lambda: whole checkpoints up to the limit (dedup only drops bytes).
-        checkpoints, truncated = _within(checkpoints, limit)
+        # The response is buffered whole in Lambda: the whole lines of the first `limit` bytes of the checkpoints
+        # (dedup only drops bytes), not whole checkpoints: a checkpoint is usually 5 MiB, over the limit.
+        truncated = sum(cp.size for _, cps in checkpoints for cp in cps) > limit
+        scan_bytes = limit if scan_bytes is None else min(scan_bytes, limit)
     count = (batch.live_completed if ok else batch.live_failed) or 0
     return PartialResults(batch_id, batch.status, kind, False, count, truncated=truncated,
                           lines=_lines(blobs, checkpoints, ok, scan_bytes))
@@ -79,22 +82,6 @@ def _checkpoints(blobs: BlobStore, batch: BatchRecord) -> list[tuple[str, list[C
     """(shard_id, its checkpoints) per shard: keys and sizes only, listed before the first line is sent."""
     return [(shard_id, checkpoints_in_order(blobs, batch.pk, shard_id))
             for shard_id, _spec in planned_shards(blobs, batch.pk) if shard_id is not None]
-
-
-def _within(shards: list[tuple[str, list[Checkpoint]]], limit: int) -> tuple[
-        list[tuple[str, list[Checkpoint]]], bool]:
-    kept: list[tuple[str, list[Checkpoint]]] = []
-    total = 0
-    for shard_id, checkpoints in shards:
-        taken: list[Checkpoint] = []
-        for cp in checkpoints:
-            if total + cp.size > limit:
-                kept.append((shard_id, taken))
-                return kept, True
-            total += cp.size
-            taken.append(cp)
-        kept.append((shard_id, taken))
-    return kept, False
 
 
 def _lines(blobs: BlobStore, shards: list[tuple[str, list[Checkpoint]]], ok: bool,

@@ -217,8 +217,14 @@ class WorkerSettings(Section):
     poll_seconds: Annotated[float, Env("worker_poll_seconds")] = 5.0
     # How long a stopping shard lets in-flight requests finish: under ECS's 30 s SIGTERM-to-SIGKILL window.
     drain_seconds: Annotated[float, Env("worker_drain_seconds")] = 20.0
+    # Checkpoints (gpu_worker/checkpoints.py, CheckpointPolicy): an attempt's first one after `every_lines` lines or
+    # `every_seconds`; then each when `checkpoint_bytes` of results are buffered (0: S3's 5 MiB part minimum, so
+    # Finalize copies it server-side; smaller ones it uploads again) or `max_seconds` after the last; on a stop at
+    # once. The live counters are added every `every_seconds`.
     checkpoint_every_lines: int = 64
     checkpoint_every_seconds: float = 10.0
+    checkpoint_bytes: int = 0
+    checkpoint_max_seconds: float = 600.0
     max_in_flight: int = 256
     # Throughput (gpu_worker/scheduling.py): pending lines are read this far ahead and reordered within that
     # window (0 = input order, no window); the char bound (prompt text) keeps a window of very long lines in

@@ -153,8 +153,15 @@ class BatchRecord(ListedRecord):
     endpoint: str
     input_file_id: str
     completion_window: str
+    # Which API made it, and so which shows it: OpenAI's /v1/batches or Anthropic's /v1/messages/batches
+    # (nightbatch/messages/). Each wire answers the other's ids as unknown.
+    wire: str = "openai"
+    deleted_at: int | None = None  # a Message Batch deleted through the Anthropic wire (kept for usage and cost)
     expires_at: int | None = None
     request_counts: dict[str, int] = {}
+    # Finalize's lines never run, by code (batch_cancelled, batch_expired, shard_failed): among `failed`, they
+    # are what the Anthropic wire counts as canceled and expired rather than errored.
+    unrun_counts: dict[str, int] | None = None
     metadata: dict[str, str] | None = None
     options: dict[str, Any] | None = None
     output_expires_after_seconds: int | None = None

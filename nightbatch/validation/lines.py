@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import UNSET
+from msgspec import UNSET, UnsetType
 
 from nightbatch.ids import custom_id_digest
 from nightbatch.jsonl import UndecodableLine, loads
-from nightbatch.models.spec import SCORE_ENDPOINTS, ModelSpec, served_model
+from nightbatch.models.spec import MESSAGES_ENDPOINT, SCORE_ENDPOINTS, ModelSpec, served_model
 from nightbatch.settings import Settings
 from nightbatch.validation.requests import (
     LineInvalid,
     check_media,
+    check_messages,
     check_responses,
     check_template_kwargs,
     check_tools,
@@ -48,37 +49,64 @@ class ValidRequest:
         return self._body
 
 
-class _Message(msgspec.Struct, gc=False):
+CustomId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CUSTOM_ID)]
+
+
+# The plain line of an endpoint, decoded in one typed pass: only the fields declared here, each with a type
+# msgspec checks (`forbid_unknown_fields`: any other field, or a value of another type, sends the line to the
+# general path). So every value of a line the fast path takes is decoded, as `loads` would decode it or more
+# strictly (numbers range-checked, strings checked for UTF-8 and lone surrogates), and the general path reads
+# nothing here but the model and the output cap: what it checks closer (stream, tools, n, media parts, ...)
+# is not declared.
+class _Body(msgspec.Struct, forbid_unknown_fields=True, gc=False, kw_only=True):  # gc=False: no cycles
+    model: str
+    max_tokens: int | None = None
+    max_completion_tokens: int | UnsetType | None = UNSET  # present, even null, it wins over max_tokens
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    user: str | None = None
+
+
+class _Message(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     role: str
     content: str  # text only: a list of parts (media) takes the general path
+    name: str | None = None
 
 
-class _ChatBody(msgspec.Struct, gc=False):
-    """The fields the general path reads from a chat body; any of the optional ones present sends the line there."""
-
-    model: str
-    messages: list[_Message]
-    max_tokens: int | msgspec.UnsetType | None = msgspec.UNSET
-    max_completion_tokens: int | msgspec.UnsetType | None = msgspec.UNSET
-    stream: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
-    tools: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
-    tool_choice: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
-    chat_template_kwargs: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
-    n: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
-    best_of: msgspec.Raw | msgspec.UnsetType = msgspec.UNSET
+class _ChatBody(_Body, kw_only=True):
+    messages: Annotated[list[_Message], msgspec.Meta(min_length=1)]
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
 
 
-class _ChatLine(msgspec.Struct, gc=False):  # no cycles: not tracked by the GC
-    custom_id: str
-    method: str
-    url: str
-    body: _ChatBody
+class _CompletionBody(_Body, kw_only=True):
+    prompt: str | list[str]
+    echo: bool | None = None
+    suffix: str | None = None
 
 
-_decode_chat = msgspec.json.Decoder(_ChatLine).decode
-# The typed decode checks the syntax of the fields it skips but not their range: a number with a 3-digit
-# exponent or 20 digits in a row (maybe beyond a double or msgspec's integers) takes the general path.
-_BIG_NUMBER = re.compile(rb"[0-9][eE][+-]?[0-9]{3}|[0-9]{20}").search
+class _EmbeddingBody(_Body, kw_only=True):
+    input: str | list[str]
+    encoding_format: str | None = None
+    dimensions: int | None = None
+
+
+def _line_decoder(body: type[_Body]) -> Callable[[bytes], Any]:
+    line = msgspec.defstruct(f"_Line{body.__name__}", [
+        ("custom_id", CustomId), ("method", Literal["POST"]), ("url", str), ("body", body)],
+        forbid_unknown_fields=True, gc=False)
+    return msgspec.json.Decoder(line).decode
+
+
+_PLAIN = {
+    "/v1/chat/completions": _line_decoder(_ChatBody),
+    "/v1/completions": _line_decoder(_CompletionBody),
+    "/v1/embeddings": _line_decoder(_EmbeddingBody),
+}
 
 
 @dataclass
@@ -90,52 +118,65 @@ class Validator:
     model: str | None = None
     spec: ModelSpec | None = None
     seen: set[int] = field(default_factory=set)
-    # Valid lines per `body.model` (Plan groups by it; more than one: a multi-model or multi-adapter batch).
-    models: dict[str, int] = field(default_factory=dict)
     _specs: dict[str, ModelSpec] = field(default_factory=dict)
+    _counts: dict[str, int] = field(default_factory=dict)  # valid lines per model, of the general path
+    _plain: int = 0  # valid lines of the fast path, all of the batch's model: one model costs no dict per line
     embedding_inputs: int = 0
     # Lines at least this long take the general path, which builds their body (Validate's prefix groups read
     # the body of long lines; decoding it twice would cost more than the fast path saves).
     fast_max_bytes: int = 1 << 62
 
+    def __post_init__(self) -> None:
+        self._decode_plain = _PLAIN.get(self.endpoint)
+        self._embeddings = self.endpoint == "/v1/embeddings"
+        self._default_out = self.settings.serving.default_max_tokens  # read per line: once here
+
+    @property
+    def models(self) -> dict[str, int]:
+        """Valid lines per `body.model` (Plan groups by it; more than one: a multi-model or multi-adapter batch)."""
+        counts = dict(self._counts)
+        if self._plain and self.model is not None:
+            counts[self.model] = counts.get(self.model, 0) + self._plain
+        return counts
+
     def check(self, number: int, data: bytes | None, size: int) -> ValidRequest:
-        if data is not None and self.endpoint == "/v1/chat/completions" and len(data) < self.fast_max_bytes:
-            req = self._check_plain_chat(number, data)
+        if data is not None and self._decode_plain is not None and len(data) < self.fast_max_bytes:
+            req = self._check_plain(number, data)
             if req is not None:
-                self.models[req.model] = self.models.get(req.model, 0) + 1
                 return req
         req = self._check(number, data, size)
-        self.models[req.model] = self.models.get(req.model, 0) + 1
+        self._counts[req.model] = self._counts.get(req.model, 0) + 1
         return req
 
-    def _check_plain_chat(self, number: int, data: bytes) -> ValidRequest | None:
-        """The common chat line (text messages, none of the parameters that need a closer look) checked on
-        msgspec's typed decode, in the general path's order with its messages; None sends the line there.
-        Only lines the general path accepts as they are pass here: the typed decode refuses everything
-        the general path would look at twice, and it skips unknown fields without checking their UTF-8."""
+    def _check_plain(self, number: int, data: bytes) -> ValidRequest | None:
+        """A plain line of the batch's model (the types above), checked on its typed decode as the general path
+        checks it; None sends the line there, which words any error."""
+        assert self._decode_plain is not None
         try:
-            line = _decode_chat(data)
+            line = self._decode_plain(data)
         except (msgspec.MsgspecError, RecursionError):
             return None
         body = line.body
-        if (body.stream is not UNSET or body.tools is not UNSET or body.tool_choice is not UNSET
-                or body.chat_template_kwargs is not UNSET or body.n is not UNSET or body.best_of is not UNSET
-                or not body.messages or (not data.isascii() and not _utf8(data)) or _BIG_NUMBER(data)):
-            return None
-        custom_id = line.custom_id
-        if not custom_id or len(custom_id) > MAX_CUSTOM_ID or line.method != "POST" or line.url != self.endpoint:
-            return None
-        model = body.model
-        if model != self.model or self.spec is None:
-            return None  # the batch's first line, or a model to report: the general path checks it
-        max_out = body.max_tokens if body.max_completion_tokens is UNSET else body.max_completion_tokens
-        out = max_out if isinstance(max_out, int) and max_out > 0 else self.settings.serving.default_max_tokens
-        est = estimate_tokens(len(data)) + out
-        digest = custom_id_digest(custom_id)
+        if line.url != self.endpoint or body.model != self.model or self.spec is None:
+            return None  # the batch's first line, a model to report, or a wrong url: the general path checks it
+        inputs = 0
+        if self._embeddings:
+            inputs = len(body.input) if isinstance(body.input, list) else 1
+            cap = self.settings.validation.max_embedding_inputs_per_request
+            if not body.input or (cap and inputs > cap) or (
+                    self.embedding_inputs + inputs > self.settings.validation.max_embedding_inputs):
+                return None
+            est = estimate_tokens(len(data))
+        else:
+            max_out = body.max_tokens if body.max_completion_tokens is UNSET else body.max_completion_tokens
+            est = estimate_tokens(len(data)) + (max_out if max_out is not None and max_out > 0 else self._default_out)
+        digest = custom_id_digest(line.custom_id)
         if digest in self.seen:
             return None  # reported by the general path
         self.seen.add(digest)
-        return ValidRequest(number, custom_id, None, est, data, model)
+        self.embedding_inputs += inputs
+        self._plain += 1
+        return ValidRequest(number, line.custom_id, None, est, data, body.model)
 
     def _check(self, number: int, data: bytes | None, size: int) -> ValidRequest:
         s = self.settings
@@ -179,8 +220,8 @@ class Validator:
             return known
         models = self.settings.serving.models
         spec = served_model(models, model)
-        if spec is None or self.endpoint not in spec.endpoints:
-            served = ", ".join(name for m in models if self.endpoint in m.endpoints
+        if spec is None or not spec.serves(self.endpoint):
+            served = ", ".join(name for m in models if m.serves(self.endpoint)
                                for name in (m.name, *m.lora_modules))
             raise LineInvalid("model_not_found", f"The provided model {echo(model)} is not supported by the Batch "
                               f"API for {self.endpoint}. Served models: {served or 'none'}.", "body.model")
@@ -217,6 +258,8 @@ class Validator:
             check_template_kwargs(body)
             check_media(self.settings, messages)
             return estimate_tokens(line_bytes) + out * _choices(self.settings, body)
+        if self.endpoint == MESSAGES_ENDPOINT:
+            return estimate_tokens(line_bytes) + check_messages(self.settings, spec, body)
         if self.endpoint == "/v1/responses":
             out = check_responses(spec, body, self.settings.serving.default_max_tokens)
             if isinstance(body.get("input"), list):  # input_image parts: the same URL rules and guards as chat
@@ -242,14 +285,6 @@ class Validator:
                               f"{self.settings.validation.max_embedding_inputs} embedding inputs across its requests.",
                               "body.input")
         return estimate_tokens(line_bytes)
-
-
-def _utf8(data: bytes) -> bool:
-    try:
-        data.decode("utf-8")
-    except UnicodeDecodeError:
-        return False
-    return True
 
 
 def _choices(settings: Settings, body: dict[str, Any]) -> int:

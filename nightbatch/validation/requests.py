@@ -30,7 +30,6 @@ def check_media(settings: Settings, messages: list[Any],
     docs/USER_BUCKETS.md) only, unless NIGHTBATCH_MEDIA_ALLOWED_DOMAINS names https hosts
     the engine may fetch from (a GPU worker fetching any URL a tenant names would reach its VPC and the
     instance metadata service). `where` names the i-th item holding a `content` list in the error's param."""
-    allowed: set[str] | None = None  # parsed from the settings only when a line names a URL (per-line hot path)
     images = 0
     for i, message in enumerate(messages):
         content = message.get("content") if isinstance(message, dict) else None
@@ -47,21 +46,24 @@ def check_media(settings: Settings, messages: list[Any],
                 if kind == "image_url":
                     images += 1
                     _check_image(settings, url, images, f"{where(i)}.content[{j}].{kind}")
-                if isinstance(url, str) and url.startswith("data:"):
-                    continue
-                if kind == "image_url" and isinstance(url, str) and url.startswith("s3://"):
-                    bucket = url[len("s3://"):].partition("/")[0]
-                    if bucket in names(settings.files.user_input_buckets):
+                    if isinstance(url, str) and url.startswith("s3://") and \
+                            url[len("s3://"):].partition("/")[0] in names(settings.files.user_input_buckets):
                         continue  # fetched by the worker (gpu_worker/images.py), within max_image_bytes
-                if allowed is None:
-                    domains = settings.validation.media_allowed_domains
-                    allowed = {d.strip().lower() for d in domains.split(",") if d.strip()}
-                m = re.match(r"^https://([^/:?#@]+)(?::443)?(?:[/?#]|$)", url) if isinstance(url, str) else None
-                if m is None or m.group(1).lower() not in allowed:
-                    raise LineInvalid(
-                        "invalid_value", f"Invalid '{kind}.url': only data: URLs are accepted"
-                        + (f", or https URLs on {', '.join(sorted(allowed))}" if allowed else "") + ".",
-                        f"{where(i)}.content[{j}].{kind}.url")
+                check_media_url(settings, url, kind, f"{where(i)}.content[{j}].{kind}.url")
+
+
+def check_media_url(settings: Settings, url: object, kind: str, param: str) -> None:
+    """One media URL of a line (an OpenAI `image_url`, an Anthropic `source` of type url): see check_media."""
+    if isinstance(url, str) and url.startswith("data:"):
+        return
+    # Parsed from the settings only when a line names a URL (per-line hot path).
+    domains = settings.validation.media_allowed_domains
+    allowed = {d.strip().lower() for d in domains.split(",") if d.strip()}
+    m = re.match(r"^https://([^/:?#@]+)(?::443)?(?:[/?#]|$)", url) if isinstance(url, str) else None
+    if m is None or m.group(1).lower() not in allowed:
+        raise LineInvalid(
+            "invalid_value", f"Invalid '{kind}.url': only data: URLs are accepted"
+            + (f", or https URLs on {', '.join(sorted(allowed))}" if allowed else "") + ".", param)
 
 
 def _check_image(settings: Settings, url: Any, n: int, param: str) -> None:
@@ -150,6 +152,55 @@ def check_responses(spec: ModelSpec, body: dict[str, Any], default_max_tokens: i
     if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
         raise LineInvalid("invalid_request", "'max_output_tokens' must be a positive integer.",
                           "body.max_output_tokens")
+    return cap
+
+
+# Anthropic's tool_choice types as the OpenAI choices check_tools reads ("tool" names one: a dict).
+_ANTHROPIC_CHOICE = {"auto": "auto", "any": "required", "none": "none"}
+
+
+def check_messages(settings: Settings, spec: ModelSpec, body: dict[str, Any]) -> int:
+    """A /v1/messages line (Anthropic's Messages API, the Anthropic wire's batches): `max_tokens` and
+    `messages` required as Anthropic requires them, text or content-block turns, URL image sources as
+    check_media allows them, tools only on a model configured for them. Returns its output cap."""
+    cap = body.get("max_tokens")
+    if cap is None:
+        raise LineInvalid("missing_required_parameter", "Field required", "body.max_tokens")
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+        raise LineInvalid("invalid_request", "must be a positive integer", "body.max_tokens")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise LineInvalid("invalid_request", "at least one message is required", "body.messages")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+            raise LineInvalid("invalid_request", "Input should be 'user' or 'assistant'",
+                              f"body.messages[{i}].role")
+        content = message.get("content")
+        if not isinstance(content, str | list):
+            raise LineInvalid("invalid_request", "Field required", f"body.messages[{i}].content")
+        for j, block in enumerate(content if isinstance(content, list) else ()):
+            source = block.get("source") if isinstance(block, dict) else None
+            if isinstance(source, dict) and source.get("type") == "url":
+                check_media_url(settings, source.get("url"), "source",
+                                f"body.messages[{i}].content[{j}].source.url")
+    system = body.get("system")
+    if system is not None and not isinstance(system, str | list):
+        raise LineInvalid("invalid_request", "Input should be a string or a list of text blocks",
+                          "body.system")
+    stops = body.get("stop_sequences")
+    if stops is not None and (not isinstance(stops, list) or not all(isinstance(x, str) for x in stops)):
+        raise LineInvalid("invalid_request", "Input should be a list of strings",
+                          "body.stop_sequences")
+    tools = body.get("tools")
+    if tools is not None and not isinstance(tools, list):
+        raise LineInvalid("invalid_request", "Input should be a list", "body.tools")
+    choice = body.get("tool_choice")
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if choice is not None and kind not in (*_ANTHROPIC_CHOICE, "tool"):
+        raise LineInvalid("invalid_request", "Input should be an object whose type is 'auto', 'any', "
+                          "'tool' or 'none'", "body.tool_choice")
+    as_openai = _ANTHROPIC_CHOICE.get(kind or "auto", choice) if isinstance(choice, dict) else "auto"
+    check_tools(spec, {"tools": tools, "tool_choice": as_openai} if tools else {})
     return cap
 
 

@@ -1,5 +1,5 @@
 """Schemathesis against the app's own OpenAPI schema, over real HTTP: no generated request produces a 5xx,
-and every failure is OpenAI's error envelope with an x-request-id.
+and every failure is OpenAI's error envelope (Anthropic's on /v1/messages/…) with an x-request-id.
 
 schemathesis' pytest plugin (`schemathesis.pytest.from_fixture`) does not run under pytest 9, so each
 operation's hypothesis strategy is driven directly; valid and invalid (negative) inputs are both generated.
@@ -37,6 +37,10 @@ def check(resp: Any) -> None:
     assert resp.headers.get("x-request-id", [""])[0].startswith("req_")
     if resp.status_code >= 400:
         body = resp.json()
+        if resp.request.path_url.startswith("/v1/messages/"):  # the Anthropic wire's envelope (docs/ANTHROPIC.md)
+            assert set(body) == {"type", "error", "request_id"} and body["type"] == "error", body
+            assert set(body["error"]) == {"type", "message"}, body
+            return
         assert set(body) == {"error"}, body
         assert set(body["error"]) == {"message", "type", "param", "code"}, body
 
@@ -52,6 +56,7 @@ def test_the_schema_covers_every_route() -> None:
 @pytest.mark.parametrize("valid_key", [True, False], ids=["valid-key", "wrong-key"])
 def test_no_5xx_for_generated_requests(api_server: ApiServer, operation: Any, valid_key: bool) -> None:
     auth = api_server.auth if valid_key else {"Authorization": "Bearer not-the-key"}
+    auth = {**auth, "anthropic-version": "2023-06-01"}  # what the Anthropic wire also asks of every request
     strategy = operation.as_strategy(GenerationMode.POSITIVE) | operation.as_strategy(GenerationMode.NEGATIVE)
 
     @FUZZ

@@ -121,6 +121,28 @@ def test_chat_completion(chat_engine: VllmEngine, run: Any) -> None:
     assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
 
 
+def test_anthropic_messages_with_system_turns_and_stop_sequences(chat_engine: VllmEngine, run: Any) -> None:
+    body = {"model": CHAT_SPEC.name, "max_tokens": 16, "temperature": 0, "system": "You answer briefly.",
+            "stop_sequences": [","], "messages": [
+                {"role": "user", "content": "Count: 1, 2, 3"}, {"role": "assistant", "content": "4"},
+                {"role": "user", "content": [{"type": "text", "text": "Go on: 5, 6, 7"}]}]}
+    reply = run(chat_engine.handle("/v1/messages", body, "req_0123abcd"))
+
+    assert reply.status_code == 200, reply.body
+    msg = reply.body
+    assert msg["id"] == "msg_0123abcd" and msg["type"] == "message" and msg["role"] == "assistant"
+    assert msg["model"] == CHAT_SPEC.name and msg["content"][0]["type"] == "text"
+    assert "," not in msg["content"][0]["text"]
+    assert msg["stop_reason"] in {"end_turn", "max_tokens", "stop_sequence"}
+    assert msg["usage"]["input_tokens"] > 0 and 0 < msg["usage"]["output_tokens"] <= 16
+    assert None not in msg.values() and "kv_transfer_params" not in msg  # dumped as vLLM's router dumps it
+
+
+def test_anthropic_messages_without_max_tokens_is_a_400_reply(chat_engine: VllmEngine, run: Any) -> None:
+    reply = run(chat_engine.handle("/v1/messages", {"model": CHAT_SPEC.name, "messages": QUESTION}, "req_m2"))
+    assert_error(reply, 400)
+
+
 def test_completion(chat_engine: VllmEngine, run: Any) -> None:
     body = {"model": CHAT_SPEC.name, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
     reply = run(chat_engine.handle("/v1/completions", body, "req-cmpl-1"))

@@ -95,6 +95,8 @@ ENV_NAMES: dict[str, str] = {
     "NIGHTBATCH_WORKER_DRAIN_SECONDS": "worker.drain_seconds",
     "NIGHTBATCH_CHECKPOINT_EVERY_LINES": "worker.checkpoint_every_lines",
     "NIGHTBATCH_CHECKPOINT_EVERY_SECONDS": "worker.checkpoint_every_seconds",
+    "NIGHTBATCH_CHECKPOINT_BYTES": "worker.checkpoint_bytes",
+    "NIGHTBATCH_CHECKPOINT_MAX_SECONDS": "worker.checkpoint_max_seconds",
     "NIGHTBATCH_MAX_IN_FLIGHT": "worker.max_in_flight",
     "NIGHTBATCH_WORKER_ORDER_WINDOW_LINES": "worker.order_window_lines",
     "NIGHTBATCH_WORKER_ORDER_WINDOW_CHARS": "worker.order_window_chars",

@@ -120,8 +120,9 @@ def _create_resources(adapters: Adapters) -> None:
     create_table(adapters.client("dynamodb"), adapters.settings.deployment.table)
 
 
+# Checkpoints of a few KB (a few lines each) rather than S3's 5 MiB part minimum: many of them in a short test.
 WORKER_OVERRIDES: dict[str, Any] = {
-    "checkpoint_every_lines": 10, "checkpoint_every_seconds": 0.25, "max_in_flight": 8,
+    "checkpoint_every_lines": 10, "checkpoint_every_seconds": 0.25, "checkpoint_bytes": 4096, "max_in_flight": 8,
     "worker_poll_seconds": 0.1, "worker_drain_seconds": 5.0,
 }
 

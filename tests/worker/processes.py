@@ -32,7 +32,9 @@ def worker_env(world: ShardWorld, **overrides: str) -> dict[str, str]:
         "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
         "NIGHTBATCH_BUCKET": s.bucket, "NIGHTBATCH_TABLE": s.table, "NIGHTBATCH_REGION": s.region,
         "NIGHTBATCH_BATCH_ID": world.batch_id, "NIGHTBATCH_SHARD_ID": world.shard_id,
+        # The first checkpoint after 8 lines, then one per ~4 KB (a few lines): many checkpoints to kill between.
         "NIGHTBATCH_CHECKPOINT_EVERY_LINES": "8", "NIGHTBATCH_CHECKPOINT_EVERY_SECONDS": "0.3",
+        "NIGHTBATCH_CHECKPOINT_BYTES": "4096",
         "NIGHTBATCH_MAX_IN_FLIGHT": "4", "NIGHTBATCH_WORKER_POLL_SECONDS": "0.2",
         "NIGHTBATCH_WORKER_DRAIN_SECONDS": "5",
     })

@@ -80,7 +80,8 @@ def test_sigterm_flushes_and_exits_for_a_retry_that_resumes(served_world: ShardW
     world = served_world
     ids = world.seed(chat_requests(300))
     env = worker_env(world, NIGHTBATCH_TEST_ENGINE_DELAY="0.04",
-                     NIGHTBATCH_CHECKPOINT_EVERY_LINES="1000", NIGHTBATCH_CHECKPOINT_EVERY_SECONDS="60")
+                     NIGHTBATCH_CHECKPOINT_EVERY_LINES="1000", NIGHTBATCH_CHECKPOINT_EVERY_SECONDS="60",
+                     NIGHTBATCH_CHECKPOINT_BYTES=str(1 << 30))
     worker = spawn(env, tmp_path / "term.log")
     # Wait until requests are running (the counters move only at checkpoints, so watch the log).
     assert wait_until(lambda: "attempt" in worker.stderr(), worker, timeout=20), worker.stderr()

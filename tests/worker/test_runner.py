@@ -86,7 +86,7 @@ def test_every_line_gets_exactly_one_result(world: ShardWorld) -> None:
     assert item["live_completed"] == 120 and item["live_failed"] == 0
     assert item["live_input_tokens"] == report.input_tokens
     assert item["live_output_tokens"] == report.output_tokens
-    assert time.time() - 60 < item["live_since"] <= time.time()  # set once, by the first checkpoint's counts
+    assert time.time() - 60 < item["live_since"] <= time.time()  # set once, by the first counts
     # Lines are compact JSON.
     raw = world.adapters.blobs.get_bytes(world.checkpoint_keys()[0])
     assert raw is not None and b'", "' not in raw and b'": ' not in raw
@@ -158,22 +158,67 @@ def test_default_max_tokens_for_completions_but_not_embeddings(world: ShardWorld
     assert [d["index"] for d in body["data"]] == [0, 1]
 
 
-def test_checkpoints_every_n_lines(world: ShardWorld) -> None:
-    world.seed(chat_requests(35))
+def test_the_first_checkpoint_comes_early_then_each_holds_the_part_size(world: ShardWorld) -> None:
+    """The cadence that writes output bytes once: the attempt's first checkpoint after `checkpoint_every_lines`
+    lines (results while running show at once), every later one when `checkpoint_bytes` are buffered (in AWS
+    S3's 5 MiB part minimum, so Finalize copies it), the last with the rest."""
+    world.seed(chat_requests(120))
+    limit = 12_000
     settings = world.settings.updated({
-        "checkpoint_every_lines": 10, "checkpoint_every_seconds": 60.0, "max_in_flight": 1,
+        "checkpoint_every_lines": 10, "checkpoint_every_seconds": 60.0, "checkpoint_bytes": limit,
+        "checkpoint_max_seconds": 60.0, "max_in_flight": 1,
     })
-    report = run(world, DeterministicEngine(CHAT_SPEC, delay=0.01), settings=settings)
+    report = run(world, DeterministicEngine(CHAT_SPEC, delay=0.005), settings=settings)
 
     keys = world.checkpoint_keys()
-    sizes = [len(world.checkpoint_lines(k)) for k in keys]
-    assert report.checkpoints == len(keys) >= 3
-    assert sum(sizes) == 35
-    assert all(size >= 10 for size in sizes[:-1])
+    data = [world.adapters.blobs.get_bytes(k) or b"" for k in keys]
+    lines = [d.count(b"\n") for d in data]
+    line_bytes = max(len(x) for d in data for x in d.splitlines(keepends=True))
+    assert report.checkpoints == len(keys) >= 4 and sum(lines) == 120
+    assert 10 <= lines[0] <= 12 and len(data[0]) < limit
+    assert all(limit <= len(d) < limit + 3 * line_bytes for d in data[1:-1])
+    assert len(data[-1]) < limit + 3 * line_bytes
     # seq 000000, 000001, ... of one attempt.
     assert [k.rsplit("/", 1)[1] for k in keys] == [
         f"{i:06d}-{report.attempt}.jsonl" for i in range(len(keys))
     ]
+
+
+def test_after_the_first_checkpoint_time_alone_waits_for_the_longer_bound(world: ShardWorld) -> None:
+    """A slow shard whose buffer stays under the part size: one checkpoint `checkpoint_every_seconds` in, then
+    one per `checkpoint_max_seconds` (not one per `checkpoint_every_seconds`), then the rest at its end."""
+    world.seed(chat_requests(40))
+    settings = world.settings.updated({
+        "checkpoint_every_lines": 1000, "checkpoint_every_seconds": 0.1, "checkpoint_bytes": 1 << 30,
+        "checkpoint_max_seconds": 0.5, "max_in_flight": 2,
+    })
+    started = time.monotonic()
+    report = run(world, DeterministicEngine(CHAT_SPEC, delay=0.05), settings=settings)  # ~1 s of work
+    elapsed = time.monotonic() - started
+    assert report.finished
+    assert 3 <= len(world.checkpoint_keys()) <= 2 + elapsed / 0.5
+
+
+def test_live_counters_move_between_checkpoints(world: ShardWorld) -> None:
+    """Progress stays fresh while checkpoints wait for the part size: the batch's live counters are added
+    every `checkpoint_every_seconds` for the lines finished since, durable or not."""
+    world.seed(chat_requests(60))
+    settings = world.settings.updated({
+        "checkpoint_every_lines": 5, "checkpoint_every_seconds": 0.1, "checkpoint_bytes": 1 << 30,
+        "checkpoint_max_seconds": 60.0, "max_in_flight": 1,
+    })
+    seen: list[tuple[int, int]] = []  # (live_completed, checkpoints)
+
+    async def watch() -> None:
+        while True:
+            item = await asyncio.to_thread(world.batch_item)
+            seen.append((int(item.get("live_completed", 0)), len(world.checkpoint_keys())))
+            await asyncio.sleep(0.05)
+
+    report = run(world, DeterministicEngine(CHAT_SPEC, delay=0.02), settings=settings, during=watch)
+    assert report.finished and len(world.checkpoint_keys()) == 2  # the first, and the rest at the end
+    assert any(live >= 20 and checkpoints == 1 for live, checkpoints in seen), seen
+    assert world.batch_item()["live_completed"] == 60
 
 
 def test_each_checkpoint_has_its_summary(world: ShardWorld) -> None:
@@ -197,16 +242,6 @@ def test_each_checkpoint_has_its_summary(world: ShardWorld) -> None:
         assert summary.input_tokens > 0 and summary.output_tokens > 0
         failed += len(summary.failed)
     assert failed == 2
-
-
-def test_checkpoints_every_t_seconds(world: ShardWorld) -> None:
-    world.seed(chat_requests(40))
-    settings = world.settings.updated({
-        "checkpoint_every_lines": 1000, "checkpoint_every_seconds": 0.2, "max_in_flight": 2,
-    })
-    report = run(world, DeterministicEngine(CHAT_SPEC, delay=0.05), settings=settings)  # ~1 s of work
-    assert report.finished
-    assert len(world.checkpoint_keys()) >= 3
 
 
 def test_cancel_mid_run_stops_with_partial_results_and_no_done_marker(world: ShardWorld) -> None:
@@ -268,7 +303,8 @@ def test_stop_event_flushes_and_returns(world: ShardWorld) -> None:
         await asyncio.sleep(0.3)
         stop.set()
 
-    settings = world.settings.updated({"checkpoint_every_seconds": 60.0, "checkpoint_every_lines": 1000})
+    settings = world.settings.updated({"checkpoint_every_seconds": 60.0, "checkpoint_every_lines": 1000,
+                                       "checkpoint_bytes": 1 << 30})
     engine = DeterministicEngine(CHAT_SPEC, delay=0.02)
     report = run(world, engine, settings=settings, stop=stop, during=stop_soon)
 

@@ -26,34 +26,40 @@ def result(batch_id: str, custom_id: str, status: int, attempt: str = "a") -> by
     return results.encode(batch_id, custom_id, response=results.Response(status, f"req_{custom_id}", body))
 
 
-def test_composer_copies_big_ranges_and_merges_small_ones(services: Services) -> None:
+def test_composer_copies_big_ranges_and_uploads_only_the_small_ones(services: Services) -> None:
+    """Bytes written once: a range of >= 5 MiB is copied whole even when small ones are pending (they wait in
+    the merged part, which goes out whole, at a line boundary, once it holds 8 MiB or at the end): the bytes
+    uploaded are the small ranges' and nothing more, and no line is split or reordered inside."""
     blobs = services.adapters.blobs
-    big = bytes(range(256)) * (6 * 1024 * 1024 // 256)
+    line = b"x" * 1023 + b"\n"
+    big = line * (6 * 1024)  # 6 MiB of 1 KiB lines
     blobs.put_bytes("src/big", big)
-    huge = big + big
-    blobs.put_bytes("src/huge", huge)
     reads: list[tuple[int, int]] = []
 
     def read(a: int, b: int) -> bytes:
         reads.append((a, b))
-        return huge[a:b]  # big is its head
+        return big[a:b]
 
     c = PartComposer(blobs, "dst")
     c.add_bytes(b"head\n")
-    c.add_range("src/big", 0, len(big), read)   # under 5 MiB left after a top-up: merged whole
-    c.add_range("src/big", 10, 20, read)        # too small: merged
-    c.add_range("src/big", 0, len(big), read)   # the pending part is over 5 MiB: sent, then a copy
-    c.add_range("src/big", 0, len(big), read)   # nothing pending: copied
-    c.add_range("src/big", 10, 20, read)        # merged
-    c.add_range("src/huge", 0, len(huge), read)  # topped up from its head, the rest copied
-    assert c.close() == 5 + 5 * len(big) + 20
-    assert blobs.get_bytes("dst") == b"head\n" + big + big[10:20] + big + big + big[10:20] + huge
-    assert c.copied == 4 * len(big) - (MIN_PART_BYTES - 10)
-    # Only the bytes that go through this process were asked for.
-    assert reads == [(0, len(big)), (10, 20), (10, 20), (0, MIN_PART_BYTES - 10)]
-    small = PartComposer(blobs, "dst-small")
-    small.add_range("src/big", 0, 100, read)
-    assert small.close() == 100 and blobs.get_bytes("dst-small") == big[:100]
+    c.add_range("src/big", 0, len(big), read)        # copied, though a small part is pending
+    c.add_range("src/big", 1024, 2048, read)         # small: merged
+    c.add_range("src/big", 0, 4 * 1024 * 1024, read)  # under 5 MiB: merged, the part now holds 4 MiB + 1 KiB
+    c.add_range("src/big", 0, len(big), read)        # copied
+    c.add_range("src/big", 0, 4 * 1024 * 1024, read)  # merged: the part passes 8 MiB and is sent, whole
+    c.add_range("src/big", 2048, 3072, read)         # merged, the last part
+    small = 5 + 1024 + 2 * 4 * 1024 * 1024 + 1024
+    assert c.close() == small + 2 * len(big)
+    assert c.copied == 2 * len(big)
+    assert sum(b - a for a, b in reads) == small - 5  # only the small ranges went through this process
+    out = blobs.get_bytes("dst")
+    assert out is not None and sorted(out.splitlines(keepends=True)) == sorted([b"head\n", *[line] * (
+        (small - 5 + 2 * len(big)) // 1024)])
+    parts = blobs.client.head_object(Bucket=blobs.bucket, Key="dst", PartNumber=1)["PartsCount"]
+    assert parts == 4  # big, big, the merged 8 MiB, the merged rest
+    alone = PartComposer(blobs, "dst-small")
+    alone.add_range("src/big", 0, 100, read)
+    assert alone.close() == 100 and blobs.get_bytes("dst-small") == big[:100]
     assert PartComposer(blobs, "dst-empty").close() == 0 and blobs.get_bytes("dst-empty") is None
 
 

@@ -91,16 +91,25 @@ def test_another_tenants_batch_is_not_found_and_kind_is_checked(services: Servic
     assert e.value.param == "kind"
 
 
-def test_over_the_inline_limit_whole_checkpoints_are_served_and_the_read_says_truncated(
+def test_over_the_inline_limit_the_whole_lines_that_fit_are_served_and_the_read_says_truncated(
         services: Services) -> None:
+    """A checkpoint (usually S3's 5 MiB part minimum) may be bigger than a Lambda response: the read serves the
+    whole lines of the checkpoints' first `max_inline_download_bytes`, not whole checkpoints only."""
     batch_id = make_batch(services, jsonl([chat_line(i) for i in range(1, 5)]))
     shard = run_to_shards(services, batch_id)[0]
     prefix = layout.results_prefix(batch_id, shard)
-    first = result(batch_id, "req-1", 200, "one") + result(batch_id, "req-2", 200, "two")
+    one = result(batch_id, "req-1", 200, "one")
+    first = one + result(batch_id, "req-2", 200, "two")
     services.adapters.blobs.put_bytes(layout.checkpoint_key(prefix, 0, "a"), first)
     services.adapters.blobs.put_bytes(layout.checkpoint_key(prefix, 1, "a"), result(batch_id, "req-3", 200, "x"))
     services.settings.deployment.mode = "aws"
-    services.settings.files.max_inline_download_bytes = len(first) + 10
+    services.settings.files.max_inline_download_bytes = len(one) + 10
     found = partial_results(services, "default", batch_id, "output")
     assert found.truncated and found.headers()["x-nightbatch-truncated"] == "true"
-    assert b"".join(read(found)) == first
+    assert b"".join(read(found)) == one
+    services.settings.files.max_inline_download_bytes = len(first) + 10
+    found = partial_results(services, "default", batch_id, "output")
+    assert found.truncated and b"".join(read(found)) == first
+    services.settings.files.max_inline_download_bytes = 10 * len(first)
+    found = partial_results(services, "default", batch_id, "output")
+    assert not found.truncated and len(b"".join(read(found)).splitlines()) == 3

@@ -1,5 +1,6 @@
-"""The plain-chat fast path of Validator.check decides exactly as the general path: same requests accepted
-with the same estimate and body, same errors for the same lines, over sequences of odd lines."""
+"""The fast path of Validator.check (a typed decode of an endpoint's plain line: chat, completions,
+embeddings) decides exactly as the general path: same requests accepted with the same estimate and body,
+same errors for the same lines, same embedding inputs counted, over sequences of odd lines."""
 
 from __future__ import annotations
 
@@ -57,9 +58,46 @@ def chat_line(rng: random.Random, i: int) -> bytes:
     return b"{" + b",".join(fields) + b"}"
 
 
-def outcomes(lines: list[bytes], fast: bool) -> list[Any]:
-    v = Validator(settings=Settings(deployment={"mode": "local"}), endpoint=CHAT,
-                  fast_max_bytes=Validator.fast_max_bytes if fast else 0)
+COMPLETIONS, EMBEDDINGS, EMBEDDER = "/v1/completions", "/v1/embeddings", "all-MiniLM-L6-v2"
+PROMPTS = [b'"hi"', b'["a","b","c","d","e"]', b'["a","b"]', b'["h\xc3\xa9"]', b'"\\ud83d\\ude00"']
+ODD_PROMPTS = [b"[]", b'""', b"[1,2]", b"null", b"[[1]]", b'["a",1]', b'"\\ud800"', b'"\xff"', b"{}"]
+KEYS = {COMPLETIONS: (["max_tokens", "temperature", "seed", "user", "echo", "suffix", "stop"],
+                      ["n", "best_of", "stream", "max_completion_tokens", "logprobs"]),
+        EMBEDDINGS: (["encoding_format", "dimensions", "user"], ["stream", "max_tokens", "truncate_prompt_tokens"])}
+
+
+def other_line(rng: random.Random, i: int, endpoint: str) -> bytes:
+    """A completions or embeddings line: half plain, half odd (as chat_line)."""
+    odd = rng.random() < 0.5
+    strange = odd and rng.random() < 0.3
+    field = b'"prompt":' if endpoint == COMPLETIONS else b'"input":'
+    body = [field + rng.choice(ODD_PROMPTS if strange else PROMPTS)]
+    model = EMBEDDER if endpoint == EMBEDDINGS else MODEL
+    body.append(b'"model":' + (rng.choice([b'"other-model"', b"3", b'""']) if strange else f'"{model}"'.encode()))
+    plain, more = KEYS[endpoint]
+    values = ODD_VALUES if odd else [b"null", b"7", b"2.5", b'"x"', b"0", b"true"]
+    for key in rng.sample(plain + more if odd else plain, rng.randint(0, 3)):
+        body.append(b'"%s":%s' % (key.encode(), rng.choice(values)))
+    if strange and rng.random() < 0.3:
+        body.pop(0)
+    rng.shuffle(body)
+    custom_id = rng.choice(['"dup"', '""', "7"]) if strange else f'"r{i}"'
+    fields = [b'"custom_id":' + custom_id.encode(), b'"method":"POST"',
+              b'"url":' + (f'"{CHAT}"' if strange and rng.random() < 0.3 else f'"{endpoint}"').encode(),
+              b'"body":{' + b",".join(body) + b"}"]
+    rng.shuffle(fields)
+    return b"{" + b",".join(fields) + b"}"
+
+
+def validator(endpoint: str, fast: bool = True, inputs: int = 40) -> Validator:
+    # Small embedding caps, so that lines reach them.
+    return Validator(settings=Settings(deployment={"mode": "local"}, validation={
+        "max_embedding_inputs_per_request": 4, "max_embedding_inputs": inputs}), endpoint=endpoint,
+        fast_max_bytes=Validator.fast_max_bytes if fast else 0)
+
+
+def outcomes(lines: list[bytes], fast: bool, endpoint: str = CHAT) -> list[Any]:
+    v = validator(endpoint, fast)
     out: list[Any] = []
     for n, data in enumerate(lines, 1):
         try:
@@ -67,8 +105,9 @@ def outcomes(lines: list[bytes], fast: bool) -> list[Any]:
         except LineInvalid as e:
             out.append(e.error)
         else:
-            out.append((req.number, req.custom_id, req.est_tokens, req.raw, repr(req.body)))
-    return out
+            out.append((req.number, req.custom_id, req.est_tokens, req.raw, repr(req.body), req.model))
+        out.append(v.embedding_inputs)
+    return [*out, v.models]
 
 
 @settings(max_examples=200, deadline=None)
@@ -77,6 +116,43 @@ def test_fast_path_decides_as_the_general_path(seed: int) -> None:
     rng = random.Random(seed)
     lines = [chat_line(rng, i) for i in range(rng.randint(1, 30))]
     assert outcomes(lines, fast=True) == outcomes(lines, fast=False)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(0, 2**32), st.sampled_from([COMPLETIONS, EMBEDDINGS]))
+def test_fast_path_decides_as_the_general_path_for_completions_and_embeddings(seed: int, endpoint: str) -> None:
+    rng = random.Random(seed)
+    lines = [other_line(rng, i, endpoint) for i in range(rng.randint(1, 30))]
+    assert outcomes(lines, True, endpoint) == outcomes(lines, False, endpoint)
+
+
+@pytest.mark.parametrize("endpoint", [COMPLETIONS, EMBEDDINGS])
+def test_completions_and_embeddings_reach_the_fast_path(endpoint: str) -> None:
+    rng = random.Random(2)
+    lines = [other_line(rng, i, endpoint) for i in range(400)]
+    v = validator(endpoint, inputs=10**6)
+    accepted = [r for n, data in enumerate(lines, 1) if (r := _try(v, n, data)) is not None]
+    assert sum(1 for r in accepted if r._body is None) > 50
+
+
+def test_long_digit_runs_and_exponents_in_typed_fields_take_the_fast_path() -> None:
+    """Every value of a fast-path line is decoded by its type (range-checked as `loads` does), so digits
+    that might be a huge number need no second look: they stay on the fast path."""
+    v = validator(CHAT)
+    line = b'{"custom_id":"%s","method":"POST","url":"%s","body":{"model":"%s","messages":[{"role":"user",' \
+           b'"content":"%s"}],"seed":%s,"temperature":%s}}'
+    v.check(1, line % (b"a", CHAT.encode(), MODEL.encode(), b"hi", b"1", b"0.5"), 10)
+    for n, (content, seed, temperature) in enumerate([(b"call 123456789012345678901234", b"7", b"1"),
+                                                      (b"hi", b"123456789012345678901234567890", b"1"),
+                                                      (b"hi", b"1", b"1e-300"), (b"hi", b"1", b"2E+000")], 2):
+        data = line % (b"r%d" % n, CHAT.encode(), MODEL.encode(), content, seed, temperature)
+        req = v.check(n, data, len(data))
+        assert req._body is None and req.body == json.loads(data)["body"]
+    for n, temperature in enumerate([b"1e400", b"-1E+309"], 10):
+        data = line % (b"r%d" % n, CHAT.encode(), MODEL.encode(), b"hi", b"1", temperature)
+        with pytest.raises(LineInvalid) as e:
+            v.check(n, data, len(data))
+        assert e.value.error[0] == "invalid_json_line" and "beyond a double" in e.value.error[1]
 
 
 def test_the_corpus_reaches_the_fast_path() -> None:

@@ -1,0 +1,78 @@
+"""The results of a Message Batch: Anthropic's result lines, made line by line from our output and error files as
+they stream (bounded memory: one line at a time).
+
+Our line -> Anthropic's `result`: a 2xx response -> `succeeded` with the engine's Message; another response ->
+`errored` with Anthropic's error object for its status; Finalize's unrun lines -> `canceled` (batch_cancelled),
+`expired` (batch_expired), else `errored` (shard_failed, result_too_large: api_error). Lines come in the files'
+order, succeeded first; Anthropic does not promise request order either (match on `custom_id`). A batch whose
+input was refused as a whole (`failed`) gives every request `errored` with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from nightbatch.errors import NotFoundError
+from nightbatch.jsonl import dumps, loads, split_lines
+from nightbatch.messages.errors import error_body
+from nightbatch.results.lines import MAX_RESULT_LINE
+from nightbatch.services import Services
+from nightbatch.storage.records import BatchRecord
+
+UNRUN_RESULTS = {"batch_cancelled": "canceled", "batch_expired": "expired"}
+
+
+def result_of(line: dict[str, Any]) -> dict[str, Any]:
+    """Anthropic's `result` for one of our result lines (nightbatch.results.lines.ResultLine, decoded)."""
+    response = line.get("response")
+    if isinstance(response, dict):
+        status = int(response.get("status_code") or 500)
+        body = response.get("body")
+        if 200 <= status < 300:
+            return {"type": "succeeded", "message": body}
+        err = body.get("error") if isinstance(body, dict) else None
+        message = err.get("message") if isinstance(err, dict) else None
+        return {"type": "errored", "error": error_body(status, str(message or f"The request failed ({status})."))}
+    error = line.get("error") or {}
+    code = error.get("code")
+    if code in UNRUN_RESULTS:
+        return {"type": UNRUN_RESULTS[code]}
+    return {"type": "errored", "error": error_body(500, str(error.get("message") or "The request failed."))}
+
+
+def convert_line(data: bytes) -> bytes:
+    line = loads(data)
+    return dumps({"custom_id": line["custom_id"], "result": result_of(line)}) + b"\n"
+
+
+def result_lines(services: Services, rec: BatchRecord) -> Iterator[bytes]:
+    """Every request's result line, once (the files hold exactly one line per request: ARCHITECTURE 3)."""
+    if rec.status == "failed":
+        yield from _refused(services, rec)
+        return
+    for file_id in (rec.output_file_id, rec.error_file_id):
+        for data in _lines(services, rec, file_id):
+            yield convert_line(data)
+
+
+def _refused(services: Services, rec: BatchRecord) -> Iterator[bytes]:
+    errors = (rec.errors or {}).get("data") or [{}]
+    by_line = {e.get("line"): e.get("message") for e in errors if e.get("line") is not None}
+    general = str(errors[0].get("message") or "The batch could not be run.")
+    for number, data in enumerate(_lines(services, rec, rec.input_file_id), start=1):
+        custom_id = loads(data).get("custom_id")
+        message = by_line.get(number, general)
+        yield dumps({"custom_id": custom_id, "result": {"type": "errored", "error": error_body(400, message)}}) + b"\n"
+
+
+def _lines(services: Services, rec: BatchRecord, file_id: str | None) -> Iterator[bytes]:
+    if file_id is None:
+        return
+    try:
+        item = services.files.item(rec.tenant, file_id)
+    except NotFoundError:
+        return  # expired with its bytes (files expire; a batch's results with them)
+    for raw in split_lines(services.files.chunks(item), max_bytes=MAX_RESULT_LINE):
+        if raw.data is not None and raw.data.strip():
+            yield raw.data
