@@ -17,11 +17,13 @@ from pydantic import BaseModel
 from gpu_worker import host
 from gpu_worker.checkpoints import Checkpointer, CheckpointPolicy
 from gpu_worker.engines.base import Engine
+from gpu_worker.images import ImageError, has_s3_images, resolve_images
 from gpu_worker.results import ResultLine, exception_reply, is_fatal, result_line
 from gpu_worker.scheduling import OrderPolicy, in_flight_limit, ordered
 from gpu_worker.shard import PendingLines, PendingRequest, Progress, load_shard, read_progress
 from gpu_worker.watch import read_stop_reason, watch_batch
 from nightbatch import layout
+from nightbatch.files.user_buckets import names
 from nightbatch.ids import new_request_id
 from nightbatch.layout import ShardSpec, done_key, results_prefix
 from nightbatch.phases import Phases
@@ -290,7 +292,13 @@ class _ShardRun:
             body = {**body, "priority": self.sent}
         self.sent += 1
         try:
+            if has_s3_images(body):  # the user's images by reference, as data: URLs (gpu_worker/images.py)
+                body = await asyncio.to_thread(
+                    resolve_images, self.blobs, body, max_bytes=self.settings.validation.max_image_bytes,
+                    buckets=set(names(self.settings.files.user_input_buckets)))
             reply = await self.engine.handle(endpoint, body, request_id)
+        except ImageError as exc:
+            reply = exc.reply()
         except Exception as exc:
             if is_fatal(exc):
                 raise

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from infra.gpu_catalog import GPU_SHAPES
 from infra.gpu_fit import GpuNeeds
+from infra.user_buckets import UserBuckets
 from nightbatch.models.spec import ModelSpec
 from nightbatch.settings import SETTINGS, Settings, nest
 
@@ -39,6 +40,7 @@ CONTEXT_KEYS = (
     "concurrency",
     "retainData",
     "lambdaBundling",
+    "userBuckets",
 )
 
 
@@ -50,7 +52,8 @@ FORBIDDEN_LIMITS: dict[str, str] = {
     "allow_private_targets": "lets webhooks reach the VPC and loopback; never in AWS",
     **dict.fromkeys(("mode", "region", "bucket", "table", "state_machine_arn", "topic_arn", "job_queue",
                      "webhook_queue_url", "upload_queue_url", "models_json", "worker_engine", "email_sender",
-                     "email_configuration_set", "base_url", "event_bus"),
+                     "email_configuration_set", "base_url", "event_bus", "user_input_buckets",
+                     "user_output_prefixes"),
                     "set by the stack"),
     **dict.fromkeys(("hour_seconds", "upload_compose_delay_seconds"), "development only"),
 }
@@ -278,6 +281,8 @@ class DeployConfig(_Strict):
     log_retention_days: int = Field(30, alias="logRetentionDays")
     # Keep the bucket and table on `cdk destroy` (the user's files and batch history).
     retain_data: bool = Field(True, alias="retainData")
+    # The users' own buckets batches may read from and write to (infra/user_buckets.py, docs/USER_BUCKETS.md).
+    user_buckets: UserBuckets = Field(UserBuckets(), alias="userBuckets")
 
     @field_validator("models")
     @classmethod

@@ -40,6 +40,7 @@ def runtime_environment(config: DeployConfig, *, region: str, bucket: str, table
         "instance_type": config.gpu_instance_types[0],
         "capacity": "spot" if config.capacity.spot else "on-demand",
         "gpus_per_instance": 1,
+        **config.user_buckets.settings,  # the allow-list the API checks, as the grants (infra/user_buckets.py)
         **config.limits,
     })
 

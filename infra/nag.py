@@ -8,7 +8,7 @@ while any new wildcard still fails the synth.
 from __future__ import annotations
 
 import json
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import aws_cdk as cdk
 from constructs import Node
@@ -18,6 +18,9 @@ from infra.orchestration import Orchestration
 from infra.storage import Storage
 from infra.training_jobs import TrainingJobs
 
+if TYPE_CHECKING:
+    from infra.config import DeployConfig
+
 
 class NaggedStack(Protocol):
     """What the acknowledgements read of the stack (infra.stack.NightbatchStack, which calls them)."""
@@ -26,6 +29,7 @@ class NaggedStack(Protocol):
     orchestration: Orchestration
     gpu: GpuCompute
     training_jobs: TrainingJobs | None
+    config: DeployConfig
 
     @property
     def partition(self) -> str: ...
@@ -115,6 +119,13 @@ def iam_findings(stack: NaggedStack) -> dict[str, str]:
     for suffix in (":*", "/*:*"):
         findings[f"AwsSolutions-IAM5[Resource::{_arn(stack, 'states', 'execution:')}{execution}{suffix}]"] = (
             "The Distributed Map describes, stops and redrives its own child executions, named at run time.")
+    users = stack.config.user_buckets  # infra/user_buckets.py: the allow-listed buckets and prefixes, exactly
+    for b in users.read:
+        findings[f"AwsSolutions-IAM5[Resource::arn:aws:s3:::{b}/*]"] = (
+            f"The allow-listed input bucket {b} (cdk.json userBuckets.read): batches read its objects in place.")
+    for uri in users.write:
+        findings[f"AwsSolutions-IAM5[Resource::arn:aws:s3:::{uri.removeprefix('s3://')}*]"] = (
+            f"The allow-listed output prefix {uri} (cdk.json userBuckets.write): Finalize copies results under it.")
     secret = stack.gpu.hf_token_secret
     if secret is not None:
         findings[f"AwsSolutions-IAM5[Resource::{_arn(stack, 'secretsmanager', 'secret:')}"

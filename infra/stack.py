@@ -234,6 +234,7 @@ class NightbatchStack(cdk.Stack):
             grant_table(self.storage, principal, TABLE_ACTIONS[name])
         for worker in self.worker_roles:
             grant_table(self.storage, worker, TABLE_ACTIONS["worker"], leading_keys=("batch_*",))
+        self.config.user_buckets.grant(roles, self.worker_roles)
 
     def _grant_drivers(self) -> None:
         """The one thing each principal drives: the workflow, a secret, a key, a topic, a queue, Batch jobs."""

@@ -165,16 +165,19 @@ class SegmentEntry(BaseModel):
 class InputPart(BaseModel):
     key: str
     bytes: int
+    bucket: str = ""  # "": the deployment's bucket; else a user's allow-listed bucket (files/user_buckets.py)
 
 
 class InputSource(BaseModel):
     """The input a batch's line indexes point into: `key` (files/<file_id>), `bytes` long. An Upload not yet
     composed when Validate ran is read through `parts`, in order, until `key` holds all `bytes` (composition
-    writes the same bytes at `key` before the parts go: nightbatch/files/assembly.py)."""
+    writes the same bytes at `key` before the parts go: nightbatch/files/assembly.py). `in_place`: the parts
+    are objects of a user's bucket, read where they are for good (`key` is then empty)."""
 
     key: str
     bytes: int
     parts: list[InputPart] = []
+    in_place: bool = False
 
 
 class SegmentIndex(BaseModel):

@@ -21,6 +21,7 @@ from pydantic import BaseModel
 
 from nightbatch.errors import InvalidRequestError, NotFoundError, check_supported
 from nightbatch.files.service import FileService, check_expiry_seconds
+from nightbatch.files.user_buckets import check_uri_options
 from nightbatch.models.spec import ENDPOINTS, MESSAGES_ENDPOINT
 from nightbatch.notifications.email import check_notify_options
 from nightbatch.settings import Settings
@@ -29,6 +30,8 @@ WINDOW_RE = re.compile(r"^([1-9][0-9]{0,2})h$")
 # Option -> the keys allowed inside it (None: a scalar or list value, not an object).
 ALLOWED: dict[str, frozenset[str] | None] = {
     "notify": frozenset({"email"}),
+    "input_uri": None,  # s3://bucket/key or prefix/ read in place instead of input_file_id (files/user_buckets.py)
+    "output_uri": None,  # s3://bucket/prefix/ the output and error files are copied under
 }
 MAX_OPTIONS_BYTES = 4096
 
@@ -41,7 +44,7 @@ class ExpiresAfter(BaseModel):
 class CreateBatchRequest(BaseModel):
     """Loosely typed so that the checks can answer each problem with OpenAI's own wording."""
 
-    input_file_id: str
+    input_file_id: str = ""  # or `nightbatch.input_uri` (nightbatch/files/user_buckets.py)
     endpoint: str
     completion_window: str
     metadata: dict[str, Any] | None = None
@@ -61,7 +64,15 @@ def check_create(tenant: str, req: CreateBatchRequest, *, settings: Settings, fi
     if req.output_expires_after is not None:
         check_supported(req.output_expires_after.anchor, ("created_at",), param="output_expires_after.anchor")
         check_expiry_seconds(req.output_expires_after.seconds, "output_expires_after.seconds")
-    check_input_file(files, tenant, req.input_file_id)
+    if "input_uri" in (req.nightbatch or {}):  # the batch's file is made over the URI's objects at create
+        if req.input_file_id:
+            raise InvalidRequestError("Give 'input_file_id' or 'nightbatch.input_uri', not both.",
+                                      param="nightbatch.input_uri", code="invalid_value")
+    elif not req.input_file_id:
+        raise InvalidRequestError("Missing required parameter: 'input_file_id'.", param="input_file_id",
+                                  code="missing_required_parameter")
+    else:
+        check_input_file(files, tenant, req.input_file_id)
     return hours
 
 
@@ -143,6 +154,7 @@ def check_options(options: dict[str, Any] | None, settings: Settings) -> None:
             f"Invalid 'nightbatch': the options take {size} bytes; at most {MAX_OPTIONS_BYTES} are allowed.",
             param="nightbatch", code="invalid_value")
     check_notify_options(options, settings)
+    check_uri_options(options, settings)
 
 
 def check_input_file(files: FileService, tenant: str, file_id: str) -> None:

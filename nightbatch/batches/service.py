@@ -13,6 +13,7 @@ from nightbatch.batches.state_changes import StateChanges
 from nightbatch.clock import now
 from nightbatch.errors import ConflictError, NotFoundError, StorageConflictError, check_range
 from nightbatch.files.service import FileService
+from nightbatch.files.user_buckets import output_location, register_input
 from nightbatch.ids import new_batch_id
 from nightbatch.listing import after_sort_key
 from nightbatch.settings import Settings
@@ -47,10 +48,12 @@ class BatchService:
         batches show 0 until Validate has counted the input file)."""
         hours = check_create(tenant, req, settings=self.settings, files=self.files, wire=wire)
         batch_id = batch_id or new_batch_id()
+        input_file_id, where = self._input(tenant, req, batch_id)
+        ext = {**(ext or {}), **where}
         created = now()
         rec = BatchRecord(
             pk=batch_id, tenant=tenant, status="validating", endpoint=req.endpoint,
-            input_file_id=req.input_file_id, completion_window=req.completion_window, created_at=created,
+            input_file_id=input_file_id, completion_window=req.completion_window, created_at=created,
             expires_at=created + int(hours * self.settings.validation.hour_seconds),
             request_counts={"total": total, "completed": 0, "failed": 0}, metadata=req.metadata,
             output_expires_after_seconds=req.output_expires_after.seconds if req.output_expires_after else None,
@@ -64,6 +67,18 @@ class BatchService:
         if self.events is not None:
             self.events.publish(rec)
         return to_wire(rec)
+
+    def _input(self, tenant: str, req: CreateBatchRequest, batch_id: str) -> tuple[str, dict[str, str]]:
+        """The batch's input file id (checked `input_file_id`, or a file made now over `nightbatch.input_uri`'s
+        objects) and where its input and output are in the user's buckets, for the batch object."""
+        options = req.nightbatch or {}
+        where = {}
+        if "output_uri" in options:
+            where["output_uri"] = output_location(options["output_uri"], batch_id)
+        if "input_uri" not in options:
+            return req.input_file_id, where
+        where["input_uri"] = options["input_uri"]
+        return register_input(self.files, tenant, options["input_uri"]).id, where
 
     def item(self, tenant: str, batch_id: str, *, wire: str | None = None) -> BatchRecord:
         """The tenant's batch (of that wire, when one is named: the other wire's id is answered as unknown)."""

@@ -35,6 +35,12 @@ def locate(settings: Settings, blobs: BlobStore, item: FileRecord) -> Redirect |
     limit = settings.files.max_inline_download_bytes
     if limit <= 0 or item.bytes <= limit:
         return None
+    if item.source_objects:
+        if settings.deployment.mode == "local":
+            return None
+        raise InvalidRequestError(
+            f"File {item.pk} is read in place from {item.filename}; download it from there.",
+            param="file_id", code="file_in_user_bucket")
     if item.parts:
         if settings.deployment.mode == "local":
             return None  # no response-size limit in front of the local stack: stream through the parts

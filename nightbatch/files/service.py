@@ -203,6 +203,8 @@ class FileService:
         return released
 
     def delete_bytes(self, rec: FileRecord) -> None:
+        if rec.source_objects:
+            return  # read in place from a user's bucket (files/user_buckets.py): not ours to delete
         key = rec.s3_key
         if key.endswith("/"):
             self.blobs.delete_prefix(key)
@@ -211,6 +213,11 @@ class FileService:
 
     def chunks(self, rec: FileRecord, *, read_ahead: bool = False) -> Iterator[bytes]:
         """The file's bytes, streamed (composed uploads read through their ordered parts)."""
+        if rec.source_objects:  # a user's objects, each up to the size it had when the file was made
+            store = self.blobs.in_bucket(rec.source_bucket or "")
+            for obj in rec.source_objects:
+                yield from store.iter_chunks(str(obj["key"]), start=0, end=int(obj["bytes"]))
+            return
         read = self.blobs.iter_chunks_ahead if read_ahead else self.blobs.iter_chunks
         for key in rec.parts or [rec.s3_key]:
             yield from read(key)

@@ -17,6 +17,7 @@ from nightbatch.batches import lifecycle
 from nightbatch.batches.cost import collect_shard_times, cost_summary, training_job_billing
 from nightbatch.clock import now
 from nightbatch.errors import BatchItemTooLargeError, StorageConflictError
+from nightbatch.files.user_buckets import copy_outputs
 from nightbatch.ids import custom_id_digest, derived_id
 from nightbatch.metrics import emit
 from nightbatch.phases import summarize as summarize_phases
@@ -29,6 +30,7 @@ from nightbatch.results.merge import merge_shard
 from nightbatch.results.order import planned_shards
 from nightbatch.results.per_model import per_model_report
 from nightbatch.services import Services
+from nightbatch.storage.botoerrors import client_error
 from nightbatch.storage.failures import AWS_ERRORS
 from nightbatch.storage.records import BatchRecord
 from nightbatch.wire import TERMINAL_STATUSES
@@ -113,6 +115,8 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     usage = tally.usage()
     times = collect_shard_times(services.adapters.blobs, [layout.all_results_prefix(inp.batch_id)])
     ext = dict(batch.ext or {})
+    if ext.get("output_uri"):
+        _copy_to_user(services, batch, ext, {"output": out_id, "error": err_id})
     billing = training_job_billing(services.adapters, times)
     ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"],
                                billing=billing)
@@ -143,6 +147,21 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     log.info("finalized", extra={"batch_id": inp.batch_id, "status": target, "completed": tally.completed,
                                  "failed": tally.failed, "cost": ext["cost"]})
     return FinalizeOutput(batch_id=inp.batch_id, status=target)
+
+
+def _copy_to_user(services: Services, batch: BatchRecord, ext: dict[str, Any], ids: dict[str, str | None]) -> None:
+    """The written files copied server-side under the batch's `output_uri` (files/user_buckets.py). A copy the
+    user's bucket refuses is said on the batch object (`output_copy_error`) rather than retried for good: the
+    files are still served through the Files API."""
+    keys = {"output": layout.output_key(batch.pk), "error": layout.error_key(batch.pk)}
+    try:
+        copy_outputs(services.adapters.blobs, ext["output_uri"], {k: keys[k] for k, v in ids.items() if v})
+    except client_error() as e:
+        if not 400 <= int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 500) < 500:
+            raise  # S3 or the network: retried like any other
+        code = e.response.get("Error", {}).get("Code", "error")
+        log.warning("output copy to %s refused: %s", ext["output_uri"], code, extra={"batch_id": batch.pk})
+        ext["output_copy_error"] = f"S3 refused the copy to {ext['output_uri']} ({code})."
 
 
 def _fail_unvalidated(services: Services, batch: BatchRecord) -> FinalizeOutput:

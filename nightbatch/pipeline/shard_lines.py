@@ -105,7 +105,8 @@ def _read_runs(reader: InputReader, runs: Iterator[Run]) -> Iterator[ShardLine]:
 
 
 class InputReader:
-    """Ranged reads of the input's logical bytes, through its Upload parts while it is not composed."""
+    """Ranged reads of the input's logical bytes, through its Upload parts while it is not composed, or through
+    the objects of a user's bucket it is read from in place."""
 
     def __init__(self, blobs: BlobStore, source: InputSource, chunk: int) -> None:
         self.blobs = blobs
@@ -124,8 +125,8 @@ class InputReader:
 
     def _get(self, start: int, end: int) -> Iterator[bytes]:
         # By listing, not HEAD: the worker may list the input prefix but a HEAD of a missing key answers 403.
-        if not self.composed and PartStore(self.blobs).sizes(self.source.key).get(self.source.key) == \
-                self.source.bytes:
+        if not self.composed and not self.source.in_place and \
+                PartStore(self.blobs).sizes(self.source.key).get(self.source.key) == self.source.bytes:
             self.composed = True  # the parts may be purged from now on
         if self.composed:
             yield from self.blobs.iter_chunks(self.source.key, start=start, end=end)
@@ -134,7 +135,7 @@ class InputReader:
         for part in self.source.parts:
             lo, hi = max(start, at), min(end, at + part.bytes)
             if lo < hi:
-                yield from self.blobs.iter_chunks(part.key, start=lo - at, end=hi - at)
+                yield from self.blobs.in_bucket(part.bucket).iter_chunks(part.key, start=lo - at, end=hi - at)
             at += part.bytes
 
 

@@ -10,6 +10,7 @@ from nightbatch import layout
 from nightbatch.batches import lifecycle
 from nightbatch.clock import now
 from nightbatch.errors import StorageConflictError
+from nightbatch.files.user_buckets import source_parts
 from nightbatch.jsonl import split_lines
 from nightbatch.metrics import emit
 from nightbatch.pipeline.line_index import IndexWriter
@@ -119,6 +120,8 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
 
 def _input_source(blobs: BlobStore, file_item: FileRecord) -> layout.InputSource:
     """What the line indexes point into; an Upload not yet composed, with its parts' sizes."""
+    if file_item.source_objects:  # read in place from a user's bucket
+        return layout.InputSource(key="", bytes=file_item.bytes, parts=source_parts(file_item), in_place=True)
     parts: list[layout.InputPart] = []
     if file_item.parts and file_item.upload_id:
         sizes = PartStore(blobs).sizes(layout.parts_prefix(file_item.upload_id))
@@ -143,6 +146,8 @@ def _mark_input(services: Services, file_item: FileRecord, source: layout.InputS
     files/ or uploads/. An Upload still in parts: each part, and the composed object if composition finished
     meanwhile (composition checks the parts' tag after it finishes, files/assembly.py, so one of the two sees the
     other). A part already purged was composed: the composed object is tagged then."""
+    if source.in_place:
+        return  # a user's objects: the worker reads them through the allow-list's grant, not a tag of ours
     blobs = services.adapters.blobs
     for part in source.parts:
         blobs.tag(part.key, layout.INPUT_TAGS)

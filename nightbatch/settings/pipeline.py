@@ -77,6 +77,11 @@ class ValidationSettings(Section):
     max_score_documents_per_request: int = 1000
     # Comma-separated https hosts whose image/audio/video URLs requests may name; empty: inline data: URLs only.
     media_allowed_domains: str = ""
+    # One image a line names by s3:// (an allow-listed bucket, docs/USER_BUCKETS.md) may be this large; the worker
+    # fetches it into a data: URL and answers a larger one with the line's own error.
+    max_image_bytes: int = 20 * 1024 * 1024
+    # Images one chat or responses line may hold (data:, https or s3://); 0 = no cap.
+    max_images_per_request: int = 32
     max_reported_errors: int = 1000
     # Lines of one batch may name different served models (each shard still serves one; counts, usage and cost
     # per model under `nightbatch.models`). Off: OpenAI's rule, one model per batch (`mismatched_model`);

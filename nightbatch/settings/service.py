@@ -66,6 +66,14 @@ class FileSettings(Section):
     presigned_url_seconds: int = 300
     # ARCHITECTURE decision 7: GET /v1/files/{id} on a batch_output file returns JSONL unless Accept asks for JSON.
     seed_compat_file_get: bool = True
+    # The users' own buckets (docs/USER_BUCKETS.md), set by the stack from cdk.json `userBuckets` so that they
+    # match its IAM grants: comma-separated bucket names a batch may read its input from in place
+    # (`nightbatch.input_uri`), and comma-separated s3://bucket/prefix/ a batch may have its output copied under
+    # (`nightbatch.output_uri`).
+    user_input_buckets: str = ""
+    user_output_prefixes: str = ""
+    # Objects one `input_uri` prefix may hold (their list is kept in the file's item: DynamoDB's 400 KB).
+    max_user_input_objects: int = 1000
 
 class UploadSettings(Section):
     """The Uploads API (docs/UPLOADS.md)."""

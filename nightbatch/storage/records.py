@@ -124,6 +124,11 @@ class FileRecord(ListedRecord):
     batch_id: str | None = None
     quota_bytes: int = 0  # what this file counts against the tenant's stored bytes (nightbatch.tenancy.limits)
     composed_at: int | None = None  # an upload's parts were composed into the file's object
+    # Read in place from a user's bucket (nightbatch/files/user_buckets.py): `s3://` + `source_bucket` + the
+    # URI's key, then its objects in order ({"key", "bytes"}); `s3_key` is empty, and the bytes are not ours
+    # to delete.
+    source_bucket: str | None = None
+    source_objects: list[dict[str, Any]] | None = None
     # Deleted through the API while open batches (held_by) read it: gone for the API, its bytes kept until
     # those batches end (nightbatch.files.service: FileService.release_held, run by the sweeper).
     deleted_at: int | None = None

@@ -25,6 +25,15 @@ class BlobStore:
         self.client = client
         self.bucket = bucket
 
+    def in_bucket(self, bucket: str) -> BlobStore:
+        """The same client over another bucket ("" or this one: self): a user's allow-listed bucket
+        (nightbatch/files/user_buckets.py)."""
+        return self if not bucket or bucket == self.bucket else BlobStore(client=self.client, bucket=bucket)
+
+    def copy_to(self, key: str, bucket: str, dest_key: str) -> None:
+        """A server-side copy of this bucket's `key` to `bucket`/`dest_key` (multipart past 5 GB)."""
+        self.client.copy({"Bucket": self.bucket, "Key": key}, bucket, dest_key)
+
     def put_bytes(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> str:
         """One PUT; returns the object's ETag (as a listing shows it)."""
         return str(self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType=content_type)["ETag"])

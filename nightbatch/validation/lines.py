@@ -261,7 +261,10 @@ class Validator:
         if self.endpoint == MESSAGES_ENDPOINT:
             return estimate_tokens(line_bytes) + check_messages(self.settings, spec, body)
         if self.endpoint == "/v1/responses":
-            return estimate_tokens(line_bytes) + check_responses(spec, body, self.settings.serving.default_max_tokens)
+            out = check_responses(spec, body, self.settings.serving.default_max_tokens)
+            if isinstance(body.get("input"), list):  # input_image parts: the same URL rules and guards as chat
+                check_media(self.settings, body["input"], where=lambda i: f"body.input[{i}]")
+            return estimate_tokens(line_bytes) + out
         if self.endpoint in SCORE_ENDPOINTS:
             return check_scoring(self.settings, spec, self.endpoint, body, line_bytes)
         if self.endpoint == "/v1/completions":

@@ -8,6 +8,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from nightbatch.files.user_buckets import names
 from nightbatch.models.spec import ModelSpec
 from nightbatch.settings import Settings
 
@@ -25,9 +26,11 @@ MEDIA_PARTS = ("image_url", "video_url", "audio_url")
 
 def check_media(settings: Settings, messages: list[Any],
                 where: Callable[[int], str] = lambda i: f"body.messages[{i}]") -> None:
-    """Multimodal parts: inline `data:` URLs only, unless NIGHTBATCH_MEDIA_ALLOWED_DOMAINS names https hosts
+    """Multimodal parts: inline `data:` URLs (and `s3://` images of the allow-listed user buckets,
+    docs/USER_BUCKETS.md) only, unless NIGHTBATCH_MEDIA_ALLOWED_DOMAINS names https hosts
     the engine may fetch from (a GPU worker fetching any URL a tenant names would reach its VPC and the
     instance metadata service). `where` names the i-th item holding a `content` list in the error's param."""
+    images = 0
     for i, message in enumerate(messages):
         content = message.get("content") if isinstance(message, dict) else None
         if not isinstance(content, list):
@@ -38,8 +41,15 @@ def check_media(settings: Settings, messages: list[Any],
             for kind in MEDIA_PARTS:
                 ref = part.get(kind)
                 url = ref.get("url") if isinstance(ref, dict) else ref
-                if url is not None:
-                    check_media_url(settings, url, kind, f"{where(i)}.content[{j}].{kind}.url")
+                if url is None:
+                    continue
+                if kind == "image_url":
+                    images += 1
+                    _check_image(settings, url, images, f"{where(i)}.content[{j}].{kind}")
+                    if isinstance(url, str) and url.startswith("s3://") and \
+                            url[len("s3://"):].partition("/")[0] in names(settings.files.user_input_buckets):
+                        continue  # fetched by the worker (gpu_worker/images.py), within max_image_bytes
+                check_media_url(settings, url, kind, f"{where(i)}.content[{j}].{kind}.url")
 
 
 def check_media_url(settings: Settings, url: object, kind: str, param: str) -> None:
@@ -54,6 +64,20 @@ def check_media_url(settings: Settings, url: object, kind: str, param: str) -> N
         raise LineInvalid(
             "invalid_value", f"Invalid '{kind}.url': only data: URLs are accepted"
             + (f", or https URLs on {', '.join(sorted(allowed))}" if allowed else "") + ".", param)
+
+
+def _check_image(settings: Settings, url: Any, n: int, param: str) -> None:
+    """The guards known at validation: images per line, and the size of an inline one (an s3:// image's size is
+    checked by the worker when it fetches it: gpu_worker/images.py)."""
+    limit = settings.validation.max_images_per_request
+    if limit and n > limit:
+        raise LineInvalid("too_many_images", f"The request has more than {limit} images; at most {limit} are "
+                          "allowed per request.", param)
+    if isinstance(url, str) and url.startswith("data:"):
+        size = (len(url) - url.find(",") - 1) * 3 // 4  # base64's decoded size, within 2 bytes
+        if size > settings.validation.max_image_bytes:
+            raise LineInvalid("image_too_large", f"The image is about {size} bytes, over the limit of "
+                              f"{settings.validation.max_image_bytes} bytes per image.", param + ".url")
 
 
 def echo(value: Any, limit: int = MAX_ECHO) -> str:

@@ -32,8 +32,8 @@ def download_file(file_id: str, services: ServicesDep, expires: str = "", sig: s
                   ak: str = "") -> Response:
     item = open_link(services.files, file_id, expires, sig, kid=kid, ak=ak, keys=link_keys_from(services.adapters))
     headers = {"cache-control": "no-store", "referrer-policy": "no-referrer"}
-    if item.parts:
-        # A file composed of upload parts has no single S3 object to pre-sign: stream it through.
+    if item.parts or item.source_objects:
+        # A file composed of upload parts (or a user's objects) has no single S3 object to pre-sign: stream it.
         response = content_response(services, item)
         response.headers.update(headers)
         response.headers["content-disposition"] = f'attachment; filename="{_ascii(item.filename)}"'

@@ -1,0 +1,90 @@
+"""cdk.json `userBuckets` (infra/user_buckets.py): the roles get exactly the allow-listed buckets and prefixes,
+each only where its code touches them, and the same lists reach the settings the API checks batches against."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.infra.cfn import of_type
+from tests.infra.synth import Synth, synthesize
+from tests.infra.test_least_privilege import HANDLERS, _list, _role_of, _statements_of_role, _worker_role
+
+KEY = "arn:aws:kms:us-east-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
+USER_BUCKETS = {"read": ["users-data", "users-archive"], "write": ["s3://users-results/nightly"], "kmsKeys": [KEY]}
+
+
+@pytest.fixture(scope="module")
+def user_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    synth = synthesize({"userBuckets": USER_BUCKETS}, tmp_path_factory.mktemp("cdk-users") / "cdk.out")
+    assert synth.error is None, synth.error
+    return synth
+
+
+def grants(template: dict[str, Any], role: str) -> dict[str, set[str]]:
+    """Action -> the user-bucket (non-deployment) S3 and KMS resources the role's policies grant it on."""
+    out: dict[str, set[str]] = {}
+    for st in _statements_of_role(template, role):
+        for resource in _list(st["Resource"]):
+            text = json.dumps(resource)
+            if "users-" in text or (":kms:" in text and KEY in text):
+                for action in _list(st["Action"]):
+                    out.setdefault(action, set()).add(resource)
+    return out
+
+
+def test_only_the_listed_buckets_and_prefixes_are_granted(user_synth: Synth) -> None:
+    template = user_synth.template
+    data = {"arn:aws:s3:::users-data/*", "arn:aws:s3:::users-archive/*"}
+    buckets = {"arn:aws:s3:::users-data", "arn:aws:s3:::users-archive"}
+    out = {"arn:aws:s3:::users-results/nightly/*"}
+    expected = {
+        "api": {"s3:GetObject": data, "s3:ListBucket": buckets, "kms:Decrypt": {KEY}},
+        "validate": {"s3:GetObject": data, "s3:ListBucket": buckets, "kms:Decrypt": {KEY}},
+        "finalize": {"s3:GetObject": data, "s3:PutObject": out, "s3:AbortMultipartUpload": out,
+                     "kms:Decrypt": {KEY}, "kms:GenerateDataKey": {KEY}},
+        "sweep": {"s3:GetObject": data, "s3:PutObject": out, "s3:AbortMultipartUpload": out,
+                  "kms:Decrypt": {KEY}, "kms:GenerateDataKey": {KEY}},
+    }
+    for name, handler in HANDLERS.items():
+        assert grants(template, _role_of(template, handler)) == expected.get(name, {}), name
+    assert grants(template, _worker_role(template)) == {"s3:GetObject": data, "kms:Decrypt": {KEY}}
+
+
+def test_the_settings_carry_the_same_lists(user_synth: Synth) -> None:
+    for fn in of_type(user_synth.template, "AWS::Lambda::Function").values():
+        env = fn["Properties"]["Environment"]["Variables"]
+        assert env["NIGHTBATCH_USER_INPUT_BUCKETS"] == "users-data,users-archive"
+        assert env["NIGHTBATCH_USER_OUTPUT_PREFIXES"] == "s3://users-results/nightly/"
+
+
+def test_no_user_bucket_without_the_key(template: dict[str, Any]) -> None:
+    text = json.dumps(template)
+    assert "arn:aws:s3:::" not in text and "NIGHTBATCH_USER_INPUT_BUCKETS" not in text
+
+
+@pytest.mark.parametrize(("user_buckets", "message"), [
+    ({"read": ["Not_A_Bucket"]}, "are not bucket names"),
+    ({"write": ["users-results/nightly/"]}, "is not an s3://bucket/prefix/ URI"),
+    ({"write": ["s3://users-results/*"]}, "is not an s3://bucket/prefix/ URI"),
+    ({"kmsKeys": ["alias/users"]}, "are not KMS key ARNs"),
+    ({"reads": ["users-data"]}, "Extra inputs are not permitted"),
+])
+def test_a_bad_allow_list_fails_the_synth(user_buckets: dict[str, Any], message: str) -> None:
+    import app as cdk_app
+    from infra.config import DeployConfig
+    from tests.infra.synth import ROOT
+    context = {**cdk_app.load_context(ROOT), "userBuckets": user_buckets}
+    with pytest.raises(ValueError, match=message.replace("*", r"\*")):
+        DeployConfig.from_context(context.get)
+
+
+def test_the_allow_list_may_not_be_set_through_limits() -> None:
+    import app as cdk_app
+    from infra.config import DeployConfig
+    from tests.infra.synth import ROOT
+    context = {**cdk_app.load_context(ROOT), "limits": {"user_input_buckets": "anyone"}}
+    with pytest.raises(ValueError, match="set by the stack"):
+        DeployConfig.from_context(context.get)

@@ -1,0 +1,56 @@
+"""The real app over HTTP with the local workflow (engines off: every line fails, so the errors file is the
+result), through the OpenAI SDK: a batch over an allow-listed `s3://` prefix of several objects completes without
+a byte of them copied, its files land under the allow-listed output prefix, and another bucket is a 400."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import openai
+import pytest
+
+from tests.tenancy.conftest import BOOTSTRAP_KEY, Stack, chat_lines, wait_for
+
+
+def test_a_batch_over_the_users_prefix_through_the_sdk(make_stack: Callable[..., Stack]) -> None:
+    users, results = f"users-{uuid.uuid4().hex[:8]}", f"results-{uuid.uuid4().hex[:8]}"
+    stack = make_stack(workflow="local", user_input_buckets=users, user_output_prefixes=f"s3://{results}/out/")
+    s3 = stack.services.adapters.client("s3")
+    for bucket in (users, results):
+        s3.create_bucket(Bucket=bucket)
+    parts = [chat_lines(4, prefix=f"p{n}") for n in range(3)]
+    for n, data in enumerate(parts):
+        s3.put_object(Bucket=users, Key=f"in/{n}.jsonl", Body=data)
+    written: list[int] = []
+
+    def count(params: dict[str, Any], **_: Any) -> None:  # every write to the user's input bucket
+        if params.get("Bucket") == users:
+            written.append(1)
+
+    events = stack.services.adapters.blobs.client.meta.events
+    for op in ("PutObject", "UploadPart", "CopyObject"):
+        events.register(f"provide-client-params.s3.{op}", count)
+    client = stack.client(BOOTSTRAP_KEY)
+    batch = client.batches.create(input_file_id="", endpoint="/v1/chat/completions", completion_window="24h",
+                                  extra_body={"nightbatch": {"input_uri": f"s3://{users}/in/",
+                                                             "output_uri": f"s3://{results}/out/"}})
+    f = client.files.retrieve(batch.input_file_id)
+    assert (f.filename, f.bytes, f.purpose) == (f"s3://{users}/in/", sum(map(len, parts)), "batch")
+    done = wait_for(lambda: (b := client.batches.retrieve(batch.id)).status in ("completed", "failed") and b)
+    assert done.status == "completed" and done.request_counts.total == 12 and done.error_file_id
+    assert not written
+    where = (done.model_extra or {})["nightbatch"]["output_uri"]
+    assert where == f"s3://{results}/out/{batch.id}/"
+    copied = s3.get_object(Bucket=results, Key=f"out/{batch.id}/errors.jsonl")["Body"].read()
+    assert copied == client.files.content(done.error_file_id).read()
+    assert sorted(json.loads(x)["custom_id"] for x in copied.splitlines()) == sorted(
+        f"p{n}-{i}" for n in range(3) for i in range(4))
+
+    with pytest.raises(openai.BadRequestError) as e:
+        client.batches.create(input_file_id="", endpoint="/v1/chat/completions", completion_window="24h",
+                              extra_body={"nightbatch": {"input_uri": f"s3://{results}/out/"}})
+    assert e.value.body["param"] == "nightbatch.input_uri"  # type: ignore[index]
+    assert e.value.body["code"] == "bucket_not_allowed"  # type: ignore[index]
