@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import requests
 
-from gpu_worker.checkpoints import MAX_SAMPLES, Checkpointer, thin
+from gpu_worker.checkpoints import MAX_SAMPLES, Checkpointer, CheckpointPolicy, thin
 from gpu_worker.results import ResultLine
 from nightbatch import layout
 from nightbatch.batches.detail import progress_series
@@ -39,7 +39,8 @@ def test_the_checkpointer_leaves_cumulative_progress_samples(api_server: ApiServ
 
     async def run() -> None:
         cp = Checkpointer(blobs=services.adapters.blobs, table=services.adapters.table, batch_id=batch_id,
-                          prefix=prefix, attempt="a1", next_seq=0, every_lines=2, every_seconds=60)
+                          prefix=prefix, attempt="a1", next_seq=0,
+                          policy=CheckpointPolicy(first_lines=2, first_seconds=60, max_seconds=60))
         cp.start()
         cp.add(result(0))
         cp.add(result(1, ok=False))
