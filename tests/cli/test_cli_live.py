@@ -16,9 +16,9 @@ from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.local.aws import free_port
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
 from nightbatch.services import Services
+from tests.pipeline.test_pipeline import run_to_shards
+from tests.results.test_partial_results import result
 from tests.support.lifecycle import drive
-from tests.workflow.test_partial_results import result
-from tests.workflow.test_pipeline import run_to_shards
 
 if TYPE_CHECKING:
     from tests.conftest import ApiServer

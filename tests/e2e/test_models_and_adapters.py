@@ -3,7 +3,7 @@
 The stack serves SmolLM2 with a random LoRA adapter and allows multi-model batches (tests/support/
 local_stack.py). The two-model batch names SmolLM2 and its adapter: two models to the user (counts, usage and
 cost under `nightbatch.models`), one engine on this machine, so the test starts no second one; batches naming
-two separately served models are covered on the deterministic engine (tests/workflow/test_multi_model.py)."""
+two separately served models are covered on the deterministic engine (tests/validation/test_multi_model.py)."""
 
 from __future__ import annotations
 

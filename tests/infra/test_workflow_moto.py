@@ -41,8 +41,8 @@ from tests.infra.moto_workflow import (
     worker_in_process,
 )
 from tests.infra.synth import TEST_CONTEXT
-from tests.notify.support import Receiver
-from tests.workflow.conftest import shard_requests_of
+from tests.notifications.support import Receiver
+from tests.support.pipeline_world import shard_requests_of
 
 MODEL = "Qwen2.5-7B-Instruct"  # the first served model in cdk.json
 SHARD_ATTEMPTS = 1 + TEST_CONTEXT["shardRetry"]["maxAttempts"]

@@ -12,9 +12,9 @@ import pytest
 
 from nightbatch import layout
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
+from tests.pipeline.test_pipeline import run_to_shards
+from tests.results.test_partial_results import result
 from tests.tenancy.conftest import Stack, chat_lines
-from tests.workflow.test_partial_results import result
-from tests.workflow.test_pipeline import run_to_shards
 
 CHAT = "/v1/chat/completions"
 
