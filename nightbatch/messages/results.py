@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from nightbatch.errors import NotFoundError
-from nightbatch.jsonl import dumps, loads, split_lines
+from nightbatch.jsonl import UndecodableLine, dumps, loads, split_lines
 from nightbatch.messages.errors import error_body
 from nightbatch.results.lines import MAX_RESULT_LINE
 from nightbatch.services import Services
@@ -52,7 +52,7 @@ def result_lines(services: Services, rec: BatchRecord) -> Iterator[bytes]:
         yield from _refused(services, rec)
         return
     for file_id in (rec.output_file_id, rec.error_file_id):
-        for data in _lines(services, rec, file_id):
+        for _, data in _lines(services, rec, file_id):
             yield convert_line(data)
 
 
@@ -60,13 +60,17 @@ def _refused(services: Services, rec: BatchRecord) -> Iterator[bytes]:
     errors = (rec.errors or {}).get("data") or [{}]
     by_line = {e.get("line"): e.get("message") for e in errors if e.get("line") is not None}
     general = str(errors[0].get("message") or "The batch could not be run.")
-    for number, data in enumerate(_lines(services, rec, rec.input_file_id), start=1):
-        custom_id = loads(data).get("custom_id")
+    for number, data in _lines(services, rec, rec.input_file_id):
+        try:
+            custom_id = loads(data).get("custom_id")
+        except (UndecodableLine, AttributeError):
+            custom_id = None  # the line itself is what was refused (its error names it by number)
         message = by_line.get(number, general)
         yield dumps({"custom_id": custom_id, "result": {"type": "errored", "error": error_body(400, message)}}) + b"\n"
 
 
-def _lines(services: Services, rec: BatchRecord, file_id: str | None) -> Iterator[bytes]:
+def _lines(services: Services, rec: BatchRecord, file_id: str | None) -> Iterator[tuple[int, bytes]]:
+    """(line number as Validate counts it, blank lines included; the line) of each non-blank line."""
     if file_id is None:
         return
     try:
@@ -75,4 +79,4 @@ def _lines(services: Services, rec: BatchRecord, file_id: str | None) -> Iterato
         return  # expired with its bytes (files expire; a batch's results with them)
     for raw in split_lines(services.files.chunks(item), max_bytes=MAX_RESULT_LINE):
         if raw.data is not None and raw.data.strip():
-            yield raw.data
+            yield raw.number, raw.data
