@@ -183,6 +183,20 @@ def _lone_surrogate(value: Any) -> bool:
     return False
 
 
+def dumps_carried(obj: object) -> bytes:
+    """`dumps` of a value a lenient parser made (the standard library's, which reads the API's request bodies),
+    refused as `loads` refuses the line it would be: UndecodableLine for NaN, an infinity (`1e400` parses as one)
+    or a lone surrogate, which `dumps` would write as null or fail on. The standard library writes them as it
+    read them (NaN, Infinity, the surrogate itself), so `loads` sees what was sent."""
+    text = json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+    try:
+        data = text.encode()
+    except UnicodeEncodeError:
+        raise _refusal(text) from None
+    loads(data)
+    return data
+
+
 def dumps(obj: object) -> bytes:
     """Compact UTF-8 JSON (`ensure_ascii=False`); NaN and infinities are written as null (valid JSON)."""
     try:

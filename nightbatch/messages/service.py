@@ -10,7 +10,7 @@ from nightbatch.batches.admission import create_admitted
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError, NotFoundError, check_range
-from nightbatch.jsonl import dumps
+from nightbatch.jsonl import UndecodableLine, dumps_carried
 from nightbatch.listing import after_sort_key
 from nightbatch.messages.objects import (
     CUSTOM_ID_RE,
@@ -37,8 +37,15 @@ MAX_LIST_LIMIT = 1000
 WINDOW = "24h"
 
 
-def _line(req: MessageBatchRequest) -> bytes:
-    return dumps({"custom_id": req.custom_id, "method": "POST", "url": MESSAGES_ENDPOINT, "body": req.params}) + b"\n"
+def _line(i: int, req: MessageBatchRequest) -> bytes:
+    """The request as a line of the batch's input. The body was parsed by the standard library, which takes what
+    no line can carry (NaN, 1e400, a lone surrogate escape): refused here, naming the request."""
+    try:
+        data = dumps_carried({"custom_id": req.custom_id, "method": "POST", "url": MESSAGES_ENDPOINT,
+                              "body": req.params})
+    except UndecodableLine as e:
+        raise InvalidRequestError(f"requests.{i}.params: {e.message}", param=f"requests.{i}.params") from None
+    return data + b"\n"
 
 
 def _refusal(i: int, err: LineInvalid) -> InvalidRequestError:
@@ -64,7 +71,7 @@ def create(services: Services, tenant: str, body: CreateMessageBatch) -> Message
         if not CUSTOM_ID_RE.match(req.custom_id):
             raise InvalidRequestError(f"requests.{i}.custom_id: String should match pattern "
                                       "'^[a-zA-Z0-9_-]{1,64}$'", param=f"requests.{i}.custom_id")
-        line = _line(req)
+        line = _line(i, req)
         data = line[:-1]
         try:
             validator.check(i + 1, data if len(data) <= settings.validation.max_line_bytes else None, len(data))
@@ -74,7 +81,7 @@ def create(services: Services, tenant: str, body: CreateMessageBatch) -> Message
     if size > settings.validation.max_input_bytes:
         raise InvalidRequestError(f"requests: {size} bytes of requests, over this deployment's "
                                   f"{settings.validation.max_input_bytes}-byte limit per batch", param="requests")
-    lines: Iterator[bytes] = (_line(r) for r in body.requests)
+    lines: Iterator[bytes] = (_line(i, r) for i, r in enumerate(body.requests))
     f = services.files.create_lines(tenant, filename="message_batch_requests.jsonl", lines=lines, size=size)
     try:
         batch = create_admitted(services, tenant, CreateBatchRequest(

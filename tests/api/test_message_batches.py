@@ -4,6 +4,7 @@ wire answering the other's batches as unknown."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -86,6 +87,36 @@ def test_malformed_requests_are_refused_with_anthropics_envelope(
     assert status == 400
     assert_envelope(body, "invalid_request_error", message)
     assert body["error"]["message"].startswith("requests")
+    assert api_server.workflow.started == []
+    assert list(claude.messages.batches.list()) == []
+
+
+# What the standard library's JSON parser (FastAPI's, for request bodies) takes but no line can carry, as the raw
+# JSON text of a request's params: a lone surrogate escape, NaN, and a number beyond a double (parsed as infinity).
+UNCARRIABLE = [
+    pytest.param('"max_tokens": 8, "messages": [{"role": "user", "content": "a\\ud800b"}]', "surrogate",
+                 id="lone-surrogate"),
+    pytest.param('"max_tokens": 8, "temperature": NaN, "messages": [{"role": "user", "content": "hi"}]', "NaN",
+                 id="nan"),
+    pytest.param('"max_tokens": 8, "top_p": 1e400, "messages": [{"role": "user", "content": "hi"}]', "Infinity",
+                 id="1e400"),
+]
+
+
+@pytest.mark.parametrize(("fields", "named"), UNCARRIABLE)
+def test_a_request_holding_what_no_line_can_carry_is_refused_by_its_index(
+        api_server: ApiServer, claude: anthropic.Anthropic, fields: str, named: str) -> None:
+    """A clean 400 in Anthropic's envelope naming the request, not a 500 nor a batch of altered requests (the
+    line encoder writes NaN and infinities as null)."""
+    good = json.dumps({"custom_id": "ok", "params": params(0)})
+    bad = f'{{"custom_id": "bad", "params": {{"model": "{MODEL}", {fields}}}}}'
+    r = httpx.post(f"{api_server.v1}/messages/batches", content=f'{{"requests": [{good}, {bad}]}}'.encode(),
+                   headers={"x-api-key": api_server.api_key, "anthropic-version": "2023-06-01",
+                            "content-type": "application/json"})
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert_envelope(body, "invalid_request_error")
+    assert body["error"]["message"].startswith("requests.1.params: ") and named in body["error"]["message"]
     assert api_server.workflow.started == []
     assert list(claude.messages.batches.list()) == []
 
