@@ -49,10 +49,12 @@ class _Route:
 
 @dataclasses.dataclass(frozen=True)
 class _MessagesCall:
-    """A Messages request and its Message's id: vLLM would reuse its chat request's (`chatcmpl-…`)."""
+    """A Messages request, its Message's id (vLLM would reuse its chat request's, `chatcmpl-…`) and the scheduling
+    priority the runner gave it (gpu_worker/runner.py)."""
 
     request: Any
     message_id: str
+    priority: int = 0
 
 
 class VllmEngine:
@@ -294,18 +296,28 @@ def _messages_route(serving: Any) -> _Route:
     from vllm.entrypoints.anthropic.protocol import AnthropicMessagesRequest, AnthropicMessagesResponse
 
     def parse(body: dict[str, Any]) -> _MessagesCall:
-        fields = {k: v for k, v in body.items() if k != "request_id"}
+        fields = {k: v for k, v in body.items() if k not in ("request_id", "priority")}
         return _MessagesCall(AnthropicMessagesRequest.model_validate(fields),
-                             "msg_" + str(body["request_id"]).removeprefix("req_"))
+                             "msg_" + str(body["request_id"]).removeprefix("req_"), int(body.get("priority") or 0))
 
     async def serve(call: _MessagesCall) -> Any:
-        result = await serving.create_messages(call.request)
+        # Anthropic's request has no `priority` (the OpenAI ones do) and the chat request vLLM converts it to gets
+        # none of it: the priority goes as vLLM's priority header, which the chat serving reads first.
+        result = await serving.create_messages(call.request, _priority_request(call.priority) if call.priority
+                                               else None)
         if isinstance(result, AnthropicMessagesResponse):
             result.id = call.message_id
         return result
 
     return _Route(parse, serve if serving is not None else None, "The model does not support Messages API",
                   exclude_none=True)
+
+
+def _priority_request(priority: int) -> Request:
+    """A stand-in for the HTTP request vLLM's serving layer reads headers from, carrying only the priority header."""
+    from vllm.entrypoints.generate.base.serving import PRIORITY_HEADER
+
+    return Request({"type": "http", "headers": [(PRIORITY_HEADER.lower().encode(), str(priority).encode())]})
 
 
 async def _reply(result: Any, *, by_alias: bool = False, exclude_none: bool = False) -> EngineReply:
