@@ -24,6 +24,7 @@ world it runs in (S3, the batch, the stand-in workers): bench/control_plane_worl
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
 import os
@@ -31,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +122,7 @@ def child_ours(batch_id: str) -> dict[str, Any]:
     clocks = Clocks()
     sent = S3Bytes(services.adapters.blobs.client)
     t0 = time.perf_counter()
-    with clocks:
+    with clocks, profiled("validate_plan"):
         assert validate_batch(inp, services).valid
         plan_batch(inp, services)
     t_plan = time.perf_counter() - t0
@@ -131,7 +133,7 @@ def child_ours(batch_id: str) -> dict[str, Any]:
     sent.phase = "control"
     Path("/proc/self/clear_refs").write_text("5")  # the stand-in workers' peak is not the control plane's
     t1 = time.perf_counter()
-    with clocks:
+    with clocks, profiled("finalize"):
         out = finalize_batch(inp, services)
     t_final = time.perf_counter() - t1
     rss = max(rss_plan, peak_rss_mb())
@@ -143,6 +145,40 @@ def child_ours(batch_id: str) -> dict[str, Any]:
             "requests_control": sent.requests.get("control", 0), "requests_workers": sent.requests.get("workers", 0),
             "copied": sent.copied, "output_bytes": output, "rss_mb": rss, "validate_plan_cpu": cpu_plan,
             "finalize_cpu": clocks.cpu - cpu_plan}
+
+
+@contextlib.contextmanager
+def profiled(section: str) -> Iterator[None]:
+    """`--profile SECTION` (BENCH_PROFILE): cProfile over that timed section of the child, on each thread's own
+    CPU clock (time spent waiting on S3 is not counted), its thread and the threads it starts (S3 calls sent
+    from thread pools) summed; the top functions by own CPU printed to stderr, which the parent passes on."""
+    if os.environ.get("BENCH_PROFILE") != section:
+        yield
+        return
+    import cProfile
+    import pstats
+    import threading
+
+    profs = [cProfile.Profile(time.thread_time)]
+
+    def in_thread(*_: Any) -> None:  # a new thread's first event: it gets a profiler of its own
+        profs.append(prof := cProfile.Profile(time.thread_time))
+        prof.enable()
+
+    threading.setprofile(in_thread)
+    profs[0].enable()
+    try:
+        yield
+    finally:
+        profs[0].disable()
+        threading.setprofile(None)
+        out = io.StringIO()
+        stats = pstats.Stats(profs[0], stream=out)
+        for prof in profs[1:]:
+            stats.add(prof)
+        stats.sort_stats("tottime").print_stats(int(os.environ.get("BENCH_PROFILE_TOP", 15)))
+        print(f"--- profile of {section} ({len(profs)} threads, by own CPU) ---", out.getvalue(), sep="\n",
+              file=sys.stderr)
 
 
 def child_floor(file_key: str, parser: str) -> dict[str, Any]:
@@ -177,6 +213,8 @@ def run_child(kind: str, arg: str, env: dict[str, str], cwd: Path | None = None)
                          capture_output=True, text=True)
     if out.returncode != 0:
         raise RuntimeError(f"{kind} child failed:\n{out.stderr[-3000:]}")
+    if env.get("BENCH_PROFILE") and kind == "ours":
+        sys.stderr.write(out.stderr)
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
@@ -302,8 +340,13 @@ def main() -> None:
     p.add_argument("--sizes", default="10,10000,100000,1000000")
     p.add_argument("--repeat", type=int, default=3, help="runs per size (default 3)")
     p.add_argument("--baseline", type=Path, help="another nightbatch checkout to run side by side (a speed-up)")
+    p.add_argument("--profile", choices=["validate_plan", "finalize"],
+                   help="print a cProfile of this timed section of every nightbatch run (its CPU then includes "
+                        "the profiler's)")
     p.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.profile:
+        os.environ["BENCH_PROFILE"] = args.profile
     if args.child:
         kind, arg = args.child
         result = child_ours(arg) if kind == "ours" else child_floor(arg, kind.removeprefix("floor-"))
