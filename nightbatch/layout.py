@@ -13,7 +13,8 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
+import msgspec
+from pydantic import BaseModel, ConfigDict, TypeAdapter
 
 if TYPE_CHECKING:  # infra/ reads the prefixes without the AWS adapters
     from nightbatch.storage import BlobStore as Blobs
@@ -271,7 +272,7 @@ class DoneMarker(BaseModel):
     attempts: int = 1
 
 
-class CheckpointSummary(BaseModel):
+class CheckpointSummary(msgspec.Struct, kw_only=True):
     """`<seq>-<attempt>.summary.json`, written by the worker after each checkpoint: what Finalize needs to count
     and place the checkpoint's lines without parsing them (nightbatch.results.lines.summarize_checkpoint).
 
@@ -279,9 +280,10 @@ class CheckpointSummary(BaseModel):
     newline; custom_ids rather than digests, because our digest is keyed per process (nightbatch.ids). A reader
     that finds no summary, another version, or a size or ETag other than the checkpoint's parses the
     checkpoint: a summary is checked against the object it describes, not trusted.
-    """
 
-    model_config = ConfigDict(extra="ignore")
+    A msgspec struct, not a pydantic model: Finalize decodes one per checkpoint, a list of custom_ids and one of
+    lengths per line, and msgspec does it in a third of the time (the JSON is the same; unknown fields ignored).
+    """
 
     version: Literal[1] = 1
     size: int  # bytes of the checkpoint object it describes
@@ -300,6 +302,7 @@ class CheckpointSummary(BaseModel):
                 and len(set(self.failed)) == len(self.failed) and all(0 <= i < len(self.lengths) for i in self.failed))
 
 
+_SUMMARY = msgspec.json.Decoder(CheckpointSummary)
 _SEGMENTS = TypeAdapter(list[SegmentEntry])
 _MANIFEST = TypeAdapter(list[ShardItem])
 
@@ -388,16 +391,15 @@ def read_attempts(blobs: Blobs, prefixes: Iterable[str]) -> Iterator[AttemptReco
 
 
 def write_checkpoint_summary(blobs: Blobs, checkpoint: str, summary: CheckpointSummary) -> None:
-    blobs.put_bytes(checkpoint_summary_key(checkpoint), summary.model_dump_json().encode(),
-                    content_type="application/json")
+    blobs.put_bytes(checkpoint_summary_key(checkpoint), msgspec.json.encode(summary), content_type="application/json")
 
 
 def read_checkpoint_summary(blobs: Blobs, checkpoint: str) -> CheckpointSummary | None:
     """None when there is none, or none this release can read (another version): the caller parses instead."""
     raw = blobs.get_bytes(checkpoint_summary_key(checkpoint))
     try:
-        return None if raw is None else CheckpointSummary.model_validate_json(raw)
-    except ValidationError:
+        return None if raw is None else _SUMMARY.decode(raw)
+    except msgspec.MsgspecError:
         return None
 
 

@@ -8,6 +8,7 @@ import itertools
 from typing import Any
 from unittest import mock
 
+import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -232,7 +233,7 @@ def test_a_summary_is_checked_against_its_checkpoint_not_trusted(services: Servi
     etag = blobs.put_bytes(key, data)
     good = summarize_checkpoint(data, etag=etag)
     assert good is not None and good.etag == etag
-    wrong = good.model_copy(update={"custom_ids": ["x", "x"], "etag": '"0123456789abcdef0123456789abcdef"'})
+    wrong = msgspec.structs.replace(good, custom_ids=["x", "x"], etag='"0123456789abcdef0123456789abcdef"')
     layout.write_checkpoint_summary(blobs, key, wrong)
     out, _, tally, seen = merged(blobs, batch_id, shard_id)
     assert out == data and tally.completed == 2 and seen == 2
