@@ -28,6 +28,14 @@ HOUR_SECONDS = 20
 # The session stack serves SmolLM2 with this LoRA adapter (tests/support/lora.py) and allows multi-model
 # batches: LoRA is enabled on the one SmolLM2 engine rather than started on a second one.
 LORA_ADAPTER = "smollm2-random-lora"
+# The session stack's engine schedules by priority, as `nightbatch local`'s does; a check run may set this variable to
+# `fcfs` to start it first-come-first-served instead (the model's engine_args override, nightbatch/local/engines.py)
+# and see tests/e2e/test_fair_sharing.py fail.
+SCHEDULING_ENV = "NIGHTBATCH_E2E_SCHEDULING_POLICY"
+# A bucket of "the user's" (the test that uses it creates it in the stack's embedded AWS) and the prefix under it that
+# batches may copy their output to: the stack's allow-list, as cdk.json `userBuckets` makes it in AWS.
+USER_BUCKET = "e2e-user-data"
+USER_OUTPUT_PREFIX = f"s3://{USER_BUCKET}/results/"
 
 
 @dataclass
@@ -96,6 +104,9 @@ def _models_with_adapter(adapter_dir: Path) -> list[dict[str, object]]:
 
     models = [m.model_dump(exclude_defaults=True) for m in LOCAL_MODELS]
     models[0].update(lora_modules={LORA_ADAPTER: str(adapter_dir)}, max_lora_rank=RANK)
+    policy = os.environ.get(SCHEDULING_ENV)
+    if policy:
+        models[0]["engine_args"] = {**models[0].get("engine_args", {}), "scheduling_policy": policy}
     return models
 
 
@@ -109,6 +120,7 @@ def local_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack
            "NIGHTBATCH_EVENT_BUS": "default",
            "NIGHTBATCH_WORKER_POLL_SECONDS": "1", "NIGHTBATCH_CHECKPOINT_EVERY_SECONDS": "1",
            "NIGHTBATCH_WORKER_DRAIN_SECONDS": "5", "PYTHONPATH": str(ROOT),
+           "NIGHTBATCH_USER_INPUT_BUCKETS": USER_BUCKET, "NIGHTBATCH_USER_OUTPUT_PREFIXES": USER_OUTPUT_PREFIX,
            "XDG_STATE_HOME": str(tmp_path_factory.mktemp("state"))}
     env.pop("AWS_ENDPOINT_URL", None)
     with running_local(env, log, stop_timeout=60) as stack:
