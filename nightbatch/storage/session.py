@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from functools import cached_property
 from typing import Any
 
@@ -71,4 +73,24 @@ def make_adapters(settings: Settings, *, endpoint_url: str | None = None) -> Ada
     import boto3
 
     session = boto3.session.Session(region_name=settings.deployment.region)
+    # Before any client is made: its response parsers take the parser they are built with.
+    session._session.get_component("response_parser_factory").set_parser_defaults(timestamp_parser=parse_timestamp)
     return Adapters(settings=settings, session=session, endpoint_url=endpoint_url)
+
+
+def parse_timestamp(value: Any) -> datetime:
+    """botocore's timestamp parser for the two forms AWS answers in — ISO 8601 (a listing's LastModified) and
+    RFC 7231 (a GET's Last-Modified header) — without dateutil, which costs ~0.1 ms a value (every key a listing
+    returns, every GET: a tenth of Finalize's CPU); the same datetime (aware when the value names its zone, as
+    AWS's do). Anything else (epoch numbers, other shapes) goes to botocore's own."""
+    if isinstance(value, str):
+        try:
+            if value[:1].isdigit():
+                return datetime.fromisoformat(value)
+            parsed = parsedate_to_datetime(value)
+            return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=UTC)  # "-0000": UTC
+        except (ValueError, TypeError, IndexError):
+            pass
+    from botocore.utils import parse_timestamp as botocore_parse
+
+    return botocore_parse(value)  # type: ignore[no-any-return]
