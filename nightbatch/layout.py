@@ -378,13 +378,17 @@ def write_attempt(blobs: Blobs, prefix: str, record: AttemptRecord) -> None:
                     content_type="application/json")
 
 
-def attempt_keys(blobs: Blobs, prefix: str) -> list[str]:
-    return [k for k in blobs.list_keys(prefix) if ACCOUNTING_RE.match(k.rsplit("/", 1)[-1])]
+def attempt_keys(blobs: Blobs, prefix: str, listed: Iterable[str] | None = None) -> list[str]:
+    """The attempt records under `prefix`; `listed`: its keys, if listed already (else listed here)."""
+    keys = blobs.list_keys(prefix) if listed is None else (k for k in listed if k.startswith(prefix))
+    return [k for k in keys if ACCOUNTING_RE.match(k.rsplit("/", 1)[-1])]
 
 
-def read_attempts(blobs: Blobs, prefixes: Iterable[str]) -> Iterator[AttemptRecord]:
+def read_attempts(blobs: Blobs, prefixes: Iterable[str], listed: Iterable[str] | None = None) -> Iterator[
+        AttemptRecord]:
+    keys = None if listed is None else list(listed)
     for prefix in prefixes:
-        for key in attempt_keys(blobs, prefix):
+        for key in attempt_keys(blobs, prefix, keys):
             rec = AttemptRecord.model_validate_json(blobs.get_bytes(key) or b"{}")
             rec.shard_id = key.rsplit("/", 2)[-2]
             yield rec

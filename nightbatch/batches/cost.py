@@ -7,7 +7,7 @@ Attempts that ran on SageMaker (layout.AttemptRecord.backend) are priced at ml.*
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,10 +69,12 @@ def price_per_gpu_second(settings: Settings) -> float:
     return hourly / 3600.0 / max(1, a.gpus_per_instance)
 
 
-def collect_shard_times(blobs: BlobStore, results_prefixes: list[str]) -> ShardTime:
-    """Sums every attempt's record (layout.AttemptRecord), so time lost to Spot interruptions is counted too."""
+def collect_shard_times(blobs: BlobStore, results_prefixes: list[str], listed: Iterable[str] | None = None
+                        ) -> ShardTime:
+    """Sums every attempt's record (layout.AttemptRecord), so time lost to Spot interruptions is counted too.
+    `listed`: the keys under the prefixes, if listed already (else listed here)."""
     t = ShardTime()
-    for rec in layout.read_attempts(blobs, results_prefixes):
+    for rec in layout.read_attempts(blobs, results_prefixes, listed):
         t.model_load_seconds += rec.model_load_seconds
         t.inference_seconds += rec.inference_seconds
         t.idle_seconds += rec.idle_seconds

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -242,10 +243,12 @@ def _shard_work_seconds(services: Services, item: dict[str, Any]) -> float:
         pipeline.shard_cold_start_seconds
 
 
-def collect_decisions(services: Services, batch_id: str, limit: int = 50) -> list[dict[str, Any]]:
-    """Every shard's decisions, in order, for the batch's extension (at most `limit` entries)."""
+def collect_decisions(services: Services, batch_id: str, limit: int = 50,
+                      listed: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """Every shard's decisions, in order, for the batch's extension (at most `limit` entries). `listed`: the
+    keys under the batch's results prefix, if listed already (else listed here)."""
     blobs = services.adapters.blobs
-    keys = sorted(k for k in blobs.list_keys(layout.all_results_prefix(batch_id))
+    keys = sorted(k for k in (blobs.list_keys(layout.all_results_prefix(batch_id)) if listed is None else listed)
                   if k.rsplit("/", 1)[-1].startswith(layout.CAPACITY_PREFIX))
     out: list[dict[str, Any]] = []
     for key in keys[:limit]:

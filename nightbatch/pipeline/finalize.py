@@ -27,7 +27,7 @@ from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
 from nightbatch.pipeline.shard_lines import shard_requests
 from nightbatch.results.lines import Tally, unrun_line
 from nightbatch.results.merge import merge_shard
-from nightbatch.results.order import planned_shards
+from nightbatch.results.order import Listing, planned_shards, results_listing
 from nightbatch.results.per_model import per_model_report
 from nightbatch.services import Services
 from nightbatch.storage.botoerrors import client_error
@@ -110,10 +110,12 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
                                          events=services.batches.events)
         except StorageConflictError:
             return finalize_batch(inp, services)  # cancelled meanwhile: decide again
-    writers = _write_files(services, batch, UNRUN_CODE[target])
+    listed = results_listing(services.adapters.blobs, inp.batch_id)  # one listing for the merge, times, decisions
+    keys = [k for shard in listed.values() for k in shard]
+    writers = _write_files(services, batch, UNRUN_CODE[target], listed)
     out_id, err_id, tally = writers
     usage = tally.usage()
-    times = collect_shard_times(services.adapters.blobs, [layout.all_results_prefix(inp.batch_id)])
+    times = collect_shard_times(services.adapters.blobs, [layout.all_results_prefix(inp.batch_id)], keys)
     ext = dict(batch.ext or {})
     if ext.get("output_uri"):
         _copy_to_user(services, batch, ext, {"output": out_id, "error": err_id})
@@ -125,7 +127,7 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     if "models" in ext:  # Validate found more than one model (nightbatch/results/per_model.py)
         ext["models"] = per_model_report(services.adapters.blobs, services.settings, inp.batch_id,
                                          batch.model or "", billing=billing)
-    decisions = collect_decisions(services, inp.batch_id)
+    decisions = collect_decisions(services, inp.batch_id, listed=keys)
     if decisions:  # where each shard's jobs ran, and why (nightbatch/pipeline/capacity.py)
         ext["capacity"] = decisions
     fields: dict[str, Any] = {
@@ -176,7 +178,7 @@ def _fail_unvalidated(services: Services, batch: BatchRecord) -> FinalizeOutput:
     return FinalizeOutput(batch_id=batch.pk, status="failed")
 
 
-def _write_files(services: Services, batch: BatchRecord, unrun_code: str) -> tuple[
+def _write_files(services: Services, batch: BatchRecord, unrun_code: str, listed: dict[str, Listing]) -> tuple[
         str | None, str | None, Tally]:
     blobs = services.adapters.blobs
     batch_id = batch.pk
@@ -187,7 +189,7 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str) -> tup
         for shard_id, spec in planned_shards(blobs, batch_id):
             seen: set[int] = set()
             if shard_id is not None:
-                merge_shard(blobs, batch_id, shard_id, seen, out, err, tally)
+                merge_shard(blobs, batch_id, shard_id, seen, out, err, tally, listed.get(shard_id, {}))
             if len(seen) < spec.lines:
                 for req in shard_requests(blobs, spec):
                     custom_id = req.custom_id

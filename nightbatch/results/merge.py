@@ -24,7 +24,7 @@ from nightbatch.ids import custom_id_digests
 from nightbatch.layout import CheckpointSummary
 from nightbatch.pipeline.compose import Read
 from nightbatch.results.lines import Tally, summarize_result_line
-from nightbatch.results.order import Checkpoint, checkpoints_in_order, first_results
+from nightbatch.results.order import Checkpoint, Listing, checkpoints_in_order, first_results
 from nightbatch.storage import BlobStore
 
 log = logging.getLogger("nightbatch.finalize")
@@ -43,10 +43,11 @@ class Errors(Protocol):
 
 
 def merge_shard(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], out: Output, err: Errors,
-                tally: Tally) -> None:
+                tally: Tally, listed: Listing | None = None) -> None:
     """Adds the shard's winning results to `out` and `err` and counts them in `tally`; `seen` holds the
-    custom_id digests taken so far, and grows by this shard's."""
-    for cp, summary in _with_summaries(blobs, checkpoints_in_order(blobs, batch_id, shard_id)):
+    custom_id digests taken so far, and grows by this shard's. `listed`: the shard's objects, if listed already
+    (nightbatch.results.order.results_listing)."""
+    for cp, summary in _with_summaries(blobs, checkpoints_in_order(blobs, batch_id, shard_id, listed)):
         if summary is not None and summary.size == cp.size and summary.etag == cp.etag and summary.consistent():
             _merge_summarized(blobs, cp.key, summary, seen, out, err, tally)
             continue

@@ -6,7 +6,7 @@ imports it without the workflow's steps."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -43,11 +43,29 @@ class Checkpoint:
     summarized: bool  # its summary object was listed beside it
 
 
-def checkpoints_in_order(blobs: BlobStore, batch_id: str, shard_id: str) -> list[Checkpoint]:
+Listing = Mapping[str, tuple[int, str]]  # key -> (size, ETag), as PartStore.listing gives it
+
+
+def results_listing(blobs: BlobStore, batch_id: str) -> dict[str, Listing]:
+    """Every object under the batch's results prefix, by shard id, in one listing (a page per 1,000 objects)
+    rather than one per shard: what Finalize hands to `checkpoints_in_order` and its other readers."""
+    root = layout.all_results_prefix(batch_id)
+    out: dict[str, dict[str, tuple[int, str]]] = {}
+    for key, meta in PartStore(blobs).listing(root).items():
+        shard_id, _, name = key[len(root):].partition("/")
+        if name:
+            out.setdefault(shard_id, {})[key] = meta
+    return dict(out)
+
+
+def checkpoints_in_order(blobs: BlobStore, batch_id: str, shard_id: str,
+                         listed: Listing | None = None) -> list[Checkpoint]:
     """The shard's checkpoints in the order that decides between results of one custom_id: key order (seq, then
-    attempt); the first wins."""
+    attempt); the first wins. `listed`: the shard's objects already listed (`results_listing`), else listed
+    here."""
     prefix = layout.results_prefix(batch_id, shard_id)
-    listed = PartStore(blobs).listing(prefix)
+    if listed is None:
+        listed = PartStore(blobs).listing(prefix)
     return [Checkpoint(k, *listed[k], layout.checkpoint_summary_key(k) in listed)
             for k in sorted(k for k in listed if layout.is_checkpoint(prefix, k))]
 

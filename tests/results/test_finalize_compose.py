@@ -13,6 +13,7 @@ from nightbatch.pipeline import BatchTaskInput, finalize_batch
 from nightbatch.pipeline.compose import MIN_PART_BYTES, PartComposer
 from nightbatch.results import lines as results
 from nightbatch.services import Services
+from nightbatch.storage.records import BatchRecord
 from tests.support.pipeline_world import planned_shards
 
 PAD = "x" * 30_000  # ~30 KB per result line: a few hundred lines pass S3's 5 MiB part floor
@@ -115,3 +116,36 @@ def test_a_part_that_fails_fails_the_file_and_abort_leaves_no_upload(services: S
     c.abort()
     assert blobs.get_bytes("dst-broken") is None
     assert not blobs.client.list_multipart_uploads(Bucket=blobs.bucket).get("Uploads")
+
+
+def test_finalize_lists_the_batch_results_once(services: Services) -> None:
+    """One listing of the batch's results prefix serves the merge (every shard's checkpoints and summaries), the
+    attempts' GPU time and the capacity decisions, however many shards (nightbatch.results.order.results_listing)."""
+    batch_id, shards = planned_shards(services, 40, segment_max_lines=10, shard_target_tokens=200)
+    assert len(shards) > 2
+    blobs = services.adapters.blobs
+    for n, (shard_id, ids) in enumerate(shards):
+        prefix = layout.results_prefix(batch_id, shard_id)
+        blobs.put_bytes(layout.checkpoint_key(prefix, 0, "a"), b"".join(result(batch_id, c, 200) for c in ids))
+        layout.write_attempt(blobs, prefix, layout.AttemptRecord(attempt="a", inference_seconds=10.0 + n))
+        blobs.put_bytes(layout.capacity_key(prefix, 0), b'{"action": "spot", "attempt": 0}')
+        blobs.put_bytes(layout.done_key(batch_id, shard_id), b"{}")
+    listed: list[str] = []
+
+    def count(params: dict[str, Any], **_: Any) -> None:
+        listed.append(params["Prefix"])
+
+    blobs.client.meta.events.register("before-parameter-build.s3.ListObjectsV2", count)
+    try:
+        assert finalize_batch(BatchTaskInput(batch_id=batch_id), services).status == "completed"
+    finally:
+        blobs.client.meta.events.unregister("before-parameter-build.s3.ListObjectsV2", count)
+    assert [p for p in listed if p.startswith(layout.all_results_prefix(batch_id))] == [
+        layout.all_results_prefix(batch_id)]
+    batch = services.batches.get("default", batch_id)
+    assert batch.request_counts.model_dump() == {"total": 40, "completed": 40, "failed": 0}
+    record = services.adapters.table.get_record(BatchRecord, batch_id)
+    assert record is not None and record.ext is not None
+    ext = record.ext
+    assert len(ext["capacity"]) == len(shards)
+    assert ext["cost"]["gpu_seconds"] == sum(10.0 + n for n in range(len(shards)))
