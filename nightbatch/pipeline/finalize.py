@@ -199,7 +199,7 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str, listed
                         tally.failed += 1
                         tally.unrun[unrun_code] = tally.unrun.get(unrun_code, 0) + 1
         out_bytes = out.close()
-        err_bytes = err.close()
+        err_bytes = err.close(keep_empty=False)  # none: no PUT (`register` deletes one an earlier run left)
     except BaseException:
         out.abort()
         err.abort()

@@ -229,9 +229,11 @@ class LineWriter:
             self.parts.append(self.pending.result())
             self.pending = None
 
-    def close(self) -> int:
+    def close(self, *, keep_empty: bool = True) -> int:
+        """Completes the object; returns its size. `keep_empty=False`: nothing written leaves no object (no PUT)."""
         if self.upload_id is None:
-            self.store.put_bytes(self.key, self.buf.getvalue())
+            if self.bytes_written or keep_empty:
+                self.store.put_bytes(self.key, self.buf.getvalue())
         else:
             if self.buf.tell():
                 self._flush_part()

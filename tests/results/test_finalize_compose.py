@@ -120,7 +120,8 @@ def test_a_part_that_fails_fails_the_file_and_abort_leaves_no_upload(services: S
 
 def test_finalize_lists_the_batch_results_once(services: Services) -> None:
     """One listing of the batch's results prefix serves the merge (every shard's checkpoints and summaries), the
-    attempts' GPU time and the capacity decisions, however many shards (nightbatch.results.order.results_listing)."""
+    attempts' GPU time and the capacity decisions, however many shards (nightbatch.results.order.results_listing);
+    no error line means no PUT of an error file."""
     batch_id, shards = planned_shards(services, 40, segment_max_lines=10, shard_target_tokens=200)
     assert len(shards) > 2
     blobs = services.adapters.blobs
@@ -130,20 +131,22 @@ def test_finalize_lists_the_batch_results_once(services: Services) -> None:
         layout.write_attempt(blobs, prefix, layout.AttemptRecord(attempt="a", inference_seconds=10.0 + n))
         blobs.put_bytes(layout.capacity_key(prefix, 0), b'{"action": "spot", "attempt": 0}')
         blobs.put_bytes(layout.done_key(batch_id, shard_id), b"{}")
-    listed: list[str] = []
+    calls: list[tuple[str, str]] = []
 
-    def count(params: dict[str, Any], **_: Any) -> None:
-        listed.append(params["Prefix"])
+    def count(params: dict[str, Any], model: Any, **_: Any) -> None:
+        calls.append((model.name, params.get("Prefix") or params.get("Key") or ""))
 
-    blobs.client.meta.events.register("before-parameter-build.s3.ListObjectsV2", count)
+    blobs.client.meta.events.register("before-parameter-build.s3", count)
     try:
         assert finalize_batch(BatchTaskInput(batch_id=batch_id), services).status == "completed"
     finally:
-        blobs.client.meta.events.unregister("before-parameter-build.s3.ListObjectsV2", count)
-    assert [p for p in listed if p.startswith(layout.all_results_prefix(batch_id))] == [
-        layout.all_results_prefix(batch_id)]
+        blobs.client.meta.events.unregister("before-parameter-build.s3", count)
+    results = layout.all_results_prefix(batch_id)
+    assert [c for c in calls if c[0] == "ListObjectsV2" and c[1].startswith(results)] == [("ListObjectsV2", results)]
+    assert ("PutObject", layout.error_key(batch_id)) not in calls and blobs.size(layout.error_key(batch_id)) is None
     batch = services.batches.get("default", batch_id)
     assert batch.request_counts.model_dump() == {"total": 40, "completed": 40, "failed": 0}
+    assert batch.error_file_id is None
     record = services.adapters.table.get_record(BatchRecord, batch_id)
     assert record is not None and record.ext is not None
     ext = record.ext
