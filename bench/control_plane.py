@@ -276,6 +276,8 @@ def measure(sizes: list[int], repeat: int = 1, baseline: Path | None = None) -> 
                          "cpu_split": " / ".join(spread([x[k] for x in runs["ours"]]) for k in (
                              "validate_plan_cpu", "finalize_cpu")),
                          "base_s": spread(secs["base"]) if baseline else "",
+                         "cpu_vs_base": {k: ([b[k] for b in runs["base"]], [o[k] for o in runs["ours"]])
+                                         for k in ("validate_plan_cpu", "finalize_cpu", "cpu")},
                          "vs_base": [b / o for b, o in zip(secs["base"], secs["ours"], strict=False)]})
     finally:
         proc.terminate()
@@ -326,6 +328,17 @@ def print_table(rows: list[dict[str, Any]], repeat: int) -> None:
                        [[r["lines"], r["base_s"], r["ours_s"],
                          f"{statistics.median(r['vs_base']):.2f}x ({min(r['vs_base']):.2f}..{max(r['vs_base']):.2f})"]
                         for r in rows])
+        print("\nCPU against the baseline (this process's, medians and min..max; the ratio its CPU over ours, run by "
+              "run)")
+
+        def cpu(r: dict[str, Any], k: str) -> str:
+            base, ours = r["cpu_vs_base"][k]
+            x = [b / max(1e-9, o) for b, o in zip(base, ours, strict=False)]
+            return f"{spread(base)} / {spread(ours)} = {statistics.median(x):.2f}x ({min(x):.2f}..{max(x):.2f})"
+
+        markdown_table(["lines", "validate + plan CPU (s): baseline / ours", "finalize CPU (s): baseline / ours",
+                        "all CPU (s): baseline / ours"],
+                       [[r["lines"], *(cpu(r, k) for k in ("validate_plan_cpu", "finalize_cpu", "cpu"))] for r in rows])
 
 
 def markdown_table(header: list[str], rows: list[list[Any]]) -> None:
