@@ -36,12 +36,7 @@ class PartStore:
 
     def listing(self, prefix: str) -> dict[str, tuple[int, str]]:
         """Every object under `prefix` with its size and ETag."""
-        out: dict[str, tuple[int, str]] = {}
-        paginator = self.client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
-            for obj in page.get("Contents", []):
-                out[str(obj["Key"])] = int(obj["Size"]), str(obj.get("ETag", ""))
-        return out
+        return {str(o["Key"]): (int(o["Size"]), str(o.get("ETag", ""))) for o in self.blobs.list_objects(prefix)}
 
     def md5(self, keys: Sequence[str]) -> str:
         """The md5 of the objects' bytes concatenated in order, streamed."""

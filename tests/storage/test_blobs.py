@@ -38,6 +38,8 @@ def test_list_and_delete_prefix(adapters: Adapters) -> None:
     for k in ("p/1", "p/2", "p/sub/3", "q/1"):
         blobs.put_bytes(k, b"x")
     assert sorted(blobs.list_keys("p/")) == ["p/1", "p/2", "p/sub/3"]
+    assert [o["Key"] for o in blobs.list_objects("p/", page=2)] == ["p/1", "p/2", "p/sub/3"]  # pages followed
+    assert [o["Size"] for o in blobs.list_objects("", page=1)] == [1, 1, 1, 1]
     blobs.delete_prefix("p/")
     assert list(blobs.list_keys("p/")) == []
     assert list(blobs.list_keys("q/")) == ["q/1"]
