@@ -7,7 +7,7 @@ ones (a zombie attempt's, a re-run's) are dropped. Successful lines go to the ou
 objects (nightbatch/pipeline/compose.py), the others to the error file. A checkpoint with a summary
 (nightbatch.layout.CheckpointSummary) is counted and placed from it, unparsed: only its error lines, its dropped
 duplicates and the bytes the composer must upload are read. One without (a previous release's worker, a summary
-that was not written or does not match) is read line by line.
+that was not written or does not match), or under PARSE_BELOW bytes, is read line by line.
 """
 
 from __future__ import annotations
@@ -30,6 +30,10 @@ from nightbatch.storage import BlobStore
 log = logging.getLogger("nightbatch.finalize")
 WINDOW_BYTES = 1024 * 1024  # least bytes of a ranged GET of a summarized checkpoint
 AHEAD = 8  # summaries fetched while earlier checkpoints are merged (S3 latency, not CPU)
+# A checkpoint smaller than this is parsed, its summary left unread: all its bytes are read anyway (too small to
+# be copied, they are uploaded), so parsing costs that one GET where the summary costs a second one, and its few
+# lines (an attempt's first checkpoint: 64) cost less CPU to parse than that request.
+PARSE_BELOW = 128 * 1024
 
 
 class Output(Protocol):
@@ -51,7 +55,7 @@ def merge_shard(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], 
         if summary is not None and summary.size == cp.size and summary.etag == cp.etag and summary.consistent():
             _merge_summarized(blobs, cp.key, summary, seen, out, err, tally)
             continue
-        if cp.summarized:
+        if cp.summarized and cp.size >= PARSE_BELOW:
             log.warning("summary of %s unreadable or not matching; its lines are parsed", cp.key,
                         extra={"batch_id": batch_id})
         _merge_parsed(blobs, batch_id, cp.key, seen, out, err, tally)
@@ -60,7 +64,7 @@ def merge_shard(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], 
 def _with_summaries(blobs: BlobStore, checkpoints: list[Checkpoint]) -> Iterator[
         tuple[Checkpoint, CheckpointSummary | None]]:
     def fetch(cp: Checkpoint) -> CheckpointSummary | None:
-        return layout.read_checkpoint_summary(blobs, cp.key) if cp.summarized else None
+        return layout.read_checkpoint_summary(blobs, cp.key) if cp.summarized and cp.size >= PARSE_BELOW else None
 
     todo = iter(checkpoints)
     with ThreadPoolExecutor(AHEAD, thread_name_prefix="summaries") as pool:

@@ -9,6 +9,7 @@ from typing import Any
 from unittest import mock
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -109,7 +110,7 @@ def test_summaries_merge_as_parsing_does(services: Services, checkpoints: list[l
             summary.size += 1
         if summarized[seq]:
             layout.write_checkpoint_summary(blobs, key, summary)
-    with mock.patch.object(merge, "WINDOW_BYTES", window):
+    with mock.patch.object(merge, "WINDOW_BYTES", window), mock.patch.object(merge, "PARSE_BELOW", 0):
         assert merged(blobs, batch_id, shard_id) == parsed
 
 
@@ -223,9 +224,11 @@ def test_finalize_from_summaries_matches_finalize_by_parsing(services: Services)
     assert sorted(reads.parsed) == sorted(keys)
 
 
-def test_a_summary_is_checked_against_its_checkpoint_not_trusted(services: Services) -> None:
+def test_a_summary_is_checked_against_its_checkpoint_not_trusted(services: Services,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """A summary that names other custom_ids than its checkpoint holds (a checkpoint rewritten after it, a bug)
     must not drop the lines the partial results served: its ETag is not the listed one, so Finalize parses."""
+    monkeypatch.setattr(merge, "PARSE_BELOW", 0)  # summaries read however small the checkpoint
     blobs = services.adapters.blobs
     batch_id, shard_id = "batch_etag", f"{next(_shards):05d}"
     key = layout.checkpoint_key(layout.results_prefix(batch_id, shard_id), 0, "a1")
@@ -239,3 +242,32 @@ def test_a_summary_is_checked_against_its_checkpoint_not_trusted(services: Servi
     assert out == data and tally.completed == 2 and seen == 2
     layout.write_checkpoint_summary(blobs, key, good)  # the true one is used (and agrees)
     assert merged(blobs, batch_id, shard_id)[0] == data
+
+
+def test_a_small_checkpoint_is_parsed_its_summary_unread(services: Services) -> None:
+    """Under PARSE_BELOW bytes (an attempt's first checkpoint) a checkpoint is parsed, its summary not fetched:
+    its bytes are read anyway, the summary would be one more GET; the lines and counts are the same."""
+    blobs = services.adapters.blobs
+    batch_id, shard_id = "batch_small", f"{next(_shards):05d}"
+    prefix = layout.results_prefix(batch_id, shard_id)
+    small, big = layout.checkpoint_key(prefix, 0, "a1"), layout.checkpoint_key(prefix, 1, "a1")
+    datas = {small: worker_line(batch_id, "x", "chat", 3) + worker_line(batch_id, "y", "bad_request", 1),
+             big: b"".join(worker_line(batch_id, f"z{i}", "chat", i, "p" * 2_000) for i in range(80))}
+    assert len(datas[small]) < merge.PARSE_BELOW <= len(datas[big])
+    for key, data in datas.items():
+        summary = summarize_checkpoint(data, etag=blobs.put_bytes(key, data))
+        assert summary is not None
+        layout.write_checkpoint_summary(blobs, key, summary)
+    got: list[str] = []
+    get_bytes = blobs.get_bytes
+
+    def counted(key: str) -> bytes | None:
+        got.append(key)
+        return get_bytes(key)
+
+    with Reads(blobs) as reads, mock.patch.object(blobs, "get_bytes", counted):
+        out, err, tally, seen = merged(blobs, batch_id, shard_id)
+    assert got == [layout.checkpoint_summary_key(big)] and reads.parsed == [small]
+    assert seen == 82 and (tally.completed, tally.failed) == (81, 1)
+    assert sorted(out.splitlines()) == sorted(datas[small].splitlines()[:1] + datas[big].splitlines())
+    assert err == datas[small].splitlines(keepends=True)[1]
