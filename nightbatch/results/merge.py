@@ -55,16 +55,21 @@ def merge_shard(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], 
         if summary is not None and summary.size == cp.size and summary.etag == cp.etag and summary.consistent():
             _merge_summarized(blobs, cp.key, summary, seen, out, err, tally)
             continue
-        if cp.summarized and cp.size >= PARSE_BELOW:
+        if _wants_summary(cp):
             log.warning("summary of %s unreadable or not matching; its lines are parsed", cp.key,
                         extra={"batch_id": batch_id})
         _merge_parsed(blobs, batch_id, cp.key, seen, out, err, tally)
 
 
+def _wants_summary(cp: Checkpoint) -> bool:
+    """Whether the checkpoint is placed from its summary (else parsed): it has one and is not under PARSE_BELOW."""
+    return cp.summarized and cp.size >= PARSE_BELOW
+
+
 def _with_summaries(blobs: BlobStore, checkpoints: list[Checkpoint]) -> Iterator[
         tuple[Checkpoint, CheckpointSummary | None]]:
     def fetch(cp: Checkpoint) -> CheckpointSummary | None:
-        return layout.read_checkpoint_summary(blobs, cp.key) if cp.summarized and cp.size >= PARSE_BELOW else None
+        return layout.read_checkpoint_summary(blobs, cp.key) if _wants_summary(cp) else None
 
     todo = iter(checkpoints)
     with ThreadPoolExecutor(AHEAD, thread_name_prefix="summaries") as pool:
