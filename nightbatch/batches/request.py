@@ -32,7 +32,9 @@ ALLOWED: dict[str, frozenset[str] | None] = {
     "notify": frozenset({"email"}),
     "input_uri": None,  # s3://bucket/key or prefix/ read in place instead of input_file_id (files/user_buckets.py)
     "output_uri": None,  # s3://bucket/prefix/ the output and error files are copied under
+    "output_order": None,  # "completion" (default) or "input": the output file's line order
 }
+OUTPUT_ORDERS = ("completion", "input")
 MAX_OPTIONS_BYTES = 4096
 
 
@@ -155,6 +157,11 @@ def check_options(options: dict[str, Any] | None, settings: Settings) -> None:
             param="nightbatch", code="invalid_value")
     check_notify_options(options, settings)
     check_uri_options(options, settings)
+    if "output_order" in options and options["output_order"] not in OUTPUT_ORDERS:
+        raise InvalidRequestError(
+            f"Invalid 'nightbatch.output_order': {json.dumps(options['output_order'], default=str)[:64]}. "
+            "Expected one of " + ", ".join(f"'{v}'" for v in OUTPUT_ORDERS) + ".",
+            param="nightbatch.output_order", code="invalid_value")
 
 
 def check_input_file(files: FileService, tenant: str, file_id: str) -> None:

@@ -73,6 +73,8 @@ class BatchService:
         objects) and where its input and output are in the user's buckets, for the batch object."""
         options = req.nightbatch or {}
         where = {}
+        if "output_order" in options:  # shown on the batch object; Finalize reads it (default "completion")
+            where["output_order"] = options["output_order"]
         if "output_uri" in options:
             where["output_uri"] = output_location(options["output_uri"], batch_id)
         if "input_uri" not in options:

@@ -49,3 +49,22 @@ def test_a_create_request_is_answered_with_its_first_problem_in_order(services: 
     body["input_file_id"] = good.id
     assert check_create("t", CreateBatchRequest(**body), settings=services.settings, files=services.files) == 24
     assert list(services.adapters.table.open_ids("validating")) == []  # the checks write nothing
+
+
+@pytest.mark.parametrize("value", ["random", "", 1, None, ["input"]])
+def test_a_bad_output_order_is_a_400_naming_the_param(services: Services, value: Any) -> None:
+    good = services.files.upload("t", filename="in.jsonl", purpose="batch", fileobj=io.BytesIO(b"{}\n"), size=3)
+    req = CreateBatchRequest(input_file_id=good.id, endpoint="/v1/chat/completions", completion_window="24h",
+                             nightbatch={"output_order": value})
+    with pytest.raises(InvalidRequestError) as exc:
+        check_create("t", req, settings=services.settings, files=services.files)
+    assert exc.value.param == "nightbatch.output_order"
+    assert exc.value.code == "invalid_value"
+
+
+@pytest.mark.parametrize("value", ["completion", "input"])
+def test_a_known_output_order_is_accepted(services: Services, value: str) -> None:
+    good = services.files.upload("t", filename="in.jsonl", purpose="batch", fileobj=io.BytesIO(b"{}\n"), size=3)
+    req = CreateBatchRequest(input_file_id=good.id, endpoint="/v1/chat/completions", completion_window="24h",
+                             nightbatch={"output_order": value})
+    check_create("t", req, settings=services.settings, files=services.files)
