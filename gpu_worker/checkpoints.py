@@ -160,22 +160,28 @@ class Checkpointer:
         """One checkpoint of `lines` (blocking: the flusher's thread, or a stand-in worker): its PUT, its
         summary, the progress samples."""
         key = checkpoint_key(self.prefix, self.seq, self.attempt)
+        numbers: list[int] | None = None
+        if all(line.number >= 0 for line in lines):
+            # In input order: each checkpoint is then a sorted run Finalize merges for `output_order: "input"`
+            # (nightbatch/results/input_order.py) without holding it; the order of a checkpoint's lines is free.
+            lines = sorted(lines, key=lambda line: line.number)
+            numbers = [line.number for line in lines]
         data = b"".join(line.data for line in lines)
         started = time.monotonic()
         etag = self.blobs.put_bytes(key, data, content_type="application/jsonl")
         self.put_seconds += time.monotonic() - started
-        self._summarize(key, data, etag)
+        self._summarize(key, data, etag, numbers)
         self.seq += 1
         self.objects += 1
         self.written += len(lines)
         self.last_checkpoint = time.monotonic()
         self._sample(lines)
 
-    def _summarize(self, key: str, data: bytes, etag: str) -> None:
+    def _summarize(self, key: str, data: bytes, etag: str, numbers: list[int] | None) -> None:
         """Writes the checkpoint's summary, so Finalize counts it without parsing it (after the checkpoint: a
         checkpoint whose summary is missing is parsed instead, never lost)."""
         try:
-            summary = summarize_checkpoint(data, etag=etag)
+            summary = summarize_checkpoint(data, etag=etag, numbers=numbers)
             if summary is not None:
                 write_checkpoint_summary(self.blobs, key, summary)
         except Exception:

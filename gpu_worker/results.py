@@ -16,6 +16,7 @@ class ResultLine:
     ok: bool
     input_tokens: int
     output_tokens: int
+    number: int = -1  # its request's input line number (checkpoints are written in this order); -1: unknown
 
 
 def is_fatal(exc: BaseException) -> bool:
@@ -39,7 +40,8 @@ def unencodable_reply(exc: BaseException) -> EngineReply:
         "type": "server_error", "param": None, "code": "internal_error"}})
 
 
-def result_line(batch_id: str, custom_id: str, request_id: str, reply: EngineReply) -> ResultLine:
+def result_line(batch_id: str, custom_id: str, request_id: str, reply: EngineReply, *,
+                number: int = -1) -> ResultLine:
     ok = 200 <= reply.status_code < 300
     input_tokens, output_tokens = usage_tokens(reply.body) if ok else (0, 0)
     try:
@@ -47,11 +49,12 @@ def result_line(batch_id: str, custom_id: str, request_id: str, reply: EngineRep
                                                                               reply.body))
     except (TypeError, ValueError) as exc:  # UnicodeEncodeError among them: a lone surrogate in the reply
         # An answer no JSON line can carry is this request's error, never a crashed shard.
-        return result_line(batch_id, custom_id, request_id, unencodable_reply(exc))
+        return result_line(batch_id, custom_id, request_id, unencodable_reply(exc), number=number)
     if len(data) > results.MAX_RESULT_LINE:
         # Finalize could not read it back: this request's error, rather than a silently unrun line.
-        return ResultLine(custom_id, results.oversized_result_line(batch_id, custom_id, len(data)), False, 0, 0)
-    return ResultLine(custom_id, data, ok, input_tokens, output_tokens)
+        return ResultLine(custom_id, results.oversized_result_line(batch_id, custom_id, len(data)), False, 0, 0,
+                          number)
+    return ResultLine(custom_id, data, ok, input_tokens, output_tokens, number)
 
 
 def usage_tokens(body: dict[str, Any]) -> tuple[int, int]:

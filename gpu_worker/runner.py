@@ -311,7 +311,7 @@ class _ShardRun:
             # body, which is not this request's result. It stays unrun: rerun on resume, or reported by
             # Finalize as `batch_cancelled` / `batch_expired`.
             raise asyncio.CancelledError
-        line = result_line(self.job.batch_id, request.custom_id, request_id, reply)
+        line = result_line(self.job.batch_id, request.custom_id, request_id, reply, number=request.n)
         self.checkpointer.add(line)
         now = time.monotonic()
         self.counters.result(line, now)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
+from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
@@ -291,6 +292,9 @@ class CheckpointSummary(msgspec.Struct, kw_only=True):
     custom_ids: list[str]
     lengths: list[int]  # bytes of each line, its newline included
     failed: list[int] = []  # indices of the lines that are not successes (they go to the error file), ascending
+    # The input line number of each line (the worker writes a checkpoint in input order, so they ascend): what
+    # Finalize merges by for `output_order: "input"`. Empty: a previous release's summary.
+    numbers: list[int] = []
     # Usage over the successful lines, as nightbatch.results.lines.Tally adds it up.
     input_tokens: int = 0
     cached_tokens: int = 0
@@ -299,7 +303,13 @@ class CheckpointSummary(msgspec.Struct, kw_only=True):
 
     def consistent(self) -> bool:
         return (len(self.custom_ids) == len(self.lengths) and sum(self.lengths) == self.size
-                and len(set(self.failed)) == len(self.failed) and all(0 <= i < len(self.lengths) for i in self.failed))
+                and len(set(self.failed)) == len(self.failed) and all(0 <= i < len(self.lengths) for i in self.failed)
+                and (not self.numbers or len(self.numbers) == len(self.lengths)))
+
+    def in_input_order(self) -> bool:
+        """Its lines carry their input line numbers, ascending: a run Finalize's input-order merge can stream."""
+        n = self.numbers
+        return bool(n) and len(n) == len(self.lengths) and all(a < b for a, b in pairwise(n))
 
 
 _SUMMARY = msgspec.json.Decoder(CheckpointSummary)

@@ -25,6 +25,7 @@ from nightbatch.pipeline.capacity import collect_decisions
 from nightbatch.pipeline.compose import PartComposer
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
 from nightbatch.pipeline.shard_lines import shard_requests
+from nightbatch.results.input_order import InputOrder
 from nightbatch.results.lines import Tally, unrun_line
 from nightbatch.results.merge import merge_shard
 from nightbatch.results.order import Listing, planned_shards, results_listing
@@ -185,11 +186,15 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str, listed
     tally = Tally()
     out = PartComposer(blobs, layout.output_key(batch_id))
     err = blobs.writer(layout.error_key(batch_id))
+    # `nightbatch.output_order: "input"`: the successes are merged by input line once every shard is read.
+    order = InputOrder(blobs, batch_id) if (batch.ext or {}).get("output_order") == "input" else None
     try:
         for shard_id, spec in planned_shards(blobs, batch_id):
             seen: set[int] = set()
             if shard_id is not None:
-                merge_shard(blobs, batch_id, shard_id, seen, out, err, tally, listed.get(shard_id, {}))
+                merge_shard(blobs, batch_id, shard_id, seen, out, err, tally, listed.get(shard_id, {}), order)
+                if order is not None:
+                    order.end_shard(spec)
             if len(seen) < spec.lines:
                 for req in shard_requests(blobs, spec):
                     custom_id = req.custom_id
@@ -198,6 +203,8 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str, listed
                         err.write(unrun_line(batch_id, custom_id, unrun_code))
                         tally.failed += 1
                         tally.unrun[unrun_code] = tally.unrun.get(unrun_code, 0) + 1
+        if order is not None:
+            order.write(out)
         out_bytes = out.close()
         err_bytes = err.close(keep_empty=False)  # none: no PUT (`register` deletes one an earlier run left)
     except BaseException:

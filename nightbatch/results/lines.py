@@ -116,10 +116,11 @@ def summarize_result_line(data: bytes) -> ResultSummary:
     return ResultSummary(line.custom_id, False, {}, code)
 
 
-def summarize_checkpoint(data: bytes, *, etag: str) -> CheckpointSummary | None:
+def summarize_checkpoint(data: bytes, *, etag: str, numbers: list[int] | None = None) -> CheckpointSummary | None:
     """The summary the worker writes beside a checkpoint (nightbatch.layout.CheckpointSummary), made by reading
     its lines as Finalize's parsing path reads them, so both paths count alike. None when a line is not plain
-    (blank, CR, over MAX_RESULT_LINE, or no newline at the end): such a checkpoint is left to that path."""
+    (blank, CR, over MAX_RESULT_LINE, or no newline at the end): such a checkpoint is left to that path.
+    `numbers`: the input line number of each line, when the worker knows them (ascending)."""
     if not data.endswith(b"\n") or b"\r" in data or b"\n\n" in data or data.startswith(b"\n"):
         return None
     tally = Tally()
@@ -137,6 +138,7 @@ def summarize_checkpoint(data: bytes, *, etag: str) -> CheckpointSummary | None:
         else:
             failed.append(i)
     return CheckpointSummary(size=len(data), etag=etag, custom_ids=ids, lengths=lengths, failed=failed,
+                             numbers=numbers if numbers is not None and len(numbers) == len(ids) else [],
                              input_tokens=tally.input_tokens, cached_tokens=tally.cached_tokens,
                              output_tokens=tally.output_tokens, reasoning_tokens=tally.reasoning_tokens)
 

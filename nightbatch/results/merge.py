@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import accumulate, islice
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from nightbatch import layout
 from nightbatch.ids import custom_id_digests
@@ -26,6 +26,9 @@ from nightbatch.pipeline.compose import Read
 from nightbatch.results.lines import Tally, summarize_result_line
 from nightbatch.results.order import Checkpoint, Listing, checkpoints_in_order, first_results
 from nightbatch.storage import BlobStore
+
+if TYPE_CHECKING:
+    from nightbatch.results.input_order import InputOrder
 
 log = logging.getLogger("nightbatch.finalize")
 WINDOW_BYTES = 1024 * 1024  # least bytes of a ranged GET of a summarized checkpoint
@@ -47,29 +50,32 @@ class Errors(Protocol):
 
 
 def merge_shard(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], out: Output, err: Errors,
-                tally: Tally, listed: Listing | None = None) -> None:
+                tally: Tally, listed: Listing | None = None, order: InputOrder | None = None) -> None:
     """Adds the shard's winning results to `out` and `err` and counts them in `tally`; `seen` holds the
     custom_id digests taken so far, and grows by this shard's. `listed`: the shard's objects, if listed already
-    (nightbatch.results.order.results_listing)."""
-    for cp, summary in _with_summaries(blobs, checkpoints_in_order(blobs, batch_id, shard_id, listed)):
-        if summary is not None and summary.size == cp.size and summary.etag == cp.etag and summary.consistent():
-            _merge_summarized(blobs, cp.key, summary, seen, out, err, tally)
+    (nightbatch.results.order.results_listing). `order`: the batch's output goes in input order, so the
+    successes go to it (nightbatch.results.input_order), not to `out`; the errors still go to `err`."""
+    for cp, summary in _with_summaries(blobs, checkpoints_in_order(blobs, batch_id, shard_id, listed), order):
+        if (summary is not None and summary.size == cp.size and summary.etag == cp.etag and summary.consistent()
+                and (order is None or summary.in_input_order())):
+            _merge_summarized(blobs, cp.key, summary, seen, out, err, tally, order)
             continue
-        if _wants_summary(cp):
-            log.warning("summary of %s unreadable or not matching; its lines are parsed", cp.key,
-                        extra={"batch_id": batch_id})
-        _merge_parsed(blobs, batch_id, cp.key, seen, out, err, tally)
+        if _wants_summary(cp, order):
+            log.warning("summary of %s unreadable, not matching or without line numbers; its lines are parsed",
+                        cp.key, extra={"batch_id": batch_id})
+        _merge_parsed(blobs, batch_id, cp.key, seen, out, err, tally, order)
 
 
-def _wants_summary(cp: Checkpoint) -> bool:
-    """Whether the checkpoint is placed from its summary (else parsed): it has one and is not under PARSE_BELOW."""
-    return cp.summarized and cp.size >= PARSE_BELOW
+def _wants_summary(cp: Checkpoint, order: InputOrder | None) -> bool:
+    """Whether the checkpoint is placed from its summary (else parsed): it has one and is not under PARSE_BELOW
+    (for input order any size: its summary holds the line numbers the order needs)."""
+    return cp.summarized and (cp.size >= PARSE_BELOW or order is not None)
 
 
-def _with_summaries(blobs: BlobStore, checkpoints: list[Checkpoint]) -> Iterator[
+def _with_summaries(blobs: BlobStore, checkpoints: list[Checkpoint], order: InputOrder | None) -> Iterator[
         tuple[Checkpoint, CheckpointSummary | None]]:
     def fetch(cp: Checkpoint) -> CheckpointSummary | None:
-        return layout.read_checkpoint_summary(blobs, cp.key) if _wants_summary(cp) else None
+        return layout.read_checkpoint_summary(blobs, cp.key) if _wants_summary(cp, order) else None
 
     todo = iter(checkpoints)
     with ThreadPoolExecutor(AHEAD, thread_name_prefix="summaries") as pool:
@@ -83,7 +89,7 @@ def _with_summaries(blobs: BlobStore, checkpoints: list[Checkpoint]) -> Iterator
             yield cp, summary.result()
 
 
-class _Window:
+class Window:
     """Ranged reads of one object, moving forward; each byte is fetched once, in GETs of WINDOW_BYTES or more
     (so the lines of a small checkpoint, or error lines close together, cost one GET)."""
 
@@ -104,7 +110,7 @@ class _Window:
 
 
 def _merge_summarized(blobs: BlobStore, key: str, summary: CheckpointSummary, seen: set[int], out: Output,
-                      err: Errors, tally: Tally) -> None:
+                      err: Errors, tally: Tally, order: InputOrder | None) -> None:
     digests = custom_id_digests(summary.custom_ids)
     dropped: set[int] = set()
     if not seen.isdisjoint(digests):
@@ -118,7 +124,10 @@ def _merge_summarized(blobs: BlobStore, key: str, summary: CheckpointSummary, se
     failed = set(summary.failed)
     skip = sorted(failed | dropped)  # lines that leave the output's run: usually none
     ends = list(accumulate(summary.lengths)) if skip else []
-    window = _Window(blobs, key, summary.size)
+    window = Window(blobs, key, summary.size)
+    if order is not None:  # the successes are the input order's run; the ranges below only pass them over
+        order.add_run(key, summary, skip)
+        out = _NOWHERE
     less = Tally()  # the dropped duplicates, taken back out of the summary's totals
     pos = 0  # start of the run of lines that go to the output as they are
     for i in skip:
@@ -147,11 +156,25 @@ def _repeats(digests: list[int], seen: set[int]) -> set[int]:
     return repeats
 
 
+class _Nowhere:
+    def add_range(self, source: str, start: int, end: int, read: Read) -> None:
+        pass
+
+    def add_bytes(self, data: bytes | memoryview) -> None:
+        pass
+
+
+_NOWHERE = _Nowhere()
+
+
 def _merge_parsed(blobs: BlobStore, batch_id: str, key: str, seen: set[int], out: Output, err: Errors,
-                  tally: Tally) -> None:
+                  tally: Tally, order: InputOrder | None) -> None:
     for result in first_results(blobs, key, seen):
         if result.summary.ok:
-            out.add_bytes(result.data + b"\n")
+            if order is not None:
+                order.add_line(result)
+            else:
+                out.add_bytes(result.data + b"\n")
             tally.add_success(result.summary.usage)
         else:
             err.write(result.data + b"\n")

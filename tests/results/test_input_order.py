@@ -1,0 +1,108 @@
+"""`nightbatch.output_order: "input"` (nightbatch/results/input_order.py): the output file holds the same lines
+as in completion order, in input order, whatever order the lines finished in — within a shard, across its
+checkpoints and attempts (a zombie's duplicates lose as always), across shards — with checkpoints of the
+previous release (no line numbers) or whose summary is gone mixed in; the error file and the counts do not
+change; big runs are still copied server-side, not read."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import pytest
+
+from gpu_worker.checkpoints import Checkpointer, CheckpointPolicy
+from gpu_worker.engines.base import EngineReply
+from gpu_worker.results import ResultLine, result_line
+from nightbatch import layout
+from nightbatch.pipeline import BatchTaskInput, finalize_batch
+from nightbatch.pipeline.compose import MIN_PART_BYTES
+from nightbatch.services import Services
+from tests.results.test_finalize_summaries import Reads
+from tests.support.pipeline_world import planned_shards, shard_requests_of
+
+
+def answer(batch_id: str, custom_id: str, n: int, pad: str, *, numbered: bool = True, zombie: bool = False
+           ) -> ResultLine:
+    if n % 11 == 3 and not pad:  # some lines fail: they go to the error file, in both orders
+        reply = EngineReply(500, {"error": {"message": f"no {n}", "type": "x", "param": None, "code": 500}})
+    else:
+        reply = EngineReply(200, {"object": "chat.completion", "choices": [
+            {"message": {"content": ("zombie" if zombie else f"a{n}") + pad}}],
+            "usage": {"prompt_tokens": n, "completion_tokens": 2, "total_tokens": n + 2}})
+    return result_line(batch_id, custom_id, f"req_{n}", reply, number=n if numbered else -1)
+
+
+def write(services: Services, batch_id: str, shard_id: str, attempt: str, seq: int,
+          checkpoints: list[list[ResultLine]]) -> list[str]:
+    writer = Checkpointer(blobs=services.adapters.blobs, table=services.adapters.table, batch_id=batch_id,
+                          prefix=layout.results_prefix(batch_id, shard_id), attempt=attempt, next_seq=seq,
+                          policy=CheckpointPolicy())
+    keys = []
+    for lines in checkpoints:
+        keys.append(layout.checkpoint_key(writer.prefix, writer.seq, attempt))
+        writer.write(lines)
+    return keys
+
+
+def finalize(services: Services, batch_id: str, order: str) -> tuple[list[bytes], bytes, dict[str, Any]]:
+    services.adapters.table.update(batch_id, set_={"status": "finalizing", "finalize_target": "completed",
+                                                   "ext": {"output_order": order}})
+    assert finalize_batch(BatchTaskInput(batch_id=batch_id), services).status == "completed"
+    batch = services.batches.get("default", batch_id)
+    blobs = services.adapters.blobs
+    out = blobs.get_bytes(layout.output_key(batch_id)) or b""
+    return out.splitlines(keepends=True), blobs.get_bytes(layout.error_key(batch_id)) or b"", \
+        batch.request_counts.model_dump()
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_input_order_is_the_completion_order_output_sorted_by_input_line(services: Services, seed: int) -> None:
+    rng = random.Random(seed)
+    batch_id, shards = planned_shards(services, 700, segment_max_lines=100, shard_target_tokens=3_000)
+    assert len(shards) >= 3
+    numbers: dict[str, int] = {}
+    big: list[str] = []
+    for s, (shard_id, _) in enumerate(shards):
+        reqs = [(r.number, r.custom_id) for r in shard_requests_of(services, batch_id, shard_id)]
+        numbers.update({c: n for n, c in reqs})
+        pad = "p" * 130_000 if s == 0 else ""  # shard 0: checkpoints past S3's part floor, copied whole
+        # Finished about in order, some much later (a long answer): checkpoints overlap in line numbers.
+        done = sorted(reqs, key=lambda r: r[0] + rng.choice([0, 0, 0, 0, 3, 30, 300]) * (s != 0))
+        cuts = sorted(rng.sample(range(1, len(done)), 5)) if s else [len(done) // 2]
+        chunks = [done[a:b] for a, b in zip([0, *cuts], [*cuts, len(done)], strict=True)]
+        lines = [[answer(batch_id, c, n, pad) for n, c in chunk] for chunk in chunks]
+        if s == 1:  # a zombie attempt wrote some of the same lines after attempt "a"'s first checkpoint: they lose
+            zombie = [answer(batch_id, c, n, "", zombie=True) for n, c in chunks[0][::3]]
+            write(services, batch_id, shard_id, "z", 1, [zombie])
+            lines[1] = [answer(batch_id, c, n, "", numbered=False) for n, c in chunks[1]]  # the previous release's
+        keys = write(services, batch_id, shard_id, "a", 0, lines[:1]) + write(services, batch_id, shard_id, "b", 1,
+                                                                               lines[1:])
+        if s == 2:
+            services.adapters.blobs.delete(layout.checkpoint_summary_key(keys[2]))  # its summary never written
+        if s == 0:
+            big += keys
+        services.adapters.blobs.put_bytes(layout.done_key(batch_id, shard_id), b"{}")
+
+    by_completion = finalize(services, batch_id, "completion")
+    with Reads(services.adapters.blobs) as reads:
+        by_input = finalize(services, batch_id, "input")
+    out, err, counts = by_input
+    assert sorted(out) == sorted(by_completion[0]) and (err, counts) == by_completion[1:]
+    ids = [json.loads(line)["custom_id"] for line in out]
+    assert len(ids) == len(set(ids)) == counts["completed"] > 600
+    assert [numbers[c] for c in ids] == sorted(numbers[c] for c in ids)
+    assert not any(b"zombie" in line for line in out)
+    assert err.count(b"\n") == counts["failed"] > 0
+    total = sum(len(services.adapters.blobs.get_bytes(k) or b"") for k in big)
+    assert total > 2 * MIN_PART_BYTES and reads.ranged < total / 2  # shard 0's checkpoints copied, not read
+
+
+def test_a_checkpoint_s_lines_are_written_in_input_order_with_their_numbers(services: Services) -> None:
+    batch_id, [(shard_id, ids)] = planned_shards(services, 20, segment_max_lines=100, shard_target_tokens=10**6)
+    [key] = write(services, batch_id, shard_id, "a", 0, [[answer(batch_id, ids[n], n, "") for n in (7, 2, 9, 4)]])
+    summary = layout.read_checkpoint_summary(services.adapters.blobs, key)
+    assert summary is not None and summary.numbers == [2, 4, 7, 9] and summary.in_input_order()
+    data = services.adapters.blobs.get_bytes(key) or b""
+    assert [json.loads(line)["custom_id"] for line in data.splitlines()] == [ids[n] for n in (2, 4, 7, 9)]
