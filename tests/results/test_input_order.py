@@ -16,11 +16,11 @@ from gpu_worker.checkpoints import Checkpointer, CheckpointPolicy
 from gpu_worker.engines.base import EngineReply
 from gpu_worker.results import ResultLine, result_line
 from nightbatch import layout
-from nightbatch.pipeline import BatchTaskInput, finalize_batch
+from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.pipeline.compose import MIN_PART_BYTES
 from nightbatch.services import Services
 from tests.results.test_finalize_summaries import Reads
-from tests.support.pipeline_world import planned_shards, shard_requests_of
+from tests.support.pipeline_world import chat_line, jsonl, make_batch, planned_shards, shard_requests_of
 
 
 def answer(batch_id: str, custom_id: str, n: int, pad: str, *, numbered: bool = True, zombie: bool = False
@@ -106,3 +106,35 @@ def test_a_checkpoint_s_lines_are_written_in_input_order_with_their_numbers(serv
     assert summary is not None and summary.numbers == [2, 4, 7, 9] and summary.in_input_order()
     data = services.adapters.blobs.get_bytes(key) or b""
     assert [json.loads(line)["custom_id"] for line in data.splitlines()] == [ids[n] for n in (2, 4, 7, 9)]
+
+
+def test_shards_of_interleaved_lines_finishing_last_line_first_merge_into_input_order(services: Services) -> None:
+    """Two long system prompts alternate: Plan keeps each prompt's lines in shards of their own (prefix-aware
+    placement), so every shard's lines interleave with another's; each shard finishes its lines last first."""
+    services.settings.pipeline.segment_max_lines = 20
+    services.settings.pipeline.shard_target_tokens = 2_000
+    systems = ["You are assistant A. " * 60, "You are assistant B. " * 60]  # over plan_prefix_chars each
+    lines = [chat_line(i, messages=[{"role": "system", "content": systems[i % 2]},
+                                    {"role": "user", "content": f"question {i}"}]) for i in range(160)]
+    batch_id = make_batch(services, jsonl(lines), nightbatch={"output_order": "input"})
+    inp = BatchTaskInput(batch_id=batch_id)
+    assert validate_batch(inp, services).valid
+    plan_batch(inp, services)
+    blobs = services.adapters.blobs
+    shards = [item.shard_id for item in layout.read_manifest(blobs, batch_id)]
+    numbers = {sid: [r.number for r in shard_requests_of(services, batch_id, sid)] for sid in shards}
+    # A shard holds one prompt's lines: every other input line.
+    assert len(shards) >= 2 and all(len({n % 2 for n in ns}) == 1 for ns in numbers.values())
+    assert {ns[0] % 2 for ns in numbers.values()} == {0, 1}
+    for sid in reversed(shards):  # the last shard finishes first, each shard its last line first
+        reqs = list(reversed(shard_requests_of(services, batch_id, sid)))
+        chunks = [reqs[i:i + 7] for i in range(0, len(reqs), 7)]
+        write(services, batch_id, sid, "a", 0, [[answer(batch_id, r.custom_id, r.number, "x") for r in c]
+                                                 for c in chunks])
+        blobs.put_bytes(layout.done_key(batch_id, sid), b"{}")
+    services.adapters.table.update(batch_id, set_={"status": "finalizing", "finalize_target": "completed"})
+    assert finalize_batch(inp, services).status == "completed"
+    batch = services.batches.get("default", batch_id)
+    assert batch.model_dump()["nightbatch"]["output_order"] == "input"
+    out = (blobs.get_bytes(layout.output_key(batch_id)) or b"").splitlines()
+    assert [json.loads(line)["custom_id"] for line in out] == [f"req-{i}" for i in range(160)]
