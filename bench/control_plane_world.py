@@ -117,14 +117,25 @@ def write_results(services: Any, batch_id: str, pace: float = WORKER_BYTES_PER_S
         for number, custom_id in _planned_requests(blobs, batch_id, item["shard_id"]):
             data = result_line(batch_id, custom_id, number)
             clock += len(data) / pace
-            buffer.append(ResultLine(custom_id, data, ok=True, input_tokens=21, output_tokens=7))
+            buffer.append(line(ResultLine, custom_id, data, number))
             size += len(data)
             if policy.due(lines=len(buffer), nbytes=size, since=clock - last, first=not writer.objects):
                 writer.write(buffer)
                 buffer, size, last = [], 0, clock
         if buffer:
-            writer.write(buffer)
+            try:
+                writer.write(buffer, last=True)  # the shard's end: appended to the previous checkpoint
+            except TypeError:  # a baseline checkout from before last lines were appended
+                writer.write(buffer)
         blobs.put_bytes(layout.done_key(batch_id, item["shard_id"]), b"{}")
+
+
+def line(kind: Any, custom_id: str, data: bytes, number: int) -> Any:
+    """A worker's ResultLine (gpu_worker.results), with its input line number where the checkout has them."""
+    try:
+        return kind(custom_id, data, ok=True, input_tokens=21, output_tokens=7, number=number)
+    except TypeError:  # a baseline checkout from before checkpoints were written in input order
+        return kind(custom_id, data, ok=True, input_tokens=21, output_tokens=7)
 
 
 def _one_checkpoint_per_shard(services: Any, batch_id: str) -> None:

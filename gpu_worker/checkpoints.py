@@ -17,10 +17,12 @@ import logging
 import time
 from dataclasses import dataclass
 
+import msgspec
+
 from gpu_worker.results import ResultLine
 from nightbatch.errors import StorageConflictError
-from nightbatch.layout import checkpoint_key, progress_key, write_checkpoint_summary
-from nightbatch.results.lines import summarize_checkpoint
+from nightbatch.layout import CheckpointSummary, checkpoint_key, progress_key, write_checkpoint_summary
+from nightbatch.results.lines import join_summaries, summarize_checkpoint
 from nightbatch.settings import WorkerSettings
 from nightbatch.storage import BlobStore, Table
 from nightbatch.storage.parts import MIN_PART_BYTES
@@ -31,6 +33,9 @@ log = logging.getLogger("gpu_worker.checkpoints")
 # The dashboard's chart reads `progress-<attempt>.json` beside the checkpoints: cumulative counts over time,
 # thinned to at most this many samples so the object stays small on a long shard.
 MAX_SAMPLES = 240
+# An attempt's last lines are appended to its previous checkpoint only when that one is at most this big: the
+# copy is server-side, but bounded (a copied part may be up to 5 GiB; a checkpoint is usually about 5 MiB).
+MAX_JOINED_BYTES = 256 * 1024 * 1024
 
 
 def thin(samples: list[list[float]]) -> list[list[float]]:
@@ -95,6 +100,7 @@ class Checkpointer:
         self.objects = 0
         self.put_seconds = 0.0
         self.last_checkpoint = time.monotonic()  # or the attempt's start
+        self._previous: tuple[str, CheckpointSummary] | None = None  # this attempt's last checkpoint, summarized
         self.samples: list[list[float]] = []  # [unix time, completed, failed, output tokens], cumulative
         self._totals = [0, 0, 0]
         self._wake = asyncio.Event()
@@ -126,7 +132,7 @@ class Checkpointer:
         if self._task is not None:
             await self._task
         else:
-            await self._flush()
+            await self._flush(last=True)
             await self._count_finished()
 
     def due(self) -> bool:
@@ -140,25 +146,27 @@ class Checkpointer:
             self._wake.clear()
             closing = self._closing
             if closing or self._stopping or self.due():
-                await self._flush()
+                await self._flush(last=closing)
             await self._count_finished()
             if closing:
                 return
 
-    async def _flush(self) -> None:
+    async def _flush(self, *, last: bool = False) -> None:
         if not self.buffer:
             return
         lines, self.buffer, self.buffered_bytes = self.buffer, [], 0
-        await asyncio.to_thread(self.write, lines)
+        await asyncio.to_thread(self.write, lines, last=last)
 
     async def _count_finished(self) -> None:
         lines, self.uncounted = self.uncounted, []
         if lines:
             await asyncio.to_thread(self._count, lines)
 
-    def write(self, lines: list[ResultLine]) -> None:
+    def write(self, lines: list[ResultLine], *, last: bool = False) -> None:
         """One checkpoint of `lines` (blocking: the flusher's thread, or a stand-in worker): its PUT, its
-        summary, the progress samples."""
+        summary, the progress samples. `last`: the attempt's last write (its shard's end, or a stop), whose
+        lines, if too few for a part of their own, are appended to the attempt's previous checkpoint
+        (`_joins`) rather than left for Finalize to upload again."""
         key = checkpoint_key(self.prefix, self.seq, self.attempt)
         numbers: list[int] | None = None
         if all(line.number >= 0 for line in lines):
@@ -167,25 +175,56 @@ class Checkpointer:
             lines = sorted(lines, key=lambda line: line.number)
             numbers = [line.number for line in lines]
         data = b"".join(line.data for line in lines)
+        summary = self._summarize(data, numbers)
         started = time.monotonic()
-        etag = self.blobs.put_bytes(key, data, content_type="application/jsonl")
+        joined = self._join(data, summary) if last else None
+        if joined is not None:
+            key, summary = joined
+        else:
+            etag = self.blobs.put_bytes(key, data, content_type="application/jsonl")
+            summary = None if summary is None else msgspec.structs.replace(summary, etag=etag)
+            self.seq += 1
+            self.objects += 1
         self.put_seconds += time.monotonic() - started
-        self._summarize(key, data, etag, numbers)
-        self.seq += 1
-        self.objects += 1
+        self._previous = None if summary is None else (key, summary)
+        if summary is not None:
+            self._write_summary(key, summary)
         self.written += len(lines)
         self.last_checkpoint = time.monotonic()
         self._sample(lines)
 
-    def _summarize(self, key: str, data: bytes, etag: str, numbers: list[int] | None) -> None:
-        """Writes the checkpoint's summary, so Finalize counts it without parsing it (after the checkpoint: a
-        checkpoint whose summary is missing is parsed instead, never lost)."""
+    def _summarize(self, data: bytes, numbers: list[int] | None) -> CheckpointSummary | None:
         try:
-            summary = summarize_checkpoint(data, etag=etag, numbers=numbers)
-            if summary is not None:
-                write_checkpoint_summary(self.blobs, key, summary)
+            return summarize_checkpoint(data, etag="", numbers=numbers)
+        except Exception:
+            log.exception("checkpoint of %s not summarized; Finalize will parse it", self.prefix)
+            return None
+
+    def _write_summary(self, key: str, summary: CheckpointSummary) -> None:
+        """Writes the checkpoint's summary, so Finalize counts it without parsing it (after the checkpoint: a
+        checkpoint whose summary is missing, or is not of its ETag, is parsed instead, never lost)."""
+        try:
+            write_checkpoint_summary(self.blobs, key, summary)
         except Exception:
             log.exception("summary of %s not written; Finalize will parse the checkpoint", key)
+
+    def _join(self, data: bytes, summary: CheckpointSummary | None) -> tuple[str, CheckpointSummary] | None:
+        """`data` appended to this attempt's previous checkpoint (BlobStore.append: that checkpoint copied
+        server-side, `data` sent as the last part), when `data` is under S3's part minimum and that checkpoint
+        is not: Finalize then copies the whole instead of uploading `data` again. The checkpoint keeps its key
+        (its seq), so its lines keep their place in the merge order and the new ones take its place, before
+        the attempt's later seqs, of which there are none. None: written as a checkpoint of its own."""
+        prev = self._previous
+        if (prev is None or summary is None or len(data) >= MIN_PART_BYTES
+                or not MIN_PART_BYTES <= prev[1].size <= MAX_JOINED_BYTES):
+            return None
+        key, head = prev
+        try:
+            etag = self.blobs.append(key, data, content_type="application/jsonl")
+        except Exception:
+            log.exception("last lines not appended to %s; written as a checkpoint of their own", key)
+            return None
+        return key, join_summaries(head, summary, etag=etag)
 
     def _sample(self, lines: list[ResultLine]) -> None:
         completed = sum(1 for line in lines if line.ok)

@@ -306,10 +306,15 @@ class CheckpointSummary(msgspec.Struct, kw_only=True):
                 and len(set(self.failed)) == len(self.failed) and all(0 <= i < len(self.lengths) for i in self.failed)
                 and (not self.numbers or len(self.numbers) == len(self.lengths)))
 
-    def in_input_order(self) -> bool:
-        """Its lines carry their input line numbers, ascending: a run Finalize's input-order merge can stream."""
-        n = self.numbers
-        return bool(n) and len(n) == len(self.lengths) and all(a < b for a, b in pairwise(n))
+    def numbered(self) -> bool:
+        """Its lines carry their input line numbers: what Finalize's input-order merge streams."""
+        return bool(self.numbers) and len(self.numbers) == len(self.lengths)
+
+    def ascending(self) -> list[tuple[int, int]]:
+        """The stretches [lo, hi) of its lines whose numbers ascend: one, or two once an attempt's last lines
+        were appended to it (gpu_worker.checkpoints)."""
+        cuts = [i for i, (a, b) in enumerate(pairwise(self.numbers), start=1) if a >= b]
+        return list(pairwise([0, *cuts, len(self.numbers)]))
 
 
 _SUMMARY = msgspec.json.Decoder(CheckpointSummary)

@@ -1,7 +1,8 @@
 """The output file in input order (`nightbatch.output_order: "input"`), at bounded memory: a merge of sorted runs.
 
 The worker writes each checkpoint's lines in input order, with their input line numbers in its summary
-(gpu_worker/checkpoints.py, nightbatch.layout.CheckpointSummary.numbers), so every checkpoint is a sorted run.
+(gpu_worker/checkpoints.py, nightbatch.layout.CheckpointSummary.numbers), so every checkpoint is a sorted run
+(or two, once an attempt's last lines were appended to it).
 Which result of a custom_id wins, and what goes to the error file, is decided as for any batch, in the merge
 order (nightbatch.results.merge, nightbatch.results.order); with input order the merge hands each checkpoint's
 winners here instead of to the output: the checkpoint and the indices the output leaves out. Once every shard is
@@ -43,12 +44,14 @@ END = sys.maxsize  # after every line number
 
 @dataclass(frozen=True)
 class Run:
-    """A summarized checkpoint's successes: its lines but `skip` (ascending indices: failed, or a custom_id
-    that won elsewhere), of which the first has input line `first`."""
+    """Successes of a summarized checkpoint: its lines [lo, hi), whose numbers ascend, but `skip` (ascending
+    indices: failed, or a custom_id that won elsewhere); the first of them has input line `first`."""
 
     key: str
     size: int
     etag: str
+    lo: int
+    hi: int
     first: int
     skip: tuple[int, ...]
 
@@ -68,10 +71,12 @@ class InputOrder:
         self._unnumbered: list[FirstResult] = []  # of the shard being merged
 
     def add_run(self, key: str, summary: CheckpointSummary, skip: list[int]) -> None:
-        """A checkpoint in input order (summary.in_input_order()) whose lines but `skip` are successes that won."""
-        first = next((i for i, k in enumerate([*skip, -1]) if k != i), 0)  # skip ascends: the first index kept
-        if first < len(summary.numbers):
-            self.runs.append(Run(key, summary.size, summary.etag, summary.numbers[first], tuple(skip)))
+        """A checkpoint with line numbers (summary.numbered()) whose lines but `skip` are successes that won."""
+        for lo, hi in summary.ascending():
+            left = tuple(k for k in skip if lo <= k < hi)
+            first = lo + next(i for i, k in enumerate([*left, -1]) if k != lo + i)  # the first line kept
+            if first < hi:
+                self.runs.append(Run(key, summary.size, summary.etag, lo, hi, summary.numbers[first], left))
 
     def add_line(self, result: FirstResult) -> None:
         """A winning success of a checkpoint without line numbers (parsed by the merge)."""
@@ -117,24 +122,24 @@ class InputOrder:
 class _RunCursor:
     def __init__(self, blobs: BlobStore, run: Run) -> None:
         summary = layout.read_checkpoint_summary(blobs, run.key)
-        if (summary is None or summary.size != run.size or summary.etag != run.etag
-                or not summary.in_input_order()):
+        if (summary is None or summary.size != run.size or summary.etag != run.etag or not summary.numbered()
+                or (run.lo, run.hi) not in summary.ascending()):
             # Read and matched a moment ago by the merge; checkpoints are never rewritten. Finalize is retried.
             raise RuntimeError(f"summary of {run.key} changed while the output was written")
-        self.key, self.numbers, self.skip = run.key, summary.numbers, run.skip
+        self.key, self.numbers, self.skip, self.hi = run.key, summary.numbers, run.skip, run.hi
         self.ends = list(accumulate(summary.lengths))
         self.window = Window(blobs, run.key, run.size)
-        self.i = self.s = 0  # next line; next entry of skip
+        self.i, self.s = run.lo, 0  # next line; next entry of skip
         self._pass_skipped()
 
     def _pass_skipped(self) -> None:
         while self.s < len(self.skip) and self.skip[self.s] == self.i:
             self.i += 1
             self.s += 1
-        self.head = self.numbers[self.i] if self.i < len(self.numbers) else END
+        self.head = self.numbers[self.i] if self.i < self.hi else END
 
     def emit(self, limit: int, out: Output) -> None:
-        j = bisect_left(self.numbers, limit, self.i)
+        j = bisect_left(self.numbers, limit, self.i, self.hi)
         start = self.ends[self.i - 1] if self.i else 0
         while self.s < len(self.skip) and self.skip[self.s] < j:
             k = self.skip[self.s]

@@ -143,6 +143,19 @@ def summarize_checkpoint(data: bytes, *, etag: str, numbers: list[int] | None = 
                              output_tokens=tally.output_tokens, reasoning_tokens=tally.reasoning_tokens)
 
 
+def join_summaries(head: CheckpointSummary, tail: CheckpointSummary, *, etag: str) -> CheckpointSummary:
+    """The summary of checkpoint `head` once `tail`'s lines are appended to it (gpu_worker.checkpoints joins an
+    attempt's small last lines to its previous checkpoint). Its numbers ascend in each of the two stretches."""
+    n = len(head.lengths)
+    return CheckpointSummary(
+        size=head.size + tail.size, etag=etag, custom_ids=head.custom_ids + tail.custom_ids,
+        lengths=head.lengths + tail.lengths, failed=head.failed + [n + i for i in tail.failed],
+        numbers=head.numbers + tail.numbers if head.numbers and tail.numbers else [],
+        input_tokens=head.input_tokens + tail.input_tokens, cached_tokens=head.cached_tokens + tail.cached_tokens,
+        output_tokens=head.output_tokens + tail.output_tokens,
+        reasoning_tokens=head.reasoning_tokens + tail.reasoning_tokens)
+
+
 def _summarize_any(data: bytes) -> ResultSummary:
     line = loads(data)
     response = line.get("response")

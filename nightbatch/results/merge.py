@@ -57,7 +57,7 @@ def merge_shard(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], 
     successes go to it (nightbatch.results.input_order), not to `out`; the errors still go to `err`."""
     for cp, summary in _with_summaries(blobs, checkpoints_in_order(blobs, batch_id, shard_id, listed), order):
         if (summary is not None and summary.size == cp.size and summary.etag == cp.etag and summary.consistent()
-                and (order is None or summary.in_input_order())):
+                and (order is None or summary.numbered())):
             _merge_summarized(blobs, cp.key, summary, seen, out, err, tally, order)
             continue
         if _wants_summary(cp, order):

@@ -13,10 +13,13 @@ from openai.types import Batch
 TERMINAL = {"completed", "failed", "expired", "cancelled"}
 
 
-def submit(client: OpenAI, lines: list[dict[str, Any]], endpoint: str, window: str = "24h") -> Batch:
+def submit(client: OpenAI, lines: list[dict[str, Any]], endpoint: str, window: str = "24h",
+           options: dict[str, Any] | None = None) -> Batch:
+    """`options`: the batch's `nightbatch` options (extra_body)."""
     data = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
     f = client.files.create(file=("in.jsonl", io.BytesIO(data)), purpose="batch")
-    return client.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window=window)  # type: ignore[arg-type]
+    return client.batches.create(input_file_id=f.id, endpoint=endpoint, completion_window=window,  # type: ignore[arg-type]
+                                 extra_body={"nightbatch": options} if options else None)
 
 
 def wait(client: OpenAI, batch_id: str, *, until: set[str] = TERMINAL, timeout: float = 600) -> Batch:

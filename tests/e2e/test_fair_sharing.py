@@ -14,6 +14,7 @@ they finished 482 (648 of 800 done), and the test fails."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -40,8 +41,10 @@ def completed(client: OpenAI, batch_ids: list[str]) -> int:
 def test_a_small_batch_behind_big_ones_finishes_first(local_stack: LocalStack) -> None:
     client = local_stack.client()
     # Answers of 1 to 8 tokens: the engine's slots free one by one rather than in waves.
-    bigs = [submit(client, [line(f"big{j}", i, 1 + i * 7 % 8) for i in range(BIG_LINES)], "/v1/completions").id
-            for j in range(2)]
+    # The first asks for its output in input order (nightbatch/results/input_order.py): its lines finish out
+    # of it (answers of several lengths, submitted longest first) and land in several checkpoints.
+    bigs = [submit(client, [line(f"big{j}", i, 1 + i * 7 % 8) for i in range(BIG_LINES)], "/v1/completions",
+                   options={"output_order": "input"} if j == 0 else None).id for j in range(2)]
     try:
         for big in bigs:
             wait_for_a_result(client, big)  # both hold the engine, their backlogs queued
@@ -59,5 +62,8 @@ def test_a_small_batch_behind_big_ones_finishes_first(local_stack: LocalStack) -
     finally:
         for big in bigs:
             client.batches.cancel(big)
-        for big in bigs:
-            wait(client, big)
+        ended = [wait(client, big) for big in bigs]
+    assert ended[0].output_file_id is not None
+    ids = [json.loads(x)["custom_id"] for x in client.files.content(ended[0].output_file_id).text.splitlines()]
+    numbers = [int(i.rsplit("-", 1)[1]) for i in ids]
+    assert len(numbers) == ended[0].request_counts.completed >= 2 and numbers == sorted(numbers)  # type: ignore[union-attr]

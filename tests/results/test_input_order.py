@@ -103,7 +103,7 @@ def test_a_checkpoint_s_lines_are_written_in_input_order_with_their_numbers(serv
     batch_id, [(shard_id, ids)] = planned_shards(services, 20, segment_max_lines=100, shard_target_tokens=10**6)
     [key] = write(services, batch_id, shard_id, "a", 0, [[answer(batch_id, ids[n], n, "") for n in (7, 2, 9, 4)]])
     summary = layout.read_checkpoint_summary(services.adapters.blobs, key)
-    assert summary is not None and summary.numbers == [2, 4, 7, 9] and summary.in_input_order()
+    assert summary is not None and summary.numbers == [2, 4, 7, 9] and summary.ascending() == [(0, 4)]
     data = services.adapters.blobs.get_bytes(key) or b""
     assert [json.loads(line)["custom_id"] for line in data.splitlines()] == [ids[n] for n in (2, 4, 7, 9)]
 
@@ -138,3 +138,36 @@ def test_shards_of_interleaved_lines_finishing_last_line_first_merge_into_input_
     assert batch.model_dump()["nightbatch"]["output_order"] == "input"
     out = (blobs.get_bytes(layout.output_key(batch_id)) or b"").splitlines()
     assert [json.loads(line)["custom_id"] for line in out] == [f"req-{i}" for i in range(160)]
+
+
+def test_an_attempt_s_last_lines_are_appended_to_its_previous_checkpoint_and_still_merge(services: Services) -> None:
+    """The last write of an attempt (its shard's end, or a stop), too small for a part of its own, is appended
+    to the attempt's previous, part-sized checkpoint (BlobStore.append): one object, copied by Finalize rather
+    than uploaded again; its two stretches of line numbers merge into input order."""
+    batch_id, [(shard_id, _)] = planned_shards(services, 120, segment_max_lines=1000, shard_target_tokens=10**9)
+    reqs = shard_requests_of(services, batch_id, shard_id)
+    blobs = services.adapters.blobs
+    writer = Checkpointer(blobs=blobs, table=services.adapters.table, batch_id=batch_id,
+                          prefix=layout.results_prefix(batch_id, shard_id), attempt="a", next_seq=0,
+                          policy=CheckpointPolicy())
+    writer.write([answer(batch_id, r.custom_id, r.number, "p" * 100_000) for r in reqs[0::2]])  # 6 MB
+    writer.write([answer(batch_id, r.custom_id, r.number, "") for r in reqs[1::2]], last=True)  # 10 KB
+    listed = blobs.list_keys(layout.results_prefix(batch_id, shard_id))
+    [key] = [k for k in listed if layout.is_checkpoint(layout.results_prefix(batch_id, shard_id), k)]
+    summary = layout.read_checkpoint_summary(blobs, key)
+    assert summary is not None and summary.ascending() == [(0, 60), (60, 120)] and summary.consistent()
+    assert summary.size == blobs.size(key) and summary.etag == layout_etag(services, key)
+    blobs.put_bytes(layout.done_key(batch_id, shard_id), b"{}")
+    with Reads(blobs) as reads:
+        out, err, counts = finalize(services, batch_id, "completion")
+    assert reads.parsed == [] and reads.ranged < MIN_PART_BYTES  # copied, not read (but the failed lines)
+    assert counts["total"] == 120 and err.count(b"\n") == counts["failed"] > 0
+    by_input = finalize(services, batch_id, "input")
+    assert sorted(by_input[0]) == sorted(out)
+    numbers = {r.custom_id: r.number for r in reqs}
+    got = [numbers[json.loads(line)["custom_id"]] for line in by_input[0]]
+    assert got == sorted(got) and len(got) == counts["completed"]
+
+
+def layout_etag(services: Services, key: str) -> str:
+    return str(services.adapters.blobs.client.head_object(Bucket=services.adapters.blobs.bucket, Key=key)["ETag"])
