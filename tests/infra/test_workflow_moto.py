@@ -20,6 +20,7 @@ from moto import mock_aws
 from openai.types.webhooks import BatchFailedWebhookEvent
 
 from functions.tasks.notify import default_notifier
+from nightbatch import layout
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.notifications.models import CreateWebhookEndpointRequest
 from nightbatch.services import Services, default_services
@@ -93,12 +94,12 @@ def chat_line(i: int) -> dict[str, Any]:
             "body": {"model": MODEL, "messages": [{"role": "user", "content": f"question {i}"}], "max_tokens": 8}}
 
 
-def create_batch(payload: bytes) -> tuple[Services, str]:
+def create_batch(payload: bytes, options: dict[str, Any] | None = None) -> tuple[Services, str]:
     services = default_services()
     file = services.files.create("default", filename="in.jsonl", purpose="batch", fileobj=io.BytesIO(payload),
                                  size=len(payload))
     batch = services.batches.create("default", CreateBatchRequest(
-        input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h"))
+        input_file_id=file.id, endpoint="/v1/chat/completions", completion_window="24h", nightbatch=options))
     return services, batch.id
 
 
@@ -237,3 +238,27 @@ def test_valid_batch_completes_with_one_output_line_per_input(deployment: Deploy
     assert batch.request_counts.model_dump() == {"total": 12, "completed": 12, "failed": 0}
     [(message, _)] = sns_messages(deployment, batch_id)
     assert json.loads(message)["output_file_id"] == batch.output_file_id
+
+
+def test_output_in_input_order_over_shards_of_interleaved_lines(deployment: Deployment,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """`nightbatch.output_order: "input"` through the synthesized workflow: two long system prompts alternate,
+    so Plan keeps each prompt's lines in shards of their own (prefix-aware placement) and every shard's lines
+    interleave with another's; the shards run at once and finish in any order. The output file is in input
+    order (in completion order it would be shard after shard)."""
+    _small_shards(monkeypatch)
+    deployment.shard_runner = worker_in_process(monkeypatch, engine=ENGINE)
+    systems = ["You are assistant A. " * 60, "You are assistant B. " * 60]  # over plan_prefix_chars each
+    lines = [chat_line(i) for i in range(1, 13)]
+    for i, line in enumerate(lines):
+        line["body"]["messages"].insert(0, {"role": "system", "content": systems[i % 2]})
+    services, batch_id = create_batch(jsonl(lines), {"output_order": "input"})
+    execution = wait_for_execution(execution_arn(deployment, batch_id))
+    assert execution["status"] == "SUCCEEDED", execution
+    batch = services.batches.get("default", batch_id)
+    assert batch.status == "completed" and batch.model_dump()["nightbatch"]["output_order"] == "input"
+    by_shard = [r.number for item in layout.read_manifest(services.adapters.blobs, batch_id)
+                for r in shard_requests_of(services, batch_id, item.shard_id)]
+    assert len(deployment.jobs) > 2 and by_shard != sorted(by_shard)  # shards of interleaved lines
+    assert [line["custom_id"] for line in read_file(services, batch.output_file_id)] == [
+        f"req-{i}" for i in range(1, 13)]
