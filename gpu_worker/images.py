@@ -14,7 +14,7 @@ from __future__ import annotations
 import base64
 import copy
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeGuard
 
 from gpu_worker.engines.base import EngineReply
 from nightbatch.files.user_buckets import parse_uri
@@ -61,7 +61,7 @@ def _slots(body: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str, str]]:
                     yield part, "image_url", where + ".image_url"
 
 
-def _by_reference(value: object) -> bool:
+def _by_reference(value: object) -> TypeGuard[str]:
     return isinstance(value, str) and (value.startswith("s3://") or is_file_id(value))
 
 
@@ -78,23 +78,26 @@ def resolve_images(blobs: BlobStore, body: dict[str, Any], *, max_bytes: int, bu
     out = copy.deepcopy(body)
     for holder, field, param in _slots(out):
         ref = holder.get(field)
-        if not _by_reference(ref):
-            continue
-        assert isinstance(ref, str)
-        if field == "file_id" or not ref.startswith("s3://"):
-            data_url = _data_url(blobs, file_key(ref), f"The image file {ref}", param, max_bytes,
-                                 missing=": it was deleted, or expired, after the batch was validated")
-            if field == "file_id":  # vLLM takes an input_image's image_url; the file id has served its purpose
-                del holder["file_id"]
-                field = "image_url"
-            holder[field] = data_url
-            continue
-        bucket, key = parse_uri(ref, param)
-        if bucket not in buckets:
-            raise ImageError(f"The image {ref[:200]} is not in a bucket this deployment reads images from.", param)
-        holder[field] = _data_url(blobs.in_bucket(bucket), key, f"The image {ref[:200]}", param, max_bytes,
-                                  suffix=key.rsplit("/", 1)[-1])
+        if _by_reference(ref):
+            _resolve(blobs, holder, field, ref, param, max_bytes=max_bytes, buckets=buckets)
     return out
+
+
+def _resolve(blobs: BlobStore, holder: dict[str, Any], field: str, ref: str, param: str, *, max_bytes: int,
+             buckets: set[str]) -> None:
+    if not ref.startswith("s3://"):  # a file id
+        data_url = _data_url(blobs, file_key(ref), f"The image file {ref}", param, max_bytes,
+                             missing=": it was deleted, or expired, after the batch was validated")
+        if field == "file_id":  # vLLM reads an input_image's image_url only
+            del holder["file_id"]
+            field = "image_url"
+        holder[field] = data_url
+        return
+    bucket, key = parse_uri(ref, param)
+    if bucket not in buckets:
+        raise ImageError(f"The image {ref[:200]} is not in a bucket this deployment reads images from.", param)
+    holder[field] = _data_url(blobs.in_bucket(bucket), key, f"The image {ref[:200]}", param, max_bytes,
+                              suffix=key.rsplit("/", 1)[-1])
 
 
 def _data_url(blobs: BlobStore, key: str, what: str, param: str, max_bytes: int, *, suffix: str = "",
