@@ -1,5 +1,6 @@
 """Images by reference (docs/USER_BUCKETS.md): an `s3://` image URL of a chat or responses line, in an allow-listed
-bucket (Validate checked it: nightbatch/validation/requests.py), becomes the `data:` URL vLLM takes, fetched here
+bucket (Validate checked it: nightbatch/validation/requests.py), or a file id of the batch tenant's (Validate checked
+it and tagged its object: nightbatch/validation/file_images.py), becomes the `data:` URL vLLM takes, fetched here
 with the worker's own role and bounded size.
 
 Why a data: URL built here rather than a pre-signed https URL: the worker's role already holds s3:GetObject on
@@ -13,10 +14,12 @@ from __future__ import annotations
 import base64
 import copy
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TypeGuard
 
 from gpu_worker.engines.base import EngineReply
 from nightbatch.files.user_buckets import parse_uri
+from nightbatch.ids import is_file_id
+from nightbatch.layout import file_key
 from nightbatch.storage import BlobStore
 from nightbatch.storage.botoerrors import client_error
 
@@ -34,8 +37,8 @@ class ImageError(Exception):
 
 
 def _slots(body: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str, str]]:
-    """(holder, field, param) of every image URL of the body: chat `image_url` parts (`{"url": …}` or a
-    string) and responses `input_image` parts (`image_url`: a string)."""
+    """(holder, field, param) of every image reference of the body: chat `image_url` parts (`{"url": …}` or a
+    string) and responses `input_image` parts (`image_url`: a string, or `file_id`)."""
     for name in ("messages", "input"):
         items = body.get(name)
         if not isinstance(items, list):
@@ -43,51 +46,91 @@ def _slots(body: dict[str, Any]) -> Iterator[tuple[dict[str, Any], str, str]]:
         for i, item in enumerate(items):
             content = item.get("content") if isinstance(item, dict) else None
             for j, part in enumerate(content if isinstance(content, list) else []):
-                if not isinstance(part, dict) or "image_url" not in part:
+                if not isinstance(part, dict):
+                    continue
+                where = f"body.{name}[{i}].content[{j}]"
+                if "file_id" in part and part.get("type") == "input_image":
+                    yield part, "file_id", where + ".file_id"
+                    continue
+                if "image_url" not in part:
                     continue
                 ref = part["image_url"]
-                where = f"body.{name}[{i}].content[{j}].image_url"
                 if isinstance(ref, dict):
-                    yield ref, "url", where + ".url"
+                    yield ref, "url", where + ".image_url.url"
                 else:
-                    yield part, "image_url", where
+                    yield part, "image_url", where + ".image_url"
 
 
-def has_s3_images(body: dict[str, Any]) -> bool:
-    return any(isinstance(h.get(f), str) and h[f].startswith("s3://") for h, f, _ in _slots(body))
+def _by_reference(value: object) -> TypeGuard[str]:
+    return isinstance(value, str) and (value.startswith("s3://") or is_file_id(value))
+
+
+def has_images_by_reference(body: dict[str, Any]) -> bool:
+    return any(_by_reference(h.get(f)) for h, f, _ in _slots(body))
 
 
 def resolve_images(blobs: BlobStore, body: dict[str, Any], *, max_bytes: int, buckets: set[str]) -> dict[str, Any]:
-    """A copy of the body with every `s3://` image URL replaced by its object as a data: URL; ImageError for an
-    object outside the allow-listed `buckets` (Validate refused those already; checked again here, since the
-    worker's role may read its own bucket too), missing, unreadable, or over `max_bytes`."""
+    """A copy of the body with every image by reference replaced by its object as a data: URL; ImageError for an
+    `s3://` object outside the allow-listed `buckets` (Validate refused those already; checked again here, since
+    the worker's role may read its own bucket too), or for an object missing, unreadable, or over `max_bytes`.
+    A file id reads the file's object of the deployment's bucket (`blobs`): its key is built from the id, which
+    must have the shape of ours (so a line Validate did not see cannot name another key)."""
     out = copy.deepcopy(body)
     for holder, field, param in _slots(out):
-        url = holder.get(field)
-        if isinstance(url, str) and url.startswith("s3://"):
-            if parse_uri(url, param)[0] not in buckets:
-                raise ImageError(f"The image {url[:200]} is not in a bucket this deployment reads images from.",
-                                 param)
-            holder[field] = _data_url(blobs, url, param, max_bytes)
+        ref = holder.get(field)
+        if _by_reference(ref):
+            _resolve(blobs, holder, field, ref, param, max_bytes=max_bytes, buckets=buckets)
     return out
 
 
-def _data_url(blobs: BlobStore, url: str, param: str, max_bytes: int) -> str:
-    bucket, key = parse_uri(url, param)
+def _resolve(blobs: BlobStore, holder: dict[str, Any], field: str, ref: str, param: str, *, max_bytes: int,
+             buckets: set[str]) -> None:
+    if not ref.startswith("s3://"):  # a file id
+        data_url = _data_url(blobs, file_key(ref), f"The image file {ref}", param, max_bytes,
+                             missing=": it was deleted, or expired, after the batch was validated")
+        if field == "file_id":  # vLLM reads an input_image's image_url only
+            del holder["file_id"]
+            field = "image_url"
+        holder[field] = data_url
+        return
+    bucket, key = parse_uri(ref, param)
+    if bucket not in buckets:
+        raise ImageError(f"The image {ref[:200]} is not in a bucket this deployment reads images from.", param)
+    holder[field] = _data_url(blobs.in_bucket(bucket), key, f"The image {ref[:200]}", param, max_bytes,
+                              suffix=key.rsplit("/", 1)[-1])
+
+
+def _data_url(blobs: BlobStore, key: str, what: str, param: str, max_bytes: int, *, suffix: str = "",
+              missing: str = "") -> str:
+    """The object as a data: URL, read in one ranged GET of at most `max_bytes` + 1 bytes. Its media type: the
+    object's own if an image's, else the name's extension (`suffix`, an s3:// key's last part), else the bytes'
+    signature (a file's object is named by its id alone)."""
     try:
-        got = blobs.in_bucket(bucket).client.get_object(Bucket=bucket, Key=key, Range=f"bytes=0-{max_bytes}")
+        got = blobs.client.get_object(Bucket=blobs.bucket, Key=key, Range=f"bytes=0-{max_bytes}")
     except client_error() as e:
         code = e.response.get("Error", {}).get("Code", "error")
-        raise ImageError(f"The image {url[:200]} could not be read ({code}).", param) from e
+        gone = missing if code in ("NoSuchKey", "404") else ""
+        raise ImageError(f"{what} could not be read ({code}){gone}.", param) from e
     data = got["Body"].read(max_bytes + 1)
     size = _total(got.get("ContentRange"), len(data))
     if size > max_bytes:
-        raise ImageError(f"The image {url[:200]} is {size} bytes, over the limit of {max_bytes} bytes per image.",
-                         param)
+        raise ImageError(f"{what} is {size} bytes, over the limit of {max_bytes} bytes per image.", param)
     kind = str(got.get("ContentType") or "")
-    kind = kind if kind.startswith("image/") else "image/" + {"jpg": "jpeg"}.get(
-        key.rsplit(".", 1)[-1].lower(), key.rsplit(".", 1)[-1].lower() or "png")
+    if not kind.startswith("image/"):
+        ext = suffix.rsplit(".", 1)[-1].lower() if "." in suffix else ""
+        kind = "image/" + ({"jpg": "jpeg"}.get(ext, ext) if ext else _sniffed(data))
     return f"data:{kind};base64,{base64.b64encode(data).decode()}"
+
+
+# The leading bytes of the image formats vision models' processors read.
+_SIGNATURES = ((b"\x89PNG\r\n\x1a\n", "png"), (b"\xff\xd8\xff", "jpeg"), (b"GIF8", "gif"), (b"BM", "bmp"),
+               (b"II*\x00", "tiff"), (b"MM\x00*", "tiff"))
+
+
+def _sniffed(data: bytes) -> str:
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "webp"
+    return next((kind for sig, kind in _SIGNATURES if data.startswith(sig)), "png")
 
 
 def _total(content_range: str | None, read: int) -> int:

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from gpu_worker import host
 from gpu_worker.checkpoints import Checkpointer, CheckpointPolicy
 from gpu_worker.engines.base import Engine
-from gpu_worker.images import ImageError, has_s3_images, resolve_images
+from gpu_worker.images import ImageError, has_images_by_reference, resolve_images
 from gpu_worker.results import ResultLine, exception_reply, is_fatal, result_line
 from gpu_worker.scheduling import OrderPolicy, in_flight_limit, ordered
 from gpu_worker.shard import PendingLines, PendingRequest, Progress, load_shard, read_progress
@@ -292,7 +292,7 @@ class _ShardRun:
             body = {**body, "priority": self.sent}
         self.sent += 1
         try:
-            if has_s3_images(body):  # the user's images by reference, as data: URLs (gpu_worker/images.py)
+            if has_images_by_reference(body):  # s3:// or file ids, as data: URLs (gpu_worker/images.py)
                 body = await asyncio.to_thread(
                     resolve_images, self.blobs, body, max_bytes=self.settings.validation.max_image_bytes,
                     buckets=set(names(self.settings.files.user_input_buckets)))

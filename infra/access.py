@@ -33,7 +33,8 @@ TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
 # models/ weight cache (the first job of a Hugging Face model writes its weights through; later jobs stream them).
 WORKER_PREFIXES = (BATCHES_PREFIX, MODELS_PREFIX)
 # A shard is byte ranges of the batch's input (nightbatch/pipeline/shard_lines.py): read-only, an Upload through
-# its parts until it is composed, and only the objects Validate tagged as a batch's input (layout.INPUT_TAGS).
+# its parts until it is composed, and only the objects Validate tagged as a batch's input (layout.INPUT_TAGS); the
+# files its lines name as images are tagged alike (FileService.images), so they need no grant of their own.
 WORKER_INPUT_PREFIXES = (FILES_PREFIX, UPLOADS_PREFIX)
 # Read: s3:GetObject only where the object carries the input tag (HEAD and ranged GETs alike).
 INPUT_TAG_CONDITION = {"StringEquals": {f"s3:ExistingObjectTag/{INPUT_TAG_KEY}": INPUT_TAGS[INPUT_TAG_KEY]}}

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import string
 
 _B62 = string.digits + string.ascii_letters
+# Every file id we mint (new_file_id, derived_id("file-", ...)): a line's image may name one (docs/USER_BUCKETS.md),
+# and only a string of this shape is ever made into a key (layout.file_key) from a line.
+_FILE_ID = re.compile(r"file-[0-9A-Za-z]{1,64}")
 
 
 def _base62(n_chars: int) -> str:
@@ -15,6 +19,10 @@ def _base62(n_chars: int) -> str:
 
 def new_file_id() -> str:
     return f"file-{_base62(24)}"
+
+
+def is_file_id(value: object) -> bool:
+    return isinstance(value, str) and _FILE_ID.fullmatch(value) is not None
 
 
 def new_batch_id() -> str:

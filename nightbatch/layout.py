@@ -31,7 +31,8 @@ FILES_PREFIX = "files/"
 BATCHES_PREFIX = "batches/"
 UPLOADS_PREFIX = "uploads/"
 # The object tag Validate sets on every object a batch's shards read: its input, or an Upload's parts and then
-# the object composed from them (pipeline/validate.py, files/assembly.py). The GPU worker may read files/ and
+# the object composed from them (pipeline/validate.py, files/assembly.py), and the files its lines name as images
+# (files/service.py: FileService.images). The GPU worker may read files/ and
 # uploads/ only through it (an s3:ExistingObjectTag condition, infra/access.py), not every tenant's files.
 INPUT_TAG_KEY = "nightbatch-input"
 INPUT_TAGS = {INPUT_TAG_KEY: "batch"}

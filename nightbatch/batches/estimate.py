@@ -57,7 +57,7 @@ def estimate(services: Services, tenant: str, req: EstimateRequest) -> dict[str,
                                   code="invalid_value")
     hours = window_hours(req.completion_window, settings.validation.max_completion_window_hours)
     item = services.files.item(tenant, req.input_file_id)  # 404 for another tenant's file, like every endpoint
-    validator = Validator(settings=settings, endpoint=req.endpoint)
+    validator = Validator(settings=settings, endpoint=req.endpoint, file_images=services.files.images(tenant))
     errors: list[dict[str, Any]] = []
     requests = input_tokens = output_tokens = 0
     for raw in split_lines(services.files.chunks(item, read_ahead=True), max_bytes=settings.validation.max_line_bytes):

@@ -55,7 +55,8 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
     prefix_groups = PrefixGroups(groups=settings.pipeline.plan_prefix_groups,
                                  min_chars=settings.pipeline.plan_prefix_chars)
     # Lines prefix grouping reads take the general path: it builds the body their group is read from.
-    validator = Validator(settings=settings, endpoint=batch.endpoint, fast_max_bytes=prefix_groups.min_line_bytes)
+    validator = Validator(settings=settings, endpoint=batch.endpoint, fast_max_bytes=prefix_groups.min_line_bytes,
+                          file_images=services.files.images(batch.tenant, tag=True))
     writer = IndexWriter(blobs, inp.batch_id, settings.pipeline.segment_max_lines,
                            settings.pipeline.segment_max_bytes)
     errors: list[BatchError] = []

@@ -13,6 +13,7 @@ from nightbatch.ids import custom_id_digest
 from nightbatch.jsonl import UndecodableLine, loads
 from nightbatch.models.spec import MESSAGES_ENDPOINT, SCORE_ENDPOINTS, ModelSpec, served_model
 from nightbatch.settings import Settings
+from nightbatch.validation.file_images import FileImages
 from nightbatch.validation.requests import (
     LineInvalid,
     check_media,
@@ -118,6 +119,8 @@ class Validator:
     model: str | None = None
     spec: ModelSpec | None = None
     seen: set[int] = field(default_factory=set)
+    # The batch tenant's files a line may name as an image (validation/file_images.py); None: no file ids here.
+    file_images: FileImages | None = None
     _specs: dict[str, ModelSpec] = field(default_factory=dict)
     _counts: dict[str, int] = field(default_factory=dict)  # valid lines per model, of the general path
     _plain: int = 0  # valid lines of the fast path, all of the batch's model: one model costs no dict per line
@@ -256,14 +259,14 @@ class Validator:
                 raise LineInvalid("invalid_request", "Messages parameter is required.", "body.messages")
             check_tools(spec, body)
             check_template_kwargs(body)
-            check_media(self.settings, messages)
+            check_media(self.settings, messages, files=self.file_images)
             return estimate_tokens(line_bytes) + out * _choices(self.settings, body)
         if self.endpoint == MESSAGES_ENDPOINT:
             return estimate_tokens(line_bytes) + check_messages(self.settings, spec, body)
         if self.endpoint == "/v1/responses":
             out = check_responses(spec, body, self.settings.serving.default_max_tokens)
             if isinstance(body.get("input"), list):  # input_image parts: the same URL rules and guards as chat
-                check_media(self.settings, body["input"], where=lambda i: f"body.input[{i}]")
+                check_media(self.settings, body["input"], where=lambda i: f"body.input[{i}]", files=self.file_images)
             return estimate_tokens(line_bytes) + out
         if self.endpoint in SCORE_ENDPOINTS:
             return check_scoring(self.settings, spec, self.endpoint, body, line_bytes)

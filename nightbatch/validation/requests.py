@@ -6,11 +6,15 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from nightbatch.files.user_buckets import names
+from nightbatch.ids import is_file_id
 from nightbatch.models.spec import ModelSpec
 from nightbatch.settings import Settings
+
+if TYPE_CHECKING:  # file_images raises this module's LineInvalid
+    from nightbatch.validation.file_images import FileImages
 
 MAX_ECHO = 64
 
@@ -25,10 +29,11 @@ MEDIA_PARTS = ("image_url", "video_url", "audio_url")
 
 
 def check_media(settings: Settings, messages: list[Any],
-                where: Callable[[int], str] = lambda i: f"body.messages[{i}]") -> None:
-    """Multimodal parts: inline `data:` URLs (and `s3://` images of the allow-listed user buckets,
-    docs/USER_BUCKETS.md) only, unless NIGHTBATCH_MEDIA_ALLOWED_DOMAINS names https hosts
-    the engine may fetch from (a GPU worker fetching any URL a tenant names would reach its VPC and the
+                where: Callable[[int], str] = lambda i: f"body.messages[{i}]", *,
+                files: FileImages | None = None) -> None:
+    """Multimodal parts: inline `data:` URLs (and `s3://` images of the allow-listed user buckets, and images by
+    file id, checked by `files`: docs/USER_BUCKETS.md) only, unless NIGHTBATCH_MEDIA_ALLOWED_DOMAINS names https
+    hosts the engine may fetch from (a GPU worker fetching any URL a tenant names would reach its VPC and the
     instance metadata service). `where` names the i-th item holding a `content` list in the error's param."""
     images = 0
     for i, message in enumerate(messages):
@@ -38,6 +43,15 @@ def check_media(settings: Settings, messages: list[Any],
         for j, part in enumerate(content):
             if not isinstance(part, dict):
                 continue
+            at = f"{where(i)}.content[{j}]"
+            if "file_id" in part and part.get("type") == "input_image":  # the Responses API's image by file id
+                images += 1
+                if part.get("image_url") is not None:
+                    raise LineInvalid("invalid_request", "An input_image takes 'image_url' or 'file_id', not both.",
+                                      f"{at}.file_id")
+                _check_image(settings, None, images, at)
+                _check_file_image(files, part["file_id"], f"{at}.file_id")
+                continue
             for kind in MEDIA_PARTS:
                 ref = part.get(kind)
                 url = ref.get("url") if isinstance(ref, dict) else ref
@@ -45,11 +59,23 @@ def check_media(settings: Settings, messages: list[Any],
                     continue
                 if kind == "image_url":
                     images += 1
-                    _check_image(settings, url, images, f"{where(i)}.content[{j}].{kind}")
+                    _check_image(settings, url, images, f"{at}.{kind}")
                     if isinstance(url, str) and url.startswith("s3://") and \
                             url[len("s3://"):].partition("/")[0] in names(settings.files.user_input_buckets):
                         continue  # fetched by the worker (gpu_worker/images.py), within max_image_bytes
-                check_media_url(settings, url, kind, f"{where(i)}.content[{j}].{kind}.url")
+                    if isinstance(url, str) and url.startswith("file-"):  # nightbatch's extension to chat
+                        _check_file_image(files, url, f"{at}.{kind}.url" if isinstance(ref, dict) else f"{at}.{kind}")
+                        continue
+                check_media_url(settings, url, kind, f"{at}.{kind}.url")
+
+
+def _check_file_image(files: FileImages | None, file_id: object, param: str) -> None:
+    if not is_file_id(file_id):
+        raise LineInvalid("invalid_value", f"Invalid 'file_id': {echo(file_id)} is not a file id.", param)
+    if files is None:
+        raise LineInvalid("invalid_value", "Images by file id are not accepted here: send the image as a data: URL.",
+                          param)
+    files.check(str(file_id), param)
 
 
 def check_media_url(settings: Settings, url: object, kind: str, param: str) -> None:
@@ -68,7 +94,7 @@ def check_media_url(settings: Settings, url: object, kind: str, param: str) -> N
 
 def _check_image(settings: Settings, url: Any, n: int, param: str) -> None:
     """The guards known at validation: images per line, and the size of an inline one (an s3:// image's size is
-    checked by the worker when it fetches it: gpu_worker/images.py)."""
+    checked by the worker when it fetches it: gpu_worker/images.py; a file's by FileImages)."""
     limit = settings.validation.max_images_per_request
     if limit and n > limit:
         raise LineInvalid("too_many_images", f"The request has more than {limit} images; at most {limit} are "

@@ -88,8 +88,10 @@ def _may_get(statements: list[dict[str, Any]], bucket: str, key: str, tags: dict
 @pytest.mark.parametrize("which", ["synth", "sagemaker_synth"])
 def test_the_worker_cannot_read_an_input_no_batch_tagged(which: str, request: pytest.FixtureRequest) -> None:
     """Every tenant's files live under files/ (fine-tune data, results, user files): the worker's role reads only
-    the objects Validate tagged as an open batch's input (moto does not evaluate the condition, so the
-    synthesized policy is read here, for the Batch job role and the SageMaker job role alike)."""
+    the objects Validate tagged as an open batch's input, or as an image file its lines name (what
+    tests/validation/test_file_image_guards.py checks it tags), and not an image file of another tenant's (moto
+    does not evaluate the condition, so the synthesized policy is read here, for the Batch job role and the
+    SageMaker job role alike)."""
     template = request.getfixturevalue(which).template
     bucket = next(iter(of_type(template, "AWS::S3::Bucket")))
     batch_roles = {str(d["Properties"]["ContainerProperties"]["JobRoleArn"]["Fn::GetAtt"][0])
