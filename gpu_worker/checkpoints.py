@@ -220,7 +220,7 @@ class Checkpointer:
             return None
         key, head = prev
         try:
-            etag = self.blobs.append(key, data, content_type="application/jsonl")
+            etag = self.blobs.append(key, head.size, data, content_type="application/jsonl")
         except Exception:
             log.exception("last lines not appended to %s; written as a checkpoint of their own", key)
             return None

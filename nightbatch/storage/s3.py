@@ -38,18 +38,19 @@ class BlobStore:
         """One PUT; returns the object's ETag (as a listing shows it)."""
         return str(self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType=content_type)["ETag"])
 
-    def append(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> str:
-        """Replaces object `key` (at least S3's 5 MiB part minimum) by itself followed by `data`, in one multipart
-        upload: its bytes copied server-side as the first part, `data` sent as the last. Atomic as a PUT: a
-        reader sees the old object or the new one; an upload that never completes (the process killed between
-        its parts) leaves the old one, and is aborted (here, or by the bucket's lifecycle rule). Returns the new
-        ETag (as a listing shows it)."""
+    def append(self, key: str, size: int, data: bytes, *, content_type: str = "application/octet-stream") -> str:
+        """Replaces object `key` of `size` bytes (at least S3's 5 MiB part minimum) by itself followed by `data`,
+        in one multipart upload: its bytes copied server-side as the first part, `data` sent as the last. Atomic
+        as a PUT: a reader sees the old object or the new one; an upload that never completes (the process killed
+        between its parts) leaves the old one, and is aborted (here, or by the bucket's lifecycle rule). Returns
+        the new ETag (as a listing shows it)."""
         upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=key,
                                                         ContentType=content_type)["UploadId"]
         common = {"Bucket": self.bucket, "Key": key, "UploadId": upload_id}
         try:
             first = self.client.upload_part_copy(CopySource={"Bucket": self.bucket, "Key": key}, PartNumber=1,
-                                                 **common)["CopyPartResult"]["ETag"]
+                                                 CopySourceRange=f"bytes=0-{size - 1}", **common)[
+                "CopyPartResult"]["ETag"]
             last = self.client.upload_part(Body=data, PartNumber=2, **common)["ETag"]
             return str(self.client.complete_multipart_upload(MultipartUpload={"Parts": [
                 {"ETag": first, "PartNumber": 1}, {"ETag": last, "PartNumber": 2}]}, **common)["ETag"])

@@ -47,7 +47,9 @@ def test_a_kill_while_appending_the_last_lines_loses_and_duplicates_nothing(serv
     # What the kill leaves: the parts of BlobStore.append sent, the upload never completed ...
     common = {"Bucket": blobs.bucket, "Key": key}
     upload = client.create_multipart_upload(**common)["UploadId"]
-    parts = [client.upload_part_copy(CopySource=common, PartNumber=1, UploadId=upload, **common)[
+    whole = f"bytes=0-{(blobs.size(key) or 0) - 1}"
+    parts = [client.upload_part_copy(CopySource=common, CopySourceRange=whole, PartNumber=1, UploadId=upload,
+                                     **common)[
         "CopyPartResult"]["ETag"], client.upload_part(Body=tail, PartNumber=2, UploadId=upload, **common)["ETag"]]
     if killed == "before_summary":  # ... or completed, the summary not yet rewritten
         client.complete_multipart_upload(UploadId=upload, MultipartUpload={"Parts": [
