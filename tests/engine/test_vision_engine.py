@@ -1,0 +1,94 @@
+"""VllmEngine on a vision-language model, configured like any other (a ModelSpec naming its directory): a chat
+line with an image is answered, and the image really reaches the model, as its tokens in the prompt.
+
+The model is a tiny random BLIP-2 built here (tests/support/tiny_vlm.py); the suite starts its engine once."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed: the engine tests need it")
+
+from gpu_worker.engines.vllm_engine import CHAT_URL, VllmEngine  # noqa: E402
+from nightbatch.models.spec import ModelSpec  # noqa: E402
+from tests.support.tiny_vlm import IMAGE_TOKENS, make_tiny_vlm  # noqa: E402
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.filterwarnings("ignore:max_tokens is deprecated:DeprecationWarning"),
+    pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning"),
+]
+
+MODEL = "tiny-blip2"
+TEXT = {"type": "text", "text": "What is in this picture?"}
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VllmEngine, asyncio.AbstractEventLoop]]:
+    model_dir = make_tiny_vlm(tmp_path_factory.mktemp("tiny-vlm"))
+    spec = ModelSpec(name=MODEL, source=str(model_dir), dtype="float32", max_model_len=512,
+                     engine_args={"limit_mm_per_prompt": {"image": 1}})
+    # AsyncLLM binds its output handler to the loop it first runs on, so every call here uses this one.
+    loop = asyncio.new_event_loop()
+    vllm_engine = VllmEngine(spec)
+    loop.run_until_complete(vllm_engine.start())
+    try:
+        yield vllm_engine, loop
+    finally:
+        loop.run_until_complete(vllm_engine.stop())
+        loop.close()
+
+
+def ask(engine: tuple[VllmEngine, asyncio.AbstractEventLoop], content: list[dict[str, Any]], request_id: str) -> Any:
+    vllm_engine, loop = engine
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4, "temperature": 0}
+    return loop.run_until_complete(vllm_engine.handle(CHAT_URL, body, request_id))
+
+
+def png_data_url(width: int, height: int, color: tuple[int, int, int]) -> str:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), color).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def image_part(url: str) -> dict[str, Any]:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def test_an_image_line_is_answered_with_the_image_in_its_prompt(engine: Any) -> None:
+    text_only = ask(engine, [TEXT], "req-text")
+    with_image = ask(engine, [image_part(png_data_url(80, 40, (200, 30, 30))), TEXT], "req-image")
+
+    assert text_only.status_code == 200, text_only.body
+    assert with_image.status_code == 200, with_image.body
+    assert with_image.body["object"] == "chat.completion" and with_image.body["model"] == MODEL
+    assert with_image.body["id"] == "chatcmpl-req-image"
+    assert 0 < with_image.body["usage"]["completion_tokens"] <= 4
+    # The processor puts the image's tokens, whose embeddings the vision tower and Q-Former make from its
+    # pixels, in front of the same text: the prompt grows by exactly those.
+    grown = with_image.body["usage"]["prompt_tokens"] - text_only.body["usage"]["prompt_tokens"]
+    assert grown == IMAGE_TOKENS
+
+
+def test_more_images_than_the_model_takes_is_a_400_reply(engine: Any) -> None:
+    image = image_part(png_data_url(56, 56, (0, 0, 255)))
+    reply = ask(engine, [image, image, TEXT], "req-two")
+
+    assert reply.status_code == 400, reply.body
+    assert "image" in reply.body["error"]["message"]
+
+
+def test_an_image_that_does_not_decode_is_a_400_reply(engine: Any) -> None:
+    broken = "data:image/png;base64," + base64.b64encode(b"not a png").decode()
+    reply = ask(engine, [image_part(broken), TEXT], "req-broken")
+
+    assert reply.status_code == 400, reply.body
+    assert set(reply.body) == {"error"} and reply.body["error"]["message"]
