@@ -46,9 +46,11 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[VllmEngin
         loop.close()
 
 
-def ask(engine: tuple[VllmEngine, asyncio.AbstractEventLoop], content: list[dict[str, Any]], request_id: str) -> Any:
+def ask(engine: tuple[VllmEngine, asyncio.AbstractEventLoop], content: list[dict[str, Any]], request_id: str,
+        **extra: Any) -> Any:
     vllm_engine, loop = engine
-    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4, "temperature": 0}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 4, "temperature": 0,
+            **extra}
     return loop.run_until_complete(vllm_engine.handle(CHAT_URL, body, request_id))
 
 
@@ -77,6 +79,25 @@ def test_an_image_line_is_answered_with_the_image_in_its_prompt(engine: Any) -> 
     # pixels, in front of the same text: the prompt grows by exactly those.
     grown = with_image.body["usage"]["prompt_tokens"] - text_only.body["usage"]["prompt_tokens"]
     assert grown == IMAGE_TOKENS
+
+
+def first_token_logprobs(engine: Any, color: tuple[int, int, int], request_id: str) -> list[float]:
+    """The five best first tokens' log probabilities (values only: byte tokens may share a printed form)."""
+    reply = ask(engine, [image_part(png_data_url(56, 56, color)), TEXT], request_id, max_tokens=1, logprobs=True,
+                top_logprobs=5)
+    assert reply.status_code == 200, reply.body
+    return [entry["logprob"] for entry in reply.body["choices"][0]["logprobs"]["content"][0]["top_logprobs"]]
+
+
+def test_the_answer_depends_on_the_image_pixels(engine: Any) -> None:
+    red = first_token_logprobs(engine, (255, 0, 0), "req-red")
+    red_again = first_token_logprobs(engine, (255, 0, 0), "req-red-again")
+    blue = first_token_logprobs(engine, (0, 0, 255), "req-blue")
+
+    # Same text and token count: only the pixels, through the vision tower and Q-Former, can move the logits
+    # (the random model's top log probabilities sit near -5, and a red and a blue image move them by ~0.1).
+    assert max(abs(a - b) for a, b in zip(red, red_again, strict=True)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(red, blue, strict=True)) > 1e-3
 
 
 def test_more_images_than_the_model_takes_is_a_400_reply(engine: Any) -> None:
