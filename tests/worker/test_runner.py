@@ -237,7 +237,8 @@ def test_each_checkpoint_has_its_summary(world: ShardWorld) -> None:
         data = blobs.get_bytes(key) or b""
         summary = read_checkpoint_summary(blobs, key)
         assert summary is not None and summary.etag and summary.consistent()
-        assert summary == summarize_checkpoint(data, etag=summary.etag)
+        assert summary == summarize_checkpoint(data, etag=summary.etag, numbers=summary.numbers)
+        assert summary.numbered() and len(summary.ascending()) == 1  # written in input order, numbers ascending
         assert summary.size == len(data) and len(summary.custom_ids) == len(world.checkpoint_lines(key))
         assert summary.input_tokens > 0 and summary.output_tokens > 0
         failed += len(summary.failed)
