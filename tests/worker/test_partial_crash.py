@@ -95,8 +95,8 @@ def test_a_kill_between_part_sized_checkpoints_loses_nothing_and_finalize_copies
     """The write path that writes output bytes once, at its real sizes (S3's 5 MiB part minimum): a worker
     SIGKILLed between part-sized checkpoints, with a part's worth of lines buffered, loses none (they are run
     again) and duplicates none; the partial results serve exactly what was checkpointed; Finalize copies the
-    part-sized checkpoints server-side and uploads only the bytes of the small ones (each attempt's first, the
-    last one's rest)."""
+    part-sized checkpoints server-side and uploads only the bytes of the small ones (each attempt's first; its
+    last lines are appended to its previous checkpoint)."""
     world = served_world
     n = 720
     ids = world.seed(embedding_requests(n), endpoint="/v1/embeddings", model=EMBED_MODEL)
