@@ -4,7 +4,7 @@ ranges of the input, nightbatch/pipeline/line_index.py: the lines are not copied
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from nightbatch import layout
@@ -70,7 +70,7 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
     plain = validator.plain
     max_bytes = settings.validation.max_line_bytes
     stop = False
-    for item in split_blocks(chunks, max_bytes=max_bytes):
+    for item in _first_line_apart(split_blocks(chunks, max_bytes=max_bytes)):
         if not isinstance(item, LineBlock):
             lines: Iterable[RawLine] = (item,)
         else:
@@ -143,6 +143,19 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
         table.update_attributes(BatchRecord, inp.batch_id, set_=extra)
     log.info("validated", extra={"batch_id": inp.batch_id, "requests": count, "est_tokens": est_total})
     return ValidateOutput(batch_id=inp.batch_id, valid=True)
+
+
+def _first_line_apart(items: Iterator[RawLine | LineBlock]) -> Iterator[RawLine | LineBlock]:
+    """split_blocks' items, the first block's first line a block of its own: that line names the batch's model,
+    which the block path's decoder is built for, so the rest of its block can take that path."""
+    for item in items:
+        if isinstance(item, LineBlock) and len(item.lines) > 1:
+            first = item.lines[0]
+            yield item._replace(lines=[first])
+            yield item._replace(number=item.number + 1, offset=item.offset + len(first) + 1, lines=item.lines[1:])
+            yield from items
+            return
+        yield item
 
 
 def _input_source(blobs: BlobStore, file_item: FileRecord) -> layout.InputSource:
