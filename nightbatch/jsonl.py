@@ -32,11 +32,57 @@ class RawLine(NamedTuple):
     offset: int = 0      # where the line starts in the stream (a leading BOM counted): shards point here
 
 
+class LineBlock(NamedTuple):
+    """Consecutive lines wholly inside one chunk, as uploaded (not yet checked against max_bytes, a trailing CR
+    kept): a reader that handles a whole block at C speed takes it so, any other reads its RawLines."""
+
+    number: int          # the first line's
+    offset: int          # where the first line starts
+    lines: list[bytes]
+    cr: bool             # a CR somewhere in the chunk: a line may end with one (CRLF)
+
+
 def split_lines(chunks: Iterable[bytes], *, max_bytes: int) -> Iterator[RawLine]:
     """Yields every line; a trailing CR (CRLF files) and a leading UTF-8 BOM are dropped.
 
     Each chunk is split in C (`bytes.split`); only the line that straddles two chunks is carried, and never
     more than `max_bytes` of it (a longer line is counted, not kept)."""
+    for item in split_blocks(chunks, max_bytes=max_bytes):
+        if not isinstance(item, LineBlock):
+            yield item
+            continue
+        # block_lines, inlined: delegating to it (`yield from`) costs a fifth more per line.
+        number, at = item.number, item.offset
+        for piece in item.lines:
+            n = len(piece)
+            if n > max_bytes:
+                yield RawLine(number, None, n, at)
+            elif n and piece[-1] == 13:  # b"\r"
+                yield RawLine(number, piece[:-1], n - 1, at)
+            else:
+                yield RawLine(number, piece, n, at)
+            at += n + 1
+            number += 1
+
+
+def block_lines(block: LineBlock, max_bytes: int) -> Iterator[RawLine]:
+    """The RawLines of a block, as split_lines yields them."""
+    number, at = block.number, block.offset
+    for piece in block.lines:
+        n = len(piece)
+        if n > max_bytes:
+            yield RawLine(number, None, n, at)
+        elif n and piece[-1] == 13:  # b"\r"
+            yield RawLine(number, piece[:-1], n - 1, at)
+        else:
+            yield RawLine(number, piece, n, at)
+        at += n + 1
+        number += 1
+
+
+def split_blocks(chunks: Iterable[bytes], *, max_bytes: int) -> Iterator[RawLine | LineBlock]:
+    """split_lines' lines, those of one chunk as a LineBlock, those that straddle chunks (and the last, without
+    a newline) as RawLines."""
     head = bytearray()  # the unfinished line carried from earlier chunks
     head_at = 0         # its offset
     overflow = 0        # bytes of that line already skipped because it is too long
@@ -47,29 +93,20 @@ def split_lines(chunks: Iterable[bytes], *, max_bytes: int) -> Iterator[RawLine]
             continue
         parts = chunk.split(b"\n")
         tail = parts.pop()
-        start = 0
         at = base
         if parts and (head or overflow):
             number += 1
             yield _joined(number, head, parts[0], overflow, max_bytes, head_at)
             head = bytearray()
             overflow = 0
-            start = 1
             at += len(parts[0]) + 1
-        for i in range(start, len(parts)):
-            piece = parts[i]
-            number += 1
-            n = len(piece)
-            if n > max_bytes:
-                yield RawLine(number, None, n, at)
-            elif n and piece[-1] == 13:  # b"\r"
-                yield RawLine(number, piece[:-1], n - 1, at)
-            else:
-                yield RawLine(number, piece, n, at)
-            at += n + 1
+            del parts[0]
+        if parts:
+            yield LineBlock(number + 1, at, parts, b"\r" in chunk)
+            number += len(parts)
         base += len(chunk)
         if parts or not (head or overflow):
-            head_at = at
+            head_at = base - len(tail)
         if overflow:
             overflow += len(tail)
         elif len(head) + len(tail) > max_bytes:

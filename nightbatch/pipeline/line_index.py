@@ -10,6 +10,8 @@ did). What S3 receives is a few bytes per line (its estimate), never the line.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -17,10 +19,12 @@ from nightbatch import layout
 from nightbatch.storage import BlobStore
 
 
-@dataclass
+@dataclass(slots=True)
 class _Open:
     """The segment being filled for one (prefix group, model)."""
 
+    group: int
+    model: str
     runs: list[tuple[int, int, int]] = field(default_factory=list)
     est: list[int] = field(default_factory=list)
     first: int = 0  # the open run: its first line number, start, end
@@ -46,29 +50,56 @@ class IndexWriter:
     max_bytes: int
     open: dict[tuple[int, str], _Open] = field(default_factory=dict)
     index: list[layout.SegmentEntry] = field(default_factory=list)
-    # The last line's slot and open segment: a line of the same slot extends its run without a lookup (the
+    # The last line's open segment: a line of the same (group, model) extends its run without a lookup (the
     # common case, and every line of a batch with one model and no long prompts).
-    last: tuple[int, str] | None = None
     _seg: _Open | None = None
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="segments"))
     pending: list[Future[None]] = field(default_factory=list)
 
     def add(self, number: int, offset: int, size: int, est: int, group: int = 0, model: str = "") -> None:
         seg = self._seg
-        last = self.last
-        if seg is None or last is None or last[0] != group or last[1] != model:
-            slot = self.last = (group, model)
-            seg = self.open.get(slot)
-            if seg is None:
-                seg = self.open[slot] = _Open()
-            self._seg = seg
-            seg.close_run()
+        if seg is None or seg.group != group or seg.model != model:
+            seg = self._switch(group, model)
         if seg.start < 0:
             seg.first, seg.start = number, offset
-        seg.end = offset + size
-        seg.est.append(est)
-        if len(seg.est) >= self.max_lines or seg.spanned + seg.end - seg.start >= self.max_bytes:
+        end = seg.end = offset + size
+        ests = seg.est
+        ests.append(est)
+        if len(ests) >= self.max_lines or seg.spanned + end - seg.start >= self.max_bytes:
             self.flush((group, model))
+
+    def add_block(self, number: int, offset: int, sizes: list[int], est: list[int], model: str) -> None:
+        """`add` of consecutive lines of group 0 (a block of nightbatch.jsonl: the first numbered `number`
+        starting at `offset`, each followed by a newline), a segment at a time rather than a line at a time:
+        the same segments and runs."""
+        # starts[i]: where line i starts; line i ends at starts[i + 1] - 1.
+        starts = list(itertools.accumulate(map((1).__add__, sizes), initial=offset))
+        i, k = 0, len(sizes)
+        while i < k:
+            seg = self._seg
+            if seg is None or seg.group != 0 or seg.model != model:
+                seg = self._switch(0, model)
+            if seg.start < 0:
+                seg.first, seg.start = number + i, starts[i]
+            # The first line j after which `add` would flush (or the block's last): the segment then holds
+            # max_lines, or spans max_bytes (seg.spanned + starts[j + 1] - 1 - seg.start >= max_bytes).
+            limit = seg.start + self.max_bytes - seg.spanned + 1
+            j = min(i + self.max_lines - len(seg.est), bisect.bisect_left(starts, limit, i + 1), k) - 1
+            seg.est.extend(est[i:j + 1])
+            seg.end = starts[j + 1] - 1
+            if len(seg.est) >= self.max_lines or seg.spanned + seg.end - seg.start >= self.max_bytes:
+                self.flush((0, model))
+            i = j + 1
+
+    def _switch(self, group: int, model: str) -> _Open:
+        """The open segment of another (group, model) than the last line's: its run ended before the lines
+        between."""
+        seg = self.open.get((group, model))
+        if seg is None:
+            seg = self.open[(group, model)] = _Open(group, model)
+        self._seg = seg
+        seg.close_run()
+        return seg
 
     def flush(self, slot: tuple[int, str]) -> None:
         seg = self.open.pop(slot, None)

@@ -4,6 +4,7 @@ ranges of the input, nightbatch/pipeline/line_index.py: the lines are not copied
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from nightbatch import layout
@@ -11,7 +12,7 @@ from nightbatch.batches import lifecycle
 from nightbatch.clock import now
 from nightbatch.errors import StorageConflictError
 from nightbatch.files.user_buckets import source_parts
-from nightbatch.jsonl import split_lines
+from nightbatch.jsonl import LineBlock, RawLine, block_lines, split_blocks
 from nightbatch.metrics import emit
 from nightbatch.pipeline.line_index import IndexWriter
 from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
@@ -67,27 +68,53 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
     add = writer.add
     grouped_from = prefix_groups.min_line_bytes
     chunks = services.files.chunks(file_item, read_ahead=True)
-    for raw in split_lines(chunks, max_bytes=settings.validation.max_line_bytes):
-        if raw.data is not None and (not raw.data or raw.data.isspace()):
-            continue  # blank lines are skipped but keep their numbers
-        count += 1
-        if count > max_requests:
-            errors.append(BatchError(
-                code="too_many_requests", line=raw.number, param=None,
-                message=f"The batch has more than {max_requests} requests (line "
-                        f"{raw.number}); split the file or raise the limit."))
-            break
-        try:
-            req = validator.check(raw.number, raw.data, raw.size)
-        except LineInvalid as e:
-            errors.append(line_error(raw.number, e))
-            errors_bytes += len(errors[-1].model_dump_json())
-            if len(errors) >= settings.validation.max_reported_errors or errors_bytes >= MAX_ERRORS_BYTES:
+    plain = validator.plain
+    max_bytes = settings.validation.max_line_bytes
+    stop = False
+    for item in _first_line_apart(split_blocks(chunks, max_bytes=max_bytes)):
+        if not isinstance(item, LineBlock):
+            lines: Iterable[RawLine] = (item,)
+        else:
+            # A block of valid plain lines (the common case) is checked and indexed without a step per line.
+            if not item.cr and not errors and count + len(item.lines) <= max_requests:
+                sizes = list(map(len, item.lines))
+                ests = validator.plain_block(item.lines, sizes)
+                if ests is not None:
+                    count += len(ests)
+                    writer.add_block(item.number, item.offset, sizes, ests, validator.model or "")
+                    continue
+            lines = block_lines(item, max_bytes)
+        for number, data, size, offset in lines:
+            # A valid plain line first (no blank line is one): one typed decode, nothing else to read.
+            est = plain(data) if data is not None else 0
+            if not est and data is not None and (not data or data.isspace()):
+                continue  # blank lines are skipped but keep their numbers
+            count += 1
+            if count > max_requests:
+                errors.append(BatchError(
+                    code="too_many_requests", line=number, param=None,
+                    message=f"The batch has more than {max_requests} requests (line "
+                            f"{number}); split the file or raise the limit."))
+                stop = True
                 break
-            continue
-        if not errors:
-            group = prefix_groups.of(req.body) if raw.size >= grouped_from else 0
-            add(raw.number, raw.offset, raw.size, req.est_tokens, group, req.model)
+            if est:
+                if not errors:
+                    add(number, offset, size, est, 0, validator.model or "")  # shorter than grouped_from: group 0
+                continue
+            try:
+                req = validator.general(number, data, size)
+            except LineInvalid as e:
+                errors.append(line_error(number, e))
+                errors_bytes += len(errors[-1].model_dump_json())
+                if len(errors) >= settings.validation.max_reported_errors or errors_bytes >= MAX_ERRORS_BYTES:
+                    stop = True
+                    break
+                continue
+            if not errors:
+                group = prefix_groups.of(req.body) if size >= grouped_from else 0
+                add(number, offset, size, req.est_tokens, group, req.model)
+        if stop:
+            break
     if not errors and count == 0:
         errors.append(BatchError(code="empty_file", param=None, line=None,
                                  message="The input file has no requests."))
@@ -117,6 +144,19 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
         table.update_attributes(BatchRecord, inp.batch_id, set_=extra)
     log.info("validated", extra={"batch_id": inp.batch_id, "requests": count, "est_tokens": est_total})
     return ValidateOutput(batch_id=inp.batch_id, valid=True)
+
+
+def _first_line_apart(items: Iterator[RawLine | LineBlock]) -> Iterator[RawLine | LineBlock]:
+    """split_blocks' items, the first block's first line a block of its own: that line names the batch's model,
+    which the block path's decoder is built for, so the rest of its block can take that path."""
+    for item in items:
+        if isinstance(item, LineBlock) and len(item.lines) > 1:
+            first = item.lines[0]
+            yield item._replace(lines=[first])
+            yield item._replace(number=item.number + 1, offset=item.offset + len(first) + 1, lines=item.lines[1:])
+            yield from items
+            return
+        yield item
 
 
 def _input_source(blobs: BlobStore, file_item: FileRecord) -> layout.InputSource:

@@ -189,3 +189,44 @@ def test_invalid_utf8_in_a_field_nobody_reads_is_still_an_encoding_error(extra: 
     with pytest.raises(LineInvalid) as e:
         v.check(2, bad, len(bad))
     assert e.value.error[0] == "invalid_encoding"
+
+
+def _after_first(endpoint: str) -> Validator:
+    v = validator(endpoint)
+    plain = b'{"custom_id":"first","method":"POST","url":"%s","body":{"model":"%s","messages":[{"role":"user",' \
+            b'"content":"hi"}],"prompt":"hi"}}'
+    data = plain % (endpoint.encode(), MODEL.encode())
+    if endpoint == CHAT:
+        data = data.replace(b',"prompt":"hi"', b"")
+    else:
+        data = data.replace(b'"messages":[{"role":"user","content":"hi"}],', b"")
+    v.check(1, data, len(data))
+    return v
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 2**32), st.sampled_from([CHAT, COMPLETIONS]), st.integers(1, 5))
+def test_a_block_is_taken_whole_as_its_lines_would_be(seed: int, endpoint: str, plain_odds: int) -> None:
+    """plain_block takes a block exactly when `check` would take each of its lines on the fast path, with
+    the same estimates; when it does not, it records nothing (the lines are then read one by one)."""
+    rng = random.Random(seed)
+    make = (lambda i: chat_line(rng, i)) if endpoint == CHAT else (lambda i: other_line(rng, i, endpoint))
+    # Mostly plain blocks (odd lines only now and then), so that both outcomes occur.
+    lines = [make(i) if rng.randint(1, plain_odds * 3) == 1 else _plain_of(endpoint, i)
+             for i in range(rng.randint(1, 12))]
+    block, by_line = _after_first(endpoint), _after_first(endpoint)
+    before = (set(block.seen), block.models, block.embedding_inputs)
+    ests = block.plain_block(lines, [len(x) for x in lines])
+    if ests is None:
+        assert (block.seen, block.models, block.embedding_inputs) == before
+        return
+    taken = [by_line.check(n, data, len(data)) for n, data in enumerate(lines, 2)]
+    assert all(r._body is None for r in taken)  # each on the fast path
+    assert ests == [r.est_tokens for r in taken]
+    assert (block.seen, block.models) == (by_line.seen, by_line.models)
+
+
+def _plain_of(endpoint: str, i: int) -> bytes:
+    body = b'"messages":[{"role":"user","content":"hi %d"}]' % i if endpoint == CHAT else b'"prompt":"p"'
+    return b'{"custom_id":"p%d","method":"POST","url":"%s","body":{"model":"%s",%s,"max_tokens":%d}}' % (
+        i, endpoint.encode(), MODEL.encode(), body, i % 3)
