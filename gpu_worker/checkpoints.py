@@ -171,7 +171,7 @@ class Checkpointer:
         numbers: list[int] | None = None
         if all(line.number >= 0 for line in lines):
             # In input order: each checkpoint is then a sorted run Finalize merges for `output_order: "input"`
-            # (nightbatch/results/input_order.py) without holding it; the order of a checkpoint's lines is free.
+            # (nightbatch.results.input_order) without holding it; the order of a checkpoint's lines is free.
             lines = sorted(lines, key=lambda line: line.number)
             numbers = [line.number for line in lines]
         data = b"".join(line.data for line in lines)

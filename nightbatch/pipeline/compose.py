@@ -7,7 +7,7 @@ holds MERGED_PART_BYTES, and the last one at the end. So the bytes uploaded are 
 ranges (workers write checkpoints of 5 MiB, nightbatch.settings `checkpoint_bytes`, and append an attempt's
 last lines to its previous checkpoint: usually just each attempt's first), never a top-up read from a big
 range. The output's lines are therefore not in the checkpoints' order: a merged part's lines come where that
-part is sent (nightbatch/results/input_order.py orders them, when asked). OpenAI promises no line order
+part is sent (nightbatch.results.input_order orders them, when asked). OpenAI promises no line order
 (clients match by custom_id); which result of a custom_id counts is decided before, by the merge order
 (nightbatch.results.order). A merged part is sent whole, at a line boundary, since copied parts come between
 merged ones. The part layout depends only on the sequence of ranges, so a re-run writes the same object.
