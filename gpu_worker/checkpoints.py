@@ -166,7 +166,7 @@ class Checkpointer:
         """One checkpoint of `lines` (blocking: the flusher's thread, or a stand-in worker): its PUT, its
         summary, the progress samples. `last`: the attempt's last write (its shard's end, or a stop), whose
         lines, if too few for a part of their own, are appended to the attempt's previous checkpoint
-        (`_joins`) rather than left for Finalize to upload again."""
+        (`_join`) rather than left for Finalize to upload again."""
         key = checkpoint_key(self.prefix, self.seq, self.attempt)
         numbers: list[int] | None = None
         if all(line.number >= 0 for line in lines):
