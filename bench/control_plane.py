@@ -151,7 +151,8 @@ def child_ours(batch_id: str) -> dict[str, Any]:
 def profiled(section: str) -> Iterator[None]:
     """`--profile SECTION` (BENCH_PROFILE): cProfile over that timed section of the child, on each thread's own
     CPU clock (time spent waiting on S3 is not counted), its thread and the threads it starts (S3 calls sent
-    from thread pools) summed; the top functions by own CPU printed to stderr, which the parent passes on."""
+    from thread pools) summed; the top BENCH_PROFILE_TOP functions by own CPU (or by BENCH_PROFILE_SORT, e.g.
+    `cumulative`) printed to stderr, which the parent passes on."""
     if os.environ.get("BENCH_PROFILE") != section:
         yield
         return
@@ -176,7 +177,8 @@ def profiled(section: str) -> Iterator[None]:
         stats = pstats.Stats(profs[0], stream=out)
         for prof in profs[1:]:
             stats.add(prof)
-        stats.sort_stats("tottime").print_stats(int(os.environ.get("BENCH_PROFILE_TOP", 15)))
+        stats.sort_stats(os.environ.get("BENCH_PROFILE_SORT", "tottime"))
+        stats.print_stats(int(os.environ.get("BENCH_PROFILE_TOP", 15)))
         print(f"--- profile of {section} ({len(profs)} threads, by own CPU) ---", out.getvalue(), sep="\n",
               file=sys.stderr)
 

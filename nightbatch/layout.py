@@ -73,8 +73,29 @@ def segment_key(batch_id: str, n: int) -> str:
 
 
 def line_index_key(batch_id: str, n: int) -> str:
-    """One segment's LineIndex (version 2; version 1 segments were copies of the lines, at segment_key)."""
+    """One segment's LineIndex, an object of its own (version 2; version 1 segments were copies of the lines, at
+    segment_key). Validate now packs them: line_index_pack_key."""
     return f"{segments_prefix(batch_id)}{n:06d}.idx.json"
+
+
+def line_index_pack_key(batch_id: str, n: int) -> str:
+    """Many segments' LineIndexes, one JSON line each: a segment names its own by `packed_ref`."""
+    return f"{segments_prefix(batch_id)}pack-{n:06d}.idx.jsonl"
+
+
+def packed_ref(key: str, start: int, end: int) -> str:
+    """A segment's reference to its LineIndex, the bytes [start, end) of the pack object `key` (a key of ours never
+    holds '#'); a reference without '#' is an object of its own (line_index_key, or a version 1 segment)."""
+    return f"{key}#{start}-{end}"
+
+
+def split_ref(ref: str) -> tuple[str, int, int] | None:
+    """(pack key, start, end) of a `packed_ref`; None for an object of its own."""
+    key, sep, span = ref.partition("#")
+    if not sep:
+        return None
+    start, _, end = span.partition("-")
+    return key, int(start), int(end)
 
 
 def segment_index_key(batch_id: str) -> str:
@@ -155,7 +176,8 @@ def error_key(batch_id: str) -> str:
 class SegmentEntry(BaseModel):
     """One segment Validate wrote: its key, how many lines, their estimated tokens (Plan groups by these).
 
-    Version 2 (`bytes` > 0 or in an index with `input`): `key` is a LineIndex; version 1: a copy of the lines."""
+    Version 2 (`bytes` > 0 or in an index with `input`): `key` references its LineIndex, a range of a pack
+    (`packed_ref`) or an object of its own; version 1: a copy of the lines."""
 
     key: str
     lines: int
@@ -235,6 +257,8 @@ class ShardItem(BaseModel):
     job_definition: str = ""
     # The shard's estimated tokens, so Capacity can weigh the remaining work from the manifest alone.
     est_tokens: int | None = None
+    # The shard's lines (its spec's), so Finalize and the partial results read a spec only for its unrun lines.
+    lines: int | None = None
     # Where Plan sends the shard first (the model's `gpuBackend`); with `both` Capacity may move it to SageMaker.
     backend: Literal["batch", "sagemaker"] = "batch"
     # The model's `gpuBackend` allows a move to SageMaker when Batch cannot place the shard.
@@ -340,14 +364,51 @@ def read_segments(blobs: Blobs, batch_id: str) -> SegmentIndex:
 
 
 def write_line_index(blobs: Blobs, key: str, index: LineIndex) -> None:
+    """A LineIndex as an object of its own (a previous release's Validate; tests)."""
     blobs.put_bytes(key, index.model_dump_json().encode(), content_type="application/json")
 
 
-def read_line_index(blobs: Blobs, key: str) -> LineIndex:
-    raw = blobs.get_bytes(key)
-    if raw is None:
-        raise FileNotFoundError(f"line index s3://{blobs.bucket}/{key} does not exist")
-    return LineIndex.model_validate_json(raw)
+def line_index_line(index: LineIndex) -> bytes:
+    """A LineIndex as a line of a pack (line_index_pack_key)."""
+    return index.model_dump_json().encode() + b"\n"
+
+
+def write_line_index_pack(blobs: Blobs, key: str, data: bytes) -> None:
+    blobs.put_bytes(key, data, content_type="application/jsonl")
+
+
+def read_line_index(blobs: Blobs, ref: str) -> LineIndex:
+    """The LineIndex a segment references (its SegmentEntry.key): a range of a pack, or an object."""
+    return next(read_line_indexes(blobs, [ref]))
+
+
+def read_line_indexes(blobs: Blobs, refs: Iterable[str], *, max_read: int = 8 * 1024 * 1024) -> Iterator[LineIndex]:
+    """The LineIndexes of `refs`, in order: neighbouring ranges of one pack (a shard's segments, mostly) read in
+    one GET of up to `max_read` bytes, one LineIndex decoded at a time."""
+    todo = iter(refs)
+    ref = next(todo, None)
+    while ref is not None:
+        packed = split_ref(ref)
+        if packed is None:
+            raw = blobs.get_bytes(ref)
+            if raw is None:
+                raise FileNotFoundError(f"line index s3://{blobs.bucket}/{ref} does not exist")
+            yield LineIndex.model_validate_json(raw)
+            ref = next(todo, None)
+            continue
+        key, lo, hi = packed
+        spans = [(lo, hi)]
+        ref = next(todo, None)
+        while ref is not None and (nxt := split_ref(ref)) is not None and nxt[0] == key and nxt[1] == hi and (
+                nxt[2] - lo <= max_read):
+            hi = nxt[2]
+            spans.append((nxt[1], hi))
+            ref = next(todo, None)
+        data = blobs.get_range(key, lo, hi)
+        if len(data) != hi - lo:
+            raise ValueError(f"line index pack s3://{blobs.bucket}/{key} ends before byte {hi}")
+        for start, end in spans:
+            yield LineIndex.model_validate_json(data[start - lo:end - lo])
 
 
 def shard_spec(index: SegmentIndex, segments: list[SegmentEntry], *, batch_id: str, shard_id: str,

@@ -189,13 +189,14 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str, listed
     # `nightbatch.output_order: "input"`: the successes are merged by input line once every shard is read.
     order = InputOrder(blobs, batch_id) if (batch.ext or {}).get("output_order") == "input" else None
     try:
-        for shard_id, spec in planned_shards(blobs, batch_id):
+        for shard in planned_shards(blobs, batch_id):
             seen: set[int] = set()
-            if shard_id is not None:
-                merge_shard(blobs, batch_id, shard_id, seen, out, err, tally, listed.get(shard_id, {}), order)
+            if shard.shard_id is not None:
+                merge_shard(blobs, batch_id, shard.shard_id, seen, out, err, tally, listed.get(shard.shard_id, {}),
+                            order)
                 if order is not None:
-                    order.end_shard(spec)
-            if len(seen) < spec.lines:
+                    order.end_shard(shard)
+            if len(seen) < shard.lines and (spec := shard.spec()) is not None:
                 for req in shard_requests(blobs, spec):
                     custom_id = req.custom_id
                     if (d := custom_id_digest(custom_id)) not in seen:

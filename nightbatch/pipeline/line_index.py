@@ -5,7 +5,10 @@ long prompts by prefix, nightbatch/pipeline/prefixes.py) and one `body.model` (a
 or LoRA adapters, and each shard serves one engine), or fewer once its ranges span `max_bytes` of input
 (so that shards stay balanced by bytes as well). Consecutive input lines of a segment form one run, one
 byte range; blank lines between them stay inside the run (the reader skips them, numbered, as Validate
-did). What S3 receives is a few bytes per line (its estimate), never the line.
+did). What S3 receives is a few bytes per line (its estimate), never the line: the segments' indexes are packed,
+one JSON line each, into objects of up to PACK_BYTES (layout.line_index_pack_key), so a batch costs a PUT per
+pack rather than one per segment (a request costs the Lambda more CPU than a segment's few kilobytes of JSON),
+and a segment names its index by a range of its pack (layout.packed_ref).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from dataclasses import dataclass, field
 
 from nightbatch import layout
 from nightbatch.storage import BlobStore
+
+PACK_BYTES = 4 * 1024 * 1024  # a pack is sent once it holds this much (1M lines of one model: about one pack)
 
 
 @dataclass(slots=True)
@@ -41,8 +46,8 @@ class _Open:
 
 @dataclass
 class IndexWriter:
-    """Buffers at most one segment's index per (prefix group, model), then PUTs it; records (key, lines, est,
-    group, bytes, model) for Plan."""
+    """Buffers at most one segment's index per (prefix group, model), then adds it to the pack, which is PUT
+    once it holds PACK_BYTES and at `close`; records (reference, lines, est, group, bytes, model) for Plan."""
 
     blobs: BlobStore
     batch_id: str
@@ -55,6 +60,8 @@ class IndexWriter:
     _seg: _Open | None = None
     pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="segments"))
     pending: list[Future[None]] = field(default_factory=list)
+    pack: bytearray = field(default_factory=bytearray)  # the pack being filled
+    packs: int = 0  # packs sent
 
     def add(self, number: int, offset: int, size: int, est: int, group: int = 0, model: str = "") -> None:
         seg = self._seg
@@ -108,14 +115,24 @@ class IndexWriter:
         if seg is None or not seg.est:
             return
         seg.close_run()
-        key = layout.line_index_key(self.batch_id, len(self.index))
+        start = len(self.pack)
+        self.pack += layout.line_index_line(layout.LineIndex(runs=seg.runs, est=seg.est))
+        ref = layout.packed_ref(layout.line_index_pack_key(self.batch_id, self.packs), start, len(self.pack))
+        self.index.append(layout.SegmentEntry(key=ref, lines=len(seg.est), est=sum(seg.est), group=slot[0],
+                                              bytes=seg.spanned, model=slot[1]))
+        if len(self.pack) >= PACK_BYTES:
+            self._send_pack()
+
+    def _send_pack(self) -> None:
+        if not self.pack:
+            return
+        key = layout.line_index_pack_key(self.batch_id, self.packs)
         # At most two PUTs in flight while validation goes on (overlapped I/O, bounded memory).
         while len(self.pending) >= 2:
             self.pending.pop(0).result()
-        self.pending.append(self.pool.submit(layout.write_line_index, self.blobs, key,
-                                             layout.LineIndex(runs=seg.runs, est=seg.est)))
-        self.index.append(layout.SegmentEntry(key=key, lines=len(seg.est), est=sum(seg.est), group=slot[0],
-                                              bytes=seg.spanned, model=slot[1]))
+        self.pending.append(self.pool.submit(layout.write_line_index_pack, self.blobs, key, bytes(self.pack)))
+        self.pack = bytearray()
+        self.packs += 1
 
     def abandon(self) -> None:
         for f in self.pending:
@@ -125,6 +142,7 @@ class IndexWriter:
     def close(self, source: layout.InputSource) -> None:
         for slot in sorted(self.open):
             self.flush(slot)
+        self._send_pack()
         for f in self.pending:
             f.result()
         self.pool.shutdown()

@@ -93,7 +93,7 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
                 layout.write_shard(blobs, spec)
                 items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id,
                                        job_definition=job_definitions.get(model, ""),
-                                       est_tokens=spec.est_tokens,
+                                       est_tokens=spec.est_tokens, lines=spec.lines,
                                        backend="sagemaker" if backend == "sagemaker" else "batch",
                                        fallback=backend == "both"))
     # Cancelled or expired before planning: an empty manifest sends the workflow straight to Finalize.

@@ -62,10 +62,9 @@ def shard_requests(blobs: BlobStore, spec: ShardSpec) -> Iterator[SegmentRequest
         yield SegmentRequest(number=line.number, est=line.est, custom_id=str(req["custom_id"]), body=req["body"])
 
 
-def _runs(blobs: BlobStore, keys: list[str]) -> Iterator[Run]:
-    """Every run of the shard in order; one LineIndex in memory at a time."""
-    for key in keys:
-        index = layout.read_line_index(blobs, key)
+def _runs(blobs: BlobStore, refs: list[str]) -> Iterator[Run]:
+    """Every run of the shard in order; one LineIndex in memory at a time (and the pack range it came in)."""
+    for index in layout.read_line_indexes(blobs, refs):
         for first, start, end in index.runs:
             yield Run(first, start, end, index.est)
 

@@ -32,10 +32,10 @@ from typing import Protocol
 
 from nightbatch import layout
 from nightbatch.ids import custom_id_digest
-from nightbatch.layout import CheckpointSummary, ShardSpec
+from nightbatch.layout import CheckpointSummary
 from nightbatch.pipeline.shard_lines import shard_requests
 from nightbatch.results.merge import Output, Window
-from nightbatch.results.order import FirstResult
+from nightbatch.results.order import FirstResult, PlannedShard
 from nightbatch.storage import BlobStore
 
 log = logging.getLogger("nightbatch.finalize")
@@ -82,13 +82,14 @@ class InputOrder:
         """A winning success of a checkpoint without line numbers (parsed by the merge)."""
         self._unnumbered.append(result)
 
-    def end_shard(self, spec: ShardSpec) -> None:
+    def end_shard(self, shard: PlannedShard) -> None:
         """The shard's merge is done: its lines without numbers get theirs from its input."""
         if not self._unnumbered:
             return
         want = {r.digest: r for r in self._unnumbered}
         self._unnumbered = []
-        for req in shard_requests(self.blobs, spec):
+        spec = shard.spec()
+        for req in shard_requests(self.blobs, spec) if spec is not None else ():
             r = want.pop(custom_id_digest(req.custom_id), None)
             if r is not None:
                 self.loose.append((req.number, r.data + b"\n"))
@@ -96,7 +97,7 @@ class InputOrder:
                     break
         for r in want.values():  # a result no line of the shard asked for: kept, at the end, rather than lost
             log.error("result %s is of no line of shard %s; it goes at the end of the output", r.summary.custom_id,
-                      spec.shard_id, extra={"batch_id": self.batch_id})
+                      shard.shard_id, extra={"batch_id": self.batch_id})
             self.loose.append((END - 1, r.data + b"\n"))
 
     def write(self, out: Output) -> None:

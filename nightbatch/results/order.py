@@ -20,19 +20,40 @@ from nightbatch.storage.parts import PartStore
 log = logging.getLogger("nightbatch.results")
 
 
-def planned_shards(blobs: BlobStore, batch_id: str) -> Iterator[tuple[str | None, layout.ShardSpec]]:
-    """(shard_id, spec) per planned shard, in merge order; shard_id None for the segments no shard took."""
+class PlannedShard:
+    """A shard of the manifest: its id (None: the segments no shard took), its lines, and its spec, read only when
+    asked (for the shard's unrun lines): the manifest item carries the lines."""
+
+    def __init__(self, blobs: BlobStore, batch_id: str, shard_id: str | None, lines: int | None,
+                 spec: layout.ShardSpec | None = None) -> None:
+        self.blobs, self.batch_id, self.shard_id, self._spec = blobs, batch_id, shard_id, spec
+        self._read = spec is not None
+        self.lines = lines if lines is not None else spec.lines if spec is not None else self._lines()
+
+    def _lines(self) -> int:  # a manifest written before its items carried the lines
+        spec = self.spec()
+        return spec.lines if spec is not None else 0
+
+    def spec(self) -> layout.ShardSpec | None:
+        """Its spec (None: Plan's spec object is gone; its lines cannot be read)."""
+        if not self._read:
+            self._spec = layout.read_shard(self.blobs, self.batch_id, self.shard_id or "")
+            self._read = True
+        return self._spec
+
+
+def planned_shards(blobs: BlobStore, batch_id: str) -> Iterator[PlannedShard]:
+    """Each planned shard, in merge order; then, if the batch was never planned, its unrun segments as one."""
     items = layout.read_manifest(blobs, batch_id)
     if items:
         for item in items:
-            shard = layout.read_shard(blobs, batch_id, item.shard_id)
-            if shard is not None:
-                yield shard.shard_id, shard
+            yield PlannedShard(blobs, batch_id, item.shard_id, item.lines)
         return
     # Never planned, or planned after a cancel/expiry (empty manifest): every validated segment is unrun.
     index = layout.read_segments(blobs, batch_id)
     if index.segments:
-        yield None, layout.shard_spec(index, index.segments, batch_id=batch_id, shard_id="")
+        yield PlannedShard(blobs, batch_id, None, None,
+                           layout.shard_spec(index, index.segments, batch_id=batch_id, shard_id=""))
 
 
 @dataclass(frozen=True)

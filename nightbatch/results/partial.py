@@ -80,8 +80,8 @@ def partial_results(services: Services, tenant: str, batch_id: str, kind: str, *
 
 def _checkpoints(blobs: BlobStore, batch: BatchRecord) -> list[tuple[str, list[Checkpoint]]]:
     """(shard_id, its checkpoints) per shard: keys and sizes only, listed before the first line is sent."""
-    return [(shard_id, checkpoints_in_order(blobs, batch.pk, shard_id))
-            for shard_id, _spec in planned_shards(blobs, batch.pk) if shard_id is not None]
+    return [(shard.shard_id, checkpoints_in_order(blobs, batch.pk, shard.shard_id))
+            for shard in planned_shards(blobs, batch.pk) if shard.shard_id is not None]
 
 
 def _lines(blobs: BlobStore, shards: list[tuple[str, list[Checkpoint]]], ok: bool,

@@ -83,3 +83,30 @@ def test_version_2_records_round_trip(services: Services) -> None:
     lines = layout.LineIndex(runs=[(1, 0, 4), (3, 6, 9)], est=[3, 4])
     layout.write_line_index(blobs, entry.key, lines)
     assert layout.read_line_index(blobs, entry.key) == lines
+
+
+def test_packed_line_indexes_are_read_by_range_neighbours_in_one_get(services: Services) -> None:
+    blobs = services.adapters.blobs
+    indexes = [layout.LineIndex(runs=[(n, 10 * n, 10 * n + 9)], est=[n]) for n in range(1, 6)]
+    key = layout.line_index_pack_key("b", 0)
+    data, refs = b"", []
+    for index in indexes:
+        line = layout.line_index_line(index)
+        refs.append(layout.packed_ref(key, len(data), len(data) + len(line)))
+        data += line
+    layout.write_line_index_pack(blobs, key, data)
+    own = layout.line_index_key("b", 7)  # a previous release's segment: an object of its own
+    layout.write_line_index(blobs, own, indexes[0])
+    assert layout.split_ref(refs[1]) == (key, len(data) // 5, 2 * len(data) // 5) and layout.split_ref(own) is None
+    gets: list[str] = []
+    blobs.client.meta.events.register("before-parameter-build.s3.GetObject",
+                                      lambda params, **_: gets.append(params["Key"]))
+    order = [refs[0], refs[1], refs[2], own, refs[4], refs[3]]
+    assert list(layout.read_line_indexes(blobs, order)) == [indexes[0], indexes[1], indexes[2], indexes[0],
+                                                           indexes[4], indexes[3]]
+    # refs 0-2 are neighbours: one GET; the object of its own; 4 then 3 are not in order: one GET each.
+    assert gets == [key, own, key, key]
+    gets.clear()
+    assert list(layout.read_line_indexes(blobs, refs, max_read=len(data) // 2)) == indexes
+    assert len(gets) == 3  # two indexes a GET at most
+    assert layout.read_line_index(blobs, refs[3]) == indexes[3]

@@ -33,7 +33,7 @@ def test_blocks_read_line_by_line_are_split_lines(parts: list[bytes], chunk: int
 
 
 def _written(adapters: Adapters, writer: IndexWriter) -> list[Any]:
-    writer.abandon()  # waits for the PUTs
+    writer.close(layout.InputSource(key="files/x", bytes=0))  # sends the last pack, waits for the PUTs
     return [(e.lines, e.est, e.group, e.bytes, e.model, layout.read_line_index(adapters.blobs, e.key))
             for e in writer.index]
 
