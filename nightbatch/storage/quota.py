@@ -7,7 +7,7 @@ added what. That makes reserving and releasing idempotent per member without tra
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from nightbatch.storage.botoerrors import client_error
@@ -58,10 +58,10 @@ def reserve(
     return True
 
 
-def release(table: Table, pk: str, member: str) -> bool:
-    """Takes back what `member` added; False when it holds nothing (never reserved, or released already)."""
-    item = table.get(pk)
-    entry = (item or {}).get(member)
+def release(table: Table, pk: str, member: str, item: Mapping[str, Any] | None = None) -> bool:
+    """Takes back what `member` added; False when it holds nothing (never reserved, or released already). `item`:
+    the usage item, if read already (`release_all`)."""
+    entry = (item if item is not None else table.get(pk) or {}).get(member)
     if not isinstance(entry, dict):
         return False
     names = {"#m": member}
@@ -86,6 +86,13 @@ def release(table: Table, pk: str, member: str) -> bool:
             return False  # a concurrent release won
         raise
     return True
+
+
+def release_all(table: Table, pk: str, names: Iterable[str]) -> None:
+    """`release` of each member, the item read once (each release is still its own conditional write)."""
+    item = table.get(pk) or {}
+    for member in names:
+        release(table, pk, member, item)
 
 
 def members(item: Mapping[str, Any], prefix: str) -> dict[str, dict[str, Any]]:

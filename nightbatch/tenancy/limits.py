@@ -105,9 +105,7 @@ def release_queue_usage(table: Table, tenant: str, batch_id: str) -> None:
 
     Call it when a batch reaches any terminal status: completed, expired, cancelled, or failed.
     """
-    pk = usage_pk(tenant)
-    quota.release(table, pk, QUEUE_MEMBER + batch_id)
-    quota.release(table, pk, FLIGHT_MEMBER + batch_id)
+    quota.release_all(table, usage_pk(tenant), (QUEUE_MEMBER + batch_id, FLIGHT_MEMBER + batch_id))
 
 
 def admit_batch(table: Table, tenant: str, batch_id: str, *, settings: Settings) -> None:
