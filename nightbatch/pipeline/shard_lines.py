@@ -63,7 +63,7 @@ def shard_requests(blobs: BlobStore, spec: ShardSpec) -> Iterator[SegmentRequest
 
 
 def _runs(blobs: BlobStore, refs: list[str]) -> Iterator[Run]:
-    """Every run of the shard in order; one LineIndex in memory at a time (and the pack range it came in)."""
+    """Every run of the shard in order; one LineIndex in memory at a time (and the pack range read with it)."""
     for index in layout.read_line_indexes(blobs, refs):
         for first, start, end in index.runs:
             yield Run(first, start, end, index.est)

@@ -255,7 +255,9 @@ def patch_batch(monkeypatch: pytest.MonkeyPatch, d: Deployment) -> None:
     from moto.batch.responses import BatchResponse
     from moto.batch_simple.models import BatchSimpleBackend
 
-    submit = BatchResponse.submitjob
+    # The handler of SubmitJob: `submitjob` up to moto 5.2.5, `submit_job` from 5.2.6.
+    name = "submit_job" if hasattr(BatchResponse, "submit_job") else "submitjob"
+    submit = getattr(BatchResponse, name)
 
     def submitjob(self: Any) -> str:
         # moto keeps neither field; batch_simple runs the job inside this call, on this thread.
@@ -295,7 +297,7 @@ def patch_batch(monkeypatch: pytest.MonkeyPatch, d: Deployment) -> None:
             job.job_stopped_reason = record.status_reason
         job._mark_stopped(success=record.succeeded)
 
-    monkeypatch.setattr(BatchResponse, "submitjob", submitjob)
+    monkeypatch.setattr(BatchResponse, name, submitjob)
     monkeypatch.setattr(BatchSimpleBackend, "_mark_job_as_finished", finish)
 
 
