@@ -196,7 +196,7 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str, listed
                             order)
                 if order is not None:
                     order.end_shard(shard)
-            if len(seen) < shard.lines and (spec := shard.spec()) is not None:
+            if len(seen) < shard.lines and (spec := shard.spec) is not None:
                 for req in shard_requests(blobs, spec):
                     custom_id = req.custom_id
                     if (d := custom_id_digest(custom_id)) not in seen:

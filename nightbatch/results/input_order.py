@@ -88,7 +88,7 @@ class InputOrder:
             return
         want = {r.digest: r for r in self._unnumbered}
         self._unnumbered = []
-        spec = shard.spec()
+        spec = shard.spec
         for req in shard_requests(self.blobs, spec) if spec is not None else ():
             r = want.pop(custom_id_digest(req.custom_id), None)
             if r is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 from nightbatch import layout
@@ -21,25 +22,22 @@ log = logging.getLogger("nightbatch.results")
 
 
 class PlannedShard:
-    """A shard of the manifest: its id (None: the segments no shard took), its lines, and its spec, read only when
-    asked (for the shard's unrun lines): the manifest item carries the lines."""
+    """A shard of the manifest: its id (None: the segments no shard took), its lines (the manifest item's), and
+    its spec, read only when asked (for lines that got no result)."""
 
     def __init__(self, blobs: BlobStore, batch_id: str, shard_id: str | None, lines: int | None,
                  spec: layout.ShardSpec | None = None) -> None:
-        self.blobs, self.batch_id, self.shard_id, self._spec = blobs, batch_id, shard_id, spec
-        self._read = spec is not None
-        self.lines = lines if lines is not None else spec.lines if spec is not None else self._lines()
+        self.blobs, self.batch_id, self.shard_id = blobs, batch_id, shard_id
+        if spec is not None:
+            self.spec = spec  # given: never read
+        if lines is None:  # a manifest written before its items carried the lines
+            lines = self.spec.lines if self.spec is not None else 0
+        self.lines = lines
 
-    def _lines(self) -> int:  # a manifest written before its items carried the lines
-        spec = self.spec()
-        return spec.lines if spec is not None else 0
-
+    @cached_property
     def spec(self) -> layout.ShardSpec | None:
-        """Its spec (None: Plan's spec object is gone; its lines cannot be read)."""
-        if not self._read:
-            self._spec = layout.read_shard(self.blobs, self.batch_id, self.shard_id or "")
-            self._read = True
-        return self._spec
+        """Its spec (None: Plan's spec object is gone, and its lines cannot be read)."""
+        return layout.read_shard(self.blobs, self.batch_id, self.shard_id or "")
 
 
 def planned_shards(blobs: BlobStore, batch_id: str) -> Iterator[PlannedShard]:

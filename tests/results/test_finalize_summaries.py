@@ -206,10 +206,16 @@ def test_finalize_from_summaries_matches_finalize_by_parsing(services: Services)
         return (sorted(out.splitlines(keepends=True)), blobs.get_bytes(layout.error_key(batch_id)),
                 batch.request_counts.model_dump(), batch.usage.model_dump())
 
+    gets: list[str] = []
+    blobs.client.meta.events.register("before-parameter-build.s3.GetObject",
+                                      lambda params, **_: gets.append(params["Key"]), unique_id="finalize-gets")
     with Reads(blobs) as reads:
         summarized = finalize()
+    blobs.client.meta.events.unregister("before-parameter-build.s3.GetObject", unique_id="finalize-gets")
     total = sum(len(blobs.get_bytes(k) or b"") for k in keys)
     assert reads.parsed == [] and 0 < reads.ranged < total - 2 * MIN_PART_BYTES  # parts copied, never read
+    # Every line has a result: the manifest's line counts say so, and no shard spec is read.
+    assert gets and not {layout.shard_key(batch_id, shard_id) for shard_id, _ in shards} & set(gets)
     out, err, counts, usage = summarized
     assert sum(map(len, out)) > 2 * MIN_PART_BYTES and err is not None
     assert counts["total"] == n and counts["failed"] > 0

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from nightbatch.settings import Settings
 from nightbatch.validation.lines import Validator
-from nightbatch.validation.requests import LineInvalid
+from nightbatch.validation.requests import LineInvalid, estimate_tokens, estimate_tokens_each
 
 CHAT = "/v1/chat/completions"
 MODEL = "SmolLM2-135M-Instruct"
@@ -230,3 +230,24 @@ def _plain_of(endpoint: str, i: int) -> bytes:
     body = b'"messages":[{"role":"user","content":"hi %d"}]' % i if endpoint == CHAT else b'"prompt":"p"'
     return b'{"custom_id":"p%d","method":"POST","url":"%s","body":{"model":"%s",%s,"max_tokens":%d}}' % (
         i, endpoint.encode(), MODEL.encode(), body, i % 3)
+
+
+def test_a_block_with_a_repeated_custom_id_is_read_line_by_line_and_records_nothing() -> None:
+    """A custom_id twice in one block, or one an earlier block took: plain_block records nothing (the digests it
+    added are taken back), and the line path reports the duplicate."""
+    v = _after_first(CHAT)
+    first = [_plain_of(CHAT, i) for i in range(4)]
+    assert v.plain_block(first, [len(x) for x in first]) is not None
+    before = set(v.seen)
+    for block in ([_plain_of(CHAT, 10), _plain_of(CHAT, 11), _plain_of(CHAT, 10)],  # twice in the block
+                  [_plain_of(CHAT, 12), _plain_of(CHAT, 2)]):  # p2: an earlier block's
+        assert v.plain_block(block, [len(x) for x in block]) is None
+        assert v.seen == before
+    with pytest.raises(LineInvalid) as e:
+        v.check(9, _plain_of(CHAT, 2), len(_plain_of(CHAT, 2)))
+    assert e.value.error[0] == "duplicate_custom_id"
+
+
+@given(st.lists(st.integers(0, 10**7), max_size=50), st.integers(0, 10**6))
+def test_estimate_tokens_each_is_estimate_tokens_plus(sizes: list[int], plus: int) -> None:
+    assert estimate_tokens_each(sizes, plus=plus) == [estimate_tokens(n) + plus for n in sizes]
