@@ -17,11 +17,11 @@ from collections.abc import Iterator
 from typing import Any, TypeGuard
 
 from gpu_worker.engines.base import EngineReply
-from nightbatch.files.user_buckets import parse_uri
 from nightbatch.ids import is_file_id
 from nightbatch.layout import file_key
 from nightbatch.storage import BlobStore
 from nightbatch.storage.botoerrors import client_error
+from nightbatch.tenancy.scope import Scope, ScopeError
 
 
 class ImageError(Exception):
@@ -69,22 +69,23 @@ def has_images_by_reference(body: dict[str, Any]) -> bool:
     return any(_by_reference(h.get(f)) for h, f, _ in _slots(body))
 
 
-def resolve_images(blobs: BlobStore, body: dict[str, Any], *, max_bytes: int, buckets: set[str]) -> dict[str, Any]:
+def resolve_images(blobs: BlobStore, body: dict[str, Any], *, max_bytes: int, scope: Scope) -> dict[str, Any]:
     """A copy of the body with every image by reference replaced by its object as a data: URL; ImageError for an
-    `s3://` object outside the allow-listed `buckets` (Validate refused those already; checked again here, since
-    the worker's role may read its own bucket too), or for an object missing, unreadable, or over `max_bytes`.
+    `s3://` object outside the shard tenant's `scope` (Validate refused those already; checked again here, since
+    the worker's role may read its own bucket too, and every tenant's prefixes), or for an object missing,
+    unreadable, or over `max_bytes`.
     A file id reads the file's object of the deployment's bucket (`blobs`): its key is built from the id, which
     must have the shape of ours (so a line Validate did not see cannot name another key)."""
     out = copy.deepcopy(body)
     for holder, field, param in _slots(out):
         ref = holder.get(field)
         if _by_reference(ref):
-            _resolve(blobs, holder, field, ref, param, max_bytes=max_bytes, buckets=buckets)
+            _resolve(blobs, holder, field, ref, param, max_bytes=max_bytes, scope=scope)
     return out
 
 
 def _resolve(blobs: BlobStore, holder: dict[str, Any], field: str, ref: str, param: str, *, max_bytes: int,
-             buckets: set[str]) -> None:
+             scope: Scope) -> None:
     if not ref.startswith("s3://"):  # a file id
         data_url = _data_url(blobs, file_key(ref), f"The image file {ref}", param, max_bytes,
                              missing=": it was deleted, or expired, after the batch was validated")
@@ -93,11 +94,12 @@ def _resolve(blobs: BlobStore, holder: dict[str, Any], field: str, ref: str, par
             field = "image_url"
         holder[field] = data_url
         return
-    bucket, key = parse_uri(ref, param)
-    if bucket not in buckets:
-        raise ImageError(f"The image {ref[:200]} is not in a bucket this deployment reads images from.", param)
-    holder[field] = _data_url(blobs.in_bucket(bucket), key, f"The image {ref[:200]}", param, max_bytes,
-                              suffix=key.rsplit("/", 1)[-1])
+    try:
+        uri = scope.readable(ref, param)
+    except ScopeError as e:
+        raise ImageError(e.message, param) from None
+    holder[field] = _data_url(blobs.in_bucket(uri.bucket), uri.key, f"The image {uri}", param, max_bytes,
+                              suffix=uri.key.rsplit("/", 1)[-1])
 
 
 def _data_url(blobs: BlobStore, key: str, what: str, param: str, max_bytes: int, *, suffix: str = "",

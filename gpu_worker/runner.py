@@ -23,12 +23,13 @@ from gpu_worker.scheduling import OrderPolicy, in_flight_limit, ordered
 from gpu_worker.shard import PendingLines, PendingRequest, Progress, load_shard, read_progress
 from gpu_worker.watch import read_stop_reason, watch_batch
 from nightbatch import layout
-from nightbatch.files.user_buckets import names
 from nightbatch.ids import new_request_id
 from nightbatch.layout import ShardSpec, done_key, results_prefix
 from nightbatch.phases import Phases
 from nightbatch.settings import Settings
 from nightbatch.storage import BlobStore, Table
+from nightbatch.storage.records import BatchRecord
+from nightbatch.tenancy.scope import Scope
 
 log = logging.getLogger("gpu_worker.runner")
 
@@ -120,9 +121,17 @@ async def run_shard(
     spec = shard
     prefix = results_prefix(job.batch_id, job.shard_id)
     progress = await asyncio.to_thread(read_progress, blobs, prefix)
+    scope = Scope.of(settings, spec.tenant or await asyncio.to_thread(_batch_tenant, table, job.batch_id))
     run = _ShardRun(job, spec, engine, settings, progress, blobs=blobs, table=table, stop=stop,
-                    phases=phases or Phases())
+                    phases=phases or Phases(), scope=scope)
     return await run.execute(report)
+
+
+def _batch_tenant(table: Table, batch_id: str) -> str:
+    """The batch's tenant, for a shard spec planned before specs named it. "" (no scope at all) when the batch
+    is gone: the watcher then stops the shard before any request runs."""
+    batch = table.get_record(BatchRecord, batch_id)
+    return batch.tenant if batch is not None else ""
 
 
 @dataclass
@@ -171,9 +180,10 @@ class _ShardRun:
 
     def __init__(
         self, job: ShardJob, spec: ShardSpec, engine: Engine, settings: Settings, progress: Progress, *,
-        blobs: BlobStore, table: Table, stop: asyncio.Event | None, phases: Phases,
+        blobs: BlobStore, table: Table, stop: asyncio.Event | None, phases: Phases, scope: Scope,
     ) -> None:
         self.job, self.spec, self.engine, self.settings, self.progress = job, spec, engine, settings, progress
+        self.scope = scope  # what this shard may read on its tenant's behalf (nightbatch/tenancy/scope.py)
         self.phases = phases
         self.blobs, self.table, self.stop = blobs, table, stop
         self.attempt = secrets.token_hex(4)
@@ -295,7 +305,7 @@ class _ShardRun:
             if has_images_by_reference(body):  # s3:// or file ids, as data: URLs (gpu_worker/images.py)
                 body = await asyncio.to_thread(
                     resolve_images, self.blobs, body, max_bytes=self.settings.validation.max_image_bytes,
-                    buckets=set(names(self.settings.files.user_input_buckets)))
+                    scope=self.scope)
             reply = await self.engine.handle(endpoint, body, request_id)
         except ImageError as exc:
             reply = exc.reply()

@@ -120,12 +120,13 @@ def iam_findings(stack: NaggedStack) -> dict[str, str]:
         findings[f"AwsSolutions-IAM5[Resource::{_arn(stack, 'states', 'execution:')}{execution}{suffix}]"] = (
             "The Distributed Map describes, stops and redrives its own child executions, named at run time.")
     users = stack.config.user_buckets  # infra/user_buckets.py: the allow-listed buckets and prefixes, exactly
-    for b in users.read:
-        findings[f"AwsSolutions-IAM5[Resource::arn:aws:s3:::{b}/*]"] = (
-            f"The allow-listed input bucket {b} (cdk.json userBuckets.read): batches read its objects in place.")
-    for uri in users.write:
-        findings[f"AwsSolutions-IAM5[Resource::arn:aws:s3:::{uri.removeprefix('s3://')}*]"] = (
-            f"The allow-listed output prefix {uri} (cdk.json userBuckets.write): Finalize copies results under it.")
+    for arn in users.read_arns:
+        findings[f"AwsSolutions-IAM5[Resource::{arn}]"] = (
+            f"An allow-listed input location {arn} (cdk.json userBuckets.read): batches read its objects in place; "
+            "a tenant segment is held to the calling tenant by the application (nightbatch/tenancy/scope.py).")
+    for arn in users.write_arns:
+        findings[f"AwsSolutions-IAM5[Resource::{arn}]"] = (
+            f"An allow-listed output location {arn} (cdk.json userBuckets.write): Finalize copies results under it.")
     secret = stack.gpu.hf_token_secret
     if secret is not None:
         findings[f"AwsSolutions-IAM5[Resource::{_arn(stack, 'secretsmanager', 'secret:')}"

@@ -245,6 +245,9 @@ class ShardSpec(BaseModel):
     est_tokens: int = 0
     # Lines per `body.model` when they name more than `model` (its LoRA adapters); empty: all are `model`.
     models: dict[str, int] = {}
+    # The batch's tenant: what the worker may read on its behalf (nightbatch/tenancy/scope.py). "": a spec
+    # planned before specs named it; the worker reads the batch's tenant instead.
+    tenant: str = ""
 
 
 class ShardItem(BaseModel):

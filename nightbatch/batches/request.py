@@ -25,6 +25,7 @@ from nightbatch.files.user_buckets import check_uri_options
 from nightbatch.models.spec import ENDPOINTS, MESSAGES_ENDPOINT
 from nightbatch.notifications.email import check_notify_options
 from nightbatch.settings import Settings
+from nightbatch.tenancy.scope import Scope
 
 WINDOW_RE = re.compile(r"^([1-9][0-9]{0,2})h$")
 # Option -> the keys allowed inside it (None: a scalar or list value, not an object).
@@ -62,7 +63,7 @@ def check_create(tenant: str, req: CreateBatchRequest, *, settings: Settings, fi
     hours = window_hours(req.completion_window, settings.validation.max_completion_window_hours)
     check_metadata(req.metadata)
     # Known keys only, a few KB at most; a bad e-mail address is a 400 now rather than a dropped e-mail later.
-    check_options(req.nightbatch, settings)
+    check_options(req.nightbatch, settings, Scope.of(settings, tenant))
     if req.output_expires_after is not None:
         check_supported(req.output_expires_after.anchor, ("created_at",), param="output_expires_after.anchor")
         check_expiry_seconds(req.output_expires_after.seconds, "output_expires_after.seconds")
@@ -129,8 +130,8 @@ def _json_type(v: Any) -> str:
     return "null" if v is None else "a value"
 
 
-def check_options(options: dict[str, Any] | None, settings: Settings) -> None:
-    """400 for an unknown key, an oversized object, or a bad e-mail option."""
+def check_options(options: dict[str, Any] | None, settings: Settings, scope: Scope) -> None:
+    """400 for an unknown key, an oversized object, a bad e-mail option, or a URI outside the tenant's scope."""
     if not options:
         return
     for key, value in options.items():
@@ -156,7 +157,7 @@ def check_options(options: dict[str, Any] | None, settings: Settings) -> None:
             f"Invalid 'nightbatch': the options take {size} bytes; at most {MAX_OPTIONS_BYTES} are allowed.",
             param="nightbatch", code="invalid_value")
     check_notify_options(options, settings)
-    check_uri_options(options, settings)
+    check_uri_options(options, scope)
     if "output_order" in options and options["output_order"] not in OUTPUT_ORDERS:
         raise InvalidRequestError(
             f"Invalid 'nightbatch.output_order': {json.dumps(options['output_order'], default=str)[:64]}. "

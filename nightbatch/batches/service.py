@@ -19,6 +19,7 @@ from nightbatch.listing import after_sort_key
 from nightbatch.settings import Settings
 from nightbatch.storage import Table
 from nightbatch.storage.records import BatchRecord
+from nightbatch.tenancy.scope import Scope
 from nightbatch.wire import Batch, ListPage, list_page
 
 MAX_BATCHES_LIMIT = 100
@@ -72,15 +73,16 @@ class BatchService:
         """The batch's input file id (checked `input_file_id`, or a file made now over `nightbatch.input_uri`'s
         objects) and where its input and output are in the user's buckets, for the batch object."""
         options = req.nightbatch or {}
+        scope = Scope.of(self.settings, tenant)
         where = {}
         if "output_order" in options:  # shown on the batch object; Finalize reads it (default "completion")
             where["output_order"] = options["output_order"]
         if "output_uri" in options:
-            where["output_uri"] = output_location(options["output_uri"], batch_id)
+            where["output_uri"] = output_location(scope, options["output_uri"], batch_id)
         if "input_uri" not in options:
             return req.input_file_id, where
         where["input_uri"] = options["input_uri"]
-        return register_input(self.files, tenant, options["input_uri"]).id, where
+        return register_input(self.files, scope, options["input_uri"]).id, where
 
     def item(self, tenant: str, batch_id: str, *, wire: str | None = None) -> BatchRecord:
         """The tenant's batch (of that wire, when one is named: the other wire's id is answered as unknown)."""

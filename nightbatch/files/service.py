@@ -15,6 +15,7 @@ from nightbatch.settings import Settings
 from nightbatch.storage import BlobStore, Table
 from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.tenancy.limits import QUOTA_ATTR, batches_in_flight, release_storage, reserve_storage
+from nightbatch.tenancy.scope import Scope
 from nightbatch.validation.file_images import FileImages
 from nightbatch.wire import TERMINAL_STATUSES, DeletedFile, FileObject, ListPage, list_page
 
@@ -157,7 +158,7 @@ class FileService:
             self.blobs.tag(file_key(file_id), INPUT_TAGS)  # gone meanwhile: that line's 400 at run time
 
         return FileImages(lookup, max_bytes=self.settings.validation.max_image_bytes,
-                          accepted=accepted if tag else None)
+                          accepted=accepted if tag else None, scope=Scope.of(self.settings, tenant))
 
     def get(self, tenant: str, file_id: str) -> FileObject:
         return to_wire(self.item(tenant, file_id))

@@ -34,6 +34,7 @@ from nightbatch.services import Services
 from nightbatch.storage.botoerrors import client_error
 from nightbatch.storage.failures import AWS_ERRORS
 from nightbatch.storage.records import BatchRecord
+from nightbatch.tenancy.scope import Scope, ScopeError
 from nightbatch.wire import TERMINAL_STATUSES
 
 log = logging.getLogger("nightbatch.finalize")
@@ -158,7 +159,12 @@ def _copy_to_user(services: Services, batch: BatchRecord, ext: dict[str, Any], i
     files are still served through the Files API."""
     keys = {"output": layout.output_key(batch.pk), "error": layout.error_key(batch.pk)}
     try:
-        copy_outputs(services.adapters.blobs, ext["output_uri"], {k: keys[k] for k, v in ids.items() if v})
+        copy_outputs(services.adapters.blobs, Scope.of(services.settings, batch.tenant), ext["output_uri"],
+                     {k: keys[k] for k, v in ids.items() if v})
+    except ScopeError as e:  # the allow-list changed since create: the tenant may no longer write there
+        log.warning("output copy to %s not allowed now", ext["output_uri"], extra={"batch_id": batch.pk})
+        ext["output_copy_error"] = e.message
+        return
     except client_error() as e:
         if not 400 <= int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 500) < 500:
             raise  # S3 or the network: retried like any other

@@ -90,6 +90,7 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
                 spec = layout.shard_spec(index, group, batch_id=inp.batch_id, shard_id=shard_id,
                                          endpoint=batch.endpoint, model=model)
                 spec.models = line_models(group, model)
+                spec.tenant = batch.tenant
                 layout.write_shard(blobs, spec)
                 items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id,
                                        job_definition=job_definitions.get(model, ""),

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Protocol
 
+from nightbatch.tenancy.scope import Scope, ScopeError
 from nightbatch.validation.requests import LineInvalid
 
 IMAGE_PURPOSES = ("vision", "user_data")
@@ -35,8 +36,10 @@ class FileImages:
     per file that passed, while its result is cached: Validate tags the object there, for the worker to read."""
 
     def __init__(self, lookup: Callable[[str], ImageFileRecord | None], *, max_bytes: int,
-                 accepted: Callable[[str], None] | None = None, cached: int = CACHED_IDS) -> None:
+                 accepted: Callable[[str], None] | None = None, cached: int = CACHED_IDS,
+                 scope: Scope | None = None) -> None:
         self._lookup, self._accepted, self.max_bytes, self._cached = lookup, accepted, max_bytes, cached
+        self.scope = scope  # the batch tenant's: which s3:// images it may name (nightbatch/tenancy/scope.py)
         self._known: OrderedDict[str, tuple[str, str] | None] = OrderedDict()  # id -> the error, or None: fine
         self.lookups = 0
 
@@ -55,6 +58,16 @@ class FileImages:
                 self._accepted(file_id)
         if error is not None:
             raise LineInvalid(error[0], error[1], param)
+
+    def check_s3(self, url: str, param: str) -> None:
+        """A LineInvalid naming `param` unless the tenant may read the `s3://` image `url`."""
+        if self.scope is None:
+            raise LineInvalid("invalid_value", "Images by s3:// URI are not accepted here: send the image as a data: "
+                              "URL.", param)
+        try:
+            self.scope.readable(url, param)
+        except ScopeError as e:
+            raise LineInvalid(e.code or "invalid_value", e.message, param) from None
 
     def _verdict(self, file_id: str) -> tuple[str, str] | None:
         rec = self._lookup(file_id)

@@ -8,10 +8,10 @@ import re
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from nightbatch.files.user_buckets import names
 from nightbatch.ids import is_file_id
 from nightbatch.models.spec import ModelSpec
 from nightbatch.settings import Settings
+from nightbatch.tenancy.scope import is_s3_uri
 
 if TYPE_CHECKING:  # file_images raises this module's LineInvalid
     from nightbatch.validation.file_images import FileImages
@@ -60,9 +60,12 @@ def check_media(settings: Settings, messages: list[Any],
                 if kind == "image_url":
                     images += 1
                     _check_image(settings, url, images, f"{at}.{kind}")
-                    if isinstance(url, str) and url.startswith("s3://") and \
-                            url[len("s3://"):].partition("/")[0] in names(settings.files.user_input_buckets):
-                        continue  # fetched by the worker (gpu_worker/images.py), within max_image_bytes
+                    if is_s3_uri(url):  # fetched by the worker (gpu_worker/images.py), within max_image_bytes
+                        if files is None:
+                            raise LineInvalid("invalid_value", "Images by s3:// URI are not accepted here: send "
+                                              "the image as a data: URL.", f"{at}.{kind}.url")
+                        files.check_s3(url, f"{at}.{kind}.url" if isinstance(ref, dict) else f"{at}.{kind}")
+                        continue
                     if isinstance(url, str) and url.startswith("file-"):  # nightbatch's extension to chat
                         _check_file_image(files, url, f"{at}.{kind}.url" if isinstance(ref, dict) else f"{at}.{kind}")
                         continue

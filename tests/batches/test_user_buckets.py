@@ -131,7 +131,7 @@ def test_one_object_is_read_in_place(services: Services, user_bucket: Any) -> No
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    ({"input_uri": "s3://not-listed/p.jsonl"}, "bucket 'not-listed' is not one"),
+    ({"input_uri": "s3://not-listed/p.jsonl"}, "is not under a location"),
     ({"input_uri": "https://users-data/p.jsonl"}, "expected an 's3://bucket/key' URI"),
     ({"input_uri": f"s3://{USER}/nothing/"}, "no non-empty object"),
     ({"input_uri": f"s3://{USER}/prompts/a.jsonl", "output_uri": f"s3://{OUT}/elsewhere/"}, "is not under"),
@@ -180,3 +180,26 @@ def test_a_refused_copy_is_said_on_the_batch_not_retried(services: Services, use
     rec = run(services, batch_id)
     assert rec.status == "completed" and rec.output_file_id
     assert "NoSuchBucket" in (rec.ext or {})["output_copy_error"]
+
+
+def test_a_prefix_over_the_object_cap_is_refused_after_one_page(services: Services, user_bucket: Any) -> None:
+    """The API request lists at most one object past the cap (a million-object prefix listed in full was ~1,000
+    list calls inside one request, past API Gateway's 29 s)."""
+    services.settings.files.max_user_input_objects = 3
+    for n in range(40):
+        user_bucket.put_object(Bucket=USER, Key=f"many/{n:03d}.jsonl", Body=jsonl([chat_line(n)]))
+    asked: list[int] = []
+    listed: list[int] = []
+
+    def before(params: dict[str, Any], **_: Any) -> None:
+        asked.append(int(params.get("MaxKeys", 1000)))
+
+    def after(parsed: dict[str, Any], **_: Any) -> None:
+        listed.append(len(parsed.get("Contents", [])))
+
+    events = services.adapters.blobs.client.meta.events
+    events.register("provide-client-params.s3.ListObjectsV2", before)
+    events.register("after-call.s3.ListObjectsV2", after)
+    with pytest.raises(InvalidRequestError, match="holds more than 3 objects"):
+        create(services, input_uri=f"s3://{USER}/many/")
+    assert sum(listed) <= 4 and len(asked) == 1

@@ -66,9 +66,12 @@ def test_no_user_bucket_without_the_key(template: dict[str, Any]) -> None:
 
 
 @pytest.mark.parametrize(("user_buckets", "message"), [
-    ({"read": ["Not_A_Bucket"]}, "are not bucket names"),
+    ({"read": ["Not_A_Bucket"]}, "is neither a bucket name nor an s3://bucket/prefix/ URI"),
     ({"write": ["users-results/nightly/"]}, "is not an s3://bucket/prefix/ URI"),
-    ({"write": ["s3://users-results/*"]}, "is not an s3://bucket/prefix/ URI"),
+    ({"write": ["s3://users-results/*"]}, "'\\*' is not allowed"),
+    ({"read": ["s3://lake/teams/../x/"]}, "a '.' or '..' path segment"),
+    ({"read": ["s3://lake/teams-{tenant}/"]}, "must be one whole path segment"),
+    ({"write": ["s3://lake/{tenant}/{tenant}/"]}, "must be one whole path segment"),
     ({"kmsKeys": ["alias/users"]}, "are not KMS key ARNs"),
     ({"reads": ["users-data"]}, "Extra inputs are not permitted"),
 ])
@@ -77,7 +80,7 @@ def test_a_bad_allow_list_fails_the_synth(user_buckets: dict[str, Any], message:
     from infra.config import DeployConfig
     from tests.infra.synth import ROOT
     context = {**cdk_app.load_context(ROOT), "userBuckets": user_buckets}
-    with pytest.raises(ValueError, match=message.replace("*", r"\*")):
+    with pytest.raises(ValueError, match=message):
         DeployConfig.from_context(context.get)
 
 
@@ -88,3 +91,25 @@ def test_the_allow_list_may_not_be_set_through_limits() -> None:
     context = {**cdk_app.load_context(ROOT), "limits": {"user_input_buckets": "anyone"}}
     with pytest.raises(ValueError, match="set by the stack"):
         DeployConfig.from_context(context.get)
+
+
+def test_a_tenant_segment_is_granted_as_a_wildcard_and_listing_is_held_to_the_prefixes(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """IAM cannot tell tenants apart (one role serves them all): `{tenant}` is granted as `*`, and the application
+    holds each tenant to its own expansion (nightbatch/tenancy/scope.py)."""
+    users = {"read": ["s3://users-lake/teams/{tenant}/", "s3://users-lake/shared/"],
+             "write": ["s3://users-out/{tenant}/results/"]}
+    synth = synthesize({"userBuckets": users}, tmp_path_factory.mktemp("cdk-tenant") / "cdk.out")
+    assert synth.error is None, synth.error
+    template = synth.template
+    api = _role_of(template, HANDLERS["api"])
+    assert grants(template, api)["s3:GetObject"] == {"arn:aws:s3:::users-lake/shared/*",
+                                                      "arn:aws:s3:::users-lake/teams/*/*"}
+    listing = [st for st in _statements_of_role(template, api) if "s3:ListBucket" in _list(st["Action"])
+               and "users-lake" in json.dumps(st["Resource"])]
+    assert [st["Condition"] for st in listing] == [{"StringLike": {"s3:prefix": ["shared/*", "teams/*/*"]}}]
+    finalize = _role_of(template, HANDLERS["finalize"])
+    assert grants(template, finalize)["s3:PutObject"] == {"arn:aws:s3:::users-out/*/results/*"}
+    fn = next(iter(of_type(template, "AWS::Lambda::Function").values()))
+    env = fn["Properties"]["Environment"]["Variables"]
+    assert env["NIGHTBATCH_USER_INPUT_BUCKETS"] == "s3://users-lake/teams/{tenant}/,s3://users-lake/shared/"

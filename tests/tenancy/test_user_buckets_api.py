@@ -11,6 +11,7 @@ from typing import Any
 
 import openai
 import pytest
+import requests
 
 from tests.tenancy.conftest import BOOTSTRAP_KEY, Stack, chat_lines, wait_for
 
@@ -54,3 +55,53 @@ def test_a_batch_over_the_users_prefix_through_the_sdk(make_stack: Callable[...,
                               extra_body={"nightbatch": {"input_uri": f"s3://{results}/out/"}})
     assert e.value.body["param"] == "nightbatch.input_uri"  # type: ignore[index]
     assert e.value.body["code"] == "bucket_not_allowed"  # type: ignore[index]
+
+
+def test_each_tenant_reaches_only_its_own_prefix(make_stack: Callable[..., Stack]) -> None:
+    """`{tenant}` entries: team-a names team-b's input, output or a parent prefix and gets a 400 naming the
+    parameter; its own prefix works (the finding: one list for the whole deployment let any tenant read any
+    other's objects and serve them back through the content route)."""
+    lake, out = f"users-lake-{uuid.uuid4().hex[:8]}", f"users-out-{uuid.uuid4().hex[:8]}"
+    stack = make_stack(workflow="recording", user_input_buckets=f"s3://{lake}/teams/{{tenant}}/",
+                       user_output_prefixes=f"s3://{out}/{{tenant}}/")
+    s3 = stack.services.adapters.client("s3")
+    for bucket in (lake, out):
+        s3.create_bucket(Bucket=bucket)
+    s3.put_object(Bucket=lake, Key="teams/team-a/in.jsonl", Body=chat_lines(2, prefix="a"))
+    s3.put_object(Bucket=lake, Key="teams/team-b/secret.jsonl", Body=chat_lines(2, prefix="b"))
+    a = stack.client(stack.new_key("team-a"))
+
+    def create(**options: str) -> Any:
+        return a.batches.create(input_file_id="", endpoint="/v1/chat/completions", completion_window="24h",
+                                extra_body={"nightbatch": options})
+
+    mine = create(input_uri=f"s3://{lake}/teams/team-a/in.jsonl", output_uri=f"s3://{out}/team-a/")
+    assert (mine.model_extra or {})["nightbatch"]["output_uri"] == f"s3://{out}/team-a/{mine.id}/"
+    for options, param in (({"input_uri": f"s3://{lake}/teams/team-b/secret.jsonl"}, "nightbatch.input_uri"),
+                           ({"input_uri": f"s3://{lake}/teams/"}, "nightbatch.input_uri"),
+                           ({"input_uri": f"s3://{lake}/teams/team-a/../team-b/secret.jsonl"},
+                            "nightbatch.input_uri"),
+                           ({"input_uri": f"s3://{lake}/teams/team-a/in.jsonl",
+                             "output_uri": f"s3://{out}/team-b/"}, "nightbatch.output_uri"),
+                           ({"input_uri": f"s3://{lake}/teams/team-a/in.jsonl",
+                             "output_uri": f"s3://{out}/team-a/%2e%2e/team-b/"}, "nightbatch.output_uri")):
+        with pytest.raises(openai.BadRequestError) as e:
+            create(**options)
+        assert e.value.body["param"] == param, options  # type: ignore[index]
+    assert [f.filename for f in a.files.list()] == [f"s3://{lake}/teams/team-a/in.jsonl"]
+
+
+@pytest.mark.parametrize("uri", ["s3://users-x/\ud800.jsonl", "s3://users-x/a\u0007b.jsonl"])
+@pytest.mark.parametrize("field", ["input_uri", "output_uri"])
+def test_an_unencodable_or_control_character_uri_is_a_400_not_a_500(make_stack: Callable[..., Stack],
+                                                                   uri: str, field: str) -> None:
+    """A lone surrogate arrives as the JSON escape `\\ud800`, which Python decodes into a str that cannot be
+    encoded: it was a 500 wherever the URI reached an encoder."""
+    stack = make_stack(user_input_buckets="users-x", user_output_prefixes="s3://users-x/out/")
+    options = {field: uri} if field == "input_uri" else {"input_uri": "s3://users-x/in.jsonl", field: uri}
+    body = json.dumps({"input_file_id": "", "endpoint": "/v1/chat/completions", "completion_window": "24h",
+                       "nightbatch": options})  # ASCII: the surrogate travels as its escape
+    resp = requests.post(f"{stack.base_url}/batches", data=body, timeout=30, headers={
+        "Authorization": f"Bearer {BOOTSTRAP_KEY}", "Content-Type": "application/json"})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == f"nightbatch.{field}"

@@ -9,6 +9,7 @@ from typing import Any
 
 from gpu_worker.images import has_images_by_reference, resolve_images
 from nightbatch.layout import file_key
+from nightbatch.tenancy.scope import Scope
 from tests.support.deterministic_engine import DeterministicEngine
 
 from .conftest import CHAT_MODEL, ShardWorld
@@ -59,7 +60,7 @@ def test_a_responses_file_id_becomes_the_input_images_url(world: ShardWorld) -> 
     world.adapters.blobs.put_bytes(file_key("file-photo"), JPEG)
     body = file_line("r", "file-photo", responses=True)["body"]
     assert has_images_by_reference(body)
-    out = resolve_images(world.adapters.blobs, body, max_bytes=1000, buckets=set())
+    out = resolve_images(world.adapters.blobs, body, max_bytes=1000, scope=Scope.of(world.settings, "default"))
     assert out["input"][0]["content"][1] == {
         "type": "input_image", "image_url": f"data:image/jpeg;base64,{base64.b64encode(JPEG).decode()}"}
     assert body["input"][0]["content"][1]["file_id"] == "file-photo"  # the line itself is left as it was

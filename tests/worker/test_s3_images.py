@@ -11,6 +11,8 @@ import pytest
 
 from gpu_worker.images import ImageError, resolve_images
 from nightbatch.settings import Settings
+from nightbatch.tenancy.scope import Scope
+from nightbatch.validation.file_images import FileImages
 from nightbatch.validation.requests import LineInvalid, check_media
 from tests.support.deterministic_engine import DeterministicEngine
 
@@ -61,19 +63,24 @@ def test_responses_input_images_are_resolved_too(world: ShardWorld) -> None:
     s3.create_bucket(Bucket="users-images")
     s3.put_object(Bucket="users-images", Key="a/cat.jpg", Body=PNG)
     body = line("r", "s3://users-images/a/cat.jpg", responses=True)["body"]
-    out = resolve_images(world.adapters.blobs, body, max_bytes=1000, buckets={"users-images"})
+    settings = world.settings.model_copy(deep=True)
+    settings.files.user_input_buckets = "users-images"
+    scope = Scope.of(settings, "default")
+    out = resolve_images(world.adapters.blobs, body, max_bytes=1000, scope=scope)
     assert out["input"][0]["content"][1]["image_url"] == f"data:image/jpeg;base64,{base64.b64encode(PNG).decode()}"
     assert body["input"][0]["content"][1]["image_url"].startswith("s3://")  # the line itself is left as it was
     # The worker's own bucket (or any other) is never fetched, even for a line Validate did not see.
     own = line("o", f"s3://{world.settings.deployment.bucket}/batches/x.png", responses=True)["body"]
-    with pytest.raises(ImageError, match="not in a bucket this deployment reads images from"):
-        resolve_images(world.adapters.blobs, own, max_bytes=1000, buckets={"users-images"})
+    with pytest.raises(ImageError, match="names the deployment's own bucket"):
+        resolve_images(world.adapters.blobs, own, max_bytes=1000, scope=scope)
 
 
 def test_validate_takes_s3_images_of_the_allow_listed_buckets_only() -> None:
     settings = Settings(files={"user_input_buckets": "users-images"})
-    check_media(settings, line("a", "s3://users-images/cat.png")["body"]["messages"])
+    refs = FileImages(lambda _: None, max_bytes=1000, scope=Scope.of(settings, "default"))
+    check_media(settings, line("a", "s3://users-images/cat.png")["body"]["messages"], files=refs)
     with pytest.raises(LineInvalid) as e:
-        check_media(settings, line("b", "s3://someone-else/cat.png")["body"]["messages"])
+        check_media(settings, line("b", "s3://someone-else/cat.png")["body"]["messages"], files=refs)
+    assert e.value.error[0] == "bucket_not_allowed"
     assert e.value.error[2] == "body.messages[0].content[1].image_url.url"
 
