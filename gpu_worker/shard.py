@@ -70,7 +70,7 @@ def read_progress(blobs: BlobStore, prefix: str) -> Progress:
     Finalize reads them (nightbatch.results.order.first_results)."""
     progress = Progress()
     for key in sorted(blobs.list_keys(prefix)):
-        m = CHECKPOINT_RE.match(key[len(prefix):])
+        m = CHECKPOINT_RE.fullmatch(key[len(prefix):])
         if m is None:
             continue
         progress.next_seq = max(progress.next_seq, int(m.group(1)) + 1)

@@ -47,7 +47,7 @@ class UserBuckets(BaseModel):
     @field_validator("kms_keys")
     @classmethod
     def _keys(cls, arns: tuple[str, ...]) -> tuple[str, ...]:
-        bad = [a for a in arns if not re.match(r"^arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/[A-Za-z0-9-]+$", a)]
+        bad = [a for a in arns if not re.fullmatch(r"arn:aws[a-z-]*:kms:[a-z0-9-]+:\d{12}:key/[A-Za-z0-9-]+", a)]
         if bad:
             raise ValueError(f"userBuckets.kmsKeys: {bad} are not KMS key ARNs")
         return arns

@@ -123,7 +123,7 @@ def checkpoint_key(prefix: str, seq: int, attempt: str) -> str:
 
 
 def is_checkpoint(prefix: str, key: str) -> bool:
-    return CHECKPOINT_RE.match(key[len(prefix):]) is not None
+    return CHECKPOINT_RE.fullmatch(key[len(prefix):]) is not None
 
 
 def checkpoint_summary_key(checkpoint: str) -> str:
@@ -461,7 +461,7 @@ def write_attempt(blobs: Blobs, prefix: str, record: AttemptRecord) -> None:
 def attempt_keys(blobs: Blobs, prefix: str, listed: Iterable[str] | None = None) -> list[str]:
     """The attempt records under `prefix`; `listed`: its keys, if listed already (else listed here)."""
     keys = blobs.list_keys(prefix) if listed is None else (k for k in listed if k.startswith(prefix))
-    return [k for k in keys if ACCOUNTING_RE.match(k.rsplit("/", 1)[-1])]
+    return [k for k in keys if ACCOUNTING_RE.fullmatch(k.rsplit("/", 1)[-1])]
 
 
 def read_attempts(blobs: Blobs, prefixes: Iterable[str], listed: Iterable[str] | None = None) -> Iterator[

@@ -83,7 +83,7 @@ def authenticate(request: Request, services: ServicesDep) -> Principal:
     for accepted in caches.bootstrap.current():
         if hmac.compare_digest(accepted.encode(), key.encode()):
             principal = Principal(tenant=DEFAULT_TENANT, key_name="configured")
-    if principal is None and STORED_KEY_RE.match(key):
+    if principal is None and STORED_KEY_RE.fullmatch(key):
         # Only a key shaped like one we issue costs a table read: junk is refused before any AWS call.
         rec = caches.stored.lookup(key)
         if rec is not None:

@@ -46,10 +46,10 @@ def _shard(blobs: BlobStore, batch_id: str, shard_id: str, terminal: bool) -> di
         name = key[len(prefix):]
         if name == layout.DONE_NAME:
             done = _json(blobs, key) or {}
-        elif m := layout.CHECKPOINT_RE.match(name):
+        elif m := layout.CHECKPOINT_RE.fullmatch(name):
             checkpoints += 1
             attempts.setdefault(m.group(2), {"attempt": m.group(2)})
-        elif m := layout.ACCOUNTING_RE.match(name):
+        elif m := layout.ACCOUNTING_RE.fullmatch(name):
             record = _json(blobs, key) or {}
             # Phase timings as the worker reports them (load, inference, idle and any it adds later).
             timings = {k: v for k, v in record.items() if k.endswith("_seconds") and isinstance(v, int | float)}
@@ -59,7 +59,7 @@ def _shard(blobs: BlobStore, batch_id: str, shard_id: str, terminal: bool) -> di
             if isinstance(phases, dict):  # seconds from container start to each phase (nightbatch.phases)
                 entry["phases"] = {k: v for k, v in phases.items()
                                    if isinstance(v, int | float) or k == "weights_source"}
-        elif m := layout.PROGRESS_RE.match(name):
+        elif m := layout.PROGRESS_RE.fullmatch(name):
             record = _json(blobs, key) or {}
             points = [p for p in record.get("samples", []) if isinstance(p, list) and len(p) == 4]
             if points:

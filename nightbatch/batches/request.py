@@ -80,7 +80,7 @@ def check_create(tenant: str, req: CreateBatchRequest, *, settings: Settings, fi
 
 
 def window_hours(window: str, max_hours: int) -> int:
-    m = WINDOW_RE.match(window)
+    m = WINDOW_RE.fullmatch(window)
     hours = int(m.group(1)) if m else 0
     if not 1 <= hours <= max_hours:
         raise InvalidRequestError(

@@ -25,7 +25,7 @@ _UNITS = {"b": 1, "k": 1024, "kb": 1000, "kib": 1024, "m": MIB, "mb": 1000**2, "
 
 
 def size(text: str) -> int:
-    m = _SIZE.match(text)
+    m = _SIZE.fullmatch(text)
     if not m or float(m.group(1)) <= 0:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4MiB, 512KiB, 1000000)")
     return int(float(m.group(1)) * _UNITS[(m.group(2) or "b").lower()])

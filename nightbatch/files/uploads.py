@@ -293,7 +293,7 @@ class UploadService:
         keys: list[str] = []
         total = 0
         for pid in part_ids:
-            key = part_key(upload_id, pid) if PART_ID_RE.match(pid) else ""
+            key = part_key(upload_id, pid) if PART_ID_RE.fullmatch(pid) else ""
             if key not in sizes:
                 raise InvalidRequestError(f"Invalid 'part_ids': Upload {upload_id} has no part '{pid[:64]}'.",
                                           param="part_ids", code="invalid_value")

@@ -68,7 +68,7 @@ def create(services: Services, tenant: str, body: CreateMessageBatch) -> Message
     validator = Validator(settings=settings, endpoint=MESSAGES_ENDPOINT)
     size = 0
     for i, req in enumerate(body.requests):
-        if not CUSTOM_ID_RE.match(req.custom_id):
+        if not CUSTOM_ID_RE.fullmatch(req.custom_id):
             raise InvalidRequestError(f"requests.{i}.custom_id: String should match pattern "
                                       "'^[a-zA-Z0-9_-]{1,64}$'", param=f"requests.{i}.custom_id")
         line = _line(i, req)

@@ -34,7 +34,7 @@ def domain_allowed(settings: Settings, address: str) -> bool:
     an API key could otherwise make the deployment's SES identity mail anywhere, and any in the local mode,
     whose SES is the embedded emulation that sends nothing."""
     domains = {d.lower() for d in _split(settings.notifications.email_allowed_domains)}
-    m = ADDRESS_RE.match(address)
+    m = ADDRESS_RE.fullmatch(address)
     if m is None:
         return False
     if not domains:
@@ -49,7 +49,7 @@ def check_notify_options(options: dict[str, Any] | None, settings: Settings) -> 
         raise InvalidRequestError(f"Invalid '{PARAM}': at most {MAX_BATCH_RECIPIENTS} addresses.", param=PARAM,
                                   code="invalid_value")
     for a in addresses:
-        if not isinstance(a, str) or not ADDRESS_RE.match(a):
+        if not isinstance(a, str) or not ADDRESS_RE.fullmatch(a):
             raise InvalidRequestError(f"Invalid '{PARAM}': {a!r} is not an email address.", param=PARAM,
                                       code="invalid_value")
         if not domain_allowed(settings, a):

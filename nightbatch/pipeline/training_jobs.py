@@ -54,7 +54,7 @@ def batch_jobs_marker(batch_id: str) -> str:
 
 def job_name(prefix: str, batch_id: str, shard_id: str, attempt: int) -> str:
     name = f"{prefix}{batch_jobs_marker(batch_id)}-{shard_id}-{attempt}-{secrets.token_hex(3)}".replace("_", "-")
-    if not JOB_NAME_RE.match(name) or not JOB_PREFIX_RE.match(prefix):
+    if not JOB_NAME_RE.fullmatch(name) or not JOB_PREFIX_RE.fullmatch(prefix):
         raise ValueError(f"{name!r} is not a SageMaker training job name")
     return name
 

@@ -55,7 +55,7 @@ def new_key() -> str:
 
 
 def check_tenant(tenant: str) -> str:
-    if not TENANT_RE.match(tenant):
+    if not TENANT_RE.fullmatch(tenant):
         raise InvalidRequestError(
             f"Invalid tenant '{tenant}': use 1-63 lowercase letters, digits, '-' or '_', starting with a "
             "letter or digit.", param="tenant",
@@ -70,7 +70,7 @@ class KeyStore:
     def create(self, *, name: str, tenant: str = DEFAULT_TENANT) -> tuple[str, KeyRecord]:
         """Makes a key; the plain key is returned here and never again."""
         check_tenant(tenant)
-        if not NAME_RE.match(name):
+        if not NAME_RE.fullmatch(name):
             raise InvalidRequestError(f"Invalid key name '{name}': use 1-64 printable ASCII characters.",
                                       param="name")
         for rec in self.list_keys():

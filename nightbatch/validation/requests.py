@@ -88,7 +88,7 @@ def check_media_url(settings: Settings, url: object, kind: str, param: str) -> N
     # Parsed from the settings only when a line names a URL (per-line hot path).
     domains = settings.validation.media_allowed_domains
     allowed = {d.strip().lower() for d in domains.split(",") if d.strip()}
-    m = re.match(r"^https://([^/:?#@]+)(?::443)?(?:[/?#]|$)", url) if isinstance(url, str) else None
+    m = re.match(r"https://([^/:?#@]+)(?::443)?(?:[/?#]|\Z)", url) if isinstance(url, str) else None
     if m is None or m.group(1).lower() not in allowed:
         raise LineInvalid(
             "invalid_value", f"Invalid '{kind}.url': only data: URLs are accepted"

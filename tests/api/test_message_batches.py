@@ -73,6 +73,9 @@ def test_create_and_retrieve_show_anthropic_shapes(api_server: ApiServer, claude
     (reqs(1, max_tokens=...), "requests.0.params.max_tokens: Field required"),
     ([{"custom_id": "bad id!", "params": params()}], "requests.0.custom_id: String should match pattern "
                                                     "'^[a-zA-Z0-9_-]{1,64}$'"),
+    # `$` alone would take a trailing newline: the whole custom_id must match.
+    ([{"custom_id": "abc\n", "params": params()}], "requests.0.custom_id: String should match pattern "
+                                                  "'^[a-zA-Z0-9_-]{1,64}$'"),
     ([{"custom_id": "x", "params": params()}, {"custom_id": "x", "params": params()}], None),
     (reqs(1, model="no-such-model"), None),
     (reqs(1, messages=[{"role": "system", "content": "x"}]), "requests.0.params.messages.0.role: Input should be "

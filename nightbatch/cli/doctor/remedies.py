@@ -13,7 +13,7 @@ QUOTAS: dict[tuple[str, bool], tuple[str, str]] = {
     ("P", False): ("L-417A185B", "Running On-Demand P instances"),
     ("P", True): ("L-7212CCBC", "All P Spot Instance Requests"),
 }
-_SIZE = re.compile(r"\.(\d*)xlarge$")
+_SIZE = re.compile(r"\.(\d*)xlarge\Z")
 
 
 def gpu_vcpus(instance_type: str) -> int:
