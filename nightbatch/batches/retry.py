@@ -5,8 +5,8 @@ an explicit custom_id list. Both are held as custom_id digests (nightbatch.ids) 
 streamed into the new batch's input file: memory holds one fixed-size digest per selected line, never a line
 or a file. The copy runs inside the API request; in AWS a very large input could outlast API Gateway's 29 s.
 The batches are linked both ways under `nightbatch`: `retry_of` on the new one, `retried_by` (every retry,
-oldest first) on the one retried. Endpoint, window, metadata, options (notifications) and output expiry are the
-retried batch's unless the request overrides them.
+oldest first) on the one retried. Endpoint, window, metadata, options (notifications, `output_uri`: not
+`input_uri`, the lines being copied) and output expiry are the retried batch's unless the request overrides them.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ def retry_batch(services: Services, tenant: str, batch_id: str, req: RetryReques
         metadata=req.metadata if req.metadata is not None else old.metadata,
         output_expires_after=req.output_expires_after or (
             ExpiresAfter(seconds=old.output_expires_after_seconds) if old.output_expires_after_seconds else None),
-        nightbatch={**(old.options or {}), **(req.nightbatch or {})} or None,
+        nightbatch={**_inherited_options(old), **(req.nightbatch or {})} or None,
     )
     try:
         new = create_admitted(services, tenant, create, ext={"retry_of": batch_id, "retry_lines": lines})
@@ -87,6 +87,12 @@ def retry_batch(services: Services, tenant: str, batch_id: str, req: RetryReques
     _link(services, old, new.id)
     log.info("batch %s retried as %s (%d lines)", batch_id, new.id, lines, extra={"batch_id": batch_id})
     return new
+
+
+def _inherited_options(old: BatchRecord) -> dict[str, Any]:
+    """The retried batch's options, but where its input was read: the retry's input is a new file of the selected
+    lines (even when the old one was read in place from `input_uri`); `output_uri` and the rest carry over."""
+    return {k: v for k, v in (old.options or {}).items() if k != "input_uri"}
 
 
 def _input_file(services: Services, tenant: str, old: BatchRecord) -> FileRecord:

@@ -105,3 +105,39 @@ def test_an_unencodable_or_control_character_uri_is_a_400_not_a_500(make_stack: 
         "Authorization": f"Bearer {BOOTSTRAP_KEY}", "Content-Type": "application/json"})
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["param"] == f"nightbatch.{field}"
+
+
+def test_a_retry_of_a_batch_read_in_place_copies_its_lines_and_keeps_its_output_uri(
+        make_stack: Callable[..., Stack]) -> None:
+    """The retry's input is a new file of the selected lines, so it does not inherit `input_uri` (that and the
+    file id together were a 400); `output_uri` carries over, under the new batch's id."""
+    users, results = f"users-{uuid.uuid4().hex[:8]}", f"results-{uuid.uuid4().hex[:8]}"
+    stack = make_stack(workflow="local", user_input_buckets=users, user_output_prefixes=f"s3://{results}/out/")
+    s3 = stack.services.adapters.client("s3")
+    for bucket in (users, results):
+        s3.create_bucket(Bucket=bucket)
+    parts = [chat_lines(3, prefix=f"p{n}") for n in range(2)]
+    for n, data in enumerate(parts):
+        s3.put_object(Bucket=users, Key=f"in/{n}.jsonl", Body=data)
+    client = stack.client(BOOTSTRAP_KEY)
+    batch = client.batches.create(input_file_id="", endpoint="/v1/chat/completions", completion_window="24h",
+                                  extra_body={"nightbatch": {"input_uri": f"s3://{users}/in/",
+                                                             "output_uri": f"s3://{results}/out/",
+                                                             "output_order": "input"}})
+    done = wait_for(lambda: (b := client.batches.retrieve(batch.id)).status in ("completed", "failed") and b)
+    assert done.status == "completed" and done.request_counts.failed == 6  # engines off: every line shard_failed
+
+    retry = client.post(f"/nightbatch/batches/{batch.id}/retry", cast_to=openai.types.Batch,
+                        body={"custom_ids": ["p1-2", "p0-1"]})
+    options = (retry.model_extra or {})["nightbatch"]
+    assert "input_uri" not in options and options["retry_of"] == batch.id
+    assert options["output_uri"] == f"s3://{results}/out/{retry.id}/"
+    assert options["output_order"] == "input"
+    new_input = client.files.retrieve(retry.input_file_id)
+    assert new_input.id != batch.input_file_id and new_input.filename == f"{batch.id}_retry.jsonl"
+    lines = parts[0].splitlines(keepends=True)[1:2] + parts[1].splitlines(keepends=True)[2:3]
+    assert client.files.content(retry.input_file_id).read() == b"".join(lines)  # the original bytes, input order
+    ended = wait_for(lambda: (b := client.batches.retrieve(retry.id)).status in ("completed", "failed") and b)
+    assert ended.status == "completed" and ended.request_counts.total == 2 and ended.error_file_id
+    copied = s3.get_object(Bucket=results, Key=f"out/{retry.id}/errors.jsonl")["Body"].read()
+    assert [json.loads(x)["custom_id"] for x in copied.splitlines()] == ["p0-1", "p1-2"]
