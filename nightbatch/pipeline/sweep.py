@@ -5,6 +5,7 @@ cancelled, expired or ended batches, and reports the gauges the alarms watch."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -26,13 +27,15 @@ OPEN_STATUSES = ("validating", "in_progress", "cancelling", "finalizing")
 EXPIRY_GRACE_SECONDS = 1800
 # Notify retries for ~15 minutes (infra/orchestration.py); the sweeper takes over after that.
 NOTIFY_GRACE_SECONDS = 1200
-# Training jobs looked at per run (each costs a batch read, and a stop): the rest wait for the next run.
-MAX_TRAINING_JOBS_PER_SWEEP = 200
+# Time for the training jobs per run (a listing page per 100 jobs, a read per batch, a stop per unwanted job): the
+# jobs not reached wait for the next run, which starts again from the oldest.
+TRAINING_JOBS_SECONDS = 120.0
 
 
 def sweep(services: Services, *, stale_seconds: int = STALE_SECONDS,
           expiry_grace_seconds: int = EXPIRY_GRACE_SECONDS, notify: Callable[[str], object] | None = None,
-          notify_grace_seconds: int = NOTIFY_GRACE_SECONDS) -> dict[str, Any]:
+          notify_grace_seconds: int = NOTIFY_GRACE_SECONDS,
+          training_jobs_seconds: float = TRAINING_JOBS_SECONDS) -> dict[str, Any]:
     table, settings = services.adapters.table, services.settings
     t = now()
     redriven: list[str] = []
@@ -63,7 +66,8 @@ def sweep(services: Services, *, stale_seconds: int = STALE_SECONDS,
                 skipped.append(batch_id)
     cancelled_jobs = _sweep_jobs(services, t) if settings.pipeline.job_queue else []
     try:
-        stopped_training_jobs = _sweep_training_jobs(services, t) if settings.capacity.sagemaker_json else []
+        stopped_training_jobs = (_sweep_training_jobs(services, t, training_jobs_seconds)
+                                 if settings.capacity.sagemaker_json else [])
     except Exception:
         log.exception("sweep: listing the training jobs failed")
         stopped_training_jobs = []
@@ -140,17 +144,23 @@ def _sweep_jobs(services: Services, t: int) -> list[str]:
     return cancelled
 
 
-def _sweep_training_jobs(services: Services, t: int) -> list[str]:
+def _sweep_training_jobs(services: Services, t: int, seconds: float) -> list[str]:
     """Stops the InProgress training jobs (of this deployment: found by its job-name prefix) whose batch is
-    cancelling, ended or past its window. A job still waiting for an instance never sees the batch's cancel flag
-    itself; a running one flushes on SIGTERM (StopTrainingJob gives it 120 s), and its shard's lines are written
-    by Finalize as the batch's. One job that cannot be handled is logged and skipped."""
+    cancelling, ended or past its window: every such job, page after page, oldest first, for at most `seconds`.
+    A job still waiting for an instance never sees the batch's cancel flag itself; a running one flushes on SIGTERM
+    (StopTrainingJob gives it 120 s), and its shard's lines are written by Finalize as the batch's. One job that
+    cannot be handled is logged and skipped. (A job the listing skips because the stops before it moved its pages
+    is met by the next run.)"""
     table = services.adapters.table
     jobs = TrainingJobStops(client=services.adapters.client("sagemaker"),
                             prefix=services.settings.capacity.sagemaker.job_prefix)
+    deadline = time.monotonic() + seconds
     batches: dict[str, BatchRecord | None] = {}
     stopped: list[str] = []
-    for name in jobs.in_progress(MAX_TRAINING_JOBS_PER_SWEEP):
+    for seen, name in enumerate(jobs.in_progress()):
+        if time.monotonic() > deadline:
+            log.warning("sweep: out of time after %d training jobs; the others wait for the next run", seen)
+            break
         try:
             batch_id = batch_of_job(name, jobs.prefix)
             if batch_id is None:

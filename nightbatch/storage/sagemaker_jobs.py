@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 IN_PROGRESS = "InProgress"
+PAGE_SIZE = 100  # ListTrainingJobs' largest MaxResults
 
 
 class TrainingJobStops:
@@ -14,20 +15,16 @@ class TrainingJobStops:
         self.client = client
         self.prefix = prefix  # the deployment's job-name prefix (nightbatch/pipeline/training_jobs.py)
 
-    def in_progress(self, limit: int) -> Iterator[str]:
-        """The names of at most `limit` InProgress jobs whose name contains the prefix, oldest first."""
+    def in_progress(self) -> Iterator[str]:
+        """The names of every InProgress job whose name starts with the prefix, oldest first, a page of 100 at a
+        time (ListTrainingJobs' NextToken): the caller stops reading when it has no time for more."""
         paginator = self.client.get_paginator("list_training_jobs")
-        seen = 0
         for page in paginator.paginate(NameContains=self.prefix, StatusEquals=IN_PROGRESS, SortBy="CreationTime",
-                                       SortOrder="Ascending", PaginationConfig={"PageSize": min(100, limit)}):
+                                       SortOrder="Ascending", PaginationConfig={"PageSize": PAGE_SIZE}):
             for summary in page.get("TrainingJobSummaries", []):
                 name = str(summary.get("TrainingJobName", ""))
-                if not name.startswith(self.prefix):  # NameContains matches anywhere in the name
-                    continue
-                yield name
-                seen += 1
-                if seen >= limit:
-                    return
+                if name.startswith(self.prefix):  # NameContains matches anywhere in the name
+                    yield name
 
     def stop(self, name: str) -> None:
         self.client.stop_training_job(TrainingJobName=name)

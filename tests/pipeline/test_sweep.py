@@ -48,7 +48,7 @@ def test_emf_line_shape() -> None:
                    "Metrics": [{"Name": "RequestsCompleted", "Unit": "Count"}]}]}, "RequestsCompleted": 3}
 
 
-def _training_job(name: str) -> None:
+def _training_job(*names: str) -> None:
     import boto3
 
     iam = boto3.client("iam", region_name="us-east-1")
@@ -56,20 +56,26 @@ def _training_job(name: str) -> None:
         role = iam.get_role(RoleName="sm-job")["Role"]["Arn"]
     except iam.exceptions.NoSuchEntityException:
         role = iam.create_role(RoleName="sm-job", AssumeRolePolicyDocument="{}")["Role"]["Arn"]
-    boto3.client("sagemaker", region_name="us-east-1").create_training_job(
-        TrainingJobName=name, RoleArn=role,
-        AlgorithmSpecification={"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/w:1",
-                                "TrainingInputMode": "File"},
-        OutputDataConfig={"S3OutputPath": "s3://wf-bucket/out/"},
-        ResourceConfig={"InstanceType": "ml.g6e.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 50},
-        StoppingCondition={"MaxRuntimeInSeconds": 3600})
+    sagemaker = boto3.client("sagemaker", region_name="us-east-1")
+    for name in names:
+        sagemaker.create_training_job(
+            TrainingJobName=name, RoleArn=role,
+            AlgorithmSpecification={"TrainingImage": "123456789012.dkr.ecr.us-east-1.amazonaws.com/w:1",
+                                    "TrainingInputMode": "File"},
+            OutputDataConfig={"S3OutputPath": "s3://wf-bucket/out/"},
+            ResourceConfig={"InstanceType": "ml.g6e.xlarge", "InstanceCount": 1, "VolumeSizeInGB": 50},
+            StoppingCondition={"MaxRuntimeInSeconds": 3600})
 
 
 def _status(name: str) -> str:
+    return _statuses([name]).pop()
+
+
+def _statuses(names: list[str]) -> set[str]:
     import boto3
 
-    return str(boto3.client("sagemaker", region_name="us-east-1").describe_training_job(
-        TrainingJobName=name)["TrainingJobStatus"])
+    sagemaker = boto3.client("sagemaker", region_name="us-east-1")
+    return {str(sagemaker.describe_training_job(TrainingJobName=n)["TrainingJobStatus"]) for n in names}
 
 
 def test_the_training_jobs_of_cancelled_and_ended_batches_are_stopped(
@@ -95,8 +101,8 @@ def test_the_training_jobs_of_cancelled_and_ended_batches_are_stopped(
         _training_job(name)
     result = sweep(services, stale_seconds=3600)
     assert sorted(result["stopped_training_jobs"]) == sorted(jobs[cancelling] + jobs[completed])
-    assert {_status(n) for n in jobs[cancelling] + jobs[completed]} == {"Stopping"}
-    assert {_status(n) for n in jobs[running] + others} == {"InProgress"}
+    assert _statuses(jobs[cancelling] + jobs[completed]) == {"Stopping"}
+    assert _statuses(jobs[running] + others) == {"InProgress"}
     assert sweep(services, stale_seconds=3600)["stopped_training_jobs"] == []  # Stopping is not InProgress
 
 
@@ -124,3 +130,28 @@ def test_one_training_job_that_cannot_be_stopped_does_not_stop_the_sweep(
 
     monkeypatch.setattr(SageMakerResponse, "stop_training_job", refuse_the_first, raising=False)
     assert sweep(services, stale_seconds=3600)["stopped_training_jobs"] == [second]
+
+
+def test_every_running_training_job_is_looked_at_page_after_page(
+        services: Services, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """More running jobs than one listing page, or than the 200 the sweeper once stopped at: the newest, the
+    cancelled batch's, are reached through the pages (NextToken) and stopped; out of time, it stops listing."""
+    from nightbatch.pipeline.training_jobs import job_name
+    from nightbatch.settings import DEFAULT_JOB_PREFIX
+    from tests.infra.moto_sagemaker import patch_stoppable_training_jobs
+
+    patch_stoppable_training_jobs(monkeypatch)
+    services.settings.capacity.sagemaker_json = "{}"  # the default prefix
+    running, cancelled = (make_batch(services, jsonl([chat_line(1)])) for _ in range(2))
+    for batch_id in (running, cancelled):
+        validate_batch(BatchTaskInput(batch_id=batch_id), services)
+    services.batches.cancel("default", cancelled)
+    older = [job_name(DEFAULT_JOB_PREFIX, running, f"{i:05d}", 1) for i in range(230)]
+    newest = [job_name(DEFAULT_JOB_PREFIX, cancelled, f"{i:05d}", 1) for i in range(3)]
+    _training_job(*older, *newest)
+    assert sorted(sweep(services, stale_seconds=3600)["stopped_training_jobs"]) == sorted(newest)
+    assert _statuses(newest) == {"Stopping"} and _statuses(older) == {"InProgress"}
+    later = job_name(DEFAULT_JOB_PREFIX, cancelled, "00003", 2)
+    _training_job(later)
+    assert sweep(services, stale_seconds=3600, training_jobs_seconds=0)["stopped_training_jobs"] == []
+    assert "out of time after 0 training jobs" in caplog.text and _status(later) == "InProgress"
