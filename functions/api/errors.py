@@ -1,5 +1,7 @@
 """One place that renders every failure: OpenAI's `{"error": {...}}` envelope, or Anthropic's
-`{"type": "error", "error": {...}, "request_id": ...}` on the Anthropic wire's paths (/v1/messages/…)."""
+`{"type": "error", "error": {...}, "request_id": ...}` on the Anthropic wire's paths (/v1/messages/…). The
+exception handlers, the middlewares' own answers and an idempotent replay of a stored failure (idempotency.py)
+all render through `envelope`, so each wire gets its own shape whichever of them answers."""
 
 from __future__ import annotations
 
@@ -36,6 +38,22 @@ def error_response(request: Request, status: int, message: str, *, type_: str = 
     request_id = getattr(request.state, "request_id", None)
     return JSONResponse(envelope(request.url.path, status, message, type_=type_, param=param, code=code,
                                  request_id=request_id), status_code=status, headers=headers)
+
+
+def exception_response(request: Request, exc: NightbatchError) -> JSONResponse:
+    return error_response(request, exc.status, exc.message, type_=exc.type, param=exc.param, code=exc.code,
+                          headers=exc.headers)
+
+
+def stored_error_response(request: Request, status: int, stored: Any, headers: dict[str, str]) -> JSONResponse:
+    """A failure kept for an idempotent replay, rendered for the wire it is replayed on. It is kept as its fields
+    (`{"error": {"message", "type", "param", "code"}}`: NightbatchError.envelope), whatever the wire."""
+    error = stored.get("error") if isinstance(stored, dict) else None
+    if not isinstance(error, dict):
+        return JSONResponse(stored, status_code=status, headers=headers)
+    return error_response(request, status, str(error.get("message") or ""),
+                          type_=str(error.get("type") or "invalid_request_error"), param=error.get("param"),
+                          code=error.get("code"), headers=headers)
 
 
 def _loc_param(loc: tuple[Any, ...]) -> str | None:
@@ -79,9 +97,7 @@ def anthropic_validation_message(exc: RequestValidationError) -> str:
 def install(app: FastAPI) -> None:
     @app.exception_handler(NightbatchError)
     async def _nightbatch(request: Request, exc: NightbatchError) -> JSONResponse:
-        if on_messages_wire(request.url.path):
-            return error_response(request, exc.status, exc.message, headers=exc.headers)
-        return JSONResponse(exc.envelope(), status_code=exc.status, headers=exc.headers)
+        return exception_response(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:

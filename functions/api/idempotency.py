@@ -7,7 +7,8 @@ Usage in a route (POST /v1/files, /v1/batches, /v1/uploads…):
 
 Without the header `run` just calls the function. With it, the first request claims the key and its answer
 (success or a deterministic 4xx) is stored; the same key and request within the TTL gets that stored answer
-(status and body, e.g. the same batch id); the same key with another request is a 409 that the SDK does not
+(status and body, e.g. the same batch id; a failure is kept as its fields and rendered again in the envelope of
+the path's wire: functions/api/errors.py); the same key with another request is a 409 that the SDK does not
 retry; a duplicate while the first is still running is a 409 the SDK retries. 5xx, 429 and retryable 409s
 free the key instead, so the SDK's own retry runs the request again.
 
@@ -29,6 +30,7 @@ from fastapi.responses import JSONResponse
 from starlette.datastructures import UploadFile
 
 from functions.api.deps import PrincipalDep, ServicesDep
+from functions.api.errors import stored_error_response
 from nightbatch.errors import NightbatchError
 from nightbatch.tenancy.idempotency import Fingerprint, IdempotencyStore, Replay, check_key
 
@@ -38,6 +40,7 @@ FORM_TYPES = ("multipart/form-data", "application/x-www-form-urlencoded")
 
 @dataclass
 class Idempotency:
+    request: Request
     store: IdempotencyStore | None
     tenant: str
     key: str | None
@@ -48,8 +51,10 @@ class Idempotency:
             return create()
         outcome = self.store.begin(self.tenant, self.key, self.fingerprint)
         if isinstance(outcome, Replay):
-            return JSONResponse(outcome.body, status_code=outcome.status,
-                                headers={**outcome.headers, "idempotent-replayed": "true"})
+            headers = {**outcome.headers, "idempotent-replayed": "true"}
+            if outcome.status >= 400:
+                return stored_error_response(self.request, outcome.status, outcome.body, headers)
+            return JSONResponse(outcome.body, status_code=outcome.status, headers=headers)
         try:
             result = create()
         except NightbatchError as e:
@@ -102,12 +107,12 @@ async def get_idempotency(
     idempotency_key: Annotated[str | None, Header(alias="Idempotency-Key")] = None,
 ) -> Idempotency:
     if idempotency_key is None:
-        return Idempotency(store=None, tenant=principal.tenant, key=None, fingerprint="")
+        return Idempotency(request=request, store=None, tenant=principal.tenant, key=None, fingerprint="")
     check_key(idempotency_key)
     settings = services.settings
     store = IdempotencyStore(services.adapters.table, ttl_seconds=settings.api.idempotency_ttl_seconds,
                              lock_seconds=settings.api.idempotency_lock_seconds)
-    return Idempotency(store=store, tenant=principal.tenant, key=idempotency_key,
+    return Idempotency(request=request, store=store, tenant=principal.tenant, key=idempotency_key,
                        fingerprint=await fingerprint_request(request))
 
 

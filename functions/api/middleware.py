@@ -174,8 +174,7 @@ class SchemaGateMiddleware:
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and scope.get("path") == self.path and not self.enabled():
             # The same answer as any unknown route (functions/api/errors.py).
-            body = json.dumps({"error": {"message": f"Invalid URL ({scope.get('method')} {self.path})",
-                                         "type": "invalid_request_error", "param": None, "code": None}}).encode()
+            body = json.dumps(envelope(self.path, 404, f"Invalid URL ({scope.get('method')} {self.path})")).encode()
             await send({"type": "http.response.start", "status": 404, "headers": [
                 (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
             await send({"type": "http.response.body", "body": body})

@@ -213,3 +213,35 @@ def test_inline_requests_are_bounded_by_the_upload_limit(serve_api: Callable[...
     assert status == 413
     assert_envelope(body, "request_too_large")
     assert claude.messages.batches.create(requests=reqs(2)).request_counts.processing == 2  # type: ignore[arg-type]
+
+
+def test_an_idempotent_replay_of_a_refusal_keeps_anthropics_envelope(claude: anthropic.Anthropic) -> None:
+    """The same Idempotency-Key and request: the stored 400 comes back (`idempotent-replayed`) in the envelope of
+    the wire it is replayed on, with this response's own request id; the OpenAI wire's replay keeps OpenAI's."""
+    bad = [{"custom_id": "bad id!", "params": params()}]
+    key = {"Idempotency-Key": "mb-refused-1"}
+    answers = []
+    for _ in range(2):
+        with pytest.raises(anthropic.BadRequestError) as info:
+            claude.messages.batches.create(requests=bad, extra_headers=key)  # type: ignore[arg-type]
+        answers.append(info.value.response)
+    first, replay = answers
+    assert "idempotent-replayed" not in first.headers and replay.headers["idempotent-replayed"] == "true"
+    for r in answers:
+        assert_envelope(r.json(), "invalid_request_error", "requests.0.custom_id: String should match pattern "
+                                                           "'^[a-zA-Z0-9_-]{1,64}$'")
+        assert r.json()["request_id"] == r.headers["request-id"]
+    assert replay.json()["request_id"] != first.json()["request_id"]
+
+
+def test_an_idempotent_replay_on_the_openai_wire_keeps_openais_envelope(api_server: ApiServer) -> None:
+    oa = api_server.openai()
+    for n in range(2):
+        with pytest.raises(openai.BadRequestError) as info:
+            oa.batches.create(input_file_id="file-missing", endpoint="/v1/chat/completions", completion_window="24h",
+                              extra_headers={"Idempotency-Key": "oa-refused-1"})
+        body = info.value.response.json()
+        assert body == {"error": {"message": "Invalid 'input_file_id': 'file-missing'. The file does not exist or was "
+                                          "not uploaded with purpose 'batch'.", "type": "invalid_request_error",
+                                  "param": "input_file_id", "code": body["error"]["code"]}}
+        assert (info.value.response.headers.get("idempotent-replayed") == "true") == (n == 1)

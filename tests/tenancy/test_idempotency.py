@@ -9,6 +9,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from starlette.requests import Request
 
 from functions.api.idempotency import Idempotency
 from nightbatch.errors import InvalidRequestError
@@ -177,7 +178,8 @@ def test_expired_records_and_stale_locks_are_taken_over(make_stack: Any) -> None
 def test_run_abandons_on_unexpected_errors(make_stack: Any) -> None:
     stack = make_stack()
     store = IdempotencyStore(stack.table, ttl_seconds=60, lock_seconds=60)
-    idem = Idempotency(store=store, tenant="t", key="k", fingerprint="fp")
+    idem = Idempotency(request=Request({"type": "http", "path": "/v1/batches", "headers": []}), store=store,
+                       tenant="t", key="k", fingerprint="fp")
 
     def boom() -> Any:
         raise RuntimeError("storage down")
