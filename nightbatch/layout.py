@@ -170,6 +170,12 @@ def error_key(batch_id: str) -> str:
     return f"{batch_prefix(batch_id)}errors.jsonl"
 
 
+def message_results_key(batch_id: str) -> str:
+    """A Message Batch's results in Anthropic's shape, written once from its output and error files
+    (nightbatch/messages/results.py), so the API can hand them out as an object, past its response limit."""
+    return f"{batch_prefix(batch_id)}message-results.jsonl"
+
+
 # -- records -------------------------------------------------------------------------------------------------
 
 

@@ -32,8 +32,7 @@ def locate(settings: Settings, blobs: BlobStore, item: FileRecord) -> Redirect |
             f"File {item.pk} cannot be downloaded: {details}",
             param="file_id", code="file_unusable",
         )
-    limit = settings.files.max_inline_download_bytes
-    if limit <= 0 or item.bytes <= limit:
+    if not past_inline_limit(settings, item.bytes):
         return None
     if item.source_objects:
         if settings.deployment.mode == "local":
@@ -49,6 +48,19 @@ def locate(settings: Settings, blobs: BlobStore, item: FileRecord) -> Redirect |
             retry=True, code="file_not_ready",
             headers={"retry-after": str(ASSEMBLING_RETRY_AFTER_SECONDS)},
         )
-    return Redirect(blobs.presign_get(
-        item.s3_key, expires=settings.files.presigned_url_seconds, filename=item.filename,
-    ))
+    return _presigned(settings, blobs, item.s3_key, item.filename)
+
+
+def locate_object(settings: Settings, blobs: BlobStore, key: str, size: int, filename: str) -> Redirect | None:
+    """An object of ours that is no File (a Message Batch's results: nightbatch/messages/results.py), as a File's
+    bytes are served: None (inline) up to the limit, else a redirect to it."""
+    return _presigned(settings, blobs, key, filename) if past_inline_limit(settings, size) else None
+
+
+def past_inline_limit(settings: Settings, size: int) -> bool:
+    limit = settings.files.max_inline_download_bytes
+    return 0 < limit < size
+
+
+def _presigned(settings: Settings, blobs: BlobStore, key: str, filename: str) -> Redirect:
+    return Redirect(blobs.presign_get(key, expires=settings.files.presigned_url_seconds, filename=filename))

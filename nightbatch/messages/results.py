@@ -1,6 +1,13 @@
 """The results of a Message Batch: Anthropic's result lines, made line by line from our output and error files as
 they stream (bounded memory: one line at a time).
 
+Served as a File's bytes are (nightbatch/files/downloads.py): the lines are written once, by Finalize as it ends
+the batch, into an object of their own (layout.message_results_key), which the API streams inline up to
+`max_inline_download_bytes` and past that hands out as a 307 to a pre-signed URL (an API Lambda's response
+carries ~6 MB). A batch that ended without one (refused at Validate, failed by Finalize, or finalized by an
+earlier release) has it written by its first results request. Once a file the lines were made from has expired
+or been deleted, the lines of what is left are made afresh, as the object no longer says what the batch has.
+
 Our line -> Anthropic's `result`: a 2xx response -> `succeeded` with the engine's Message; another response ->
 `errored` with Anthropic's error object for its status; Finalize's unrun lines -> `canceled` (batch_cancelled),
 `expired` (batch_expired), else `errored` (shard_failed, result_too_large: api_error). Lines come in the files'
@@ -13,9 +20,12 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from nightbatch import layout
 from nightbatch.errors import NotFoundError
+from nightbatch.files.downloads import Redirect, locate_object
 from nightbatch.jsonl import UndecodableLine, dumps, loads, split_lines
 from nightbatch.messages.errors import error_body
+from nightbatch.messages.objects import wire_id
 from nightbatch.results.lines import MAX_RESULT_LINE
 from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord
@@ -46,14 +56,54 @@ def convert_line(data: bytes) -> bytes:
     return dumps({"custom_id": line["custom_id"], "result": result_of(line)}) + b"\n"
 
 
+def serve(services: Services, rec: BatchRecord) -> Redirect | Iterator[bytes]:
+    """The ended batch's results: a redirect past the inline limit, else the bytes."""
+    if not all(_live(services, rec, file_id) for file_id in _sources(rec)):
+        return result_lines(services, rec)
+    blobs = services.adapters.blobs
+    key = layout.message_results_key(rec.pk)
+    size = blobs.size(key)
+    if size is None:
+        size = write_results(services, rec)
+    target = locate_object(services.settings, blobs, key, size, f"{wire_id(rec.pk)}_results.jsonl")
+    return target if target is not None else blobs.iter_chunks(key)
+
+
+def write_results(services: Services, rec: BatchRecord) -> int:
+    """Writes the results object of `rec` (ended, or about to be with these files: Finalize); its size. The same
+    batch writes the same bytes, so a second writer (a Finalize re-run, two first requests) changes nothing."""
+    writer = services.adapters.blobs.writer(layout.message_results_key(rec.pk))
+    try:
+        writer.write_lines(result_lines(services, rec))
+        return writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+
+
 def result_lines(services: Services, rec: BatchRecord) -> Iterator[bytes]:
     """Every request's result line, once (the files hold exactly one line per request: ARCHITECTURE 3)."""
     if rec.status == "failed":
         yield from _refused(services, rec)
         return
-    for file_id in (rec.output_file_id, rec.error_file_id):
+    for file_id in _sources(rec):
         for _, data in _lines(services, rec, file_id):
             yield convert_line(data)
+
+
+def _sources(rec: BatchRecord) -> list[str]:
+    """The files the result lines are made from: the input's lines of a batch refused as a whole, else the
+    output and error files."""
+    ids = [rec.input_file_id] if rec.status == "failed" else [rec.output_file_id, rec.error_file_id]
+    return [file_id for file_id in ids if file_id]
+
+
+def _live(services: Services, rec: BatchRecord, file_id: str) -> bool:
+    try:
+        services.files.item(rec.tenant, file_id)
+    except NotFoundError:
+        return False
+    return True
 
 
 def _refused(services: Services, rec: BatchRecord) -> Iterator[bytes]:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from nightbatch import layout
 from nightbatch.batches.admission import create_admitted
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError, NotFoundError, check_range
+from nightbatch.files.downloads import Redirect
 from nightbatch.jsonl import UndecodableLine, dumps_carried
 from nightbatch.listing import after_sort_key
 from nightbatch.messages.objects import (
@@ -25,7 +27,7 @@ from nightbatch.messages.objects import (
     to_message_batch,
     wire_id,
 )
-from nightbatch.messages.results import result_lines
+from nightbatch.messages.results import serve
 from nightbatch.models.spec import MESSAGES_ENDPOINT
 from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord
@@ -153,8 +155,8 @@ def cancel(services: Services, tenant: str, message_batch_id: str) -> MessageBat
 
 
 def delete(services: Services, tenant: str, message_batch_id: str) -> DeletedMessageBatch:
-    """Only an ended batch, as Anthropic allows: its input and result files go, its record stays (hidden) for
-    the tenant's usage and cost figures."""
+    """Only an ended batch, as Anthropic allows: its input and result files go (and the results object made of
+    them), its record stays (hidden) for the tenant's usage and cost figures."""
     rec = record(services, tenant, message_batch_id)
     if not ended(rec):
         raise InvalidRequestError(f"Message Batch {message_batch_id} is still processing: cancel it, and delete it "
@@ -163,13 +165,15 @@ def delete(services: Services, tenant: str, message_batch_id: str) -> DeletedMes
         if file_id:
             with contextlib.suppress(NotFoundError):
                 services.files.delete(tenant, file_id)
+    services.adapters.blobs.delete(layout.message_results_key(rec.pk))
     services.adapters.table.update_attributes(BatchRecord, rec.pk, set_={"deleted_at": now()})
     return DeletedMessageBatch(id=wire_id(rec.pk))
 
 
-def results(services: Services, tenant: str, message_batch_id: str) -> Iterator[bytes]:
+def results(services: Services, tenant: str, message_batch_id: str) -> Redirect | Iterator[bytes]:
+    """The results' bytes, or past the inline limit a redirect to them (nightbatch/messages/results.py)."""
     rec = record(services, tenant, message_batch_id)
     if not ended(rec):
         raise InvalidRequestError(f"Message Batch {message_batch_id} has not ended yet: its results are available "
                                   "once its processing_status is 'ended'.", param="message_batch_id")
-    return result_lines(services, rec)
+    return serve(services, rec)

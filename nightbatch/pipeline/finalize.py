@@ -1,4 +1,5 @@
-"""Finalize: merge shard results into the output and error files, then make the terminal transition.
+"""Finalize: merge shard results into the output and error files (and a Message Batch's results in Anthropic's
+shape: nightbatch/messages/results.py), then make the terminal transition.
 
 Idempotent: file ids derive from the batch id, a second run writes the same bytes (shards, checkpoints and
 lines are read in key order; the first result per custom_id wins: nightbatch.results.merge) and finds the
@@ -19,6 +20,8 @@ from nightbatch.clock import now
 from nightbatch.errors import BatchItemTooLargeError, StorageConflictError
 from nightbatch.files.user_buckets import copy_outputs
 from nightbatch.ids import custom_id_digest, derived_id
+from nightbatch.messages.objects import WIRE as MESSAGES_WIRE
+from nightbatch.messages.results import write_results
 from nightbatch.metrics import emit
 from nightbatch.phases import summarize as summarize_phases
 from nightbatch.pipeline.capacity import collect_decisions
@@ -121,6 +124,9 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     ext = dict(batch.ext or {})
     if ext.get("output_uri"):
         _copy_to_user(services, batch, ext, {"output": out_id, "error": err_id})
+    if batch.wire == MESSAGES_WIRE:  # Anthropic's result lines, written once for the API to hand out
+        write_results(services, batch.model_copy(update={"status": target, "output_file_id": out_id,
+                                                         "error_file_id": err_id}))
     billing = training_job_billing(services.adapters, times)
     ext["cost"] = cost_summary(services.settings, times, usage["total_tokens"], usage["output_tokens"],
                                billing=billing)

@@ -7,7 +7,8 @@ real vLLM engine (ARCHITECTURE decision 8).
 
 Behaviour:
 - /v1/chat/completions -> a `chat.completion`; /v1/completions -> a `text_completion`;
-  /v1/embeddings -> a list of fixed-dimension vectors; any other url -> 404 envelope.
+  /v1/embeddings -> a list of fixed-dimension vectors; /v1/messages -> an Anthropic `message`;
+  any other url -> 404 envelope.
 - A body with `"max_tokens": -1`, or prompt/message text containing "FAIL" -> 400 with an error envelope,
   as an engine rejecting a request does.
 - Prompt/message text containing "RAISE" -> `handle` raises RuntimeError (an unexpected engine exception).
@@ -77,6 +78,8 @@ class DeterministicEngine:
             return EngineReply(200, self._completion(body, digest, request_id, prompt_tokens))
         if url == "/v1/embeddings":
             return EngineReply(200, self._embeddings(body, digest, prompt_tokens))
+        if url == "/v1/messages":
+            return EngineReply(200, self._message(body, digest, request_id, prompt_tokens))
         return _error(404, "NotFoundError", f"Unsupported URL {url}", None)
 
     def _reply_text(self, body: dict[str, Any], digest: str) -> tuple[str, int, str]:
@@ -98,6 +101,15 @@ class DeterministicEngine:
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
                          "finish_reason": finish}],
             "usage": _usage(prompt_tokens, n),
+        }
+
+    def _message(self, body: dict[str, Any], digest: str, request_id: str, prompt_tokens: int) -> dict[str, Any]:
+        """As vLLM's Anthropic serving layer answers /v1/messages."""
+        text, n, finish = self._reply_text(body, digest)
+        return {
+            "id": f"msg_{request_id}", "type": "message", "role": "assistant", "model": self._served_name(body),
+            "content": [{"type": "text", "text": text}], "stop_reason": "max_tokens" if finish == "length" else
+            "end_turn", "stop_sequence": None, "usage": {"input_tokens": prompt_tokens, "output_tokens": n},
         }
 
     def _completion(

@@ -9,6 +9,7 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from functions.api.deps import Principal, PrincipalDep, ServicesDep
 from functions.api.idempotency import IdempotencyDep
+from nightbatch.files.downloads import Redirect
 from nightbatch.files.downloads import locate as locate_download
 from nightbatch.services import Services
 from nightbatch.storage.records import FileRecord
@@ -85,9 +86,14 @@ def content_response(services: Services, item: FileRecord) -> Response:
     # Past what a Lambda response can carry: 307 to a pre-signed S3 URL (nightbatch.files.downloads).
     target = locate_download(services.settings, services.files.blobs, item)
     if target is not None:
-        return RedirectResponse(target.url, status_code=307, headers={"cache-control": "no-store"})
+        return redirect_response(target)
     media = JSONL_MEDIA_TYPE if item.filename.endswith(".jsonl") else "application/octet-stream"
     return StreamingResponse(
         services.files.chunks(item), media_type=media,
         headers={"content-length": str(item.bytes)},
     )
+
+
+def redirect_response(target: Redirect) -> RedirectResponse:
+    """A 307 to a short-lived pre-signed URL; the client drops its Authorization header on the way (downloads)."""
+    return RedirectResponse(target.url, status_code=307, headers={"cache-control": "no-store"})

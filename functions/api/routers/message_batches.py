@@ -6,11 +6,13 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from functions.api.deps import PrincipalDep, ServicesDep
 from functions.api.idempotency import IdempotencyDep
+from functions.api.routers.files import redirect_response
 from nightbatch.errors import InvalidRequestError
+from nightbatch.files.downloads import Redirect
 from nightbatch.messages import service
 from nightbatch.messages.objects import CreateMessageBatch, DeletedMessageBatch, MessageBatch, MessageBatchPage
 
@@ -56,7 +58,10 @@ def delete_message_batch(message_batch_id: str, principal: PrincipalDep,
 
 
 @router.get("/{message_batch_id}/results", responses={200: {"content": {"application/binary": {}}}})
-def message_batch_results(message_batch_id: str, principal: PrincipalDep, services: ServicesDep) -> StreamingResponse:
-    # Checked before the answer starts (service.results is not a generator): a refusal is a plain error.
-    lines = service.results(services, principal.tenant, message_batch_id)
-    return StreamingResponse(lines, media_type="application/binary")
+def message_batch_results(message_batch_id: str, principal: PrincipalDep, services: ServicesDep) -> Response:
+    # Checked before the answer starts (service.results is not a generator): a refusal is a plain error. Past what
+    # a Lambda response can carry: 307 to a pre-signed S3 URL, as for a File's content.
+    served = service.results(services, principal.tenant, message_batch_id)
+    if isinstance(served, Redirect):
+        return redirect_response(served)
+    return StreamingResponse(served, media_type="application/binary")
