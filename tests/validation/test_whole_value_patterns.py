@@ -36,8 +36,6 @@ CHECKS: dict[str, tuple[Callable[[str], object], str]] = {
     "tenant": (check_tenant, "team-a"),
     "media url": (lambda v: check_media_url(settings(), v, "image_url", "body.messages[0].content[0]"),
                   "https://images.example.com:443"),
-    "cdk.json userBuckets.read": (lambda v: UserBuckets(read=(v,)), "my-prompts"),
-    "cdk.json userBuckets.write": (lambda v: UserBuckets(write=(f"s3://{v}/out/",)), "my-results"),
     "cdk.json userBuckets.kmsKeys": (lambda v: UserBuckets(kmsKeys=(v,)),
                                      "arn:aws:kms:us-east-1:123456789012:key/1234abcd-12ab"),
 }
