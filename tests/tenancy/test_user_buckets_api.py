@@ -16,15 +16,23 @@ import requests
 from tests.tenancy.conftest import BOOTSTRAP_KEY, Stack, chat_lines, wait_for
 
 
-def test_a_batch_over_the_users_prefix_through_the_sdk(make_stack: Callable[..., Stack]) -> None:
+def users_prefix(make_stack: Callable[..., Stack], lines: int, objects: int) -> tuple[Stack, str, str, list[bytes]]:
+    """A stack (local workflow, engines off) allow-listing a users' bucket to read and a prefix to write, and
+    `objects` JSONL objects of `lines` lines under `in/` (custom_ids p<object>-<line>)."""
     users, results = f"users-{uuid.uuid4().hex[:8]}", f"results-{uuid.uuid4().hex[:8]}"
     stack = make_stack(workflow="local", user_input_buckets=users, user_output_prefixes=f"s3://{results}/out/")
     s3 = stack.services.adapters.client("s3")
     for bucket in (users, results):
         s3.create_bucket(Bucket=bucket)
-    parts = [chat_lines(4, prefix=f"p{n}") for n in range(3)]
+    parts = [chat_lines(lines, prefix=f"p{n}") for n in range(objects)]
     for n, data in enumerate(parts):
         s3.put_object(Bucket=users, Key=f"in/{n}.jsonl", Body=data)
+    return stack, users, results, parts
+
+
+def test_a_batch_over_the_users_prefix_through_the_sdk(make_stack: Callable[..., Stack]) -> None:
+    stack, users, results, parts = users_prefix(make_stack, 4, 3)
+    s3 = stack.services.adapters.client("s3")
     written: list[int] = []
 
     def count(params: dict[str, Any], **_: Any) -> None:  # every write to the user's input bucket
@@ -111,14 +119,8 @@ def test_a_retry_of_a_batch_read_in_place_copies_its_lines_and_keeps_its_output_
         make_stack: Callable[..., Stack]) -> None:
     """The retry's input is a new file of the selected lines, so it does not inherit `input_uri` (that and the
     file id together were a 400); `output_uri` carries over, under the new batch's id."""
-    users, results = f"users-{uuid.uuid4().hex[:8]}", f"results-{uuid.uuid4().hex[:8]}"
-    stack = make_stack(workflow="local", user_input_buckets=users, user_output_prefixes=f"s3://{results}/out/")
+    stack, users, results, parts = users_prefix(make_stack, 3, 2)
     s3 = stack.services.adapters.client("s3")
-    for bucket in (users, results):
-        s3.create_bucket(Bucket=bucket)
-    parts = [chat_lines(3, prefix=f"p{n}") for n in range(2)]
-    for n, data in enumerate(parts):
-        s3.put_object(Bucket=users, Key=f"in/{n}.jsonl", Body=data)
     client = stack.client(BOOTSTRAP_KEY)
     batch = client.batches.create(input_file_id="", endpoint="/v1/chat/completions", completion_window="24h",
                                   extra_body={"nightbatch": {"input_uri": f"s3://{users}/in/",
