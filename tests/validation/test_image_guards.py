@@ -39,4 +39,5 @@ def test_validate_refuses_responses_images_off_the_allow_list(services: Services
     batch = services.batches.get("default", batch_id)
     assert batch.errors is not None
     errors = batch.errors.data
-    assert [(e.line, e.code, e.param) for e in errors] == [(2, "bucket_not_allowed", "body.input[0].content[1].image_url")]
+    assert [(e.line, e.code, e.param) for e in errors] == [
+        (2, "bucket_not_allowed", "body.input[0].content[1].image_url")]
