@@ -150,7 +150,7 @@ async def build_engine(spec: ModelSpec, engine_path: str, adapters: Adapters, ph
     log.info("weights of %s from %s (%s)", spec.name, weights.source, weights.path)
     lora_dirs = await asyncio.to_thread(resolve_adapters, spec, s3=adapters.client("s3"))
     vllm_engine: Engine = VllmEngine(spec, model_dir=weights.path, load_format=weights.load_format,
-                                     lora_dirs=lora_dirs)
+                                     lora_dirs=lora_dirs, media_domains=settings.validation.media_allowed_domains)
     return vllm_engine
 
 

@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from gpu_worker import host
 from gpu_worker.checkpoints import Checkpointer, CheckpointPolicy
 from gpu_worker.engines.base import Engine
-from gpu_worker.images import ImageError, has_images_by_reference, resolve_images
+from gpu_worker.images import ImageError, LineImages
 from gpu_worker.results import ResultLine, exception_reply, is_fatal, result_line
 from gpu_worker.scheduling import OrderPolicy, in_flight_limit, ordered
 from gpu_worker.shard import PendingLines, PendingRequest, Progress, load_shard, read_progress
@@ -184,6 +184,9 @@ class _ShardRun:
     ) -> None:
         self.job, self.spec, self.engine, self.settings, self.progress = job, spec, engine, settings, progress
         self.scope = scope  # what this shard may read on its tenant's behalf (nightbatch/tenancy/scope.py)
+        # Its lines' images, checked again and fetched within the bounds (gpu_worker/images.py); its byte budget is
+        # this attempt's, shared by its lines in flight as `max_in_flight` is.
+        self.images = LineImages(blobs, settings, scope)
         self.phases = phases
         self.blobs, self.table, self.stop = blobs, table, stop
         self.attempt = secrets.token_hex(4)
@@ -302,11 +305,8 @@ class _ShardRun:
             body = {**body, "priority": self.sent}
         self.sent += 1
         try:
-            if has_images_by_reference(body):  # s3:// or file ids, as data: URLs (gpu_worker/images.py)
-                body = await asyncio.to_thread(
-                    resolve_images, self.blobs, body, max_bytes=self.settings.validation.max_image_bytes,
-                    scope=self.scope)
-            reply = await self.engine.handle(endpoint, body, request_id)
+            async with self.images.resolved(endpoint, body) as ready:  # s3:// and file ids as data: URLs
+                reply = await self.engine.handle(endpoint, ready, request_id)
         except ImageError as exc:
             reply = exc.reply()
         except Exception as exc:

@@ -34,7 +34,9 @@ TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
 WORKER_PREFIXES = (BATCHES_PREFIX, MODELS_PREFIX)
 # A shard is byte ranges of the batch's input (nightbatch/pipeline/shard_lines.py): read-only, an Upload through
 # its parts until it is composed, and only the objects Validate tagged as a batch's input (layout.INPUT_TAGS); the
-# files its lines name as images are tagged alike (FileService.images), so they need no grant of their own.
+# files its lines name as images are tagged alike (FileService.images), so they need no grant of their own. Which
+# tenant's they are is the application's to check (the object's tenant tag, read through s3:GetObjectTagging on
+# those objects only): IAM cannot tell the tenants apart, one role serves them all.
 WORKER_INPUT_PREFIXES = (FILES_PREFIX, UPLOADS_PREFIX)
 # Read: s3:GetObject only where the object carries the input tag (HEAD and ranged GETs alike).
 INPUT_TAG_CONDITION = {"StringEquals": {f"s3:ExistingObjectTag/{INPUT_TAG_KEY}": INPUT_TAGS[INPUT_TAG_KEY]}}
@@ -59,12 +61,16 @@ def grant_objects(bucket: s3.IBucket, role: iam.IRole, prefixes: Sequence[str], 
 
 
 def grant_object_tags(bucket: s3.IBucket, role: iam.IRole, prefixes: Sequence[str], *, read: bool,
-                      write: bool) -> None:
+                      write: bool, inputs_only: bool = False) -> None:
     """Reading (s3:GetObjectTagging) and setting (s3:PutObjectTagging, also what a PUT or copy carrying tags
-    needs) object tags under `prefixes`: Validate and composition mark a batch's input objects."""
+    needs) object tags under `prefixes`: the API stores each object with its tenant's tag, Validate and
+    composition mark a batch's input objects, and the worker reads an input's tenant before it uses it
+    (`inputs_only`: of the objects tagged as a batch's input only, as its reads)."""
+    assert not (write and inputs_only), "the tag condition limits reads"
     actions = [*(["s3:GetObjectTagging"] if read else []), *(["s3:PutObjectTagging"] if write else [])]
     role.add_to_principal_policy(iam.PolicyStatement(
-        actions=actions, resources=[bucket.arn_for_objects(f"{p}*") for p in prefixes]))
+        actions=actions, resources=[bucket.arn_for_objects(f"{p}*") for p in prefixes],
+        conditions=INPUT_TAG_CONDITION if inputs_only else None))
 
 
 def grant_table(storage: Storage, role: iam.IRole, actions: Sequence[str], *,

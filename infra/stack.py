@@ -210,24 +210,28 @@ class NightbatchStack(cdk.Stack):
         tasks, sweeper = self.orchestration.tasks, self.orchestration.sweeper
         api_role = self.api.handler.role
         grant_objects(self.storage.bucket, api_role, (FILES_PREFIX, BATCHES_PREFIX, UPLOADS_PREFIX), write=True)
+        # Files and Upload parts are stored with their tenant's tag (tenancy/scope.py).
+        access.grant_object_tags(self.storage.bucket, api_role, WORKER_INPUT_PREFIXES, read=False, write=True)
         for name in ("validate", "plan", "finalize", "capacity"):
             grant_objects(self.storage.bucket, tasks[name].role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
         # An uploaded input is read through its parts until composition finishes.
         grant_objects(self.storage.bucket, tasks["validate"].role, (UPLOADS_PREFIX,), write=False)
         # Validate tags what a batch's shards read (the worker reads no other input); composition carries the tag over.
-        access.grant_object_tags(self.storage.bucket, tasks["validate"].role, WORKER_INPUT_PREFIXES, read=False,
+        access.grant_object_tags(self.storage.bucket, tasks["validate"].role, WORKER_INPUT_PREFIXES, read=True,
                                  write=True)
         grant_objects(self.storage.bucket, sweeper.role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
         composer = self.uploads.composer.role
         grant_objects(self.storage.bucket, composer, (FILES_PREFIX, UPLOADS_PREFIX), write=True)
         access.grant_object_tags(self.storage.bucket, composer, (UPLOADS_PREFIX,), read=True, write=False)
-        access.grant_object_tags(self.storage.bucket, composer, (FILES_PREFIX,), read=False, write=True)
+        access.grant_object_tags(self.storage.bucket, composer, (FILES_PREFIX,), read=True, write=True)
         for sender in (api_role, composer):
             self.uploads.queue.grant_send_messages(sender)
         for worker in self.worker_roles:
             grant_objects(self.storage.bucket, worker, WORKER_PREFIXES, write=True, list_only_prefixes=True)
             grant_objects(self.storage.bucket, worker, WORKER_INPUT_PREFIXES, write=False, list_only_prefixes=True,
                           inputs_only=True)
+            access.grant_object_tags(self.storage.bucket, worker, WORKER_INPUT_PREFIXES, read=True, write=False,
+                                     inputs_only=True)
         roles = {"api": api_role, "sweep": sweeper.role, "compose_upload": composer,
                  "deliver": self.deliverer.role, **{name: t.role for name, t in tasks.items()}}
         for name, principal in roles.items():

@@ -14,15 +14,20 @@ from typing import Any
 from gpu_worker.engines.lora import lora_engine_args, lora_module_paths
 from nightbatch.models.spec import ModelSpec
 from nightbatch.models.templates import resolve_chat_template
+from nightbatch.validation.media import engine_media_domains
 
 # vLLM reads these when its EngineCore process starts. Defaults for a small CPU box (local-engines.md §2):
 # vLLM otherwise reserves one of two cores and computes on a single thread.
 CPU_ENV_DEFAULTS = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
+# vLLM checks a media URL's host against its allowed domains, then follows redirects anywhere: an allowed host
+# could send the GPU host on to its VPC or the instance metadata service. Set on every platform.
+MEDIA_ENV = {"VLLM_MEDIA_URL_ALLOW_REDIRECTS": "0"}
 
 
 def prepare_platform() -> bool:
     from vllm.platforms import current_platform
 
+    os.environ.update(MEDIA_ENV)
     on_cpu = bool(current_platform.is_cpu())
     if on_cpu:
         for name, value in CPU_ENV_DEFAULTS.items():
@@ -31,10 +36,12 @@ def prepare_platform() -> bool:
 
 
 def split_args(
-    spec: ModelSpec, model_dir: Path | str, *, on_cpu: bool, load_format: str | None = None,
+    spec: ModelSpec, model_dir: Path | str, *, on_cpu: bool, media_domains: str = "", load_format: str | None = None,
     lora_dirs: dict[str, str] | None = None,
 ) -> tuple[Any, Any]:
-    """AsyncEngineArgs and the server's frontend args; `spec.engine_args` keys may belong to either."""
+    """AsyncEngineArgs and the server's frontend args; `spec.engine_args` keys may belong to either.
+    `media_domains`: NIGHTBATCH_MEDIA_ALLOWED_DOMAINS, the only hosts vLLM may fetch a media URL from (none when
+    empty: Validate and the worker let a line name no other, nightbatch/validation/media.py)."""
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.entrypoints.launchers.cli_args import BaseFrontendArgs
 
@@ -45,6 +52,7 @@ def split_args(
         "max_model_len": spec.max_model_len,
         "enable_log_requests": False,
         "disable_log_stats": True,
+        "allowed_media_domains": engine_media_domains(media_domains),
     }
     if spec.task in ("embed", "score"):
         engine_kwargs["runner"] = "pooling"
@@ -65,6 +73,9 @@ def split_args(
     for key, value in spec.engine_args.items():
         if key in frontend_kwargs or (key == "reasoning_parser" and spec.reasoning_parser):
             raise ValueError(f"model {spec.name!r}: set {key!r} as the model's own setting, not in engine_args")
+        if key == "allowed_media_domains":
+            raise ValueError(f"model {spec.name!r}: the media domains are the deployment's "
+                             "(NIGHTBATCH_MEDIA_ALLOWED_DOMAINS), not a model's engine_args")
         if key in engine_names:
             engine_kwargs[key] = value
         elif key in frontend_names:

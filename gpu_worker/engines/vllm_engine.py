@@ -62,9 +62,10 @@ class VllmEngine:
 
     def __init__(
         self, spec: ModelSpec, *, model_dir: Path | str | None = None, cache_dir: Path | None = None,
-        load_format: str | None = None, lora_dirs: dict[str, str] | None = None,
+        load_format: str | None = None, lora_dirs: dict[str, str] | None = None, media_domains: str = "",
     ) -> None:
         self.spec = spec
+        self._media_domains = media_domains  # NIGHTBATCH_MEDIA_ALLOWED_DOMAINS: the hosts vLLM may fetch from
         # The model's LoRA adapters as local directories (gpu_worker/weight_cache.py resolve_adapters);
         # None: resolved on start.
         self._lora_dirs = lora_dirs
@@ -99,8 +100,8 @@ class VllmEngine:
         from vllm.entrypoints.launchers.api_server.entry import build_async_engine_client_from_engine_args
         from vllm.usage.usage_lib import UsageContext
 
-        engine_args, frontend = split_args(self.spec, model_dir, on_cpu=on_cpu, load_format=self._load_format,
-                                           lora_dirs=lora_dirs)
+        engine_args, frontend = split_args(self.spec, model_dir, on_cpu=on_cpu, media_domains=self._media_domains,
+                                           load_format=self._load_format, lora_dirs=lora_dirs)
         stack = AsyncExitStack()
         try:
             client = await stack.enter_async_context(

@@ -28,6 +28,7 @@ from nightbatch.results.lines import MAX_RESULT_LINE, summarize_result_line
 from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.tenancy.limits import QUOTA_ATTR, reserve_storage
+from nightbatch.tenancy.scope import tenant_tags
 from nightbatch.wire import TERMINAL_STATUSES, Batch
 
 log = logging.getLogger("nightbatch.batches.retry")
@@ -144,7 +145,7 @@ def _write_input(services: Services, tenant: str, old: BatchRecord, source: File
     blobs = services.files.blobs
     file_id = new_file_id()
     key = file_key(file_id)
-    writer = blobs.writer(key)
+    writer = blobs.writer(key, tags=tenant_tags(tenant))  # a shard's input: its tenant's from the start
     lines = 0
     try:
         for data in _lines(services, source):

@@ -24,6 +24,7 @@ from nightbatch.settings import Settings
 from nightbatch.storage import Table
 from nightbatch.storage.parts import PartStore
 from nightbatch.storage.records import FileRecord
+from nightbatch.tenancy.scope import tenant_tags
 
 log = logging.getLogger("nightbatch.files.uploads")
 
@@ -61,9 +62,10 @@ class AssemblyService:
         outcome = "composed"
         if item.md5_expected:
             outcome = self._verify(file_id, keys, item.md5_expected)
-        # A batch validated on the parts tagged them as its input (pipeline/validate.py): the composed object the
-        # worker switches to must carry that tag too.
-        tags = self._input_tags(keys[0])
+        # The composed object carries its tenant from the start, as the parts do (tenancy/scope.py); and a batch
+        # validated on the parts tagged them as its input (pipeline/validate.py): the composed object the worker
+        # switches to must carry that tag too.
+        tags = {**tenant_tags(item.tenant), **self._input_tags(keys[0])}
         self.parts.compose(item.s3_key, [(k, sizes[k]) for k in keys], tags=tags)
         try:
             self.table.update_attributes(FileRecord, file_id, set_={"composed_at": now()}, remove=("parts",))
@@ -75,8 +77,8 @@ class AssemblyService:
         # Read again once `parts` is gone: a Validate that tagged the parts after the read above finds the item
         # composed when it checks, after its tagging, and tags the object itself; one that tagged them before this
         # read is seen here. Either way the object ends up tagged.
-        if not tags and (tags := self._input_tags(keys[0])):
-            self.parts.blobs.tag(item.s3_key, tags)
+        if INPUT_TAG_KEY not in tags and (more := self._input_tags(keys[0])):
+            self.parts.blobs.tag(item.s3_key, more)  # added to the tenant's tag
         self.jobs.purge_parts(upload_id, delay_seconds=self.settings.uploads.parts_grace_seconds)
         log.info("upload %s composed into %s (%s)", upload_id, file_id, outcome)
         return outcome

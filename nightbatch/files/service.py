@@ -1,4 +1,5 @@
-"""Files use cases: bytes in S3 under keys we make, metadata in the table, expiry enforced on read."""
+"""Files use cases: bytes in S3 under keys we make (each object tagged with its tenant from the moment it is
+written: tenancy/scope.py TENANT_TAG_KEY), metadata in the table, expiry enforced on read."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from nightbatch.settings import Settings
 from nightbatch.storage import BlobStore, Table
 from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.tenancy.limits import QUOTA_ATTR, batches_in_flight, release_storage, reserve_storage
-from nightbatch.tenancy.scope import Scope
+from nightbatch.tenancy.scope import Scope, tenant_tags
 from nightbatch.validation.file_images import FileImages
 from nightbatch.wire import TERMINAL_STATUSES, DeletedFile, FileObject, ListPage, list_page
 
@@ -90,13 +91,13 @@ class FileService:
     ) -> FileObject:
         return self._store(tenant, filename=filename, purpose=purpose, size=size, file_id=file_id,
                            expires_after_seconds=expires_after_seconds,
-                           put=lambda key: self.blobs.put_fileobj(key, fileobj))
+                           put=lambda key: self.blobs.put_fileobj(key, fileobj, tags=tenant_tags(tenant)))
 
     def create_lines(self, tenant: str, *, filename: str, lines: Iterable[bytes], size: int) -> FileObject:
         """A batch input written as it is made, line by line (the Anthropic wire's inline requests): `size`,
         their total, is reserved against the tenant's storage first."""
         def put(key: str) -> None:
-            writer = self.blobs.writer(key)
+            writer = self.blobs.writer(key, tags=tenant_tags(tenant))
             try:
                 writer.write_lines(lines)
                 writer.close()
@@ -148,14 +149,17 @@ class FileService:
     def images(self, tenant: str, *, tag: bool = False) -> FileImages:
         """The tenant's live files as the images a batch's lines name by file id (validation/file_images.py).
         `tag`: each one accepted is tagged as a batch's input (layout.INPUT_TAGS, what Validate does), which is
-        what lets the GPU worker read it (infra/access.py), and nothing else of files/."""
+        what lets the GPU worker read it (infra/access.py), and nothing else of files/, and with its tenant, which
+        the worker checks before it uses it (gpu_worker/images.py; a file stored before objects carried their
+        tenant gets it here)."""
 
         def lookup(file_id: str) -> FileRecord | None:
             rec = self.table.get_owned(FileRecord, tenant, file_id)
             return rec if rec is not None and rec.live(now()) else None
 
         def accepted(file_id: str) -> None:
-            self.blobs.tag(file_key(file_id), INPUT_TAGS)  # gone meanwhile: that line's 400 at run time
+            # Gone meanwhile: that line's 400 at run time.
+            self.blobs.tag(file_key(file_id), {**INPUT_TAGS, **tenant_tags(tenant)})
 
         return FileImages(lookup, max_bytes=self.settings.validation.max_image_bytes,
                           accepted=accepted if tag else None, scope=Scope.of(self.settings, tenant))

@@ -43,6 +43,7 @@ from nightbatch.storage import Table
 from nightbatch.storage.parts import PartStore
 from nightbatch.storage.records import FileRecord, UploadRecord
 from nightbatch.tenancy.limits import release_storage, reserve_storage
+from nightbatch.tenancy.scope import tenant_tags
 from nightbatch.wire import FileObject, Upload, UploadPart
 
 log = logging.getLogger("nightbatch.files.uploads")
@@ -169,7 +170,7 @@ class UploadService:
         item = self.require_pending(self.item(tenant, upload_id), "no more parts can be added")
         self._reserve_part(tenant, item, size)
         try:
-            return self._store_part(upload_id, fileobj, size)
+            return self._store_part(tenant, upload_id, fileobj, size)
         except BaseException:
             # Give the room back: the part never landed.
             self.table.update_attributes(UploadRecord, upload_id, add={"parts_received": -1, "bytes_received": -size})
@@ -199,7 +200,7 @@ class UploadService:
             f"{fresh.bytes_received}; a part of {size} bytes does not fit.",
             param="data", code="upload_size_exceeded")
 
-    def _store_part(self, upload_id: str, fileobj: BinaryIO, size: int) -> UploadPart:
+    def _store_part(self, tenant: str, upload_id: str, fileobj: BinaryIO, size: int) -> UploadPart:
         part_id = new_part_id()
         key = part_key(upload_id, part_id)
         running, base = self.digests.fork(upload_id)
@@ -210,7 +211,7 @@ class UploadService:
             if running is not None:
                 running.update(chunk)
         fileobj.seek(0)
-        self.parts.put(key, fileobj, md5=part_md5.digest())
+        self.parts.put(key, fileobj, md5=part_md5.digest(), tags=tenant_tags(tenant))
         created = now()
         fresh = self.table.get_record(UploadRecord, upload_id)
         if fresh is None or fresh.status != "pending":
@@ -244,7 +245,7 @@ class UploadService:
         if keys:
             extra["parts"] = keys
         else:
-            self.parts.blobs.put_bytes(file_key(file_id), b"")
+            self.parts.blobs.put_bytes(file_key(file_id), b"", tags=tenant_tags(tenant))
         file = self.files.register(
             tenant, file_id=file_id, key=file_key(file_id), size=total, filename=item.filename,
             purpose=item.purpose, expires_after_seconds=item.file_expires_after_seconds,

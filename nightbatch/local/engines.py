@@ -57,7 +57,7 @@ class EngineHost:
         policy = spec.engine_args.get("scheduling_policy", "priority")
         if policy == "priority":
             spec = spec.model_copy(update={"engine_args": {**spec.engine_args, "scheduling_policy": "priority"}})
-        engine = VllmEngine(spec, model_dir=model_dir)
+        engine = VllmEngine(spec, model_dir=model_dir, media_domains=self.settings.validation.media_allowed_domains)
         await engine.start()
         engine.priorities = policy == "priority"  # type: ignore[attr-defined]
         print(f"nightbatch local: engine {spec.name} ready in {time.monotonic() - t0:.0f} s", file=sys.stderr,

@@ -23,6 +23,7 @@ from nightbatch.storage import BlobStore
 from nightbatch.storage.parts import PartStore
 from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.tenancy.limits import check_queue_limits
+from nightbatch.tenancy.scope import tenant_tags
 from nightbatch.validation.lines import MAX_ERRORS_BYTES, Validator, line_error
 from nightbatch.validation.requests import LineInvalid
 from nightbatch.wire import BatchError
@@ -184,19 +185,21 @@ def _keep_input(blobs: BlobStore, source: layout.InputSource, batch_id: str, exp
 
 def _mark_input(services: Services, file_item: FileRecord, source: layout.InputSource) -> None:
     """Tags every object the shards will read (layout.INPUT_TAGS): the GPU worker may read no other object of
-    files/ or uploads/. An Upload still in parts: each part, and the composed object if composition finished
+    files/ or uploads/; and with the file's tenant, which objects stored before they carried it from the start
+    lack (tenancy/scope.py). An Upload still in parts: each part, and the composed object if composition finished
     meanwhile (composition checks the parts' tag after it finishes, files/assembly.py, so one of the two sees the
     other). A part already purged was composed: the composed object is tagged then."""
     if source.in_place:
         return  # a user's objects: the worker reads them through the allow-list's grant, not a tag of ours
     blobs = services.adapters.blobs
+    tags = {**layout.INPUT_TAGS, **tenant_tags(file_item.tenant)}
     for part in source.parts:
-        blobs.tag(part.key, layout.INPUT_TAGS)
+        blobs.tag(part.key, tags)
     if source.parts:
         now_item = services.adapters.table.get_record(FileRecord, file_item.pk)
         if now_item is None or now_item.parts:
             return
-    blobs.tag(source.key, layout.INPUT_TAGS)
+    blobs.tag(source.key, tags)
 
 
 def _fail(services: Services, batch: BatchRecord, errors: list[BatchError]) -> ValidateOutput:

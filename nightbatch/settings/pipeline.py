@@ -77,10 +77,14 @@ class ValidationSettings(Section):
     max_score_documents_per_request: int = 1000
     # Comma-separated https hosts whose image/audio/video URLs requests may name; empty: inline data: URLs only.
     media_allowed_domains: str = ""
-    # One image a line names by s3:// (an allow-listed bucket, docs/USER_BUCKETS.md) may be this large; the worker
-    # fetches it into a data: URL and answers a larger one with the line's own error.
+    # One image of a line (inline, by file id or by s3://, docs/USER_BUCKETS.md) may be this large; the worker
+    # fetches one by reference into a data: URL and answers a larger one with the line's own error.
     max_image_bytes: int = 20 * 1024 * 1024
-    # Images one chat or responses line may hold (data:, https or s3://); 0 = no cap.
+    # The images one line names, each distinct one counted once, may total this much (OpenAI's 50 MB a request);
+    # Validate counts what it knows (inline images, files), the worker what it fetches. 0 = no cap.
+    max_image_bytes_per_request: int = 50 * 1024 * 1024
+    # Images one line may hold (data:, https, s3:// or file ids; on every wire, an Anthropic tool_result's
+    # too); 0 = no cap.
     max_images_per_request: int = 32
     max_reported_errors: int = 1000
     # Lines of one batch may name different served models (each shard still serves one; counts, usage and cost
@@ -226,6 +230,14 @@ class WorkerSettings(Section):
     checkpoint_bytes: int = 0
     checkpoint_max_seconds: float = 600.0
     max_in_flight: int = 256
+    # Image bytes the lines in flight may hold at once, fetched by reference (gpu_worker/images.py): a line waits
+    # for its share rather than fail (unless it alone needs more); their data: URLs take about 4/3 of it. 0 = no
+    # bound.
+    image_bytes_in_flight: Annotated[int, Env("worker_image_bytes_in_flight")] = 256 * 1024 * 1024
+    # A fetch of an image that S3 throttles, fails with a 5xx, or that times out or is cut short is tried this
+    # many times in all, waiting `backoff` seconds, doubled each time, in between.
+    image_fetch_attempts: Annotated[int, Env("worker_image_fetch_attempts")] = 4
+    image_fetch_backoff_seconds: Annotated[float, Env("worker_image_fetch_backoff_seconds")] = 0.5
     # Throughput (gpu_worker/scheduling.py): pending lines are read this far ahead and reordered within that
     # window (0 = input order, no window); the char bound (prompt text) keeps a window of very long lines in
     # bounded memory.

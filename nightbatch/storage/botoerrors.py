@@ -24,3 +24,25 @@ def botocore_error() -> type[BotoCoreError]:
 
     cls: type[BotoCoreError] = BotoCoreError
     return cls
+
+
+# S3's (and AWS's) answers that say "not now" rather than "no": throttling, a server-side failure, a timeout.
+_TRANSIENT_CODES = frozenset({
+    "SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "RequestTimeoutException", "InternalError",
+    "ServiceUnavailable", "RequestLimitExceeded", "TooManyRequestsException", "PriorRequestNotComplete",
+})
+
+
+def transient(exc: BaseException) -> bool:
+    """Worth the same call again a little later (throttling, a 5xx, a connection reset or timeout, a body cut
+    short), unlike an answer about the request itself (NoSuchKey, AccessDenied, a bad range)."""
+    from botocore import exceptions as boto
+
+    if isinstance(exc, boto.ClientError):
+        error = exc.response.get("Error", {})
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        return str(error.get("Code", "")) in _TRANSIENT_CODES or status >= 500 or status == 429
+    # botocore's HTTPClientError: a connection closed or a read timing out (mid-body too: ResponseStreamingError);
+    # the builtin ConnectionError: a socket reset or aborted.
+    return isinstance(exc, boto.ConnectionError | boto.HTTPClientError | boto.IncompleteReadError | ConnectionError
+                      | TimeoutError)

@@ -24,10 +24,11 @@ class PartStore:
         self.client = blobs.client
         self.bucket = blobs.bucket
 
-    def put(self, key: str, fileobj: BinaryIO, *, md5: bytes) -> None:
-        """One PUT; Content-MD5 makes S3 refuse a part that arrived damaged."""
+    def put(self, key: str, fileobj: BinaryIO, *, md5: bytes, tags: dict[str, str] | None = None) -> None:
+        """One PUT (tagged `tags` from the start); Content-MD5 makes S3 refuse a part that arrived damaged."""
         self.client.put_object(
             Bucket=self.bucket, Key=key, Body=fileobj, ContentMD5=base64.b64encode(md5).decode(),
+            **({"Tagging": tagging(tags)} if tags else {}),
         )
 
     def sizes(self, prefix: str) -> dict[str, int]:
@@ -50,7 +51,7 @@ class PartStore:
         """Writes the sources' bytes, in order, as the one object `dest` (idempotent: it overwrites), tagged
         `tags` from the start."""
         if not sources:
-            self.blobs.put_bytes(dest, b"")  # an empty file: Validate refuses it, no shard reads it
+            self.blobs.put_bytes(dest, b"", tags=tags)  # an empty file: Validate refuses it, no shard reads it
             return
         tagged: dict[str, Any] = {"Tagging": tagging(tags)} if tags else {}
         if len(sources) == 1:

@@ -34,9 +34,12 @@ class BlobStore:
         """A server-side copy of this bucket's `key` to `bucket`/`dest_key` (multipart past 5 GB)."""
         self.client.copy({"Bucket": self.bucket, "Key": key}, bucket, dest_key)
 
-    def put_bytes(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> str:
-        """One PUT; returns the object's ETag (as a listing shows it)."""
-        return str(self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType=content_type)["ETag"])
+    def put_bytes(self, key: str, data: bytes, *, content_type: str = "application/octet-stream",
+                  tags: dict[str, str] | None = None) -> str:
+        """One PUT (tagged `tags` from the start); returns the object's ETag (as a listing shows it)."""
+        tagged = {"Tagging": tagging(tags)} if tags else {}
+        return str(self.client.put_object(Bucket=self.bucket, Key=key, Body=data, ContentType=content_type,
+                                          **tagged)["ETag"])
 
     def append(self, key: str, size: int, data: bytes, *, content_type: str = "application/octet-stream") -> str:
         """Replaces object `key` of `size` bytes (at least S3's 5 MiB part minimum) by itself followed by `data`,
@@ -58,8 +61,8 @@ class BlobStore:
             self.client.abort_multipart_upload(**common)
             raise
 
-    def put_fileobj(self, key: str, fileobj: BinaryIO) -> None:
-        self.client.upload_fileobj(fileobj, self.bucket, key)
+    def put_fileobj(self, key: str, fileobj: BinaryIO, *, tags: dict[str, str] | None = None) -> None:
+        self.client.upload_fileobj(fileobj, self.bucket, key, ExtraArgs={"Tagging": tagging(tags)} if tags else None)
 
     def get_bytes(self, key: str) -> bytes | None:
         try:
@@ -141,18 +144,23 @@ class BlobStore:
             raise
 
     def rewrite(self, key: str, metadata: dict[str, str], *, tags: dict[str, str] | None = None) -> None:
-        """Copies the object onto itself, server-side (multipart past 5 GB): same bytes, written now. `tags`
-        replace its tags in the same call (a multipart copy would otherwise drop them)."""
+        """Copies the object onto itself, server-side (multipart past 5 GB): same bytes, written now. `tags` are
+        added to its tags in the same call (a multipart copy would otherwise drop them all)."""
         extra: dict[str, Any] = {"MetadataDirective": "REPLACE", "Metadata": metadata}
         if tags is not None:
-            extra.update(TaggingDirective="REPLACE", Tagging=tagging(tags))
+            extra.update(TaggingDirective="REPLACE", Tagging=tagging({**self.tags(key), **tags}))
         self.client.copy({"Bucket": self.bucket, "Key": key}, self.bucket, key, ExtraArgs=extra)
 
     def tag(self, key: str, tags: dict[str, str]) -> bool:
-        """Sets the object's tags (its whole tag set); False when it does not exist."""
+        """Adds `tags` to the object's tags, keeping the others (S3 sets a whole tag set at once: the object's
+        tenant stays when Validate marks it a batch's input); False when it does not exist."""
+        current = self.tags(key)
+        merged = {**current, **tags}
+        if merged == current:
+            return bool(current)  # nothing to add (none at all: no object, or one with no tags to keep)
         try:
             self.client.put_object_tagging(Bucket=self.bucket, Key=key, Tagging={
-                "TagSet": [{"Key": k, "Value": v} for k, v in tags.items()]})
+                "TagSet": [{"Key": k, "Value": v} for k, v in merged.items()]})
         except client_error() as e:
             if _missing(e):
                 return False
@@ -207,16 +215,17 @@ class BlobStore:
         url: str = self.client.generate_presigned_url("get_object", Params=params, ExpiresIn=expires)
         return url
 
-    def writer(self, key: str) -> LineWriter:
-        return LineWriter(self, key)
+    def writer(self, key: str, *, tags: dict[str, str] | None = None) -> LineWriter:
+        return LineWriter(self, key, tags=tags)
 
 
 class LineWriter:
     """Streams bytes into one S3 object: one PUT when small, a multipart upload past PART_BYTES."""
 
-    def __init__(self, store: BlobStore, key: str) -> None:
+    def __init__(self, store: BlobStore, key: str, *, tags: dict[str, str] | None = None) -> None:
         self.store = store
         self.key = key
+        self.tags = tags  # the object's, from the start
         self.buf = io.BytesIO()
         self.upload_id: str | None = None
         self.parts: list[dict[str, Any]] = []
@@ -238,7 +247,8 @@ class LineWriter:
     def _flush_part(self) -> None:
         c = self.store.client
         if self.upload_id is None:
-            self.upload_id = c.create_multipart_upload(Bucket=self.store.bucket, Key=self.key)["UploadId"]
+            tagged = {"Tagging": tagging(self.tags)} if self.tags else {}
+            self.upload_id = c.create_multipart_upload(Bucket=self.store.bucket, Key=self.key, **tagged)["UploadId"]
             self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="s3-part")
         self._wait_pending()
         n = len(self.parts) + len([self.pending] if self.pending else []) + 1
@@ -262,7 +272,7 @@ class LineWriter:
         """Completes the object; returns its size. `keep_empty=False`: nothing written leaves no object (no PUT)."""
         if self.upload_id is None:
             if self.bytes_written or keep_empty:
-                self.store.put_bytes(self.key, self.buf.getvalue())
+                self.store.put_bytes(self.key, self.buf.getvalue(), tags=self.tags)
         else:
             if self.buf.tell():
                 self._flush_part()

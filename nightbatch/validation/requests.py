@@ -1,20 +1,13 @@
-"""Checks of one request body that stand alone (media URLs, tools, Responses state, template kwargs), the
-error they raise, and the token estimate: below Validator and the per-endpoint checkers (validation/scoring.py)."""
+"""Checks of one request body that stand alone (tools, Responses state, template kwargs), the error they raise,
+and the token estimate: below Validator, the per-endpoint checkers (validation/scoring.py) and the media
+references' walker (validation/media.py)."""
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from nightbatch.ids import is_file_id
 from nightbatch.models.spec import ModelSpec
-from nightbatch.settings import Settings
-from nightbatch.tenancy.scope import is_s3_uri
-
-if TYPE_CHECKING:  # file_images raises this module's LineInvalid
-    from nightbatch.validation.file_images import FileImages
 
 MAX_ECHO = 64
 
@@ -23,90 +16,6 @@ class LineInvalid(Exception):
     def __init__(self, code: str, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.error = (code, message, param)
-
-
-MEDIA_PARTS = ("image_url", "video_url", "audio_url")
-
-
-def check_media(settings: Settings, messages: list[Any],
-                where: Callable[[int], str] = lambda i: f"body.messages[{i}]", *,
-                files: FileImages | None = None) -> None:
-    """Multimodal parts: inline `data:` URLs (and `s3://` images of the allow-listed user buckets, and images by
-    file id, checked by `files`: docs/USER_BUCKETS.md) only, unless NIGHTBATCH_MEDIA_ALLOWED_DOMAINS names https
-    hosts the engine may fetch from (a GPU worker fetching any URL a tenant names would reach its VPC and the
-    instance metadata service). `where` names the i-th item holding a `content` list in the error's param."""
-    images = 0
-    for i, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
-        if not isinstance(content, list):
-            continue
-        for j, part in enumerate(content):
-            if not isinstance(part, dict):
-                continue
-            at = f"{where(i)}.content[{j}]"
-            if "file_id" in part and part.get("type") == "input_image":  # the Responses API's image by file id
-                images += 1
-                if part.get("image_url") is not None:
-                    raise LineInvalid("invalid_request", "An input_image takes 'image_url' or 'file_id', not both.",
-                                      f"{at}.file_id")
-                _check_image(settings, None, images, at)
-                _check_file_image(files, part["file_id"], f"{at}.file_id")
-                continue
-            for kind in MEDIA_PARTS:
-                ref = part.get(kind)
-                url = ref.get("url") if isinstance(ref, dict) else ref
-                if url is None:
-                    continue
-                if kind == "image_url":
-                    images += 1
-                    _check_image(settings, url, images, f"{at}.{kind}")
-                    if is_s3_uri(url):  # fetched by the worker (gpu_worker/images.py), within max_image_bytes
-                        if files is None:
-                            raise LineInvalid("invalid_value", "Images by s3:// URI are not accepted here: send "
-                                              "the image as a data: URL.", f"{at}.{kind}.url")
-                        files.check_s3(url, f"{at}.{kind}.url" if isinstance(ref, dict) else f"{at}.{kind}")
-                        continue
-                    if isinstance(url, str) and url.startswith("file-"):  # nightbatch's extension to chat
-                        _check_file_image(files, url, f"{at}.{kind}.url" if isinstance(ref, dict) else f"{at}.{kind}")
-                        continue
-                check_media_url(settings, url, kind, f"{at}.{kind}.url")
-
-
-def _check_file_image(files: FileImages | None, file_id: object, param: str) -> None:
-    if not is_file_id(file_id):
-        raise LineInvalid("invalid_value", f"Invalid 'file_id': {echo(file_id)} is not a file id.", param)
-    if files is None:
-        raise LineInvalid("invalid_value", "Images by file id are not accepted here: send the image as a data: URL.",
-                          param)
-    files.check(str(file_id), param)
-
-
-def check_media_url(settings: Settings, url: object, kind: str, param: str) -> None:
-    """One media URL of a line (an OpenAI `image_url`, an Anthropic `source` of type url): see check_media."""
-    if isinstance(url, str) and url.startswith("data:"):
-        return
-    # Parsed from the settings only when a line names a URL (per-line hot path).
-    domains = settings.validation.media_allowed_domains
-    allowed = {d.strip().lower() for d in domains.split(",") if d.strip()}
-    m = re.match(r"https://([^/:?#@]+)(?::443)?(?:[/?#]|\Z)", url) if isinstance(url, str) else None
-    if m is None or m.group(1).lower() not in allowed:
-        raise LineInvalid(
-            "invalid_value", f"Invalid '{kind}.url': only data: URLs are accepted"
-            + (f", or https URLs on {', '.join(sorted(allowed))}" if allowed else "") + ".", param)
-
-
-def _check_image(settings: Settings, url: Any, n: int, param: str) -> None:
-    """The guards known at validation: images per line, and the size of an inline one (an s3:// image's size is
-    checked by the worker when it fetches it: gpu_worker/images.py; a file's by FileImages)."""
-    limit = settings.validation.max_images_per_request
-    if limit and n > limit:
-        raise LineInvalid("too_many_images", f"The request has more than {limit} images; at most {limit} are "
-                          "allowed per request.", param)
-    if isinstance(url, str) and url.startswith("data:"):
-        size = (len(url) - url.find(",") - 1) * 3 // 4  # base64's decoded size, within 2 bytes
-        if size > settings.validation.max_image_bytes:
-            raise LineInvalid("image_too_large", f"The image is about {size} bytes, over the limit of "
-                              f"{settings.validation.max_image_bytes} bytes per image.", param + ".url")
 
 
 def echo(value: Any, limit: int = MAX_ECHO) -> str:
@@ -188,10 +97,10 @@ def check_responses(spec: ModelSpec, body: dict[str, Any], default_max_tokens: i
 _ANTHROPIC_CHOICE = {"auto": "auto", "any": "required", "none": "none"}
 
 
-def check_messages(settings: Settings, spec: ModelSpec, body: dict[str, Any]) -> int:
+def check_messages(spec: ModelSpec, body: dict[str, Any]) -> int:
     """A /v1/messages line (Anthropic's Messages API, the Anthropic wire's batches): `max_tokens` and
-    `messages` required as Anthropic requires them, text or content-block turns, URL image sources as
-    check_media allows them, tools only on a model configured for them. Returns its output cap."""
+    `messages` required as Anthropic requires them, text or content-block turns, tools only on a model
+    configured for them (its image sources, at any depth: validation/media.py). Returns its output cap."""
     cap = body.get("max_tokens")
     if cap is None:
         raise LineInvalid("missing_required_parameter", "Field required", "body.max_tokens")
@@ -207,11 +116,6 @@ def check_messages(settings: Settings, spec: ModelSpec, body: dict[str, Any]) ->
         content = message.get("content")
         if not isinstance(content, str | list):
             raise LineInvalid("invalid_request", "Field required", f"body.messages[{i}].content")
-        for j, block in enumerate(content if isinstance(content, list) else ()):
-            source = block.get("source") if isinstance(block, dict) else None
-            if isinstance(source, dict) and source.get("type") == "url":
-                check_media_url(settings, source.get("url"), "source",
-                                f"body.messages[{i}].content[{j}].source.url")
     system = body.get("system")
     if system is not None and not isinstance(system, str | list):
         raise LineInvalid("invalid_request", "Input should be a string or a list of text blocks",

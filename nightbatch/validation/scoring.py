@@ -9,13 +9,12 @@ path; the engine checks the rest and answers the line with vLLM's own error.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any, NoReturn
 
 from nightbatch.jsonl import dumps
 from nightbatch.models.spec import ModelSpec
 from nightbatch.settings import Settings
-from nightbatch.validation.requests import LineInvalid, check_media, echo, estimate_tokens
+from nightbatch.validation.requests import LineInvalid, echo, estimate_tokens
 
 # vLLM's ScoreRequest is a union over these pairs of names; it tries them in this order.
 SCORE_PAIRS = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"), ("text_1", "text_2"))
@@ -43,9 +42,6 @@ def check_scoring(settings: Settings, spec: ModelSpec, endpoint: str, body: dict
     if cap and len(documents) > cap:
         raise LineInvalid("too_many_inputs", f"This request scores {len(documents)} documents; at most {cap} are "
                           f"allowed per {endpoint} request.", f"body.{second}")
-    for name, items in ((first, queries), (second, documents)):
-        if any(isinstance(item, dict) for item in items):
-            check_media(settings, items, where=_path(body, name))
     return _tokens(spec, queries, len(documents), line_bytes)
 
 
@@ -88,13 +84,6 @@ def _side_item(body: dict[str, Any], name: str, item: Any, index: int | None = N
     where = f"body.{name}" if index is None else f"body.{name}[{index}]"
     raise LineInvalid("invalid_request", f"Invalid '{where.removeprefix('body.')}': expected a string or an object "
                       f"with a 'content' list, got {echo(item)}.", where)
-
-
-def _path(body: dict[str, Any], name: str) -> Callable[[int], str]:
-    """Names the i-th item of a side in an error's param: `body.documents[2]`, or `body.query` when single."""
-    if isinstance(body.get(name), list):
-        return lambda i: f"body.{name}[{i}]"
-    return lambda _: f"body.{name}"
 
 
 def _check_top_n(body: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ from nightbatch import layout
 from nightbatch.pipeline import BatchTaskInput, validate_batch
 from nightbatch.services import Services
 from nightbatch.storage.records import FileRecord
+from nightbatch.tenancy.scope import tenant_tags
 from nightbatch.validation.file_images import FileImages
 from nightbatch.validation.requests import LineInvalid
 from tests.support.pipeline_world import jsonl, make_batch
@@ -49,8 +50,9 @@ def test_validate_takes_the_tenants_image_files_and_tags_them_for_the_worker(
         reads.clear()
         assert validate_batch(BatchTaskInput(batch_id=batch_id), services).valid is True
         assert sorted(reads) == sorted([cat, notes])  # once per distinct file, not once per line
-    for file_id in (cat, notes):  # what lets the worker's role read them (infra/access.py)
-        assert services.adapters.blobs.tags(layout.file_key(file_id)) == layout.INPUT_TAGS
+    for file_id in (cat, notes):  # what lets the worker's role read them (infra/access.py), and whose they are
+        assert services.adapters.blobs.tags(layout.file_key(file_id)) == {**layout.INPUT_TAGS,
+                                                                          **tenant_tags("default")}
 
 
 def test_validate_refuses_image_files_that_are_not_the_batchs_to_use(services: Services) -> None:
@@ -78,7 +80,8 @@ def test_validate_refuses_image_files_that_are_not_the_batchs_to_use(services: S
         assert messages[0] == "No such File object: file-doesnotexist"
         assert "has purpose 'batch'" in messages[2] and "'vision' or 'user_data'" in messages[2]
         assert messages[3] == f"The image file {big} is 301 bytes, over the limit of 300 bytes per image."
-    assert services.adapters.blobs.tags(layout.file_key(theirs)) == {}  # never opened to the worker
+    # Never opened to the worker: no input tag, and still the other tenant's.
+    assert services.adapters.blobs.tags(layout.file_key(theirs)) == tenant_tags("other")
 
 
 def test_the_cache_of_file_verdicts_is_bounded() -> None:

@@ -26,7 +26,7 @@ def test_validate_counts_images_and_sizes_inline_ones_by_line(services: Services
     errors = batch.errors.data
     assert [(e.line, e.code, e.param) for e in errors] == [
         (2, "image_too_large", "body.messages[0].content[1].image_url.url"),
-        (3, "too_many_images", "body.messages[0].content[3].image_url")]
+        (3, "too_many_images", "body.messages[0].content[3].image_url.url")]
     assert "about 600 bytes, over the limit of 300 bytes per image" in errors[0].message
 
 

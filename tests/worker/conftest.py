@@ -3,6 +3,7 @@ shards seeded in the storage format Validate and Plan write."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from moto import mock_aws
 
+from gpu_worker.images import LineImages
 from nightbatch.ids import new_batch_id
 from nightbatch.layout import CHECKPOINT_RE, done_key, results_prefix, shard_key
 from nightbatch.local.aws import FAKE_CREDENTIALS
@@ -20,6 +22,7 @@ from nightbatch.settings import Settings, get_settings
 from nightbatch.storage import Adapters, make_adapters
 from nightbatch.storage.dynamo import create_table
 from nightbatch.storage.records import BatchRecord
+from nightbatch.tenancy.scope import Scope
 
 CHAT_MODEL = "SmolLM2-135M-Instruct"
 EMBED_MODEL = "all-MiniLM-L6-v2"
@@ -113,6 +116,19 @@ class ShardWorld:
     def done_marker(self) -> dict[str, Any] | None:
         raw = self.adapters.blobs.get_bytes(done_key(self.batch_id, self.shard_id))
         return None if raw is None else dict(json.loads(raw))
+
+
+def resolve_images(world: ShardWorld, body: dict[str, Any], *, endpoint: str = "/v1/chat/completions",
+                   settings: Settings | None = None, tenant: str = "default") -> dict[str, Any]:
+    """The body as the worker gives it to the engine (gpu_worker/images.py), for `tenant`'s shard."""
+    settings = settings or world.settings
+    images = LineImages(world.adapters.blobs, settings, Scope.of(settings, tenant))
+
+    async def go() -> dict[str, Any]:
+        async with images.resolved(endpoint, body) as ready:
+            return ready
+
+    return asyncio.run(go())
 
 
 def _create_resources(adapters: Adapters) -> None:

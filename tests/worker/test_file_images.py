@@ -7,12 +7,15 @@ from __future__ import annotations
 import base64
 from typing import Any
 
-from gpu_worker.images import has_images_by_reference, resolve_images
+import pytest
+
+from gpu_worker.images import ImageError
 from nightbatch.layout import file_key
-from nightbatch.tenancy.scope import Scope
+from nightbatch.tenancy.scope import tenant_tags
+from nightbatch.validation.media import references
 from tests.support.deterministic_engine import DeterministicEngine
 
-from .conftest import CHAT_MODEL, ShardWorld
+from .conftest import CHAT_MODEL, ShardWorld, resolve_images
 from .test_runner import CHAT_SPEC, run
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(200))
@@ -31,8 +34,9 @@ def file_line(custom_id: str, file_id: str, *, responses: bool = False) -> dict[
 
 def test_file_images_reach_the_engine_as_images(world: ShardWorld) -> None:
     blobs = world.adapters.blobs
-    blobs.put_bytes(file_key("file-cat"), PNG)  # as the Files API stores an upload: no image content type
-    blobs.put_bytes(file_key("file-big"), b"\xff" * 5000)
+    # As the Files API stores an upload: no image content type, the tenant's tag.
+    blobs.put_bytes(file_key("file-cat"), PNG, tags=tenant_tags("default"))
+    blobs.put_bytes(file_key("file-big"), b"\xff" * 5000, tags=tenant_tags("default"))
     world.seed([file_line("ok", "file-cat"), file_line("again", "file-cat"), file_line("big", "file-big"),
                 file_line("gone", "file-deletedaftervalidate")])
     settings = world.settings.model_copy(deep=True)
@@ -57,10 +61,9 @@ def test_file_images_reach_the_engine_as_images(world: ShardWorld) -> None:
 
 
 def test_a_responses_file_id_becomes_the_input_images_url(world: ShardWorld) -> None:
-    world.adapters.blobs.put_bytes(file_key("file-photo"), JPEG)
+    world.adapters.blobs.put_bytes(file_key("file-photo"), JPEG, tags=tenant_tags("default"))
     body = file_line("r", "file-photo", responses=True)["body"]
-    assert has_images_by_reference(body)
-    out = resolve_images(world.adapters.blobs, body, max_bytes=1000, scope=Scope.of(world.settings, "default"))
+    out = resolve_images(world, body, endpoint="/v1/responses")
     assert out["input"][0]["content"][1] == {
         "type": "input_image", "image_url": f"data:image/jpeg;base64,{base64.b64encode(JPEG).decode()}"}
     assert body["input"][0]["content"][1]["file_id"] == "file-photo"  # the line itself is left as it was
@@ -70,4 +73,8 @@ def test_only_strings_of_a_file_ids_shape_are_read_as_files(world: ShardWorld) -
     """A key is built from a line's string only when it has the shape of our ids: a line Validate did not see
     (a bug, a hand-written segment) cannot make the worker read another key of its bucket."""
     for ref in ("file-../batches/x", "file-", "files/file-cat"):
-        assert not has_images_by_reference(file_line("x", ref)["body"])
+        body = file_line("x", ref)["body"]
+        assert not any(r.by_reference for r in references("/v1/chat/completions", body))
+        with pytest.raises(ImageError) as e:  # and the worker refuses the line, as Validate would
+            resolve_images(world, body)
+        assert e.value.param == "body.messages[0].content[1].image_url.url"

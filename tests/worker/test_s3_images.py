@@ -9,17 +9,19 @@ from typing import Any
 
 import pytest
 
-from gpu_worker.images import ImageError, resolve_images
+from gpu_worker.images import ImageError
 from nightbatch.settings import Settings
 from nightbatch.tenancy.scope import Scope
 from nightbatch.validation.file_images import FileImages
-from nightbatch.validation.requests import LineInvalid, check_media
+from nightbatch.validation.media import check_references
+from nightbatch.validation.requests import LineInvalid
 from tests.support.deterministic_engine import DeterministicEngine
 
-from .conftest import CHAT_MODEL, ShardWorld
+from .conftest import CHAT_MODEL, ShardWorld, resolve_images
 from .test_runner import CHAT_SPEC, run
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(200))
+CHAT = "/v1/chat/completions"
 
 
 def line(custom_id: str, url: str, *, responses: bool = False) -> dict[str, Any]:
@@ -65,22 +67,21 @@ def test_responses_input_images_are_resolved_too(world: ShardWorld) -> None:
     body = line("r", "s3://users-images/a/cat.jpg", responses=True)["body"]
     settings = world.settings.model_copy(deep=True)
     settings.files.user_input_buckets = "users-images"
-    scope = Scope.of(settings, "default")
-    out = resolve_images(world.adapters.blobs, body, max_bytes=1000, scope=scope)
+    out = resolve_images(world, body, endpoint="/v1/responses", settings=settings)
     assert out["input"][0]["content"][1]["image_url"] == f"data:image/jpeg;base64,{base64.b64encode(PNG).decode()}"
     assert body["input"][0]["content"][1]["image_url"].startswith("s3://")  # the line itself is left as it was
     # The worker's own bucket (or any other) is never fetched, even for a line Validate did not see.
     own = line("o", f"s3://{world.settings.deployment.bucket}/batches/x.png", responses=True)["body"]
     with pytest.raises(ImageError, match="names the deployment's own bucket"):
-        resolve_images(world.adapters.blobs, own, max_bytes=1000, scope=scope)
+        resolve_images(world, own, endpoint="/v1/responses", settings=settings)
 
 
 def test_validate_takes_s3_images_of_the_allow_listed_buckets_only() -> None:
     settings = Settings(files={"user_input_buckets": "users-images"})
     refs = FileImages(lambda _: None, max_bytes=1000, scope=Scope.of(settings, "default"))
-    check_media(settings, line("a", "s3://users-images/cat.png")["body"]["messages"], files=refs)
+    check_references(settings, CHAT, line("a", "s3://users-images/cat.png")["body"], refs)
     with pytest.raises(LineInvalid) as e:
-        check_media(settings, line("b", "s3://someone-else/cat.png")["body"]["messages"], files=refs)
+        check_references(settings, CHAT, line("b", "s3://someone-else/cat.png")["body"], refs)
     assert e.value.error[0] == "bucket_not_allowed"
     assert e.value.error[2] == "body.messages[0].content[1].image_url.url"
 
