@@ -67,7 +67,8 @@ def create(services: Services, tenant: str, body: CreateMessageBatch) -> Message
     if n > settings.validation.max_requests_per_batch:
         raise InvalidRequestError(f"requests: a batch holds at most {settings.validation.max_requests_per_batch} "
                                   "requests on this deployment", param="requests")
-    validator = Validator(settings=settings, endpoint=MESSAGES_ENDPOINT)
+    # The tenant's files and scope answer for images by file id and s3:// URI, as on the OpenAI wires.
+    validator = Validator(settings=settings, endpoint=MESSAGES_ENDPOINT, file_images=services.files.images(tenant))
     size = 0
     for i, req in enumerate(body.requests):
         if not CUSTOM_ID_RE.fullmatch(req.custom_id):

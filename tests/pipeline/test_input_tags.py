@@ -20,8 +20,13 @@ from nightbatch.pipeline import validate as validate_module
 from nightbatch.pipeline.shard_lines import shard_lines
 from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord, FileRecord
+from nightbatch.tenancy.scope import tenant_tags
 from tests.support.pipeline_world import chat_line, make_batch
 
+# What a batch's input carries once validated: the input tag, beside its tenant's tag it was stored with
+# (tenancy/scope.py); before, or never validated: its tenant's tag only.
+OWN = tenant_tags("default")
+INPUT = {**layout.INPUT_TAGS, **OWN}
 DATA = b"".join(json.dumps(chat_line(i)).encode() + b"\n" for i in range(30))
 
 
@@ -75,20 +80,20 @@ def test_validate_tags_the_input_and_nothing_else(services: Services) -> None:
                                       fileobj=io.BytesIO(DATA), size=len(DATA))
     rec = services.adapters.table.get_record(BatchRecord, batch_id)
     assert rec is not None
-    assert tags(services, layout.file_key(rec.input_file_id)) == {}
+    assert tags(services, layout.file_key(rec.input_file_id)) == OWN
     inp = BatchTaskInput(batch_id=batch_id)
     assert validate_batch(inp, services).valid
-    assert tags(services, layout.file_key(rec.input_file_id)) == layout.INPUT_TAGS
-    assert tags(services, layout.file_key(bystander.id)) == {}
+    assert tags(services, layout.file_key(rec.input_file_id)) == INPUT
+    assert tags(services, layout.file_key(bystander.id)) == OWN
     plan_batch(inp, services)
     read = read_inputs(services, batch_id)
-    assert read and all(tags(services, k) == layout.INPUT_TAGS for k in read)
+    assert read and all(tags(services, k) == INPUT for k in read)
     # A refused input has no shard to be read by: it stays untagged.
     refused = make_batch(services, DATA + b"{not json\n")
     refused_rec = services.adapters.table.get_record(BatchRecord, refused)
     assert refused_rec is not None
     assert not validate_batch(BatchTaskInput(batch_id=refused), services).valid
-    assert tags(services, layout.file_key(refused_rec.input_file_id)) == {}
+    assert tags(services, layout.file_key(refused_rec.input_file_id)) == OWN
 
 
 def test_every_key_a_shard_reads_of_an_upload_is_tagged_before_and_after_composition(
@@ -104,12 +109,12 @@ def test_every_key_a_shard_reads_of_an_upload_is_tagged_before_and_after_composi
     # Through the parts (not composed yet): every part the ranges touch, each tagged.
     assert {k for k in read if k.startswith(layout.UPLOADS_PREFIX)} == set(
         services.files.item("default", file_id).parts or [])
-    assert all(tags(services, k) == layout.INPUT_TAGS for k in read), {k: tags(services, k) for k in read}
+    assert all(tags(services, k) == INPUT for k in read), {k: tags(services, k) for k in read}
     # Composed later: the worker switches to the composed object, which carries the tag over.
     services.assembly.compose(file_id, upload_id)
     read = read_inputs(services, batch.id)
     assert read and set(read) == {layout.file_key(file_id)}
-    assert tags(services, layout.file_key(file_id)) == layout.INPUT_TAGS
+    assert tags(services, layout.file_key(file_id)) == INPUT
 
 
 def test_composition_that_read_the_parts_untagged_still_tags_the_object(
@@ -130,8 +135,8 @@ def test_composition_that_read_the_parts_untagged_still_tags_the_object(
         services.assembly.compose(file_id, upload_id)
     finally:
         events.unregister("before-call.s3.CreateMultipartUpload", validate_meanwhile)
-    assert tags(services, keys[0]) == layout.INPUT_TAGS
-    assert tags(services, layout.file_key(file_id)) == layout.INPUT_TAGS
+    assert tags(services, keys[0]) == INPUT
+    assert tags(services, layout.file_key(file_id)) == INPUT
 
 
 def test_validate_that_saw_the_parts_tags_an_object_composed_meanwhile(
@@ -143,9 +148,9 @@ def test_validate_that_saw_the_parts_tags_an_object_composed_meanwhile(
     assert stale is not None and stale.parts
     source = validate_module._input_source(services.adapters.blobs, stale)
     services.assembly.compose(file_id, upload_id)
-    assert tags(services, layout.file_key(file_id)) == {}
+    assert tags(services, layout.file_key(file_id)) == OWN
     validate_module._mark_input(services, stale, source)
-    assert tags(services, layout.file_key(file_id)) == layout.INPUT_TAGS
+    assert tags(services, layout.file_key(file_id)) == INPUT
 
 
 def test_an_input_rewritten_to_outlive_the_batch_keeps_the_tag(
@@ -158,6 +163,6 @@ def test_an_input_rewritten_to_outlive_the_batch_keeps_the_tag(
     assert validate_batch(BatchTaskInput(batch_id=batch_id), services).valid
     blobs = services.adapters.blobs
     assert blobs.client.head_object(Bucket=blobs.bucket, Key=key)["Metadata"] == {"nightbatch-kept-for": batch_id}
-    assert tags(services, key) == layout.INPUT_TAGS
+    assert tags(services, key) == INPUT
 
 
