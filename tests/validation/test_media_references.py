@@ -72,7 +72,8 @@ def test_an_anthropic_tool_result_image_is_checked_and_counted_like_a_top_level_
     base64_image = {"type": "base64", "media_type": "image/png", "data": SMALL}
     lines = [
         anthropic_line("top", image({"type": "url", "url": METADATA})),
-        anthropic_line("nested", tool_result({"type": "text", "text": "here"}, image({"type": "url", "url": METADATA}))),
+        anthropic_line("nested", tool_result({"type": "text", "text": "here"},
+                                             image({"type": "url", "url": METADATA}))),
         anthropic_line("deeper", tool_result({"type": "text", "text": "x", "content": [
             image({"type": "url", "url": METADATA})]})),
         anthropic_line("count", image(base64_image), tool_result(image(base64_image), image(base64_image)),
