@@ -63,13 +63,15 @@ def test_the_worker_writes_batches_only_and_reads_inputs(template: dict[str, Any
         {"StringLike": {"s3:prefix": prefixes}}) for prefixes in (["batches/*", "models/*"], ["files/*", "uploads/*"]))
 
 
-def _may_get(statements: list[dict[str, Any]], bucket: str, key: str, tags: dict[str, str]) -> bool:
-    """Would these Allow statements let s3:GetObject read `key` of the bucket, an object tagged `tags`? (The
-    conditions the worker's S3 statements use: s3:prefix, which GetObject does not carry, and ExistingObjectTag.)"""
+def _may_get(statements: list[dict[str, Any]], bucket: str, key: str, tags: dict[str, str], *,
+             action: str = "s3:GetObject") -> bool:
+    """Would these Allow statements let `action` (s3:GetObject) read `key` of the bucket, an object tagged `tags`?
+    (The conditions the worker's S3 statements use: s3:prefix, which GetObject does not carry, and
+    ExistingObjectTag.)"""
     arn = f"arn:aws:s3:::bucket/{key}"
     for st in statements:
         if st.get("Effect", "Allow") != "Allow" or not any(
-                fnmatch.fnmatchcase("s3:GetObject", a) for a in _list(st["Action"])):
+                fnmatch.fnmatchcase(action, a) for a in _list(st["Action"])):
             continue
         resources = resolve(_list(st["Resource"]), {}, lambda logical, attr: "arn:aws:s3:::bucket"
                             if logical == bucket and attr == "Arn" else f"{logical}.{attr}")
@@ -103,9 +105,12 @@ def test_the_worker_cannot_read_an_input_no_batch_tagged(which: str, request: py
     for role in roles:
         statements = _statements_of_role(template, role)
         for key in ("files/file-abc", "uploads/upload-abc/parts/part-1"):
-            assert not _may_get(statements, bucket, key, {}), (role, key)
-            assert not _may_get(statements, bucket, key, {INPUT_TAG_KEY: "other"}), (role, key)
-            assert _may_get(statements, bucket, key, INPUT_TAGS), (role, key)
+            # The object, and its tags (whose tenant the worker checks: gpu_worker/images.py), alike.
+            for action in ("s3:GetObject", "s3:GetObjectTagging"):
+                assert not _may_get(statements, bucket, key, {}, action=action), (role, key)
+                assert not _may_get(statements, bucket, key, {INPUT_TAG_KEY: "other"}, action=action), (role, key)
+                assert _may_get(statements, bucket, key, INPUT_TAGS, action=action), (role, key)
+            assert not _may_get(statements, bucket, key, INPUT_TAGS, action="s3:PutObjectTagging"), (role, key)
         assert _may_get(statements, bucket, "batches/batch_x/shards/00000.json", {}), role
 
 
@@ -177,14 +182,18 @@ def test_only_the_principals_that_move_a_batch_may_put_events_and_only_on_the_de
         assert env["NIGHTBATCH_EVENT_BUS"] == "default", name
 
 
-def test_validate_and_composition_may_tag_the_inputs_they_mark(template: dict[str, Any]) -> None:
-    """Validate tags the input objects (PutObjectTagging, also what its tagged rewrite needs); composition reads a
-    part's tag and writes the composed object with it. Nobody else handles tags."""
+def test_the_principals_that_store_or_mark_inputs_may_tag_them(template: dict[str, Any]) -> None:
+    """The API stores files and Upload parts with their tenant's tag (PutObjectTagging: what a PUT carrying tags
+    needs); Validate adds the input tag to an object's tags (reading them first, as its tagged rewrite does);
+    composition reads a part's tags and writes the composed object with them (and adds the input tag later).
+    Nobody else handles tags (the worker reads an input's, conditioned as its reads: see above)."""
     def tagging(name: str) -> set[tuple[str, str]]:
         return {(a, p) for st in _statements_of_role(template, _role_of(template, HANDLERS[name]))
                 for a in _list(st["Action"]) if "ObjectTagging" in a
                 for r in _list(st["Resource"]) for p in ("/files/*", "/uploads/*", "/batches/*") if p in json.dumps(r)}
-    assert tagging("validate") == {("s3:PutObjectTagging", "/files/*"), ("s3:PutObjectTagging", "/uploads/*")}
-    assert tagging("compose_upload") == {("s3:GetObjectTagging", "/uploads/*"), ("s3:PutObjectTagging", "/files/*")}
-    for name in set(HANDLERS) - {"validate", "compose_upload"}:
+    both = {(a, p) for a in ("s3:GetObjectTagging", "s3:PutObjectTagging") for p in ("/files/*", "/uploads/*")}
+    assert tagging("validate") == both
+    assert tagging("compose_upload") == both - {("s3:PutObjectTagging", "/uploads/*")}
+    assert tagging("api") == {("s3:PutObjectTagging", "/files/*"), ("s3:PutObjectTagging", "/uploads/*")}
+    for name in set(HANDLERS) - {"validate", "compose_upload", "api"}:
         assert not tagging(name), name
