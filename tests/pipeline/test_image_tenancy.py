@@ -18,7 +18,7 @@ from tests.support.deterministic_engine import DeterministicEngine
 from tests.support.pipeline_world import jsonl, make_batch
 from tests.worker.conftest import CHAT_MODEL
 from tests.worker.test_file_images import PNG, file_line
-from tests.worker.test_image_tenancy import THEIRS, sent
+from tests.worker.test_image_tenancy import THEIRS, put_tagged, sent
 
 
 def test_a_line_rewritten_after_validate_to_name_another_tenants_file(services: Services) -> None:
@@ -36,7 +36,7 @@ def test_a_line_rewritten_after_validate_to_name_another_tenants_file(services: 
     key = file_key(services.batches.get("team-a", batch_id).input_file_id)
     data = blobs.get_bytes(key)
     assert data is not None and mine.encode() in data and len(mine) == len(theirs)
-    blobs.put_bytes(key, data.replace(mine.encode(), theirs.encode()), tags=blobs.tags(key))
+    put_tagged(blobs, key, data.replace(mine.encode(), theirs.encode()), blobs.tags(key))
     spec = services.settings.serving.model(CHAT_MODEL)
     assert spec is not None
     engine = DeterministicEngine(spec)

@@ -12,6 +12,8 @@ from typing import Any
 
 from nightbatch import layout
 from nightbatch.layout import file_key
+from nightbatch.storage import BlobStore
+from nightbatch.storage.s3 import tagging
 from nightbatch.tenancy.scope import tenant_tags
 from tests.support.deterministic_engine import DeterministicEngine
 
@@ -21,6 +23,11 @@ from .test_runner import CHAT_SPEC, run
 
 METADATA = "http://169.254.169.254/latest/meta-data/"
 THEIRS = b"GIF89a team-b's private image" + bytes(50)
+
+
+def put_tagged(blobs: BlobStore, key: str, data: bytes, tags: dict[str, str]) -> None:
+    """An object of the deployment's bucket, stored with these tags (one PUT)."""
+    blobs.client.put_object(Bucket=blobs.bucket, Key=key, Body=data, Tagging=tagging(tags))
 
 
 def sent(engine: DeterministicEngine) -> str:
@@ -33,9 +40,9 @@ def test_another_tenants_file_named_after_validate_never_reaches_the_engine(worl
     the input tag the worker's role reads through, which every tenant's inputs carry alike); `file-legacy` has the
     input tag only. Neither is this shard's tenant's: each line is refused; the tenant's own image goes through."""
     blobs = world.adapters.blobs
-    blobs.put_bytes(file_key("file-mine"), PNG, tags={**layout.INPUT_TAGS, **tenant_tags("default")})
-    blobs.put_bytes(file_key("file-theirs"), THEIRS, tags={**layout.INPUT_TAGS, **tenant_tags("team-b")})
-    blobs.put_bytes(file_key("file-legacy"), THEIRS, tags=layout.INPUT_TAGS)
+    put_tagged(blobs, file_key("file-mine"), PNG, {**layout.INPUT_TAGS, **tenant_tags("default")})
+    put_tagged(blobs, file_key("file-theirs"), THEIRS, {**layout.INPUT_TAGS, **tenant_tags("team-b")})
+    put_tagged(blobs, file_key("file-legacy"), THEIRS, layout.INPUT_TAGS)
     world.seed([file_line("mine", "file-mine"), file_line("theirs", "file-theirs"),
                 file_line("responses", "file-theirs", responses=True), file_line("legacy", "file-legacy")])
     engine = DeterministicEngine(CHAT_SPEC)
@@ -80,7 +87,7 @@ def test_anthropic_tool_result_images_are_resolved_and_checked(world: ShardWorld
     s3 = world.adapters.client("s3")
     s3.create_bucket(Bucket="users-shots")
     s3.put_object(Bucket="users-shots", Key="screen.jpg", Body=JPEG)
-    world.adapters.blobs.put_bytes(file_key("file-shot"), PNG, tags={**layout.INPUT_TAGS, **tenant_tags("default")})
+    put_tagged(world.adapters.blobs, file_key("file-shot"), PNG, {**layout.INPUT_TAGS, **tenant_tags("default")})
     settings = world.settings.model_copy(deep=True)
     settings.files.user_input_buckets = "users-shots"
     world.seed([anthropic_request("s3", {"type": "url", "url": "s3://users-shots/screen.jpg"}),
