@@ -336,28 +336,22 @@ class Validator:
                               "body.stream")
         max_out = body.get("max_completion_tokens", body.get("max_tokens"))
         out = max_out if isinstance(max_out, int) and max_out > 0 else self.settings.serving.default_max_tokens
-        est: int | None
+        # Every image (video, audio) the line names, on every wire, at any depth (validation/media.py).
+        check_references(self.settings, self.endpoint, body, self.file_images)
         if self.endpoint == "/v1/chat/completions":
             messages = body.get("messages")
             if not isinstance(messages, list) or not messages:
                 raise LineInvalid("invalid_request", "Messages parameter is required.", "body.messages")
             check_tools(spec, body)
             check_template_kwargs(body)
-            est = estimate_tokens(line_bytes) + out * _choices(self.settings, body)
-        elif self.endpoint == MESSAGES_ENDPOINT:
-            est = estimate_tokens(line_bytes) + check_messages(spec, body)
-        elif self.endpoint == "/v1/responses":
-            est = estimate_tokens(line_bytes) + check_responses(spec, body, self.settings.serving.default_max_tokens)
-        elif self.endpoint in SCORE_ENDPOINTS:
-            est = check_scoring(self.settings, spec, self.endpoint, body, line_bytes)
-        else:
-            est = None  # completions, embeddings: after their media (an embeddings line's counted inputs)
-        # Every image (video, audio) the line names, on every wire, at any depth (validation/media.py).
-        check_references(self.settings, self.endpoint, body, self.file_images)
-        return self._check_text_body(body, line_bytes, out) if est is None else est
-
-    def _check_text_body(self, body: dict[str, Any], line_bytes: int, out: int) -> int:
-        """A /v1/completions or /v1/embeddings body."""
+            return estimate_tokens(line_bytes) + out * _choices(self.settings, body)
+        if self.endpoint == MESSAGES_ENDPOINT:
+            return estimate_tokens(line_bytes) + check_messages(spec, body)
+        if self.endpoint == "/v1/responses":
+            out = check_responses(spec, body, self.settings.serving.default_max_tokens)
+            return estimate_tokens(line_bytes) + out
+        if self.endpoint in SCORE_ENDPOINTS:
+            return check_scoring(self.settings, spec, self.endpoint, body, line_bytes)
         if self.endpoint == "/v1/completions":
             if "prompt" not in body:
                 raise LineInvalid("invalid_request", "Prompt parameter is required.", "body.prompt")

@@ -155,9 +155,9 @@ def test_sweeper_reads_and_writes_what_finalize_does(template: dict[str, Any]) -
 
 
 def test_validate_may_read_upload_parts(template: dict[str, Any]) -> None:
-    # ... and tag them as the batch's input (the worker reads only tagged parts).
-    assert _s3_grants(template, "functions.tasks.validate.handler")["uploads"] == {"s3:GetObject",
-                                                                                   "s3:PutObjectTagging"}
+    # ... and tag them as the batch's input (the worker reads only tagged parts), adding to the tags they have.
+    assert _s3_grants(template, "functions.tasks.validate.handler")["uploads"] == {
+        "s3:GetObject", "s3:GetObjectTagging", "s3:PutObjectTagging"}
 
 
 def test_only_batch_hosts_use_a_managed_policy(template: dict[str, Any]) -> None:
