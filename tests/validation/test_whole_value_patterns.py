@@ -21,7 +21,8 @@ from nightbatch.notifications.email import check_notify_options, domain_allowed
 from nightbatch.services import Services
 from nightbatch.settings import Settings
 from nightbatch.tenancy.keys import KeyStore, check_tenant
-from nightbatch.validation.requests import LineInvalid, check_media_url
+from nightbatch.validation.media import check_media_url
+from nightbatch.validation.requests import LineInvalid
 from tests.support.pipeline_world import services  # noqa: F401
 
 
