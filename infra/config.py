@@ -235,12 +235,16 @@ class ApiOptions(_Strict):
 
 class Concurrency(_Strict):
     """Reserved concurrency (0 = none): the workflow's Lambdas always have room, and the API, which anyone with a
-    key (or none) can call, cannot take the whole account's concurrency from them. Needs the account's limit to
-    exceed the sum by 100 (AWS keeps 100 unreserved)."""
+    key (or none) can call, cannot take the whole account's concurrency from them. Every reservation comes out of
+    the account's Lambda quota, of which AWS keeps 100 unreserved (nightbatch/lambda_quota.py): the synth fails,
+    naming these keys, when the stack's reservations do not fit in `accountLimit` (the quota; lower the others,
+    or set `accountLimit` to what `nightbatch doctor` reads in the account)."""
 
     api: int = Field(50, ge=0)
-    workflow: int = Field(10, ge=0)  # each of validate, plan, finalize, notify, deliver, compose_upload
+    workflow: int = Field(10, ge=0)  # each workflow Lambda: every one but the API and the sweeper (infra/stack.py)
     sweep: int = Field(1, ge=0)
+    # The account's "Concurrent executions" quota (established accounts: 1,000; new ones get less).
+    account_limit: int = Field(1000, alias="accountLimit", ge=0)
 
 
 class DeployConfig(_Strict):

@@ -28,6 +28,7 @@ from infra.orchestration import Orchestration
 from infra.storage import BATCHES_PREFIX, FILES_PREFIX, UPLOADS_PREFIX, Storage
 from infra.training_jobs import TrainingJobs
 from infra.uploads import UploadComposer
+from nightbatch import lambda_quota
 from nightbatch.batches import state_changes
 
 
@@ -287,12 +288,25 @@ class NightbatchStack(cdk.Stack):
     def _reserve_concurrency(self, functions: Mapping[str, lambda_.Function]) -> None:
         # Floods (M5): the workflow keeps its own room; the API is capped so one key cannot starve it.
         limits = self.config.concurrency
+        reserved = {name: limits.api if name == "api" else limits.sweep if name == "sweep" else limits.workflow
+                    for name in functions}
+        self.reserved_concurrency = sum(reserved.values())
+        room = lambda_quota.reservable(limits.account_limit)
+        if self.reserved_concurrency > room:
+            workflow = sorted(n for n in reserved if n not in ("api", "sweep"))
+            raise ValueError(
+                f"concurrency: the stack reserves {self.reserved_concurrency} concurrent executions (api "
+                f"{limits.api} + sweep {limits.sweep} + workflow {limits.workflow} x {len(workflow)}: "
+                f"{', '.join(workflow)}), but an account whose quota is concurrency.accountLimit="
+                f"{limits.account_limit} lets functions reserve {room} (AWS keeps {lambda_quota.UNRESERVED_MINIMUM} "
+                "unreserved): lower concurrency.api, concurrency.workflow or concurrency.sweep (0 = no reservation), "
+                f"or raise the account's quota ({lambda_quota.QUOTA_CODE}, `nightbatch doctor` reads it) and set "
+                "concurrency.accountLimit to it")
         for name, function in functions.items():
-            reserved = limits.api if name == "api" else limits.sweep if name == "sweep" else limits.workflow
-            if reserved:
+            if reserved[name]:
                 cfn = function.node.default_child
                 assert isinstance(cfn, lambda_.CfnFunction)
-                cfn.reserved_concurrent_executions = reserved
+                cfn.reserved_concurrent_executions = reserved[name]
 
     def _outputs(self) -> None:
         cdk.CfnOutput(self, "ApiUrl", value=f"{self.api.url}v1", description="OpenAI base_url")
@@ -307,6 +321,9 @@ class NightbatchStack(cdk.Stack):
             cdk.CfnOutput(self, "SageMakerInstanceTypes",
                           value=",".join(sorted(set(self.config.sagemaker_instance_types.values()))))
         cdk.CfnOutput(self, "TopicArn", value=self.notifications.topic.topic_arn)
+        # The doctor checks the account's Lambda quota against it (before a deploy, from the synthesized template).
+        cdk.CfnOutput(self, lambda_quota.STACK_OUTPUT, value=str(self.reserved_concurrency),
+                      description="Lambda concurrency this stack reserves (its account keeps 100 more unreserved)")
         cdk.CfnOutput(self, "DashboardName", value=self.observability.dashboard.dashboard_name)
 
     def grant_model_weights(self, source: str) -> None:

@@ -1,8 +1,9 @@
 """Read-only views of a deployed stack's AWS account, for `nightbatch doctor`.
 
 Stack outputs and resources (CloudFormation), the jobs of a batch and the queue's compute environments (AWS
-Batch), the batch's execution history (Step Functions), GPU vCPU quotas (Service Quotas), the EC2 Spot
-service-linked role (IAM), SES production access (SES v2), whether a secret exists and the tail of a job's log.
+Batch), the batch's execution history (Step Functions), GPU vCPU quotas (Service Quotas), Lambda's concurrency
+quota, the EC2 Spot service-linked role (IAM), SES production access (SES v2), whether a secret exists and the tail
+of a job's log.
 Nothing here writes. A read the caller may not make (AccessDenied) or that fails becomes `AccountReadError`.
 """
 
@@ -45,6 +46,12 @@ class ComputeEnvironmentView:
     spot: bool
     max_vcpus: int
     instance_types: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LambdaConcurrency:
+    limit: int  # the account's concurrent executions (its quota)
+    unreserved: int  # what no function has reserved
 
 
 @dataclass(frozen=True)
@@ -189,6 +196,11 @@ class AwsAccount:
     def service_quota(self, service_code: str, quota_code: str) -> float:
         quota = self._call("service-quotas", "get_service_quota", ServiceCode=service_code, QuotaCode=quota_code)
         return float(quota["Quota"]["Value"])
+
+    def lambda_concurrency(self) -> LambdaConcurrency:
+        limit = self._call("lambda", "get_account_settings")["AccountLimit"]
+        return LambdaConcurrency(limit=int(limit["ConcurrentExecutions"]),
+                                 unreserved=int(limit["UnreservedConcurrentExecutions"]))
 
     def role_exists(self, name: str) -> bool:
         return self._call("iam", "get_role", missing="NoSuchEntity", RoleName=name) is not None

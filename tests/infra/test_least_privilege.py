@@ -11,9 +11,11 @@ import pytest
 
 from infra.access import TABLE_ACTIONS
 from infra.config import Concurrency
+from nightbatch import lambda_quota
 from nightbatch.batches.state_changes import SOURCE
 from nightbatch.layout import INPUT_TAG_KEY, INPUT_TAGS
 from tests.infra.cfn import of_type, resolve
+from tests.infra.synth import synthesize
 
 HANDLERS = {
     "api": "functions.api.handler.handler", "validate": "functions.tasks.validate.handler",
@@ -151,6 +153,28 @@ def test_reserved_concurrency_keeps_the_workflow_s_room_and_caps_the_api(templat
                 for name, handler in HANDLERS.items()}
     assert reserved == {name: defaults.api if name == "api" else defaults.sweep if name == "sweep"
                         else defaults.workflow for name in HANDLERS}
+
+
+def test_the_stack_states_what_it_reserves_and_the_synth_refuses_more_than_the_account_allows(
+        template: dict[str, Any], tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A new account's Lambda quota is far below the 221 (121 reserved + 100 unreserved) the defaults need, and
+    CloudFormation would refuse the stack half-way: the synth says so first, naming the keys to lower, and the
+    stack outputs its sum for `nightbatch doctor` to check against the account's real quota."""
+    reserved = sum(f["Properties"].get("ReservedConcurrentExecutions", 0)
+                   for f in of_type(template, "AWS::Lambda::Function").values())
+    defaults = Concurrency()
+    assert reserved == defaults.api + defaults.sweep + defaults.workflow * (len(HANDLERS) - 2) == 121
+    assert template["Outputs"][lambda_quota.STACK_OUTPUT]["Value"] == str(reserved)
+    with pytest.raises(ValueError, match=r"reserves 121 .* concurrency.accountLimit=200 lets functions reserve 100 "
+                                         r"\(AWS keeps 100 unreserved\): lower concurrency.api, concurrency.workflow"):
+        synthesize({"concurrency": {"accountLimit": 200}, "nag": False}, tmp_path_factory.mktemp("c") / "cdk.out")
+    lowered = synthesize({"concurrency": {"accountLimit": 200, "api": 20, "workflow": 10, "sweep": 0}, "nag": False},
+                         tmp_path_factory.mktemp("c") / "cdk.out").template
+    assert lowered["Outputs"][lambda_quota.STACK_OUTPUT]["Value"] == "90"
+    none = synthesize({"concurrency": {"accountLimit": 10, "api": 0, "workflow": 0, "sweep": 0}, "nag": False},
+                      tmp_path_factory.mktemp("c") / "cdk.out").template
+    assert not any("ReservedConcurrentExecutions" in f["Properties"]
+                   for f in of_type(none, "AWS::Lambda::Function").values())
 
 
 def test_only_the_principals_that_move_a_batch_may_put_events_and_only_on_the_default_bus(

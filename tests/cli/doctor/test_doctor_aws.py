@@ -35,9 +35,11 @@ class World:
     secret_arn: str
     stubs: dict[str, Any]
 
-    def account(self, *, gpu_vcpus: float = 16, ses_production: bool = True) -> AwsAccount:
+    def account(self, *, gpu_vcpus: float = 16, ses_production: bool = True, lambda_quota: int = 1000,
+                unreserved: int = 879) -> AwsAccount:
         quotas = boto3.client("service-quotas", region_name=REGION)
         ses = boto3.client("sesv2", region_name=REGION)
+        lambdas = lambda_settings(lambda_quota, unreserved)
         q, s = Stubber(quotas), Stubber(ses)
         q.add_response("get_service_quota", {"Quota": {"ServiceCode": "ec2", "QuotaCode": SPOT_QUOTA,
                                                        "QuotaName": "All G and VT Spot Instance Requests",
@@ -46,12 +48,23 @@ class World:
         s.add_response("get_account", {"ProductionAccessEnabled": ses_production, "SendingEnabled": True})
         q.activate()
         s.activate()
-        stubbed = {"service-quotas": quotas, "sesv2": ses}
+        stubbed = {"service-quotas": quotas, "sesv2": ses, "lambda": lambdas}
         return AwsAccount(lambda name: stubbed.get(name) or boto3.client(name, region_name=REGION), REGION)
 
     def watcher(self, **kw: Any) -> StackWatcher:
         account = self.account(**kw)
         return StackWatcher(account, STACK, account.stack_outputs(STACK))
+
+
+def lambda_settings(quota: int, unreserved: int) -> Any:
+    """A Lambda client answering GetAccountSettings once (moto has no such call)."""
+    client = boto3.client("lambda", region_name=REGION)
+    stub = Stubber(client)
+    stub.add_response("get_account_settings", {"AccountLimit": {
+        "ConcurrentExecutions": quota, "UnreservedConcurrentExecutions": unreserved, "TotalCodeSize": 80530636800,
+        "CodeSizeUnzipped": 262144000, "CodeSizeZipped": 52428800}, "AccountUsage": {"FunctionCount": 9}})
+    stub.activate()
+    return client
 
 
 def _template(role: str, profile: str, subnet: str, sg: str, secret_arn: str) -> dict[str, Any]:
@@ -73,6 +86,7 @@ def _template(role: str, profile: str, subnet: str, sg: str, secret_arn: str) ->
             "ApiKeysSecret": {"Value": secret_arn},
             "SpotQueueArn": {"Value": {"Ref": "Queue"}},
             "StateMachineArn": {"Value": f"arn:aws:states:{REGION}:123456789012:stateMachine:{STACK}"},
+            "ReservedConcurrency": {"Value": "121"},
         },
     }
 
@@ -150,6 +164,8 @@ def test_a_healthy_account_passes_every_prerequisite(world: World) -> None:
     assert "All G and VT Spot Instance Requests (L-3819A6DF): 16 vCPUs" in found["GPU quota"][0].detail
     assert found["HF token"][0].detail == f"HF_TOKEN from {world.secret_arn}"
     assert "production access" in found["SES"][0].detail
+    assert found["Lambda"][0].detail == ("Concurrent executions (L-B99A9384) is 1000: the stack reserves 121, 879 "
+                                         "left unreserved")
 
 
 def preflight_check(watcher: StackWatcher, name: str) -> Any:
