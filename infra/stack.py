@@ -213,8 +213,13 @@ class NightbatchStack(cdk.Stack):
         grant_objects(self.storage.bucket, api_role, (FILES_PREFIX, BATCHES_PREFIX, UPLOADS_PREFIX), write=True)
         for name in ("validate", "plan", "finalize", "capacity"):
             grant_objects(self.storage.bucket, tasks[name].role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
-        # An uploaded input is read through its parts until composition finishes.
-        grant_objects(self.storage.bucket, tasks["validate"].role, (UPLOADS_PREFIX,), write=False)
+        # An uploaded input is read through its parts until composition finishes: by Validate, and by Finalize (the
+        # sweeper's inline one too) writing the unrun lines of a batch cancelled or expired before then.
+        for reader in (tasks["validate"].role, tasks["finalize"].role, sweeper.role):
+            grant_objects(self.storage.bucket, reader, (UPLOADS_PREFIX,), write=False)
+        # The sweeper expires abandoned Uploads: their parts are deleted.
+        sweeper.role.add_to_principal_policy(iam.PolicyStatement(
+            actions=["s3:DeleteObject"], resources=[self.storage.bucket.arn_for_objects(f"{UPLOADS_PREFIX}*")]))
         # Validate tags what a batch's shards read (the worker reads no other input); composition carries the tag over.
         access.grant_object_tags(self.storage.bucket, tasks["validate"].role, WORKER_INPUT_PREFIXES, read=False,
                                  write=True)
