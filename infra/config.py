@@ -41,6 +41,7 @@ CONTEXT_KEYS = (
     "retainData",
     "lambdaBundling",
     "userBuckets",
+    "sagemakerFields",
 )
 
 
@@ -247,6 +248,21 @@ class Concurrency(_Strict):
     account_limit: int = Field(1000, alias="accountLimit", ge=0)
 
 
+class SageMakerFields(_Strict):
+    """The CreateTrainingJob fields Step Functions' documentation does not list for `createTrainingJob.sync`
+    (nightbatch/pipeline/training_jobs.py UNLISTED_FIELDS): each off until `nightbatch doctor --stack` proves Step
+    Functions accepts it in the account, then turned on here."""
+
+    container_entrypoint: bool = Field(False, alias="ContainerEntrypoint")
+    retry_strategy: bool = Field(False, alias="RetryStrategy")
+    max_pending_time: bool = Field(False, alias="MaxPendingTimeInSeconds")
+
+    @property
+    def enabled(self) -> tuple[str, ...]:
+        """The fields turned on, by their CreateTrainingJob names."""
+        return tuple(f.alias or n for n, f in type(self).model_fields.items() if getattr(self, n))
+
+
 class DeployConfig(_Strict):
     """Everything per stage that shapes the stack; nothing here is looked up from AWS at synth."""
 
@@ -287,6 +303,7 @@ class DeployConfig(_Strict):
     retain_data: bool = Field(True, alias="retainData")
     # The users' own buckets batches may read from and write to (infra/user_buckets.py, docs/USER_BUCKETS.md).
     user_buckets: UserBuckets = Field(UserBuckets(), alias="userBuckets")
+    sagemaker_fields: SageMakerFields = Field(SageMakerFields(), alias="sagemakerFields")
 
     @field_validator("models")
     @classmethod

@@ -30,6 +30,7 @@ from infra.training_jobs import TrainingJobs
 from infra.uploads import UploadComposer
 from nightbatch import lambda_quota
 from nightbatch.batches import state_changes
+from nightbatch.pipeline.training_jobs import SAGEMAKER_FIELDS_OUTPUT
 
 
 def _retention(days: int) -> logs.RetentionDays:
@@ -64,7 +65,8 @@ class NightbatchStack(cdk.Stack):
         # SageMaker Training Jobs for the models whose `gpuBackend` is sagemaker or both.
         self.training_jobs = (TrainingJobs(self, "TrainingJobs", image=self.gpu.image,
                                            volume_gib=config.worker_volume_gib,
-                                           hf_token_secret=self.gpu.hf_token_secret)
+                                           hf_token_secret=self.gpu.hf_token_secret,
+                                           fields=config.sagemaker_fields.enabled)
                               if config.uses_sagemaker else None)
         code = lambda_code(repo_root, config.lambda_bundling, probe=self.bundling_required)
         self._secrets()
@@ -325,6 +327,10 @@ class NightbatchStack(cdk.Stack):
         if self.training_jobs is not None:  # the doctor reads these types' SageMaker quotas
             cdk.CfnOutput(self, "SageMakerInstanceTypes",
                           value=",".join(sorted(set(self.config.sagemaker_instance_types.values()))))
+            # The doctor proves the others and says which to turn on (nightbatch/cli/doctor/sagemaker_fields.py).
+            cdk.CfnOutput(self, SAGEMAKER_FIELDS_OUTPUT, value=",".join(self.config.sagemaker_fields.enabled) or "none",
+                          description="unlisted CreateTrainingJob fields this deployment sends (cdk.json "
+                                      "sagemakerFields)")
         cdk.CfnOutput(self, "TopicArn", value=self.notifications.topic.topic_arn)
         # The doctor checks the account's Lambda quota against it (before a deploy, from the synthesized template).
         cdk.CfnOutput(self, lambda_quota.STACK_OUTPUT, value=str(self.reserved_concurrency),

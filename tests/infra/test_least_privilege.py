@@ -26,6 +26,10 @@ HANDLERS = {
 }
 
 
+# The names tests/infra/test_user_buckets.py imports them by.
+_list, _role_of, _statements_of_role = as_list, role_of_handler, statements_of_role
+
+
 def _worker_role(template: dict[str, Any]) -> str:
     (role,) = {str(d["Properties"]["ContainerProperties"]["JobRoleArn"]["Fn::GetAtt"][0])
                for d in of_type(template, "AWS::Batch::JobDefinition").values()}
