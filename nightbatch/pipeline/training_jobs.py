@@ -48,6 +48,7 @@ RETRY_ATTEMPTS = 2
 MAX_RUNTIME_SECONDS = 28 * 24 * 3600
 MIN_PENDING_SECONDS, MAX_PENDING_SECONDS = 1800, 2419200
 JOB_NAME_RE = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}$")
+MAX_JOB_NAME = 63  # characters, dashes included (the pattern counts only the others)
 # How a SageMaker attempt ends when Spot could not hold or place it (SecondaryStatus / FailureReason).
 SPOT_SHORTAGE = ("MaxWaitTimeExceeded", "Interrupted", "CapacityError")
 # CreateTrainingJob refused for the account's quota of the type: Step Functions names the API error
@@ -72,7 +73,7 @@ def batch_jobs_marker(batch_id: str) -> str:
 
 def job_name(prefix: str, batch_id: str, shard_id: str, attempt: int) -> str:
     name = f"{prefix}{batch_jobs_marker(batch_id)}-{shard_id}-{attempt}-{secrets.token_hex(3)}".replace("_", "-")
-    if not JOB_NAME_RE.fullmatch(name) or not JOB_PREFIX_RE.fullmatch(prefix):
+    if len(name) > MAX_JOB_NAME or not JOB_NAME_RE.fullmatch(name) or not JOB_PREFIX_RE.fullmatch(prefix):
         raise ValueError(f"{name!r} is not a SageMaker training job name")
     return name
 

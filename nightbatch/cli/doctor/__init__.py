@@ -64,7 +64,7 @@ def handle(args: argparse.Namespace) -> int:
             stack = StackWatcher.open(args.stack, region=args.region)
             base_url = base_url or stack.outputs.get("ApiUrl")
             # SageMaker first: its jobs reach the job phases before the Batch watcher skips the unseen ones.
-            watchers += [SageMakerWatcher(stack.account, stack.outputs), stack]
+            watchers += [SageMakerWatcher(stack.account, stack.outputs, args.stack), stack]
             secret = stack.outputs.get("ApiKeysSecret")
             if not (args.api_key or os.environ.get("NIGHTBATCH_API_KEY")) and secret:
                 raise CommandError(f"no API key given: pass --api-key; the stack's first key is in {secret} "
