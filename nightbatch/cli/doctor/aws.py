@@ -3,13 +3,13 @@ job phases and the Notify step while they run, and the specific reason when a ph
 
 from __future__ import annotations
 
-import re
 from functools import partial
 
 from nightbatch import lambda_quota
 from nightbatch.cli.doctor.prerequisites import gpu_quotas, lambda_concurrency, read_or_warn, spot_role
 from nightbatch.cli.doctor.remedies import (
     GATED_MODEL,
+    HF_ERRORS,
     HF_TOKEN_ENV,
     IMAGE_PULL,
     SECRET_PULL,
@@ -23,8 +23,6 @@ from nightbatch.wire import TERMINAL_STATUSES
 
 # The first job phase each AWS Batch status proves reached.
 REACHED = {"SUBMITTED": 1, "PENDING": 1, "RUNNABLE": 2, "STARTING": 3, "RUNNING": 4, "SUCCEEDED": 4}
-HF_ERRORS = re.compile(r"GatedRepoError|401 Client Error|403 Client Error|Invalid user token|"
-                       r"Access to model .* is restricted|You are trying to access a gated repo", re.IGNORECASE)
 
 
 def _reached(job: JobView) -> int:

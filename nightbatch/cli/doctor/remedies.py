@@ -7,6 +7,9 @@ import re
 from nightbatch import lambda_quota
 
 HF_TOKEN_ENV = "HF_TOKEN"  # the job definition's secret (infra/gpu_compute.py)
+# A job's log line (or a training job's FailureReason) saying Hugging Face refused the model: GATED_MODEL below.
+HF_ERRORS = re.compile(r"GatedRepoError|401 Client Error|403 Client Error|Invalid user token|"
+                       r"Access to model .* is restricted|You are trying to access a gated repo", re.IGNORECASE)
 
 # (instance family, Spot) → (EC2 quota code, its name in Service Quotas). Values are vCPUs.
 QUOTAS: dict[tuple[str, bool], tuple[str, str]] = {

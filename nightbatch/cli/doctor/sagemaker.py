@@ -11,9 +11,9 @@ the `_` of a batch id), and the previous release named them `batch-<hex>-…`; t
 
 from __future__ import annotations
 
-from nightbatch.cli.doctor.aws import HF_ERRORS
 from nightbatch.cli.doctor.remedies import (
     GATED_MODEL,
+    HF_ERRORS,
     IMAGE_PULL,
     SAGEMAKER_CAPACITY,
     SAGEMAKER_LOG,
