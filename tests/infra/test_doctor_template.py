@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from nightbatch.cli.doctor.prerequisites import template_environments, template_outputs
-from tests.cli.doctor.test_doctor_prerequisites import account, aws, checked  # noqa: F401  (aws: a fixture)
+from tests.cli.doctor.conftest import aws  # noqa: F401  (a fixture)
+from tests.cli.doctor.test_doctor_prerequisites import account, checked
 from tests.infra.synth import ROOT
 
 CDK_JSON: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["context"]

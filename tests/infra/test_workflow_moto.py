@@ -190,6 +190,19 @@ def _shard_lines(services: Services, batch_id: str, shard_id: str) -> set[str]:
     return {r.custom_id for r in shard_requests_of(services, batch_id, shard_id)}
 
 
+def assert_only_shard_failed(services: Services, batch_id: str, shard_id: str, *, lines: int) -> None:
+    """The batch completed with each line once: the shard's lines `shard_failed`, every other one answered."""
+    batch = services.batches.get("default", batch_id)
+    assert batch.status == "completed"
+    failed_lines = _shard_lines(services, batch_id, shard_id)
+    errors, output = read_file(services, batch.error_file_id), read_file(services, batch.output_file_id)
+    assert {line["custom_id"] for line in errors} == failed_lines
+    assert {line["error"]["code"] for line in errors} == {"shard_failed"}
+    assert sorted(line["custom_id"] for line in errors + output) == sorted(f"req-{i}" for i in range(1, lines + 1))
+    assert batch.request_counts.model_dump() == {"total": lines, "completed": lines - len(failed_lines),
+                                                 "failed": len(failed_lines)}
+
+
 def test_failing_shard_is_retried_then_caught_and_its_lines_end_shard_failed(
         deployment: Deployment, monkeypatch: pytest.MonkeyPatch) -> None:
     _small_shards(monkeypatch)
@@ -213,15 +226,7 @@ def test_failing_shard_is_retried_then_caught_and_its_lines_end_shard_failed(
         else:
             assert [j.succeeded for j in runs] == [True], runs
 
-    batch = services.batches.get("default", batch_id)
-    assert batch.status == "completed"
-    failed_lines = _shard_lines(services, batch_id, "00001")
-    errors, output = read_file(services, batch.error_file_id), read_file(services, batch.output_file_id)
-    assert {line["custom_id"] for line in errors} == failed_lines
-    assert {line["error"]["code"] for line in errors} == {"shard_failed"}
-    assert sorted(line["custom_id"] for line in errors + output) == sorted(f"req-{i}" for i in range(1, 13))
-    assert batch.request_counts.model_dump() == {"total": 12, "completed": 12 - len(failed_lines),
-                                                 "failed": len(failed_lines)}
+    assert_only_shard_failed(services, batch_id, "00001", lines=12)
 
 
 def test_capacity_failing_for_one_shard_gives_up_that_shard_alone(deployment: Deployment,
@@ -252,13 +257,7 @@ def test_capacity_failing_for_one_shard_gives_up_that_shard_alone(deployment: De
     assert calls["00001"] == 1 + TASK_RETRIES["capacity"][0] and calls["00002"] == 2  # retried in place
     ran = {job.shard_id for job in deployment.jobs}
     assert ran == shard_ids - {"00001"} and all(job.succeeded for job in deployment.jobs)
-    batch = services.batches.get("default", batch_id)
-    assert batch.status == "completed"
-    failed_lines = _shard_lines(services, batch_id, "00001")
-    errors, output = read_file(services, batch.error_file_id), read_file(services, batch.output_file_id)
-    assert {line["custom_id"] for line in errors} == failed_lines
-    assert {line["error"]["code"] for line in errors} == {"shard_failed"}
-    assert sorted(line["custom_id"] for line in errors + output) == sorted(f"req-{i}" for i in range(1, 13))
+    assert_only_shard_failed(services, batch_id, "00001", lines=12)
 
 
 def test_valid_batch_completes_with_one_output_line_per_input(deployment: Deployment,

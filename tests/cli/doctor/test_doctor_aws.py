@@ -23,6 +23,7 @@ from nightbatch.cli.doctor.aws import StackWatcher
 from nightbatch.cli.doctor.report import Probe, Report
 from nightbatch.cli.main import main
 from nightbatch.storage.account import AwsAccount
+from tests.cli.doctor.conftest import fake_credentials
 
 REGION = "us-east-1"
 STACK = "nightbatch-doctor-test"
@@ -93,10 +94,7 @@ def _template(role: str, profile: str, subnet: str, sg: str, secret_arn: str) ->
 
 @pytest.fixture
 def world(monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)  # the session's moto server, if a test started it
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": REGION}.items():
-        monkeypatch.setenv(k, v)
+    fake_credentials(monkeypatch)
     with mock_aws(config={"batch": {"use_docker": False}, "stepfunctions": {"execute_state_machine": True}}):
         ec2, iam = boto3.client("ec2", region_name=REGION), boto3.client("iam", region_name=REGION)
         vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]

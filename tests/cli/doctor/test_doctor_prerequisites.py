@@ -9,14 +9,12 @@ Stubbers (tests/cli/doctor/test_doctor_aws.py's); IAM is moto's.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import boto3
 import pytest
 from botocore.stub import Stubber
-from moto import mock_aws
 
 from nightbatch.cli.doctor.prerequisites import check_template
 from nightbatch.cli.doctor.report import Check, Report
@@ -48,16 +46,6 @@ def account(*, lambda_quota: int, unreserved: int, gpu_vcpus: float = 16, gpu_re
     stubbed = {"lambda": lambda_settings(lambda_quota, unreserved),
                "service-quotas": gpu_quotas(gpu_vcpus, gpu_reads)}
     return AwsAccount(lambda name: stubbed.get(name) or boto3.client(name, region_name=REGION), REGION)
-
-
-@pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": REGION}.items():
-        monkeypatch.setenv(k, v)
-    with mock_aws():
-        yield
 
 
 def checked(tmp_path: Path, acct: AwsAccount, template: dict[str, Any] = TEMPLATE) -> dict[str, list[Check]]:
