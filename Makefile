@@ -17,7 +17,7 @@ PYTEST_ARGS ?=
 PYPROJECT_HASH := $(shell sha256sum pyproject.toml | cut -c1-16)
 STAMP := $(VENV)/.installed-$(PYPROJECT_HASH)
 
-.PHONY: venv checkov run test lint typecheck clean-venv
+.PHONY: venv checkov node run test lint typecheck clean-venv
 
 venv: $(STAMP)
 
@@ -46,6 +46,22 @@ $(CHECKOV):
 	test -x $(CHECKOV_VENV)/bin/python || $(PYTHON) -m venv $(CHECKOV_VENV)
 	$(CHECKOV_VENV)/bin/python -m pip install --quiet checkov==$(CHECKOV_VERSION)
 
+# Node.js from npm (the `node` package ships the binary) into .node/, with the offline ASL validator
+# (tests/infra/test_offline_validators.py): the CDK library supports Node 22 and 24, and a machine's own node may
+# be older (the tests run jsii on this one: tests/support/node.py).
+NODE_DIR ?= .node
+NODE_VERSION := 22.23.3
+ASL_VALIDATOR_VERSION := 4.0.0
+NODE_STAMP := $(NODE_DIR)/.installed-$(NODE_VERSION)-$(ASL_VALIDATOR_VERSION)
+
+node: $(NODE_STAMP)
+
+$(NODE_STAMP):
+	npm install --prefix $(NODE_DIR) --no-audit --no-fund --no-save node@$(NODE_VERSION) \
+		asl-validator@$(ASL_VALIDATOR_VERSION)
+	rm -f $(NODE_DIR)/.installed-*
+	touch $@
+
 run: venv
 	$(BIN)/nightbatch local --host $(HOST) --port $(PORT)
 
@@ -55,11 +71,11 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-test: venv checkov
+test: venv checkov node
 	sh scripts/ensure-chromium.sh  # Debian's chromium for the dashboard's browser test (apt, once)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 clean-venv:
-	rm -rf $(VENV) $(CHECKOV_VENV)
+	rm -rf $(VENV) $(CHECKOV_VENV) $(NODE_DIR)

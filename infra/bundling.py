@@ -36,7 +36,10 @@ LAMBDA_EXTRA = "api"
 
 RUNTIME = lambda_.Runtime.PYTHON_3_14
 ARCHITECTURE = lambda_.Architecture.ARM_64
-PIP_PLATFORM = "manylinux2014_aarch64"
+# pip's platform tag for the architecture the functions run on (manylinux2014 wheels need glibc 2.17; the runtime's
+# Amazon Linux 2023 has 2.34). tests/infra/test_lambda_asset_target.py checks the built asset against the template.
+PIP_PLATFORMS = {"arm64": "manylinux2014_aarch64", "x86_64": "manylinux2014_x86_64"}
+PIP_PLATFORM = PIP_PLATFORMS[ARCHITECTURE.name]
 RUNTIME_PYTHON = RUNTIME.name.removeprefix("python")
 ASSET_SCRIPT = "infra/asset_files.py"  # what Docker bundling runs (relative to the repository root)
 

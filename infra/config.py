@@ -41,6 +41,7 @@ CONTEXT_KEYS = (
     "retainData",
     "lambdaBundling",
     "userBuckets",
+    "sagemakerFields",
 )
 
 
@@ -235,12 +236,31 @@ class ApiOptions(_Strict):
 
 class Concurrency(_Strict):
     """Reserved concurrency (0 = none): the workflow's Lambdas always have room, and the API, which anyone with a
-    key (or none) can call, cannot take the whole account's concurrency from them. Needs the account's limit to
-    exceed the sum by 100 (AWS keeps 100 unreserved)."""
+    key (or none) can call, cannot take the whole account's concurrency from them. Every reservation comes out of
+    the account's Lambda quota, of which AWS keeps 100 unreserved (nightbatch/lambda_quota.py): the synth fails,
+    naming these keys, when the stack's reservations do not fit in `accountLimit` (the quota; lower the others,
+    or set `accountLimit` to what `nightbatch doctor` reads in the account)."""
 
     api: int = Field(50, ge=0)
-    workflow: int = Field(10, ge=0)  # each of validate, plan, finalize, notify, deliver, compose_upload
+    workflow: int = Field(10, ge=0)  # each workflow Lambda: every one but the API and the sweeper (infra/stack.py)
     sweep: int = Field(1, ge=0)
+    # The account's "Concurrent executions" quota (established accounts: 1,000; new ones get less).
+    account_limit: int = Field(1000, alias="accountLimit", ge=0)
+
+
+class SageMakerFields(_Strict):
+    """The CreateTrainingJob fields Step Functions' documentation does not list for `createTrainingJob.sync`
+    (nightbatch/pipeline/training_jobs.py UNLISTED_FIELDS): each off until `nightbatch doctor --stack` proves Step
+    Functions accepts it in the account, then turned on here."""
+
+    container_entrypoint: bool = Field(False, alias="ContainerEntrypoint")
+    retry_strategy: bool = Field(False, alias="RetryStrategy")
+    max_pending_time: bool = Field(False, alias="MaxPendingTimeInSeconds")
+
+    @property
+    def enabled(self) -> tuple[str, ...]:
+        """The fields turned on, by their CreateTrainingJob names."""
+        return tuple(f.alias or n for n, f in type(self).model_fields.items() if getattr(self, n))
 
 
 class DeployConfig(_Strict):
@@ -283,6 +303,7 @@ class DeployConfig(_Strict):
     retain_data: bool = Field(True, alias="retainData")
     # The users' own buckets batches may read from and write to (infra/user_buckets.py, docs/USER_BUCKETS.md).
     user_buckets: UserBuckets = Field(UserBuckets(), alias="userBuckets")
+    sagemaker_fields: SageMakerFields = Field(SageMakerFields(), alias="sagemakerFields")
 
     @field_validator("models")
     @classmethod

@@ -139,7 +139,8 @@ def _sagemaker_capacity(config: DeployConfig, job_prefix: str) -> dict[str, Any]
     return {"sagemaker_json": json.dumps({
         "instance_types": config.sagemaker_instance_types,
         "spot": config.capacity.spot, "on_demand": config.capacity.on_demand,
-        "max_pending_seconds": config.runnable_timeout_minutes * 60,
+        "max_pending_seconds": (config.runnable_timeout_minutes * 60
+                                if "MaxPendingTimeInSeconds" in config.sagemaker_fields.enabled else 0),
         "job_prefix": job_prefix,
         "max_jobs": {m.spec.name: m.fleet.sagemaker_max_jobs for m in config.models
                      if config.backend_for(m) != "batch" and m.fleet.sagemaker_max_jobs},

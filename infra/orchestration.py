@@ -21,6 +21,7 @@ from infra.environment import settings_environment
 from infra.lambdas import LambdaBase, LambdaFunction
 from infra.limits import definition_problems
 from infra.training_jobs import TrainingJobs
+from nightbatch.pipeline.finalize import FINALIZE_ATTEMPTS
 from nightbatch.settings import JobInputs
 
 # Version of the task input/output documents; handlers accept the versions they know, so a deploy
@@ -29,6 +30,8 @@ TASK_VERSION = 1
 SWEEP_EVERY = cdk.Duration.minutes(5)
 # Where the shard Map writes its iterations' results (Step Functions adds <map run id>/); expired by lifecycle.
 MAP_RESULTS_PREFIX = "workflow-results"
+# Where the workflow's log group lives (see the log group below).
+VENDED_LOGS_PREFIX = "/aws/vendedlogs/states/"
 
 # Entry points on the Lambda bundle, by workflow step.
 TASK_HANDLERS: Mapping[str, str] = {
@@ -40,6 +43,18 @@ TASK_HANDLERS: Mapping[str, str] = {
 }
 SWEEP_HANDLER = "functions.tasks.sweep.handler"
 NOTIFY_RETRY_ATTEMPTS = 5
+# Retries of a step's own failure (States.TaskFailed: an error its code raised, its Lambda timing out) where
+# running it again is safe: every task Lambda is idempotent (Validate and Plan redo their work from the batch's
+# status, Finalize writes conditionally from the expected status, Capacity decides again from the same input,
+# Notify marks what it sent). The shard jobs are not retried in place: a failed job is Capacity's to judge.
+# (attempts, interval seconds, backoff). Finalize counts the failures its data causes over its runs, and fails the
+# batch at the last one (nightbatch/pipeline/finalize.py).
+TASK_RETRIES: Mapping[str, tuple[int, int, float]] = {
+    "validate": (2, 10, 3.0),
+    "plan": (2, 10, 3.0),
+    "capacity": (2, 2, 2.0),
+    "finalize": (FINALIZE_ATTEMPTS - 1, 10, 3.0),
+}
 TASK_TIMEOUTS: Mapping[str, cdk.Duration] = {
     # Validate and Finalize stream whole files (up to 200 MB) through the function.
     "validate": cdk.Duration.minutes(15),
@@ -164,6 +179,10 @@ class Orchestration(Construct):
                 sfn.Choice(self, "Backend")
                 .when(sfn.Condition.string_equals("$.capacity.backend", "sagemaker"), run_training_job)
                 .otherwise(run_shard))
+        # Capacity failing past its retries gives the shard up (its lines end `shard_failed` in Finalize) rather
+        # than failing the iteration: the Map tolerates no failed iteration, and a failed Map Run would stop every
+        # other running shard and its job.
+        capacity.add_catch(given_up, errors=["States.ALL"], result_path="$.capacity_error")
         capacity.next(sfn.Choice(self, "RunOrGiveUp")
                       .when(sfn.Condition.string_equals("$.capacity.action", "give_up"), given_up)
                       .otherwise(wait.next(run)))
@@ -184,10 +203,10 @@ class Orchestration(Construct):
         )
         shards.item_processor(new_shard.next(capacity))
 
-        # Finalize is idempotent (conditional writes from the expected status), so a transient failure of its
-        # own is retried rather than leaving the batch open for the sweeper.
-        finalize.add_retry(errors=["States.TaskFailed"], max_attempts=2, interval=cdk.Duration.seconds(10),
-                           backoff_rate=3.0)
+        for name, state in (("validate", validate), ("plan", plan), ("capacity", capacity), ("finalize", finalize)):
+            attempts, interval, backoff = TASK_RETRIES[name]
+            state.add_retry(errors=["States.TaskFailed"], max_attempts=attempts,
+                            interval=cdk.Duration.seconds(interval), backoff_rate=backoff)
         # Notify is idempotent (each channel marks what it sent), so any failure of its own — an SES throttle, an
         # SQS send — is retried with backoff for about a quarter of an hour; after that the sweeper re-drives the
         # event, which stays open until every channel is done (nightbatch.pipeline.sweep).
@@ -196,6 +215,16 @@ class Orchestration(Construct):
         # Finalize always runs: any unexpected failure before it is caught into it.
         for state in (validate, plan, shards):
             state.add_catch(finalize, errors=["States.ALL"], result_path="$.error")
+        # Past their retries, Finalize and Notify end the execution with a failure that says who takes over.
+        finalize.add_catch(sfn.Fail(
+            self, "FinalizeFailed", error="FinalizeFailed",
+            cause="Finalize failed after its retries (its Lambda's log says why): the batch stays finalizing until "
+                  "the sweeper finalizes it, once its completion window has passed"), errors=["States.ALL"],
+            result_path="$.error")
+        notify.add_catch(sfn.Fail(
+            self, "NotifyFailed", error="NotifyFailed",
+            cause="Notify failed after its retries (its Lambda's log says why): the sweeper notifies the batch's "
+                  "still-open event again until every channel is done"), errors=["States.ALL"], result_path="$.error")
 
         definition = validate.next(
             sfn.Choice(self, "IsValid")
@@ -203,7 +232,11 @@ class Orchestration(Construct):
                   .next(notify))
             .otherwise(notify)
         )
+        # Under /aws/vendedlogs/: Step Functions delivers its logs through CloudWatch Logs' vended delivery, which
+        # otherwise adds the group to the account's one logs resource policy (5,120 characters, shared with every
+        # other vended source); past that limit the state machine cannot be created. The prefix needs no policy.
         self.log_group = logs.LogGroup(self, "WorkflowLogs", retention=lambdas.log_retention,
+                                       log_group_name=f"{VENDED_LOGS_PREFIX}{cdk.Stack.of(self).stack_name}-workflow",
                                        removal_policy=cdk.RemovalPolicy.DESTROY)
         self.state_machine = sfn.StateMachine(
             self, "Workflow",

@@ -28,7 +28,9 @@ from infra.orchestration import Orchestration
 from infra.storage import BATCHES_PREFIX, FILES_PREFIX, UPLOADS_PREFIX, Storage
 from infra.training_jobs import TrainingJobs
 from infra.uploads import UploadComposer
+from nightbatch import lambda_quota
 from nightbatch.batches import state_changes
+from nightbatch.pipeline.training_jobs import SAGEMAKER_FIELDS_OUTPUT
 
 
 def _retention(days: int) -> logs.RetentionDays:
@@ -63,7 +65,8 @@ class NightbatchStack(cdk.Stack):
         # SageMaker Training Jobs for the models whose `gpuBackend` is sagemaker or both.
         self.training_jobs = (TrainingJobs(self, "TrainingJobs", image=self.gpu.image,
                                            volume_gib=config.worker_volume_gib,
-                                           hf_token_secret=self.gpu.hf_token_secret)
+                                           hf_token_secret=self.gpu.hf_token_secret,
+                                           fields=config.sagemaker_fields.enabled)
                               if config.uses_sagemaker else None)
         code = lambda_code(repo_root, config.lambda_bundling, probe=self.bundling_required)
         self._secrets()
@@ -214,8 +217,13 @@ class NightbatchStack(cdk.Stack):
         access.grant_object_tags(self.storage.bucket, api_role, WORKER_INPUT_PREFIXES, read=False, write=True)
         for name in ("validate", "plan", "finalize", "capacity"):
             grant_objects(self.storage.bucket, tasks[name].role, (FILES_PREFIX, BATCHES_PREFIX), write=True)
-        # An uploaded input is read through its parts until composition finishes.
-        grant_objects(self.storage.bucket, tasks["validate"].role, (UPLOADS_PREFIX,), write=False)
+        # An uploaded input is read through its parts until composition finishes: by Validate, and by Finalize (the
+        # sweeper's inline one too) writing the unrun lines of a batch cancelled or expired before then.
+        for reader in (tasks["validate"].role, tasks["finalize"].role, sweeper.role):
+            grant_objects(self.storage.bucket, reader, (UPLOADS_PREFIX,), write=False)
+        # The sweeper expires abandoned Uploads: their parts are deleted.
+        sweeper.role.add_to_principal_policy(iam.PolicyStatement(
+            actions=["s3:DeleteObject"], resources=[self.storage.bucket.arn_for_objects(f"{UPLOADS_PREFIX}*")]))
         # Validate tags what a batch's shards read (the worker reads no other input); composition carries the tag over.
         access.grant_object_tags(self.storage.bucket, tasks["validate"].role, WORKER_INPUT_PREFIXES, read=True,
                                  write=True)
@@ -291,12 +299,25 @@ class NightbatchStack(cdk.Stack):
     def _reserve_concurrency(self, functions: Mapping[str, lambda_.Function]) -> None:
         # Floods (M5): the workflow keeps its own room; the API is capped so one key cannot starve it.
         limits = self.config.concurrency
+        reserved = {name: limits.api if name == "api" else limits.sweep if name == "sweep" else limits.workflow
+                    for name in functions}
+        self.reserved_concurrency = sum(reserved.values())
+        room = lambda_quota.reservable(limits.account_limit)
+        if self.reserved_concurrency > room:
+            workflow = sorted(n for n in reserved if n not in ("api", "sweep"))
+            raise ValueError(
+                f"concurrency: the stack reserves {self.reserved_concurrency} concurrent executions (api "
+                f"{limits.api} + sweep {limits.sweep} + workflow {limits.workflow} x {len(workflow)}: "
+                f"{', '.join(workflow)}), but an account whose quota is concurrency.accountLimit="
+                f"{limits.account_limit} lets functions reserve {room} (AWS keeps {lambda_quota.UNRESERVED_MINIMUM} "
+                "unreserved): lower concurrency.api, concurrency.workflow or concurrency.sweep (0 = no reservation), "
+                f"or raise the account's quota ({lambda_quota.QUOTA_CODE}, `nightbatch doctor` reads it) and set "
+                "concurrency.accountLimit to it")
         for name, function in functions.items():
-            reserved = limits.api if name == "api" else limits.sweep if name == "sweep" else limits.workflow
-            if reserved:
+            if reserved[name]:
                 cfn = function.node.default_child
                 assert isinstance(cfn, lambda_.CfnFunction)
-                cfn.reserved_concurrent_executions = reserved
+                cfn.reserved_concurrent_executions = reserved[name]
 
     def _outputs(self) -> None:
         cdk.CfnOutput(self, "ApiUrl", value=f"{self.api.url}v1", description="OpenAI base_url")
@@ -310,7 +331,14 @@ class NightbatchStack(cdk.Stack):
         if self.training_jobs is not None:  # the doctor reads these types' SageMaker quotas
             cdk.CfnOutput(self, "SageMakerInstanceTypes",
                           value=",".join(sorted(set(self.config.sagemaker_instance_types.values()))))
+            # The doctor proves the others and says which to turn on (nightbatch/cli/doctor/sagemaker_fields.py).
+            cdk.CfnOutput(self, SAGEMAKER_FIELDS_OUTPUT, value=",".join(self.config.sagemaker_fields.enabled) or "none",
+                          description="unlisted CreateTrainingJob fields this deployment sends (cdk.json "
+                                      "sagemakerFields)")
         cdk.CfnOutput(self, "TopicArn", value=self.notifications.topic.topic_arn)
+        # The doctor checks the account's Lambda quota against it (before a deploy, from the synthesized template).
+        cdk.CfnOutput(self, lambda_quota.STACK_OUTPUT, value=str(self.reserved_concurrency),
+                      description="Lambda concurrency this stack reserves (its account keeps 100 more unreserved)")
         cdk.CfnOutput(self, "DashboardName", value=self.observability.dashboard.dashboard_name)
 
     def grant_model_weights(self, source: str) -> None:

@@ -1,6 +1,8 @@
 """SageMaker Training Jobs, the second GPU backend: the role jobs run as, and the workflow's RunShardSageMaker task.
 
-A training job runs the worker image unchanged, with its entry point (SageMaker would otherwise append `train`).
+A training job runs the worker image unchanged: SageMaker starts its ENTRYPOINT with the argument `train` (which the
+worker accepts), or with `ContainerEntrypoint` when the deployment sends it (nightbatch/pipeline/training_jobs.py: the
+fields Step Functions does not document for this integration are sent only once proven).
 Its Environment carries what the worker needs to find the rest: the job inputs, the bucket and region, and the
 key of the settings document Plan wrote (nightbatch/settings/document.py; SageMaker caps a value at 512
 characters). Capacity fills in each attempt's name, instance type, managed Spot and stopping condition
@@ -21,11 +23,9 @@ from constructs import Construct
 
 from infra.environment import settings_environment
 from infra.gpu_compute import CONTAINER_CACHE_DIR, MODEL_CACHE_ENV, VLLM_CACHE_ENV
-from nightbatch.pipeline.training_jobs import deployment_job_prefix
+from nightbatch.pipeline.training_jobs import deployment_job_prefix, with_fields
 from nightbatch.settings import JobInputs
 
-# The worker image's ENTRYPOINT (gpu_worker/Dockerfile), named again for SageMaker.
-WORKER_ENTRYPOINT = ("python3", "-m", "gpu_worker")
 # The caches (weights, vLLM's compile caches) go on the job's ML storage volume (VolumeSizeInGB; the instance
 # store on NVMe types). SageMaker's container contract names the paths it mounts there: /opt/ml/input, model,
 # output, checkpoints and code, each with a purpose (model/ and output/ are uploaded when the job ends), and /tmp,
@@ -38,8 +38,6 @@ LOG_GROUP = "/aws/sagemaker/TrainingJobs"
 # SageMaker publishes a training job's metrics (instance utilization, algorithm metrics) as the job's role, under
 # this namespace; PutMetricData takes no resource, so the namespace is the limit (cloudwatch:namespace).
 METRICS_NAMESPACE = "/aws/sagemaker/*"
-# Retries of SageMaker's own internal errors only; anything else comes back to Capacity.
-RETRY_ATTEMPTS = 2
 # The managed rule Step Functions' `.sync` integration watches training jobs through.
 SYNC_RULE = "StepFunctionsGetEventsForSageMakerTrainingJobsRule"
 
@@ -48,9 +46,11 @@ class TrainingJobs(Construct):
     """The role SageMaker runs the worker as (its bucket/table grants are the stack's, like the Batch job role's)."""
 
     def __init__(self, scope: Construct, id: str, *, image: ecr_assets.DockerImageAsset, volume_gib: int,
-                 hf_token_secret: secretsmanager.ISecret | None) -> None:
+                 hf_token_secret: secretsmanager.ISecret | None, fields: tuple[str, ...] = ()) -> None:
         super().__init__(scope, id)
         self.image = image
+        # The unlisted CreateTrainingJob fields this deployment sends (cdk.json `sagemakerFields`).
+        self.fields = fields
         self.volume_gib = volume_gib
         self.hf_token_secret = hf_token_secret
         # Every job this deployment runs is named with it (Capacity reads it from `sagemaker_json`): the grants
@@ -88,26 +88,21 @@ class TrainingJobs(Construct):
         return {
             "Type": "Task",
             "Resource": f"arn:{cdk.Aws.PARTITION}:states:::sagemaker:createTrainingJob.sync",
-            "Parameters": {
+            "Parameters": with_fields({
                 "TrainingJobName.$": "$.capacity.job_name",
                 "RoleArn": self.job_role.role_arn,
-                "AlgorithmSpecification": {
-                    "TrainingImage": self.image.image_uri,
-                    "TrainingInputMode": "File",
-                    "ContainerEntrypoint": list(WORKER_ENTRYPOINT),
-                },
+                "AlgorithmSpecification": {"TrainingImage": self.image.image_uri, "TrainingInputMode": "File"},
                 "ResourceConfig": {
                     "InstanceType.$": "$.capacity.instance_type",
                     "InstanceCount": 1,
                     "VolumeSizeInGB": self.volume_gib,
                 },
                 "EnableManagedSpotTraining.$": "$.capacity.managed_spot",
-                # Spot: MaxRuntime and MaxWait; on-demand: MaxRuntime and MaxPending (Capacity's choice).
+                # Spot: MaxRuntime and MaxWait; on-demand: MaxRuntime, and MaxPending if turned on (Capacity's).
                 "StoppingCondition.$": "$.capacity.stopping_condition",
                 "OutputDataConfig": {"S3OutputPath.$": "$.capacity.output_uri"},
                 "Environment": environment,
-                "RetryStrategy": {"MaximumRetryAttempts": RETRY_ATTEMPTS},
-            },
+            }, self.fields),
             # The whole DescribeTrainingJob document would grow the iteration's state: keep two fields.
             "ResultSelector": {"TrainingJobName.$": "$.TrainingJobName",
                                "TrainingJobStatus.$": "$.TrainingJobStatus"},

@@ -31,6 +31,9 @@ from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, make_adapters
 from nightbatch.storage.dynamo import create_table
 from tests.support.local_stack import local_stack  # noqa: F401  (the session's one `nightbatch local`)
+from tests.support.node import use_project_node
+
+use_project_node()  # before any test module imports aws_cdk
 
 TEST_API_KEY = "nb-test-key"
 REGION = "us-east-1"

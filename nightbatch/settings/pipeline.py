@@ -47,7 +47,8 @@ class SageMakerConfig(BaseModel):
     instance_types: dict[str, str] = {}  # model -> ml.* instance type
     spot: bool = True
     on_demand: bool = True
-    max_pending_seconds: int = 4 * 3600
+    # MaxPendingTimeInSeconds of an on-demand job; 0: not sent (nightbatch/pipeline/training_jobs.py).
+    max_pending_seconds: int = 0
     max_jobs: dict[str, int] = {}  # model -> shards of one batch at once (its training quota); absent: max_gpus
     job_prefix: str = Field(DEFAULT_JOB_PREFIX, pattern=JOB_PREFIX_RE.pattern)  # deployment_job_prefix(stack)
 

@@ -1,13 +1,17 @@
 """Read-only views of a deployed stack's AWS account, for `nightbatch doctor`.
 
 Stack outputs and resources (CloudFormation), the jobs of a batch and the queue's compute environments (AWS
-Batch), the batch's execution history (Step Functions), GPU vCPU quotas (Service Quotas), the EC2 Spot
-service-linked role (IAM), SES production access (SES v2), whether a secret exists and the tail of a job's log.
-Nothing here writes. A read the caller may not make (AccessDenied) or that fails becomes `AccountReadError`.
+Batch), the batch's execution history (Step Functions), GPU vCPU quotas (Service Quotas), Lambda's concurrency
+quota, the EC2 Spot service-linked role (IAM), SES production access (SES v2), whether a secret exists and the tail
+of a job's log.
+Nothing here writes; the one call that is not a read, TestState (the doctor's proof of the SageMaker task's fields),
+makes a CreateTrainingJob request SageMaker refuses. A read the caller may not make (AccessDenied) or that fails
+becomes `AccountReadError`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -45,6 +49,22 @@ class ComputeEnvironmentView:
     spot: bool
     max_vcpus: int
     instance_types: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LambdaConcurrency:
+    limit: int  # the account's concurrent executions (its quota)
+    unreserved: int  # what no function has reserved
+
+
+@dataclass(frozen=True)
+class StateTest:
+    """What Step Functions' TestState answered: the state's status (SUCCEEDED, FAILED, ...; INVALID when the
+    definition itself was refused) and its error and cause."""
+
+    status: str
+    error: str = ""
+    cause: str = ""
 
 
 @dataclass(frozen=True)
@@ -184,11 +204,35 @@ class AwsAccount:
             raise AccountReadError(f"stepfunctions get_execution_history: {_code(e)}: {e}") from None
         return ExecutionView(status=described["status"], events=events)
 
+    def state_machine(self, arn: str) -> tuple[dict[str, Any], str]:
+        """The deployed definition and the role the workflow runs as."""
+        described = self._call("stepfunctions", "describe_state_machine", stateMachineArn=arn)
+        return json.loads(described["definition"]), str(described["roleArn"])
+
+    def test_state(self, state: dict[str, Any], role_arn: str, state_input: dict[str, Any]) -> StateTest:
+        """Step Functions runs one state, as `role_arn`, on `state_input` (TestState): its integration's call is
+        made for real. A definition Step Functions refuses comes back as status INVALID."""
+        try:
+            answer = self.client("stepfunctions").test_state(
+                definition=json.dumps(state), roleArn=role_arn, input=json.dumps(state_input))
+        except ClientError as e:
+            if _code(e) == "InvalidDefinition":
+                return StateTest("INVALID", "InvalidDefinition", str(e.response.get("Error", {}).get("Message", "")))
+            raise AccountReadError(f"stepfunctions test_state: {_code(e)}: {e}") from None
+        except BotoCoreError as e:
+            raise AccountReadError(f"stepfunctions test_state: {_code(e)}: {e}") from None
+        return StateTest(str(answer.get("status", "")), str(answer.get("error", "")), str(answer.get("cause", "")))
+
     # ------------------------------------------------------------------------- account prerequisites
 
     def service_quota(self, service_code: str, quota_code: str) -> float:
         quota = self._call("service-quotas", "get_service_quota", ServiceCode=service_code, QuotaCode=quota_code)
         return float(quota["Quota"]["Value"])
+
+    def lambda_concurrency(self) -> LambdaConcurrency:
+        limit = self._call("lambda", "get_account_settings")["AccountLimit"]
+        return LambdaConcurrency(limit=int(limit["ConcurrentExecutions"]),
+                                 unreserved=int(limit["UnreservedConcurrentExecutions"]))
 
     def role_exists(self, name: str) -> bool:
         return self._call("iam", "get_role", missing="NoSuchEntity", RoleName=name) is not None

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from nightbatch.pipeline.training_jobs import UNLISTED_FIELDS
 from tests.infra.synth import Synth, synthesize
 
 
@@ -28,8 +29,8 @@ def template(synth: Synth) -> dict[str, Any]:
     return synth.template
 
 
-def _backend_synth(tmp_path_factory: pytest.TempPathFactory, backend: str) -> Synth:
-    synth = synthesize({"gpuBackend": backend}, tmp_path_factory.mktemp(f"cdk-{backend}") / "cdk.out")
+def _backend_synth(tmp_path_factory: pytest.TempPathFactory, backend: str, **context: Any) -> Synth:
+    synth = synthesize({"gpuBackend": backend, **context}, tmp_path_factory.mktemp(f"cdk-{backend}") / "cdk.out")
     assert synth.error is None, synth.error
     return synth
 
@@ -44,3 +45,10 @@ def sagemaker_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
 def both_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
     """`gpuBackend: both`: AWS Batch first, SageMaker when Batch cannot place a shard."""
     return _backend_synth(tmp_path_factory, "both")
+
+
+@pytest.fixture(scope="session")
+def sagemaker_fields_synth(tmp_path_factory: pytest.TempPathFactory) -> Synth:
+    """`gpuBackend: sagemaker` with every unlisted CreateTrainingJob field turned on (`sagemakerFields`), as a
+    deployment does once `nightbatch doctor` proved them."""
+    return _backend_synth(tmp_path_factory, "sagemaker", sagemakerFields=dict.fromkeys(UNLISTED_FIELDS, True))

@@ -8,15 +8,18 @@ procedure"), and its SageMaker backend is born Completed and drops Environment a
   description as Cause, datetimes as epoch milliseconds), API errors as `SageMaker.<code>Exception`.
 - `patch_training_jobs` makes CreateTrainingJob refuse a name used before (AWS: ResourceInUse, forever), keeps
   the Environment, and runs the job: the real worker, `python -m gpu_worker`, in a subprocess whose environment
-  is the job's Environment alone (its /opt/ml and /tmp paths mapped into a directory per job), reaching moto through a
-  ThreadedMotoServer that shares this process's backends. It ends Completed, or Failed with the FailureReason
+  is the job's Environment alone (its /opt/ml and /tmp paths mapped into a directory per job), started as SageMaker
+  starts it (the request's ContainerEntrypoint, else the image's ENTRYPOINT with the argument `train`), reaching moto
+  through a ThreadedMotoServer that shares this process's backends. It ends Completed, or Failed with the FailureReason
   the worker wrote to its failure file.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -30,6 +33,9 @@ import botocore.session
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# The worker image's ENTRYPOINT, as gpu_worker/Dockerfile sets it.
+IMAGE_ENTRYPOINT: list[str] = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", (
+    ROOT / "gpu_worker" / "Dockerfile").read_text(), re.MULTILINE)[1])
 _TRAINING = botocore.session.get_session().get_service_model("sagemaker").operation_model("CreateTrainingJob")
 CREATE_TRAINING_JOB_PARAMETERS = set(_TRAINING.input_shape.members)
 
@@ -41,6 +47,7 @@ class TrainingJobRecord:
     instance_type: str
     managed_spot: bool
     stopping_condition: dict[str, int]
+    entrypoint: list[str] | None = None  # the request's ContainerEntrypoint
     status: str = "InProgress"
     failure_reason: str = ""
     output: str = ""
@@ -175,7 +182,8 @@ def patch_training_jobs(monkeypatch: pytest.MonkeyPatch, jobs: TrainingJobs) -> 
                 name=name, env=dict(self._get_param("Environment") or {}),
                 instance_type=self._get_param("ResourceConfig")["InstanceType"],
                 managed_spot=bool(self._get_param("EnableManagedSpotTraining")),
-                stopping_condition=dict(self._get_param("StoppingCondition")))
+                stopping_condition=dict(self._get_param("StoppingCondition")),
+                entrypoint=(self._get_param("AlgorithmSpecification") or {}).get("ContainerEntrypoint"))
             jobs.jobs.append(record)
         refused = jobs.refuse(record) if jobs.refuse is not None else None
         if refused:
@@ -196,14 +204,17 @@ def patch_training_jobs(monkeypatch: pytest.MonkeyPatch, jobs: TrainingJobs) -> 
 
 
 def _run_container(record: TrainingJobRecord, jobs: TrainingJobs) -> None:
-    """`python -m gpu_worker` with the job's Environment and nothing else of the deployment's settings."""
+    """The worker as SageMaker starts the image (`python3 -m gpu_worker train`, or the job's ContainerEntrypoint)
+    with the job's Environment and nothing else of the deployment's settings but the test's engine."""
     with tempfile.TemporaryDirectory(prefix="sagemaker-job-") as root:
         # SageMaker's paths (/opt/ml, its /tmp scratch on the job's volume) in a directory of this job's own.
         env = {k: root + v if v.startswith(("/opt/ml/", "/tmp/")) else v for k, v in record.env.items()}
         env.update(PATH=os.environ.get("PATH", ""), PYTHONPATH=str(ROOT), AWS_ENDPOINT_URL=jobs.endpoint_url,
-                   AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1")
-        done = subprocess.run([sys.executable, "-m", "gpu_worker", "--engine", jobs.engine], env=env,
-                              capture_output=True, text=True, timeout=300, cwd=root)
+                   AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing", AWS_DEFAULT_REGION="us-east-1",
+                   NIGHTBATCH_WORKER_ENGINE=jobs.engine)
+        command = record.entrypoint or [*IMAGE_ENTRYPOINT, "train"]
+        command = [sys.executable if part == "python3" else part for part in command]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, cwd=root)
         record.output = done.stdout[-2000:] + done.stderr[-4000:]
         if done.returncode == 0:
             record.status = "Completed"

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-
-os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
 # The test configuration: cdk.json as shipped, with shard retries short enough to run in moto.
 TEST_CONTEXT: dict[str, Any] = {

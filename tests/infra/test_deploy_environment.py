@@ -18,6 +18,7 @@ import app as cdk_app
 from infra.config import DeployConfig
 from tests.infra.cfn import of_type
 from tests.infra.synth import ROOT, Synth, synthesize
+from tests.support.node import NODE, pinned_version
 
 CDK_JSON: dict[str, Any] = json.loads((ROOT / "cdk.json").read_text())["context"]
 # Twelve digits standing alone (an ARN's ":123456789012:", a quoted id), not a run of digits inside a hex asset
@@ -81,7 +82,6 @@ def _offline_environment(outdir: Path) -> dict[str, str]:
         # What the CLI passes with `cdk synth --no-staging`-like runs: the Lambda asset is not built here
         # (tests/infra/test_lambda_asset.py builds and runs it).
         "CDK_CONTEXT_JSON": json.dumps({"aws:cdk:bundling-stacks": []}),
-        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
     })
     return env
 
@@ -175,3 +175,20 @@ def test_identity_must_cover_the_sender(notifications: dict[str, Any]) -> None:
 def test_identity_defaults_to_the_address_and_a_parent_domain_covers_it() -> None:
     assert _config(notifications={"senderEmail": "a@example.com"}).notifications.identity == "a@example.com"
     assert _config(notifications=SENDER | {"senderIdentity": "example.com"}).notifications.identity == "example.com"
+
+
+def test_the_project_pins_and_documents_a_node_the_cdk_supports() -> None:
+    """aws-cdk-lib supports Node 22 and 24 (20 is end-of-life, and it says so on every synth): the Makefile installs
+    one of them, DEPLOY.md asks for them, the tests run jsii on it, and nothing silences the warning."""
+    assert int(pinned_version().split(".")[0]) in (22, 24)
+    deploy = (ROOT / "docs" / "DEPLOY.md").read_text()
+    [row] = [line for line in deploy.splitlines() if line.startswith("| Node")]
+    assert row.startswith("| Node 22 or 24 ") and "20 " not in row.split("|")[1]
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    silenced = [p for p in tracked if (ROOT / p).is_file() and p != "tests/infra/test_deploy_environment.py"
+                and "JSII_SILENCE_WARNING_END_OF_LIFE" in (ROOT / p).read_text(errors="ignore")]
+    assert silenced == []
+    if NODE.is_file():  # `make node` ran (make test runs it)
+        assert os.environ.get("JSII_NODE") == str(NODE)
+        version = subprocess.run([str(NODE), "--version"], capture_output=True, text=True, check=True).stdout
+        assert version.strip() == f"v{pinned_version()}"

@@ -147,11 +147,15 @@ def _s3_grants(template: dict[str, Any], handler: str) -> dict[str, set[str]]:
     return grants
 
 
-def test_sweeper_reads_and_writes_what_finalize_does(template: dict[str, Any]) -> None:
+def test_sweeper_reads_and_writes_what_finalize_does_and_deletes_expired_upload_parts(
+        template: dict[str, Any]) -> None:
     sweeper = _s3_grants(template, "functions.tasks.sweep.handler")
-    assert sweeper == _s3_grants(template, "functions.tasks.finalize.handler")
-    assert set(sweeper) == {"files", "batches"}
-    assert all({"s3:GetObject", "s3:PutObject", "s3:DeleteObject"} <= actions for actions in sweeper.values())
+    finalize = _s3_grants(template, "functions.tasks.finalize.handler")
+    assert set(sweeper) == set(finalize) == {"files", "batches", "uploads"}
+    assert {p: sweeper[p] for p in ("files", "batches")} == {p: finalize[p] for p in ("files", "batches")}
+    assert all({"s3:GetObject", "s3:PutObject", "s3:DeleteObject"} <= sweeper[p] for p in ("files", "batches"))
+    # An input read through its Upload's parts; the sweeper also deletes the parts of the Uploads it expires.
+    assert finalize["uploads"] == {"s3:GetObject"} and sweeper["uploads"] == {"s3:GetObject", "s3:DeleteObject"}
 
 
 def test_validate_may_read_upload_parts(template: dict[str, Any]) -> None:

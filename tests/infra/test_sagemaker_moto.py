@@ -83,9 +83,22 @@ def _assert_job_contract(job: TrainingJobRecord, batch_id: str) -> None:
     assert job.env["NIGHTBATCH_BATCH_ID"] == batch_id and job.env["NIGHTBATCH_BACKEND"] == "sagemaker"
 
 
+def _unlisted(request: dict[str, Any]) -> set[str]:
+    """The unlisted CreateTrainingJob fields a request carries (nightbatch/pipeline/training_jobs.py)."""
+    found = {k for k in ("RetryStrategy",) if k in request}
+    found |= {k for k in ("ContainerEntrypoint",) if k in request.get("AlgorithmSpecification", {})}
+    return found | {k for k in ("MaxPendingTimeInSeconds",) if k in request.get("StoppingCondition", {})}
+
+
+@pytest.mark.parametrize("which", ["sagemaker_synth", "sagemaker_fields_synth"])
 def test_a_three_shard_batch_completes_through_sagemaker_training_jobs(
-        sagemaker_template: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:
-    for d, jobs in deploy_with_training_jobs(sagemaker_template, monkeypatch):
+        which: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default the task sends only fields Step Functions documents for `createTrainingJob.sync`, and SageMaker
+    starts the image's ENTRYPOINT with `train`; with `sagemakerFields` on, ContainerEntrypoint and RetryStrategy
+    go with every job."""
+    synth: Synth = request.getfixturevalue(which)
+    fields_on = which == "sagemaker_fields_synth"
+    for d, jobs in deploy_with_training_jobs(synth.template, monkeypatch):
         services, batch_id = submit("default", LINES, "24h")
         execution = wait_for_execution(execution_arn(d, batch_id))
         assert execution["status"] == "SUCCEEDED", execution
@@ -98,10 +111,15 @@ def test_a_three_shard_batch_completes_through_sagemaker_training_jobs(
             assert job.instance_type == "ml.g6.xlarge"  # the model's first type (cdk.json)
             assert job.managed_spot and set(job.stopping_condition) == {"MaxRuntimeInSeconds",
                                                                         "MaxWaitTimeInSeconds"}
-        request = jobs.requests[0]
-        assert request["AlgorithmSpecification"]["ContainerEntrypoint"] == ["python3", "-m", "gpu_worker"]
-        assert request["RetryStrategy"] == {"MaximumRetryAttempts": 2}
-        assert {"Key": "MANAGED_BY_AWS", "Value": "STARTED_BY_STEP_FUNCTIONS"} in request["Tags"]
+        sent = jobs.requests[0]
+        if fields_on:  # (MaxPendingTimeInSeconds goes with on-demand jobs only: these are Spot)
+            assert sent["AlgorithmSpecification"]["ContainerEntrypoint"] == ["python3", "-m", "gpu_worker"]
+            assert sent["RetryStrategy"] == {"MaximumRetryAttempts": 2}
+            assert all(j.entrypoint == ["python3", "-m", "gpu_worker"] for j in jobs.jobs)
+        else:
+            assert all(_unlisted(r) == set() for r in jobs.requests), jobs.requests
+            assert all(j.entrypoint is None for j in jobs.jobs)  # started as `python3 -m gpu_worker train`
+        assert {"Key": "MANAGED_BY_AWS", "Value": "STARTED_BY_STEP_FUNCTIONS"} in sent["Tags"]
         batch = assert_each_line_once(services, "default", batch_id, LINES)
         assert {c["backend"] for c in batch.nightbatch["capacity"]} == {"sagemaker"}
         phases = _phases(services, batch_id)
@@ -125,7 +143,8 @@ def test_both_moves_shards_batch_cannot_place_to_sagemaker(
         for job in jobs.jobs:
             assert job.status == "Completed", job.output
             _assert_job_contract(job, batch_id)
-            assert not job.managed_spot and "MaxPendingTimeInSeconds" in job.stopping_condition
+            # On-demand, without MaxPendingTimeInSeconds until the deployment turns it on (sagemakerFields).
+            assert not job.managed_spot and set(job.stopping_condition) == {"MaxRuntimeInSeconds"}
         batch = assert_each_line_once(services, "default", batch_id, LINES)
         decisions = batch.nightbatch["capacity"]
         moved = [c for c in decisions if c["backend"] == "sagemaker"]

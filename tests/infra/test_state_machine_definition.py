@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
+from infra.orchestration import VENDED_LOGS_PREFIX
 from nightbatch.settings import JobInputs
 from tests.infra.cfn import one_of_type, resolve
-from tests.infra.synth import TEST_CONTEXT
+from tests.infra.synth import TEST_CONTEXT, Synth
 
 CONTEXT_RETRY = TEST_CONTEXT["shardRetry"]
 
@@ -120,3 +121,69 @@ def test_shard_loop_capacity_then_job_sync_with_share_priority_and_catch(asl: di
 
 def test_execution_timeout_is_window_plus_margin(asl: dict[str, Any]) -> None:
     assert asl["TimeoutSeconds"] == (168 + 3) * 3600
+
+
+# Where each Task state's Catch (States.ALL) leads: the path that ends the batch (Finalize, or a Fail state naming
+# who takes over) or the shard (Capacity decides again; ShardGivenUp ends the iteration, its lines `shard_failed`).
+# A Task state not listed here fails the test: decide where its failures go.
+CATCH_INTO = {"Validate": "Finalize", "Plan": "Finalize", "Finalize": "FinalizeFailed", "Notify": "NotifyFailed",
+              "Capacity": "ShardGivenUp", "RunShard": "Capacity", "RunShardSageMaker": "Capacity"}
+# Task states that do not retry States.TaskFailed in place, and why (every other one does).
+NO_TASK_RETRY = {
+    "RunShard": "a failed job is Capacity's to judge (Spot to on-demand, to SageMaker, back off or give up); a "
+                "retry in place would submit it again to the same queue, defeating the move",
+    "RunShardSageMaker": "as RunShard, and a retried training job would reuse its name, which SageMaker refuses "
+                         "forever (names are unique per account and region)",
+}
+
+
+def task_states(states: dict[str, Any]) -> dict[str, tuple[dict[str, Any], dict[str, Any]]]:
+    """Every Task state, the Map's item processor's included: name -> (state, the states of its scope)."""
+    found: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {}
+    for name, state in states.items():
+        if state["Type"] == "Task":
+            found[name] = (state, states)
+        for inner in (state.get("ItemProcessor"), state.get("Iterator"), *state.get("Branches", [])):
+            if inner:
+                found.update(task_states(inner["States"]))
+    return found
+
+
+@pytest.mark.parametrize("which", ["synth", "both_synth", "sagemaker_synth"])
+def test_every_task_state_retries_its_own_failure_where_safe_and_catches_into_the_end_of_its_path(
+        which: str, request: pytest.FixtureRequest) -> None:
+    """One error must not stop a batch half-way: each Task state retries States.TaskFailed (any error of its
+    own, a timeout) where running it again is safe, and catches everything else into the path that ends the
+    shard or the batch cleanly, never into the execution's (or the Map Run's) failure."""
+    synth: Synth = request.getfixturevalue(which)
+    tasks = task_states(render_definition(synth.template)["States"])
+    assert {"Validate", "Plan", "Capacity", "Finalize", "Notify"} <= set(tasks)
+    for name, (state, scope) in tasks.items():
+        assert name in CATCH_INTO, f"{name}: a Task state with no decided Catch"
+        catches = {c["Next"]: c["ErrorEquals"] for c in state.get("Catch", [])}
+        assert catches.get(CATCH_INTO[name]) == ["States.ALL"], (name, state.get("Catch"))
+        target = scope[CATCH_INTO[name]]
+        if target["Type"] == "Fail":
+            assert target["Error"] and len(target["Cause"]) > 60, target
+        retried = {e for r in state.get("Retry", []) for e in r["ErrorEquals"]}
+        if name in NO_TASK_RETRY:
+            assert not retried & {"States.TaskFailed", "States.ALL"}, (name, state["Retry"])
+        else:
+            assert "States.TaskFailed" in retried, (name, state.get("Retry"))
+            retry = next(r for r in state["Retry"] if "States.TaskFailed" in r["ErrorEquals"])
+            assert retry["MaxAttempts"] >= 2 and retry["IntervalSeconds"] >= 1, (name, retry)
+
+
+def test_every_exemption_from_retries_has_a_reason() -> None:
+    assert all(len(reason) > 60 for reason in NO_TASK_RETRY.values())
+
+
+def test_the_workflow_logs_to_a_vended_logs_group(template: dict[str, Any]) -> None:
+    """CloudWatch Logs' vended delivery needs no resource-policy entry for groups under /aws/vendedlogs/; any
+    other group is added to the account's one policy, and past its 5,120 characters the state machine cannot
+    be created."""
+    _, machine = one_of_type(template, "AWS::StepFunctions::StateMachine")
+    [destination] = machine["Properties"]["LoggingConfiguration"]["Destinations"]
+    group = destination["CloudWatchLogsLogGroup"]["LogGroupArn"]["Fn::GetAtt"][0]
+    name = template["Resources"][group]["Properties"]["LogGroupName"]
+    assert name.startswith(VENDED_LOGS_PREFIX) and VENDED_LOGS_PREFIX == "/aws/vendedlogs/states/"

@@ -12,14 +12,17 @@ import pytest
 from botocore.validate import ParamValidator
 
 from infra.gpu_catalog import GPU_SHAPES
-from infra.training_jobs import WORKER_ENTRYPOINT
 from nightbatch import layout
 from nightbatch.ids import new_batch_id
 from nightbatch.pipeline import training_jobs
+from nightbatch.pipeline.training_jobs import WORKER_ENTRYPOINT
 from nightbatch.settings import JobInputs
 from tests.infra.cfn import of_type, one_of_type, resolve
+from tests.infra.iam_eval import as_list as _list
+from tests.infra.iam_eval import role_of_handler as _role_of
+from tests.infra.iam_eval import statements_of_role as _statements_of_role
 from tests.infra.synth import ROOT, Synth, synthesize
-from tests.infra.test_least_privilege import _list, _role_of, _statements_of_role, _worker_role
+from tests.infra.test_least_privilege import _worker_role
 
 _MODEL = botocore.session.get_session().get_service_model("sagemaker")
 CREATE = _MODEL.operation_model("CreateTrainingJob").input_shape
@@ -81,14 +84,14 @@ def test_the_task_runs_the_worker_image_with_its_entry_point_and_capacity_s_choi
     params = task["Parameters"]
     dockerfile = (ROOT / "gpu_worker" / "Dockerfile").read_text()
     assert f"ENTRYPOINT {json.dumps(list(WORKER_ENTRYPOINT))}" in dockerfile
-    assert params["AlgorithmSpecification"]["ContainerEntrypoint"] == list(WORKER_ENTRYPOINT)
+    # Off until proven (sagemakerFields): SageMaker then starts the ENTRYPOINT with `train`, which the worker takes.
+    assert "ContainerEntrypoint" not in params["AlgorithmSpecification"] and "RetryStrategy" not in params
     assert "container-assets" in params["AlgorithmSpecification"]["TrainingImage"]  # the worker image asset
     assert {k: v for k, v in params.items() if k.endswith(".$")} == {
         "TrainingJobName.$": "$.capacity.job_name", "EnableManagedSpotTraining.$": "$.capacity.managed_spot",
         "StoppingCondition.$": "$.capacity.stopping_condition"}
     assert params["ResourceConfig"]["InstanceType.$"] == "$.capacity.instance_type"
     assert params["OutputDataConfig"] == {"S3OutputPath.$": "$.capacity.output_uri"}
-    assert params["RetryStrategy"] == {"MaximumRetryAttempts": 2}
     env = params["Environment"]
     # Every job input, from the iteration's state; the deployment's settings only through the document.
     assert {env[f"{JobInputs.env_name(f)}.$"] for f in ("batch_id", "shard_id", "settings_key")} == {
@@ -306,3 +309,32 @@ def test_every_stack_shape_outputs_what_the_doctor_reads(synth: Synth, sagemaker
         assert bool(watcher.queues) == uses_batch, sorted(outputs)
         assert uses_batch or "SageMakerInstanceTypes" in outputs
     assert set(QUEUE_OUTPUTS) <= set(synth.template["Outputs"])
+
+
+def _sagemaker_json(template: dict[str, Any]) -> dict[str, Any]:
+    (capacity,) = [f for f in of_type(template, "AWS::Lambda::Function").values()
+                   if f["Properties"]["Handler"] == "functions.tasks.capacity.handler"]
+    return dict(json.loads(capacity["Properties"]["Environment"]["Variables"]["NIGHTBATCH_SAGEMAKER_JSON"]))
+
+
+def test_the_fields_step_functions_does_not_list_are_sent_only_when_turned_on(
+        sagemaker_synth: Synth, sagemaker_fields_synth: Synth) -> None:
+    """ContainerEntrypoint, RetryStrategy and MaxPendingTimeInSeconds are not in the Step Functions documentation's
+    list for createTrainingJob.sync: by default none is sent (a refused fixed field would fail the deploy, a refused
+    run-time one every on-demand shard); `sagemakerFields` turns each on once the doctor proved it, and the stack
+    says which it sends."""
+    default = _processor(sagemaker_synth)["RunShardSageMaker"]["Parameters"]
+    assert "ContainerEntrypoint" not in default["AlgorithmSpecification"] and "RetryStrategy" not in default
+    assert _sagemaker_json(sagemaker_synth.template)["max_pending_seconds"] == 0
+    assert sagemaker_synth.template["Outputs"][training_jobs.SAGEMAKER_FIELDS_OUTPUT]["Value"] == "none"
+    on = _processor(sagemaker_fields_synth)["RunShardSageMaker"]["Parameters"]
+    assert on["AlgorithmSpecification"]["ContainerEntrypoint"] == list(WORKER_ENTRYPOINT)
+    assert on["RetryStrategy"] == {"MaximumRetryAttempts": training_jobs.RETRY_ATTEMPTS}
+    assert _sagemaker_json(sagemaker_fields_synth.template)["max_pending_seconds"] == 240 * 60  # runnableTimeout
+    assert sagemaker_fields_synth.template["Outputs"][training_jobs.SAGEMAKER_FIELDS_OUTPUT]["Value"] == \
+        ",".join(training_jobs.UNLISTED_FIELDS)
+    # On-demand without MaxPendingTimeInSeconds: SageMaker's own bound is MaxRuntime.
+    assert training_jobs.stopping_condition(spot=False, seconds_left=7200, budget_seconds=7200,
+                                            max_pending_seconds=0) == {"MaxRuntimeInSeconds": 7200}
+    with pytest.raises(ValueError, match="Environment"):
+        training_jobs.with_fields({}, ["Environment"])

@@ -9,8 +9,11 @@ from typing import Any
 import pytest
 
 from tests.infra.cfn import of_type
+from tests.infra.iam_eval import as_list as _list
+from tests.infra.iam_eval import role_of_handler as _role_of
+from tests.infra.iam_eval import statements_of_role as _statements_of_role
 from tests.infra.synth import Synth, synthesize
-from tests.infra.test_least_privilege import HANDLERS, _list, _role_of, _statements_of_role, _worker_role
+from tests.infra.test_least_privilege import HANDLERS, _worker_role
 
 KEY = "arn:aws:kms:us-east-1:111122223333:key/1234abcd-12ab-34cd-56ef-1234567890ab"
 USER_BUCKETS = {"read": ["users-data", "users-archive"], "write": ["s3://users-results/nightly"], "kmsKeys": [KEY]}

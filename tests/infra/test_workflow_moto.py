@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import io
 import json
+from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +21,7 @@ from moto import mock_aws
 from openai.types.webhooks import BatchFailedWebhookEvent
 
 from functions.tasks.notify import default_notifier
+from infra.orchestration import TASK_RETRIES
 from nightbatch import layout
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.notifications.models import CreateWebhookEndpointRequest
@@ -188,6 +190,19 @@ def _shard_lines(services: Services, batch_id: str, shard_id: str) -> set[str]:
     return {r.custom_id for r in shard_requests_of(services, batch_id, shard_id)}
 
 
+def assert_only_shard_failed(services: Services, batch_id: str, shard_id: str, *, lines: int) -> None:
+    """The batch completed with each line once: the shard's lines `shard_failed`, every other one answered."""
+    batch = services.batches.get("default", batch_id)
+    assert batch.status == "completed"
+    failed_lines = _shard_lines(services, batch_id, shard_id)
+    errors, output = read_file(services, batch.error_file_id), read_file(services, batch.output_file_id)
+    assert {line["custom_id"] for line in errors} == failed_lines
+    assert {line["error"]["code"] for line in errors} == {"shard_failed"}
+    assert sorted(line["custom_id"] for line in errors + output) == sorted(f"req-{i}" for i in range(1, lines + 1))
+    assert batch.request_counts.model_dump() == {"total": lines, "completed": lines - len(failed_lines),
+                                                 "failed": len(failed_lines)}
+
+
 def test_failing_shard_is_retried_then_caught_and_its_lines_end_shard_failed(
         deployment: Deployment, monkeypatch: pytest.MonkeyPatch) -> None:
     _small_shards(monkeypatch)
@@ -211,15 +226,38 @@ def test_failing_shard_is_retried_then_caught_and_its_lines_end_shard_failed(
         else:
             assert [j.succeeded for j in runs] == [True], runs
 
-    batch = services.batches.get("default", batch_id)
-    assert batch.status == "completed"
-    failed_lines = _shard_lines(services, batch_id, "00001")
-    errors, output = read_file(services, batch.error_file_id), read_file(services, batch.output_file_id)
-    assert {line["custom_id"] for line in errors} == failed_lines
-    assert {line["error"]["code"] for line in errors} == {"shard_failed"}
-    assert sorted(line["custom_id"] for line in errors + output) == sorted(f"req-{i}" for i in range(1, 13))
-    assert batch.request_counts.model_dump() == {"total": 12, "completed": 12 - len(failed_lines),
-                                                 "failed": len(failed_lines)}
+    assert_only_shard_failed(services, batch_id, "00001", lines=12)
+
+
+def test_capacity_failing_for_one_shard_gives_up_that_shard_alone(deployment: Deployment,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception in Capacity inside the Distributed Map (an AWS error past its retries, a bug) must not fail the
+    Map Run, which would stop every running shard and its job: a transient one is retried in place, a lasting one
+    gives that shard up (its lines end `shard_failed`) and every other shard runs to the end."""
+    import functions.tasks.capacity as capacity_task
+
+    _small_shards(monkeypatch)
+    deployment.shard_runner = worker_in_process(monkeypatch, engine=ENGINE)
+    decide, calls = capacity_task.decide, Counter[str]()
+
+    def failing(item: dict[str, Any], services: Services) -> Any:
+        calls[item["shard_id"]] += 1
+        if item["shard_id"] == "00001":
+            raise RuntimeError("simulated: Capacity cannot decide")
+        if item["shard_id"] == "00002" and calls["00002"] == 1:
+            raise RuntimeError("simulated: a transient failure")
+        return decide(item, services)
+
+    monkeypatch.setattr(capacity_task, "decide", failing)
+    services, batch_id = create_batch(jsonl([chat_line(i) for i in range(1, 13)]))
+    execution = wait_for_execution(execution_arn(deployment, batch_id))
+    assert execution["status"] == "SUCCEEDED", execution
+    shard_ids = {item.shard_id for item in layout.read_manifest(services.adapters.blobs, batch_id)}
+    assert len(shard_ids) > 2
+    assert calls["00001"] == 1 + TASK_RETRIES["capacity"][0] and calls["00002"] == 2  # retried in place
+    ran = {job.shard_id for job in deployment.jobs}
+    assert ran == shard_ids - {"00001"} and all(job.succeeded for job in deployment.jobs)
+    assert_only_shard_failed(services, batch_id, "00001", lines=12)
 
 
 def test_valid_batch_completes_with_one_output_line_per_input(deployment: Deployment,

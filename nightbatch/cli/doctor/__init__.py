@@ -1,6 +1,7 @@
 """`nightbatch doctor`: the check a user runs right after `cdk deploy` (or against `nightbatch local`).
 
-It checks the key, lists the models, runs a one-line batch per model and endpoint and prints when each phase
+Before the first deploy (`--template`) it checks only what the account must have (prerequisites.py). After it,
+it checks the key, lists the models, runs a one-line batch per model and endpoint and prints when each phase
 was reached — validate, the AWS Batch job's RUNNABLE → STARTING → RUNNING (with --stack), model loaded, first
 result, finalize, notification — and, for a phase that stalls, the specific remedy.
 
@@ -27,6 +28,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
                                    "and print the time of each phase with a remedy for any that stalls.")
     p.add_argument("--stack", metavar="NAME", help="the CloudFormation stack (e.g. nightbatch-prod): read its "
                    "outputs, the AWS Batch jobs and the Step Functions execution with your AWS credentials")
+    p.add_argument("--template", metavar="PATH", help="before the first deploy: check only what the account must "
+                   "have for the stack `cdk synth` wrote here (e.g. cdk.out/nightbatch-prod.template.json): the "
+                   "Lambda concurrency quota against what it reserves, GPU and SageMaker quotas, the Spot role; no "
+                   "API key, no probe batch")
     p.add_argument("--region", help="the stack's region (default: AWS_REGION / your AWS profile's)")
     p.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="SECONDS",
@@ -48,6 +53,8 @@ def handle(args: argparse.Namespace) -> int:
     from nightbatch.storage.account import AccountReadError
 
     try:
+        if args.template:
+            return _before_deploy(args)
         watchers: list[Watcher] = []
         base_url = args.base_url
         if args.stack:
@@ -57,7 +64,7 @@ def handle(args: argparse.Namespace) -> int:
             stack = StackWatcher.open(args.stack, region=args.region)
             base_url = base_url or stack.outputs.get("ApiUrl")
             # SageMaker first: its jobs reach the job phases before the Batch watcher skips the unseen ones.
-            watchers += [SageMakerWatcher(stack.account, stack.outputs), stack]
+            watchers += [SageMakerWatcher(stack.account, stack.outputs, args.stack), stack]
             secret = stack.outputs.get("ApiKeysSecret")
             if not (args.api_key or os.environ.get("NIGHTBATCH_API_KEY")) and secret:
                 raise CommandError(f"no API key given: pass --api-key; the stack's first key is in {secret} "
@@ -82,5 +89,19 @@ def handle(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
+    print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
+    return 0 if report.passed else 1
+
+
+def _before_deploy(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from nightbatch.cli.doctor.prerequisites import check_template
+    from nightbatch.cli.doctor.render import render
+    from nightbatch.cli.doctor.report import Report
+    from nightbatch.storage.account import AwsAccount
+
+    report = Report(base_url="before the first deploy", stack=args.template)
+    check_template(report, AwsAccount.connect(args.region), Path(args.template))
     print(json.dumps(report.to_json(), indent=2) if args.json else render(report))
     return 0 if report.passed else 1

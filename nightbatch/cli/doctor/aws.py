@@ -3,36 +3,26 @@ job phases and the Notify step while they run, and the specific reason when a ph
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
 from functools import partial
 
+from nightbatch import lambda_quota
+from nightbatch.cli.doctor.prerequisites import gpu_quotas, lambda_concurrency, read_or_warn, spot_role
 from nightbatch.cli.doctor.remedies import (
     GATED_MODEL,
+    HF_ERRORS,
     HF_TOKEN_ENV,
     IMAGE_PULL,
-    QUOTAS,
     SECRET_PULL,
-    gpu_vcpus,
     hf_secret_missing,
-    quota_remedy,
     ses_sandbox,
     spot_role_missing,
 )
 from nightbatch.cli.doctor.report import JOB_PHASES, Check, Phase, Probe, Report
-from nightbatch.storage.account import (
-    SPOT_SERVICE_LINKED_ROLE,
-    AccountReadError,
-    AwsAccount,
-    ComputeEnvironmentView,
-    JobView,
-)
+from nightbatch.storage.account import AccountReadError, AwsAccount, ComputeEnvironmentView, JobView
 from nightbatch.wire import TERMINAL_STATUSES
 
 # The first job phase each AWS Batch status proves reached.
 REACHED = {"SUBMITTED": 1, "PENDING": 1, "RUNNABLE": 2, "STARTING": 3, "RUNNING": 4, "SUCCEEDED": 4}
-HF_ERRORS = re.compile(r"GatedRepoError|401 Client Error|403 Client Error|Invalid user token|"
-                       r"Access to model .* is restricted|You are trying to access a gated repo", re.IGNORECASE)
 
 
 def _reached(job: JobView) -> int:
@@ -78,6 +68,8 @@ class StackWatcher:
                          f"{self.stack} in {self.account.region}" + (f"; no output {', '.join(missing)}"
                                                                      if missing else ""),
                          "is this a nightbatch stack? `cdk deploy` prints its outputs" if missing else ""))
+        reserved = self.outputs.get(lambda_quota.STACK_OUTPUT)
+        lambda_concurrency(report, self.account, int(reserved) if reserved else None, deployed=True)
         if self.queues:
             self._compute(report)
         self._hf_token(report)
@@ -106,59 +98,9 @@ class StackWatcher:
                 types = ", ".join(ce.instance_types) or "any"
                 report.add(Check("compute", "ok", f"{kind} environment {ce.name}: up to {ce.max_vcpus} vCPUs of "
                                                   f"{types}"))
-        self._quotas(report)
+        self.blocked += gpu_quotas(report, self.account, self.environments)
         if any(ce.spot for ce in self.environments):
-            self._spot_role(report)
-
-    def _quotas(self, report: Report) -> None:
-        zero: list[Check] = []
-        usable = 0
-        for ce in self.environments:
-            need = min((gpu_vcpus(t) for t in ce.instance_types), default=4)
-            families = {("P" if t.startswith("p") else "G") for t in ce.instance_types} or {"G"}
-            for family in sorted(families):
-                code, name = QUOTAS[(family, ce.spot)]
-                try:
-                    value = self.account.service_quota("ec2", code)
-                except AccountReadError as e:
-                    report.add(Check("GPU quota", "warn", f"{name} ({code}): could not read: {e}"))
-                    usable += 1
-                    continue
-                check = Check("GPU quota", "ok", f"{name} ({code}): {value:g} vCPUs")
-                if value < need:
-                    check = Check("GPU quota", "failed", f"{name} ({code}) is {value:g} vCPUs; one "
-                                  f"{min(ce.instance_types, default='GPU instance')} needs {need}: jobs stay RUNNABLE",
-                                  quota_remedy(code, name, max(need, ce.max_vcpus), self.account.region))
-                    zero.append(check)
-                else:
-                    usable += 1
-                report.add(check)
-        if zero and usable:  # another environment can still take the jobs: slower or dearer, not stuck
-            for check in zero:
-                check.status = "warn"
-        elif zero:
-            self.blocked += [(c.detail, c.remedy) for c in zero]
-
-    @staticmethod
-    def _read(report: Report, name: str, what: str, read: Callable[[], bool]) -> bool | None:
-        """`read()`, or None with a warning naming `what` could not be read (a doctor never stops on one)."""
-        try:
-            return read()
-        except AccountReadError as e:
-            report.add(Check(name, "warn", f"could not read {what}: {e}"))
-            return None
-
-    def _spot_role(self, report: Report) -> None:
-        exists = self._read(report, "Spot role", "the role",
-                            lambda: self.account.role_exists(SPOT_SERVICE_LINKED_ROLE))
-        if exists is None:
-            return
-        if exists:
-            report.add(Check("Spot role", "ok", SPOT_SERVICE_LINKED_ROLE))
-            return
-        detail = f"{SPOT_SERVICE_LINKED_ROLE} is missing: the Spot environment cannot launch instances"
-        report.add(Check("Spot role", "failed", detail, spot_role_missing()))
-        self.blocked.append((detail, spot_role_missing()))
+            self.blocked += spot_role(report, self.account)
 
     def _hf_token(self, report: Report) -> None:
         """Every job definition of the stack (one per model, or one for all) that injects HF_TOKEN: does its
@@ -172,7 +114,7 @@ class StackWatcher:
         if not secrets:
             report.add(Check("HF token", "ok", "none configured: public models only (gated ones fail to download)"))
         for secret in sorted(secrets):
-            exists = self._read(report, "HF token", secret, partial(self.account.secret_exists, secret))
+            exists = read_or_warn(report, "HF token", secret, partial(self.account.secret_exists, secret))
             if exists is None:
                 continue
             if exists:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import re
 
+from nightbatch import lambda_quota
+
 HF_TOKEN_ENV = "HF_TOKEN"  # the job definition's secret (infra/gpu_compute.py)
+# A job's log line (or a training job's FailureReason) saying Hugging Face refused the model: GATED_MODEL below.
+HF_ERRORS = re.compile(r"GatedRepoError|401 Client Error|403 Client Error|Invalid user token|"
+                       r"Access to model .* is restricted|You are trying to access a gated repo", re.IGNORECASE)
 
 # (instance family, Spot) → (EC2 quota code, its name in Service Quotas). Values are vCPUs.
 QUOTAS: dict[tuple[str, bool], tuple[str, str]] = {
@@ -28,6 +33,15 @@ def quota_remedy(code: str, name: str, vcpus: int, region: str) -> str:
     return (f"new accounts have 0 vCPUs for GPU instances: ask for at least {vcpus} in Service Quotas → Amazon EC2 → "
             f"'{name}', or `aws service-quotas request-service-quota-increase --service-code ec2 --quota-code "
             f"{code} --desired-value {vcpus} --region {region}` (approval can take a day)")
+
+
+def lambda_quota_remedy(desired: int, fits: int, quota: int, region: str) -> str:
+    """The account's Lambda concurrency cannot hold what the stack reserves (cdk.json `concurrency`)."""
+    return (f"new accounts get a small Lambda concurrency quota: ask for {desired} in Service Quotas → AWS Lambda → "
+            f"'{lambda_quota.QUOTA_NAME}', or {lambda_quota.quota_request(desired, region)} (approval can take a "
+            f"day); or lower cdk.json `concurrency` (api, workflow for each workflow Lambda, sweep; 0 = no "
+            f"reservation) to at most {max(0, fits)} in all, set `concurrency.accountLimit` to {quota}, and "
+            "synthesize again")
 
 
 def spot_role_missing() -> str:

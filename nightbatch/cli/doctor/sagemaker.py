@@ -3,16 +3,17 @@ quotas of the stack's ml.* instance types before the probes, the probe batch's t
 and a remedy for each failure a retry will not fix.
 
 The stack names its instance types in the output `SageMakerInstanceTypes` (comma-separated ml.* types); a stack
-without it runs nothing on SageMaker and this watcher stays silent. Jobs are found by the batch id's hex in their
-name: the workflow names them `nb-<deployment>-<hex>-<shard>-<attempt>-<tail>` (SageMaker refuses the `_` of a
-batch id), and the previous release named them `batch-<hex>-…`; the hex finds both.
+without it runs nothing on SageMaker and this watcher stays silent. On a deployed stack it also proves which
+unlisted CreateTrainingJob fields Step Functions accepts (sagemaker_fields.py). Jobs are found by the batch id's
+hex in their name: the workflow names them `nb-<deployment>-<hex>-<shard>-<attempt>-<tail>` (SageMaker refuses
+the `_` of a batch id), and the previous release named them `batch-<hex>-…`; the hex finds both.
 """
 
 from __future__ import annotations
 
-from nightbatch.cli.doctor.aws import HF_ERRORS
 from nightbatch.cli.doctor.remedies import (
     GATED_MODEL,
+    HF_ERRORS,
     IMAGE_PULL,
     SAGEMAKER_CAPACITY,
     SAGEMAKER_LOG,
@@ -20,6 +21,7 @@ from nightbatch.cli.doctor.remedies import (
     sagemaker_quota_remedy,
 )
 from nightbatch.cli.doctor.report import JOB_PHASES, Check, Phase, Probe, Report
+from nightbatch.cli.doctor.sagemaker_fields import prove
 from nightbatch.pipeline.training_jobs import batch_jobs_marker
 from nightbatch.storage.account import AccountReadError, AwsAccount
 from nightbatch.storage.sagemaker_reads import TrainingJobView, account_training_jobs, account_training_quotas
@@ -66,8 +68,10 @@ def failure(job: TrainingJobView, region: str, codes: dict[str, str] | None = No
 
 
 class SageMakerWatcher:
-    def __init__(self, account: AwsAccount, outputs: dict[str, str]) -> None:
+    def __init__(self, account: AwsAccount, outputs: dict[str, str], stack: str | None = None) -> None:
         self.account = account
+        self.outputs = outputs
+        self.stack = stack  # a deployed stack (--stack): its task's unlisted fields are proven too
         self.instance_types = [t.strip() for t in outputs.get(OUTPUT, "").split(",") if t.strip()]
         self.jobs: dict[str, list[TrainingJobView]] = {}
         self.blocked: list[tuple[str, str]] = []  # training quotas of 0 for every type
@@ -80,6 +84,11 @@ class SageMakerWatcher:
     def preflight(self, report: Report) -> None:
         if not self.instance_types:
             return
+        self._quotas(report)
+        if self.stack:
+            prove(report, self.account, self.outputs, self.stack)
+
+    def _quotas(self, report: Report) -> None:
         try:
             quotas = account_training_quotas(self.account, self.instance_types)
         except AccountReadError as e:

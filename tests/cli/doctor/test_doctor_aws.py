@@ -23,6 +23,7 @@ from nightbatch.cli.doctor.aws import StackWatcher
 from nightbatch.cli.doctor.report import Probe, Report
 from nightbatch.cli.main import main
 from nightbatch.storage.account import AwsAccount
+from tests.cli.doctor.conftest import fake_credentials
 
 REGION = "us-east-1"
 STACK = "nightbatch-doctor-test"
@@ -35,9 +36,11 @@ class World:
     secret_arn: str
     stubs: dict[str, Any]
 
-    def account(self, *, gpu_vcpus: float = 16, ses_production: bool = True) -> AwsAccount:
+    def account(self, *, gpu_vcpus: float = 16, ses_production: bool = True, lambda_quota: int = 1000,
+                unreserved: int = 879) -> AwsAccount:
         quotas = boto3.client("service-quotas", region_name=REGION)
         ses = boto3.client("sesv2", region_name=REGION)
+        lambdas = lambda_settings(lambda_quota, unreserved)
         q, s = Stubber(quotas), Stubber(ses)
         q.add_response("get_service_quota", {"Quota": {"ServiceCode": "ec2", "QuotaCode": SPOT_QUOTA,
                                                        "QuotaName": "All G and VT Spot Instance Requests",
@@ -46,12 +49,23 @@ class World:
         s.add_response("get_account", {"ProductionAccessEnabled": ses_production, "SendingEnabled": True})
         q.activate()
         s.activate()
-        stubbed = {"service-quotas": quotas, "sesv2": ses}
+        stubbed = {"service-quotas": quotas, "sesv2": ses, "lambda": lambdas}
         return AwsAccount(lambda name: stubbed.get(name) or boto3.client(name, region_name=REGION), REGION)
 
     def watcher(self, **kw: Any) -> StackWatcher:
         account = self.account(**kw)
         return StackWatcher(account, STACK, account.stack_outputs(STACK))
+
+
+def lambda_settings(quota: int, unreserved: int) -> Any:
+    """A Lambda client answering GetAccountSettings once (moto has no such call)."""
+    client = boto3.client("lambda", region_name=REGION)
+    stub = Stubber(client)
+    stub.add_response("get_account_settings", {"AccountLimit": {
+        "ConcurrentExecutions": quota, "UnreservedConcurrentExecutions": unreserved, "TotalCodeSize": 80530636800,
+        "CodeSizeUnzipped": 262144000, "CodeSizeZipped": 52428800}, "AccountUsage": {"FunctionCount": 9}})
+    stub.activate()
+    return client
 
 
 def _template(role: str, profile: str, subnet: str, sg: str, secret_arn: str) -> dict[str, Any]:
@@ -73,16 +87,14 @@ def _template(role: str, profile: str, subnet: str, sg: str, secret_arn: str) ->
             "ApiKeysSecret": {"Value": secret_arn},
             "SpotQueueArn": {"Value": {"Ref": "Queue"}},
             "StateMachineArn": {"Value": f"arn:aws:states:{REGION}:123456789012:stateMachine:{STACK}"},
+            "ReservedConcurrency": {"Value": "121"},
         },
     }
 
 
 @pytest.fixture
 def world(monkeypatch: pytest.MonkeyPatch) -> Iterator[World]:
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)  # the session's moto server, if a test started it
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": REGION}.items():
-        monkeypatch.setenv(k, v)
+    fake_credentials(monkeypatch)
     with mock_aws(config={"batch": {"use_docker": False}, "stepfunctions": {"execute_state_machine": True}}):
         ec2, iam = boto3.client("ec2", region_name=REGION), boto3.client("iam", region_name=REGION)
         vpc = ec2.create_vpc(CidrBlock="10.0.0.0/16")["Vpc"]["VpcId"]
@@ -150,6 +162,8 @@ def test_a_healthy_account_passes_every_prerequisite(world: World) -> None:
     assert "All G and VT Spot Instance Requests (L-3819A6DF): 16 vCPUs" in found["GPU quota"][0].detail
     assert found["HF token"][0].detail == f"HF_TOKEN from {world.secret_arn}"
     assert "production access" in found["SES"][0].detail
+    assert found["Lambda"][0].detail == ("Concurrent executions (L-B99A9384) is 1000: the stack reserves 121, 879 "
+                                         "left unreserved")
 
 
 def preflight_check(watcher: StackWatcher, name: str) -> Any:

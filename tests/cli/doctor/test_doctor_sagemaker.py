@@ -10,13 +10,11 @@ found by name, applied values over defaults), not of AWS.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import boto3
 import pytest
 from botocore.stub import Stubber
-from moto import mock_aws
 
 from nightbatch.cli.doctor.aws import StackWatcher
 from nightbatch.cli.doctor.report import Probe, Report
@@ -44,16 +42,6 @@ DEFAULTS = [
     _quota("ml.g5.xlarge for training job usage", "L-G5XL00001", 0),  # never applied: the default answers
     _quota("ml.g6e.xlarge for training job usage", "L-G6EXL0001", 0),  # applied above: that value wins
 ]
-
-
-@pytest.fixture
-def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    for k, v in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                 "AWS_DEFAULT_REGION": REGION}.items():
-        monkeypatch.setenv(k, v)
-    with mock_aws():
-        yield
 
 
 def account(applied: list[dict[str, Any]] = APPLIED, defaults: list[dict[str, Any]] = DEFAULTS) -> AwsAccount:
