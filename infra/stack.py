@@ -31,6 +31,7 @@ from infra.uploads import UploadComposer
 from nightbatch import lambda_quota
 from nightbatch.batches import state_changes
 from nightbatch.pipeline.training_jobs import SAGEMAKER_FIELDS_OUTPUT
+from nightbatch.tenancy import scope
 
 
 def _retention(days: int) -> logs.RetentionDays:
@@ -340,6 +341,10 @@ class NightbatchStack(cdk.Stack):
         cdk.CfnOutput(self, lambda_quota.STACK_OUTPUT, value=str(self.reserved_concurrency),
                       description="Lambda concurrency this stack reserves (its account keeps 100 more unreserved)")
         cdk.CfnOutput(self, "DashboardName", value=self.observability.dashboard.dashboard_name)
+        users = self.config.user_buckets
+        if users.read or users.write:  # the doctor names the entries every tenant shares
+            cdk.CfnOutput(self, scope.STACK_OUTPUT, value=json.dumps({"read": users.read, "write": users.write}),
+                          description="cdk.json userBuckets: where batches may read and write in users' buckets")
 
     def grant_model_weights(self, source: str) -> None:
         bucket_name, _, prefix = source.removeprefix("s3://").partition("/")

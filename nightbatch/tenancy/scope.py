@@ -41,6 +41,9 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 # object on a shard's behalf only when it names the shard's tenant.
 TENANT_TAG_KEY = "nightbatch-tenant"
 NOT_ALLOWED = "bucket_not_allowed"
+# The stack output listing the allow-lists (JSON {"read": [...], "write": [...]}): `nightbatch doctor` names the
+# entries every tenant shares from it (nightbatch/cli/doctor/sharing.py).
+STACK_OUTPUT = "UserBuckets"
 
 
 class ScopeError(InvalidRequestError):

@@ -61,6 +61,9 @@ def test_the_settings_carry_the_same_lists(user_synth: Synth) -> None:
         env = fn["Properties"]["Environment"]["Variables"]
         assert env["NIGHTBATCH_USER_INPUT_BUCKETS"] == "users-data,users-archive"
         assert env["NIGHTBATCH_USER_OUTPUT_PREFIXES"] == "s3://users-results/nightly/"
+    # What `nightbatch doctor` names the shared entries from (nightbatch/cli/doctor/sharing.py).
+    assert json.loads(user_synth.template["Outputs"]["UserBuckets"]["Value"]) == {
+        "read": ["users-data", "users-archive"], "write": ["s3://users-results/nightly/"]}
 
 
 def test_no_user_bucket_without_the_key(template: dict[str, Any]) -> None:

@@ -18,6 +18,7 @@ from nightbatch.cli.doctor.remedies import (
     spot_role_missing,
 )
 from nightbatch.cli.doctor.report import JOB_PHASES, Check, Phase, Probe, Report
+from nightbatch.cli.doctor.sharing import user_buckets
 from nightbatch.storage.account import AccountReadError, AwsAccount, ComputeEnvironmentView, JobView
 from nightbatch.wire import TERMINAL_STATUSES
 
@@ -74,6 +75,7 @@ class StackWatcher:
             self._compute(report)
         self._hf_token(report)
         self._ses(report)
+        user_buckets(report, self.outputs)
 
     def _compute(self, report: Report) -> None:
         try:

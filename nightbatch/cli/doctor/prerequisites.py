@@ -15,6 +15,7 @@ from typing import Any
 from nightbatch import lambda_quota
 from nightbatch.cli.doctor.remedies import QUOTAS, gpu_vcpus, lambda_quota_remedy, quota_remedy, spot_role_missing
 from nightbatch.cli.doctor.report import Check, Report
+from nightbatch.cli.doctor.sharing import user_buckets
 from nightbatch.storage.account import (
     SPOT_SERVICE_LINKED_ROLE,
     AccountReadError,
@@ -139,3 +140,4 @@ def check_template(report: Report, account: AwsAccount, path: Path) -> None:
     if any(ce.spot for ce in environments):
         spot_role(report, account)
     SageMakerWatcher(account, outputs).preflight(report)
+    user_buckets(report, outputs)

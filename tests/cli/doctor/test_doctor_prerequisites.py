@@ -105,3 +105,17 @@ def test_the_command_checks_a_template_without_a_key_or_a_probe(
     out = capsys.readouterr().out
     assert f"nightbatch doctor: before the first deploy (stack {path})" in out
     assert "✗ Lambda" in out and "L-B99A9384" in out and "1 problem(s) found" in out
+
+
+@pytest.mark.parametrize(("lists", "status", "named"), [
+    ({"read": ["users-data", "s3://lake/teams/{tenant}/"], "write": ["s3://out/all/"]}, "warn",
+     "read users-data, write s3://out/all/"),
+    ({"read": ["s3://lake/teams/{tenant}/"], "write": ["s3://out/{tenant}/"]}, "ok", "2 entries"),
+])
+def test_the_doctor_names_the_user_bucket_entries_every_tenant_shares(
+        aws: None, tmp_path: Path, lists: dict[str, list[str]], status: str, named: str) -> None:
+    """An allow-list entry without {tenant} lets every tenant read (or write) under it: the doctor says so."""
+    template = {**TEMPLATE, "Outputs": {**TEMPLATE["Outputs"], "UserBuckets": {"Value": json.dumps(lists)}}}
+    found = checked(tmp_path, account(lambda_quota=1000, unreserved=100), template)
+    (check,) = found["user buckets"]
+    assert check.status == status and named in check.detail
