@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_worker.engines.base import EngineFailedError, EngineReply
+from nightbatch.files.inputs import InputUnavailable
 from nightbatch.results import lines as results
 
 
@@ -38,6 +39,12 @@ def unencodable_reply(exc: BaseException) -> EngineReply:
     return EngineReply(status_code=500, body={"error": {
         "message": f"The engine's reply to this request cannot be written as JSON ({type(exc).__name__}).",
         "type": "server_error", "param": None, "code": "internal_error"}})
+
+
+def input_failure_line(batch_id: str, custom_id: str, failure: InputUnavailable, number: int) -> ResultLine:
+    """The error line of a request whose input line can no longer be read as Validate accepted it."""
+    return ResultLine(custom_id, results.error_line(batch_id, custom_id, failure.code, failure.line_message(number)),
+                      False, 0, 0, number)
 
 
 def result_line(batch_id: str, custom_id: str, request_id: str, reply: EngineReply, *,

@@ -18,7 +18,7 @@ from gpu_worker import host
 from gpu_worker.checkpoints import Checkpointer, CheckpointPolicy
 from gpu_worker.engines.base import Engine
 from gpu_worker.images import ImageError, LineImages
-from gpu_worker.results import ResultLine, exception_reply, is_fatal, result_line
+from gpu_worker.results import ResultLine, exception_reply, input_failure_line, is_fatal, result_line
 from gpu_worker.scheduling import OrderPolicy, in_flight_limit, ordered
 from gpu_worker.shard import PendingLines, PendingRequest, Progress, load_shard, read_progress
 from gpu_worker.watch import read_stop_reason, watch_batch
@@ -298,6 +298,10 @@ class _ShardRun:
         task.add_done_callback(self._on_request_done)
 
     async def _run_one(self, request: PendingRequest) -> None:
+        if request.failure is not None:
+            # Its input changed (or went) since Validate accepted it: that is its result, no engine involved.
+            self._done(input_failure_line(self.job.batch_id, request.custom_id, request.failure, request.n))
+            return
         request_id = new_request_id()
         endpoint = self.spec.endpoint
         body = with_default_max_tokens(endpoint, request.body, self.settings.serving.default_max_tokens)
@@ -321,7 +325,9 @@ class _ShardRun:
             # body, which is not this request's result. It stays unrun: rerun on resume, or reported by
             # Finalize as `batch_cancelled` / `batch_expired`.
             raise asyncio.CancelledError
-        line = result_line(self.job.batch_id, request.custom_id, request_id, reply, number=request.n)
+        self._done(result_line(self.job.batch_id, request.custom_id, request_id, reply, number=request.n))
+
+    def _done(self, line: ResultLine) -> None:
         self.checkpointer.add(line)
         now = time.monotonic()
         self.counters.result(line, now)

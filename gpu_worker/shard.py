@@ -10,6 +10,7 @@ from typing import Any
 
 from gpu_worker.results import usage_tokens
 from nightbatch import layout
+from nightbatch.files.inputs import InputUnavailable
 from nightbatch.ids import custom_id_digest
 from nightbatch.layout import CHECKPOINT_RE, ShardSpec
 from nightbatch.pipeline.shard_lines import shard_requests
@@ -25,6 +26,7 @@ class PendingRequest:
     n: int
     custom_id: str
     body: dict[str, Any]
+    failure: InputUnavailable | None = None  # its input changed since Validate: ended with this, never sent
 
 
 @dataclass
@@ -62,7 +64,7 @@ class PendingLines:
             if self.skip and custom_id_digest(req.custom_id) in self.skip:
                 self.skipped += 1
                 continue
-            yield PendingRequest(n=req.number, custom_id=req.custom_id, body=req.body)
+            yield PendingRequest(n=req.number, custom_id=req.custom_id, body=req.body, failure=req.failure)
 
 
 def read_progress(blobs: BlobStore, prefix: str) -> Progress:

@@ -87,7 +87,9 @@ class UserBuckets(BaseModel):
 
         read = [parse_entry(e) for e in self.read]
         if read:
-            add(READERS, ["s3:GetObject"], self.read_arns)
+            # GetObjectVersion: an input in a versioned bucket is read at the version its batch accepted
+            # (nightbatch/files/inputs.py).
+            add(READERS, ["s3:GetObject", "s3:GetObjectVersion"], self.read_arns)
             whole = sorted({e.bucket for e in read if not e.prefix})
             if whole:
                 add(LISTERS, ["s3:ListBucket"], [f"arn:aws:s3:::{b}" for b in whole])

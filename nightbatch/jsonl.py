@@ -47,7 +47,12 @@ def split_lines(chunks: Iterable[bytes], *, max_bytes: int) -> Iterator[RawLine]
 
     Each chunk is split in C (`bytes.split`); only the line that straddles two chunks is carried, and never
     more than `max_bytes` of it (a longer line is counted, not kept)."""
-    for item in split_blocks(chunks, max_bytes=max_bytes):
+    return lines_of(split_blocks(chunks, max_bytes=max_bytes), max_bytes)
+
+
+def lines_of(items: Iterable[RawLine | LineBlock], max_bytes: int) -> Iterator[RawLine]:
+    """split_blocks' items, line by line."""
+    for item in items:
         if isinstance(item, LineBlock):
             yield from block_lines(item, max_bytes)
         else:

@@ -197,18 +197,24 @@ class InputPart(BaseModel):
     key: str
     bytes: int
     bucket: str = ""  # "": the deployment's bucket; else a user's allow-listed bucket (files/user_buckets.py)
+    # The version accepted (nightbatch/files/inputs.py): every read sends `etag` as If-Match and, in a versioned
+    # bucket, reads `version_id`. Empty: a previous release's record, read as it is now.
+    etag: str = ""
+    version_id: str = ""
 
 
 class InputSource(BaseModel):
-    """The input a batch's line indexes point into: `key` (files/<file_id>), `bytes` long. An Upload not yet
-    composed when Validate ran is read through `parts`, in order, until `key` holds all `bytes` (composition
-    writes the same bytes at `key` before the parts go: nightbatch/files/assembly.py). `in_place`: the parts
-    are objects of a user's bucket, read where they are for good (`key` is then empty)."""
+    """The input a batch's line indexes point into: `key` (files/<file_id>), `bytes` long, of ETag `etag`. An
+    Upload not yet composed when Validate ran is read through `parts`, in order, until `key` holds all `bytes`
+    (composition writes the same bytes at `key` before the parts go: nightbatch/files/assembly.py). `in_place`:
+    the parts are objects of a user's bucket, read where they are for good (`key` is then empty), each a JSONL
+    document of its own (a BOM at its start is dropped, its end ends a line)."""
 
     key: str
     bytes: int
     parts: list[InputPart] = []
     in_place: bool = False
+    etag: str = ""  # of `key` (empty: not known when Validate ran, an Upload then in parts)
 
 
 class SegmentIndex(BaseModel):
@@ -224,11 +230,22 @@ class LineIndex(BaseModel):
     """A segment's lines as references into the input (version 2): `runs` of [first line number, start, end)
     byte ranges of the input, each a stretch of consecutive input lines of this segment (blank lines inside
     a run are skipped by the reader, as Validate skipped them), and `est`, the estimated tokens of each
-    non-blank line in run order. The reader: nightbatch/pipeline/shard_lines.py."""
+    non-blank line in run order. The reader: nightbatch/pipeline/shard_lines.py.
+
+    `ids` (each line's custom_id, in run order) and `counts` (each run's lines) are what Validate accepted, so
+    a line is named, and ended, without its input: by Finalize when it got no result, by the worker when its
+    input changed since (nightbatch/files/inputs.py). A run that has them holds no blank line and lies in one
+    object of an in-place input, so its lines are numbered `first` to `first + count - 1`. A previous release's
+    index has neither."""
 
     version: Literal[2] = 2
     runs: list[tuple[int, int, int]]
     est: list[int]
+    ids: list[str] = []
+    counts: list[int] = []
+
+    def named(self) -> bool:
+        return len(self.ids) == len(self.est) and len(self.counts) == len(self.runs)
 
 
 class ShardSpec(BaseModel):

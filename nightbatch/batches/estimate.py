@@ -16,7 +16,6 @@ from pydantic import BaseModel
 from nightbatch.batches.cost import PRICES
 from nightbatch.batches.request import window_hours
 from nightbatch.errors import InvalidRequestError
-from nightbatch.jsonl import split_lines
 from nightbatch.models.spec import SCORE_ENDPOINTS
 from nightbatch.pipeline.sizing import _wall, plan_shards
 from nightbatch.services import Services
@@ -60,7 +59,7 @@ def estimate(services: Services, tenant: str, req: EstimateRequest) -> dict[str,
     validator = Validator(settings=settings, endpoint=req.endpoint, file_images=services.files.images(tenant))
     errors: list[dict[str, Any]] = []
     requests = input_tokens = output_tokens = 0
-    for raw in split_lines(services.files.chunks(item, read_ahead=True), max_bytes=settings.validation.max_line_bytes):
+    for raw in services.files.lines(item, max_bytes=settings.validation.max_line_bytes, read_ahead=True):
         if raw.data is not None and not raw.data.strip():
             continue
         try:

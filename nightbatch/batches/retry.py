@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict
 from nightbatch.batches.admission import create_admitted
 from nightbatch.batches.request import CreateBatchRequest, ExpiresAfter
 from nightbatch.errors import ConflictError, InvalidRequestError, NotFoundError, StorageConflictError
+from nightbatch.files.inputs import InputUnavailable
 from nightbatch.ids import custom_id_digest, new_file_id
 from nightbatch.jsonl import UndecodableLine, loads, split_lines
 from nightbatch.layout import file_key
@@ -148,16 +149,23 @@ def _write_input(services: Services, tenant: str, old: BatchRecord, source: File
     writer = blobs.writer(key, tags=tenant_tags(tenant))  # a shard's input: its tenant's from the start
     lines = 0
     try:
-        for data in _lines(services, source):
+        # Read as Validate read it: the version accepted, each object of an in-place input a file of its own.
+        for raw in services.files.lines(source, max_bytes=MAX_RESULT_LINE, read_ahead=True):
+            if not raw.data:
+                continue
             try:
-                d = custom_id_digest(loads(data)["custom_id"])
+                d = custom_id_digest(loads(raw.data)["custom_id"])
             except (UndecodableLine, KeyError, TypeError):
                 continue  # not a request line: Validate refused it the first time
             if d in wanted:
                 wanted.discard(d)  # a custom_id once (the first line of it, as Validate kept it)
-                writer.write(data + b"\n")
+                writer.write(raw.data + b"\n")
                 lines += 1
         size = writer.close()
+    except InputUnavailable as e:
+        writer.abort()
+        raise ConflictError(f"Batch {old.pk} cannot be retried: {e.message} Its lines can no longer be read as "
+                            "the batch accepted them; upload them again and create a batch.", code=e.code) from None
     except BaseException:
         writer.abort()
         raise
@@ -171,7 +179,7 @@ def _write_input(services: Services, tenant: str, old: BatchRecord, source: File
         blobs.delete(key)
         raise
     services.files.register(tenant, file_id=file_id, key=key, size=size, filename=f"{old.pk}_retry.jsonl",
-                            purpose="batch", extra={QUOTA_ATTR: size})
+                            purpose="batch", extra={QUOTA_ATTR: size, "etag": services.files.etag(file_id)})
     return file_id, lines
 
 

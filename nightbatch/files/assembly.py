@@ -66,9 +66,13 @@ class AssemblyService:
         # validated on the parts tagged them as its input (pipeline/validate.py): the composed object the worker
         # switches to must carry that tag too.
         tags = {**tenant_tags(item.tenant), **self._input_tags(keys[0])}
-        self.parts.compose(item.s3_key, [(k, sizes[k]) for k in keys], tags=tags)
+        # The parts read at the ETags the Upload's completion accepted (nightbatch/files/inputs.py): a part
+        # changed since fails the composition, and the file keeps reading (and failing) through its parts.
+        etag = self.parts.compose(item.s3_key, [(k, sizes[k]) for k in keys], tags=tags,
+                                  etags=dict(zip(keys, item.part_etags or [], strict=False)))
         try:
-            self.table.update_attributes(FileRecord, file_id, set_={"composed_at": now()}, remove=("parts",))
+            self.table.update_attributes(FileRecord, file_id, set_={"composed_at": now(), "etag": etag},
+                                         remove=("parts", "part_etags"))
         except StorageConflictError:
             # Deleted while composing: nothing may outlive the item.
             self.parts.blobs.delete(item.s3_key)

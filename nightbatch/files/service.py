@@ -8,8 +8,17 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
 
 from nightbatch.clock import now
-from nightbatch.errors import InvalidRequestError, NotFoundError, PayloadTooLargeError, check_range, check_supported
+from nightbatch.errors import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    PayloadTooLargeError,
+    check_range,
+    check_supported,
+)
+from nightbatch.files.inputs import InputReader, InputUnavailable, input_source
 from nightbatch.ids import new_file_id
+from nightbatch.jsonl import RawLine
 from nightbatch.layout import INPUT_TAGS, file_key
 from nightbatch.listing import after_sort_key
 from nightbatch.settings import Settings
@@ -118,7 +127,7 @@ class FileService:
             put(file_key(file_id))
             return self.register(
                 tenant, file_id=file_id, key=file_key(file_id), size=size, filename=filename, purpose=purpose,
-                expires_after_seconds=expires_after_seconds, extra={QUOTA_ATTR: size},
+                expires_after_seconds=expires_after_seconds, extra={QUOTA_ATTR: size, "etag": self.etag(file_id)},
             )
         except BaseException:
             self.blobs.delete(file_key(file_id))  # no object without its item
@@ -139,6 +148,12 @@ class FileService:
         )
         self.table.put_record(rec)
         return to_wire(rec)
+
+    def etag(self, file_id: str) -> str | None:
+        """The ETag of the file's object as just written: the version a batch of it accepts
+        (nightbatch/files/inputs.py)."""
+        head = self.blobs.head(file_key(file_id))
+        return None if head is None else str(head["ETag"])
 
     def item(self, tenant: str, file_id: str) -> FileRecord:
         rec = self.table.get_owned(FileRecord, tenant, file_id)
@@ -232,13 +247,24 @@ class FileService:
         else:
             self.blobs.delete(key)
 
+    def reader(self, rec: FileRecord) -> InputReader:
+        """The file's bytes at the version accepted (nightbatch/files/inputs.py): an upload not yet composed
+        through its ordered parts, a user's objects where they are."""
+        return InputReader(self.blobs, input_source(self.blobs, rec))
+
     def chunks(self, rec: FileRecord, *, read_ahead: bool = False) -> Iterator[bytes]:
-        """The file's bytes, streamed (composed uploads read through their ordered parts)."""
-        if rec.source_objects:  # a user's objects, each up to the size it had when the file was made
-            store = self.blobs.in_bucket(rec.source_bucket or "")
-            for obj in rec.source_objects:
-                yield from store.iter_chunks(str(obj["key"]), start=0, end=int(obj["bytes"]))
-            return
-        read = self.blobs.iter_chunks_ahead if read_ahead else self.blobs.iter_chunks
-        for key in rec.parts or [rec.s3_key]:
-            yield from read(key)
+        """The file's bytes, streamed; InputUnavailable when they are no longer those accepted."""
+        yield from self.reader(rec).stream(0, rec.bytes, read_ahead=read_ahead)
+
+    def lines(self, rec: FileRecord, *, max_bytes: int, read_ahead: bool = False) -> Iterator[RawLine]:
+        """A batch input's lines, as Validate numbers them (each object of an in-place input a JSONL file)."""
+        yield from self.reader(rec).lines(max_bytes=max_bytes, read_ahead=read_ahead)
+
+    def check_readable(self, rec: FileRecord) -> None:
+        """A 409 naming the object (`input_changed` / `input_unreadable`) when the file's bytes are no longer the
+        version accepted, asked before a download starts rather than found mid-stream."""
+        try:
+            self.reader(rec).check()
+        except InputUnavailable as e:
+            raise ConflictError(f"File {rec.pk} cannot be downloaded: {e.message} Its bytes are not the ones "
+                                "accepted any more.", param="file_id", code=e.code) from None

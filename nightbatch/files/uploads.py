@@ -230,7 +230,7 @@ class UploadService:
         if item.status == "completed" and item.part_ids == req.part_ids:
             return self._completed_again(item)
         self.require_pending(item, "it cannot be completed")
-        keys, total = self._listed_parts(upload_id, req.part_ids)
+        keys, etags, total = self._listed_parts(upload_id, req.part_ids)
         if total != item.bytes:
             raise InvalidRequestError(
                 f"The parts listed in 'part_ids' add up to {total} bytes, but the Upload was created with "
@@ -243,9 +243,9 @@ class UploadService:
             extra.update(status="uploaded", md5_expected=normalize_md5(req.md5))
         file_id = new_file_id()
         if keys:
-            extra["parts"] = keys
+            extra.update(parts=keys, part_etags=etags)  # the version accepted (nightbatch/files/inputs.py)
         else:
-            self.parts.blobs.put_bytes(file_key(file_id), b"", tags=tenant_tags(tenant))
+            extra["etag"] = self.parts.blobs.put_bytes(file_key(file_id), b"", tags=tenant_tags(tenant))
         file = self.files.register(
             tenant, file_id=file_id, key=file_key(file_id), size=total, filename=item.filename,
             purpose=item.purpose, expires_after_seconds=item.file_expires_after_seconds,
@@ -279,7 +279,7 @@ class UploadService:
             self.jobs.compose(file_rec.pk, item.pk)
         return self.to_wire(item)
 
-    def _listed_parts(self, upload_id: str, part_ids: list[str]) -> tuple[list[str], int]:
+    def _listed_parts(self, upload_id: str, part_ids: list[str]) -> tuple[list[str], list[str], int]:
         if len(part_ids) > self.settings.uploads.max_parts:
             raise InvalidRequestError(
                 f"Invalid 'part_ids': {len(part_ids)} parts; an Upload holds at most "
@@ -290,17 +290,19 @@ class UploadService:
             dup = next(p for p in part_ids if part_ids.count(p) > 1)
             raise InvalidRequestError(f"Invalid 'part_ids': part '{dup}' is listed more than once.",
                                       param="part_ids", code="invalid_value")
-        sizes = self.parts.sizes(parts_prefix(upload_id))
+        listed = self.parts.listing(parts_prefix(upload_id))
         keys: list[str] = []
+        etags: list[str] = []
         total = 0
         for pid in part_ids:
             key = part_key(upload_id, pid) if PART_ID_RE.fullmatch(pid) else ""
-            if key not in sizes:
+            if key not in listed:
                 raise InvalidRequestError(f"Invalid 'part_ids': Upload {upload_id} has no part '{pid[:64]}'.",
                                           param="part_ids", code="invalid_value")
             keys.append(key)
-            total += sizes[key]
-        return keys, total
+            etags.append(listed[key][1])
+            total += listed[key][0]
+        return keys, etags, total
 
     def _check_md5(self, upload_id: str, part_ids: list[str], md5: str) -> bool:
         """True when checked now from the running digest (400 on mismatch); False when the compose step must."""

@@ -19,6 +19,7 @@ from nightbatch.settings import Settings
 from nightbatch.storage import BlobStore
 from nightbatch.storage.botoerrors import client_error
 from nightbatch.storage.records import FileRecord
+from nightbatch.storage.s3 import Version
 from nightbatch.tenancy.scope import S3Uri, Scope
 
 if TYPE_CHECKING:
@@ -44,17 +45,19 @@ def output_location(scope: Scope, uri: str, batch_id: str) -> str:
     return f"{scope.writable(uri, OUTPUT_PARAM)}{batch_id}/"
 
 
-def input_objects(blobs: BlobStore, settings: Settings, uri: S3Uri) -> list[tuple[str, int]]:
+def input_objects(blobs: BlobStore, settings: Settings, uri: S3Uri) -> list[dict[str, Any]]:
     """The input's objects in key order: the object `uri`, or every non-empty object under a prefix (a key that is
-    empty or ends in "/"). A prefix is listed only up to one object past `max_user_input_objects` (empty ones and
-    folder markers count too), so a huge prefix costs a page or two of listing, not the whole of it."""
+    empty or ends in "/"), each {"key", "bytes", "etag"} (the version accepted, nightbatch/files/inputs.py) and
+    "version_id" where a HEAD gives one (a listing gives none: Validate's first read records it). A prefix is
+    listed only up to one object past `max_user_input_objects` (empty ones and folder markers count too), so a
+    huge prefix costs a page or two of listing, not the whole of it."""
     store = blobs.in_bucket(uri.bucket)
     limit = settings.files.max_user_input_objects
-    found: list[tuple[str, int]] = []
+    found: list[dict[str, Any]] = []
     try:
         if not uri.is_prefix:
-            size = store.size(uri.key)
-            found = [(uri.key, size)] if size else []
+            head = store.head(uri.key)
+            found = [pinned(uri.key, head)] if head and head["ContentLength"] else []
         else:
             for listed, obj in enumerate(store.list_objects(uri.key, page=min(1000, limit + 1)), start=1):
                 if listed > limit:
@@ -63,7 +66,7 @@ def input_objects(blobs: BlobStore, settings: Settings, uri: S3Uri) -> list[tupl
                         "allowed per batch.", param=INPUT_PARAM, code="invalid_value")
                 key, size = str(obj["Key"]), int(obj["Size"])
                 if size > 0 and not key.endswith("/"):
-                    found.append((key, size))
+                    found.append({"key": key, "bytes": size, "etag": str(obj.get("ETag", ""))})
     except client_error() as e:
         raise InvalidRequestError(f"Invalid '{INPUT_PARAM}': '{uri}' cannot be read by this deployment "
                                   f"({e.response.get('Error', {}).get('Code', 'error')}).",
@@ -74,20 +77,28 @@ def input_objects(blobs: BlobStore, settings: Settings, uri: S3Uri) -> list[tupl
     return found
 
 
+def pinned(key: str, head: dict[str, Any]) -> dict[str, Any]:
+    """An object as its HEAD describes it: its key, size and the version accepted."""
+    version = Version()
+    version.learn(head)
+    out = {"key": key, "bytes": int(head["ContentLength"]), "etag": version.etag}
+    return {**out, "version_id": version.version_id} if version.version_id else out
+
+
 def register_input(files: FileService, scope: Scope, uri: str) -> FileObject:
     """A `batch` file over the URI's objects, read in place: OpenAI's file object (filename: the URI, bytes: their
     total), no bytes stored and none counted against the tenant's storage."""
     where = scope.readable(uri, INPUT_PARAM)
     objects = input_objects(files.blobs, files.settings, where)
     return files.register(
-        scope.tenant, file_id=new_file_id(), key="", size=sum(n for _, n in objects), filename=str(where)[:255],
-        purpose="batch", extra={"source_bucket": where.bucket,
-                                "source_objects": [{"key": k, "bytes": n} for k, n in objects]})
+        scope.tenant, file_id=new_file_id(), key="", size=sum(int(o["bytes"]) for o in objects),
+        filename=str(where)[:255], purpose="batch", extra={"source_bucket": where.bucket, "source_objects": objects})
 
 
 def source_parts(rec: FileRecord) -> list[layout.InputPart]:
-    """The objects of a file read in place, as the parts the shards read through."""
-    return [layout.InputPart(key=str(o["key"]), bytes=int(o["bytes"]), bucket=rec.source_bucket or "")
+    """The objects of a file read in place, as the parts the shards read through, at the versions accepted."""
+    return [layout.InputPart(key=str(o["key"]), bytes=int(o["bytes"]), bucket=rec.source_bucket or "",
+                             etag=str(o.get("etag") or ""), version_id=str(o.get("version_id") or ""))
             for o in rec.source_objects or []]
 
 

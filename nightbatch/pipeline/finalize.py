@@ -27,7 +27,7 @@ from nightbatch.phases import summarize as summarize_phases
 from nightbatch.pipeline.capacity import collect_decisions
 from nightbatch.pipeline.compose import PartComposer
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
-from nightbatch.pipeline.shard_lines import shard_requests
+from nightbatch.pipeline.shard_lines import shard_ids
 from nightbatch.results.input_order import InputOrder
 from nightbatch.results.lines import Tally, unrun_line
 from nightbatch.results.merge import merge_shard
@@ -138,9 +138,13 @@ def _finalize(inp: BatchTaskInput, services: Services) -> FinalizeOutput:
     decisions = collect_decisions(services, inp.batch_id, listed=keys)
     if decisions:  # where each shard's jobs ran, and why (nightbatch/pipeline/capacity.py)
         ext["capacity"] = decisions
+    ended = tally.completed + tally.failed
+    # Validate's total (est_tokens set: Validate counted), never recounted: every line it accepted ends once.
+    total = int(batch.request_counts.get("total", ended)) if batch.est_tokens is not None else ended
+    if total != ended:
+        log.error("%d lines ended of %d accepted", ended, total, extra={"batch_id": inp.batch_id})
     fields: dict[str, Any] = {
-        "request_counts": {"total": tally.completed + tally.failed, "completed": tally.completed,
-                           "failed": tally.failed},
+        "request_counts": {"total": total, "completed": tally.completed, "failed": tally.failed},
         "usage": usage, "output_file_id": out_id, "error_file_id": err_id, "ext": ext,
     }
     if tally.unrun:
@@ -209,8 +213,8 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str, listed
                 if order is not None:
                     order.end_shard(shard)
             if len(seen) < shard.lines and (spec := shard.spec) is not None:
-                for req in shard_requests(blobs, spec):
-                    custom_id = req.custom_id
+                # Named by the line indexes: no input is read, so a changed or deleted input cannot stop this.
+                for _, custom_id in shard_ids(blobs, spec):
                     if (d := custom_id_digest(custom_id)) not in seen:
                         seen.add(d)
                         err.write(unrun_line(batch_id, custom_id, unrun_code))

@@ -32,14 +32,18 @@ class _Open:
     model: str
     runs: list[tuple[int, int, int]] = field(default_factory=list)
     est: list[int] = field(default_factory=list)
-    first: int = 0  # the open run: its first line number, start, end
+    ids: list[str] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)  # lines of each closed run
+    first: int = 0  # the open run: its first line number, start, end, the number of the line that continues it
     start: int = -1
     end: int = 0
+    next: int = 0
     spanned: int = 0  # input bytes of the closed runs
 
     def close_run(self) -> None:
         if self.start >= 0:
             self.runs.append((self.first, self.start, self.end))
+            self.counts.append(self.next - self.first)
             self.spanned += self.end - self.start
             self.start = -1
 
@@ -63,19 +67,25 @@ class IndexWriter:
     pack: bytearray = field(default_factory=bytearray)  # the pack being filled
     packs: int = 0  # packs sent
 
-    def add(self, number: int, offset: int, size: int, est: int, group: int = 0, model: str = "") -> None:
+    def add(self, number: int, offset: int, size: int, est: int, group: int = 0, model: str = "",
+            custom_id: str = "") -> None:
         seg = self._seg
         if seg is None or seg.group != group or seg.model != model:
             seg = self._switch(group, model)
+        if seg.start >= 0 and number != seg.next:
+            seg.close_run()  # a blank line between: a run holds none, so its lines' numbers follow from `first`
         if seg.start < 0:
             seg.first, seg.start = number, offset
         end = seg.end = offset + size
+        seg.next = number + 1
         ests = seg.est
         ests.append(est)
+        seg.ids.append(custom_id)
         if len(ests) >= self.max_lines or seg.spanned + end - seg.start >= self.max_bytes:
             self.flush((group, model))
 
-    def add_block(self, number: int, offset: int, sizes: list[int], est: list[int], model: str) -> None:
+    def add_block(self, number: int, offset: int, sizes: list[int], est: list[int], model: str,
+                  ids: list[str]) -> None:
         """`add` of consecutive lines of group 0 (a block of nightbatch.jsonl: the first numbered `number`
         starting at `offset`, each followed by a newline), a segment at a time rather than a line at a time:
         the same segments and runs."""
@@ -86,6 +96,8 @@ class IndexWriter:
             seg = self._seg
             if seg is None or seg.group != 0 or seg.model != model:
                 seg = self._switch(0, model)
+            if seg.start >= 0 and number + i != seg.next:
+                seg.close_run()
             if seg.start < 0:
                 seg.first, seg.start = number + i, starts[i]
             # The first line j after which `add` would flush (or the block's last): the segment then holds
@@ -93,10 +105,18 @@ class IndexWriter:
             limit = seg.start + self.max_bytes - seg.spanned + 1
             j = min(i + self.max_lines - len(seg.est), bisect.bisect_left(starts, limit, i + 1), k) - 1
             seg.est.extend(est[i:j + 1])
+            seg.ids.extend(ids[i:j + 1])
             seg.end = starts[j + 1] - 1
+            seg.next = number + j + 1
             if len(seg.est) >= self.max_lines or seg.spanned + seg.end - seg.start >= self.max_bytes:
                 self.flush((0, model))
             i = j + 1
+
+    def break_runs(self) -> None:
+        """An object of an in-place input ends here: the next line starts a run of its own (a run lies in one
+        object, so a changed object is a known set of lines: nightbatch/pipeline/shard_lines.py)."""
+        for seg in self.open.values():
+            seg.close_run()
 
     def _switch(self, group: int, model: str) -> _Open:
         """The open segment of another (group, model) than the last line's: its run ended before the lines
@@ -116,7 +136,8 @@ class IndexWriter:
             return
         seg.close_run()
         start = len(self.pack)
-        self.pack += layout.line_index_line(layout.LineIndex(runs=seg.runs, est=seg.est))
+        self.pack += layout.line_index_line(layout.LineIndex(runs=seg.runs, est=seg.est, ids=seg.ids,
+                                                             counts=seg.counts))
         ref = layout.packed_ref(layout.line_index_pack_key(self.batch_id, self.packs), start, len(self.pack))
         self.index.append(layout.SegmentEntry(key=ref, lines=len(seg.est), est=sum(seg.est), group=slot[0],
                                               bytes=seg.spanned, model=slot[1]))

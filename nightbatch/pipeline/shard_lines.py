@@ -1,25 +1,28 @@
 """The lines of a shard: (input line number, estimated tokens, the request's bytes as uploaded), in order.
 
-One reader for the worker (gpu_worker/shard.py) and Finalize (its unrun lines). A version 2 shard points
-into the input object: its line indexes (layout.LineIndex) hold byte ranges, and neighbouring ranges are merged
-into one read (the bytes between them read and dropped), done as ranged GETs of at most BLOCK_BYTES each, each
-read whole: memory holds one block and one line, never the shard, and no GET stays open while the engine works
-through a block (the worker consumes its lines over hours). A version 1 shard (planned by the previous release)
-reads its segment copies.
+The one reader of a shard's lines, for the worker (gpu_worker/shard.py) and for a previous release's shard in
+Finalize. A version 2 shard points into the input object: its line indexes (layout.LineIndex) hold byte ranges,
+and neighbouring ranges are merged into one read (the bytes between them read and dropped), done as ranged GETs
+of at most BLOCK_BYTES each, each read whole: memory holds one block and one line, never the shard, and no GET
+stays open while the engine works through a block (the worker consumes its lines over hours). Every read is of
+the version Validate accepted (nightbatch/files/inputs.py); where that version can no longer be read, each line
+not read yet comes with the failure, named by the index (its number and custom_id), and the worker ends it with
+that error. Finalize names the lines that got no result from the index alone (`shard_ids`): it reads no input.
+A version 1 shard (planned by the previous release) reads its segment copies.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
 from nightbatch import layout
+from nightbatch.files.inputs import INPUT_CHANGED, InputReader, InputUnavailable
 from nightbatch.jsonl import UndecodableLine, loads, split_lines
-from nightbatch.layout import InputSource, ShardSpec
+from nightbatch.layout import ShardSpec
 from nightbatch.pipeline.segments import SegmentRequest, split_segment_line
 from nightbatch.storage import BlobStore
-from nightbatch.storage.parts import PartStore
 
 log = logging.getLogger("nightbatch.shard_lines")
 # Ranges closer than this are read together: a GET costs a round trip (~20-50 ms on S3), which is worth
@@ -33,6 +36,8 @@ class ShardLine(NamedTuple):
     number: int
     est: int
     raw: bytes  # the request's bytes as uploaded, surrounding whitespace (and a CR) stripped
+    custom_id: str = ""  # as Validate accepted it (the line index's; "": an index of a previous release)
+    failure: InputUnavailable | None = None  # its input can no longer be read: `raw` is empty
 
 
 class Run(NamedTuple):
@@ -40,36 +45,79 @@ class Run(NamedTuple):
     start: int
     end: int
     est: list[int]  # the segment's estimates (shared by its runs)
+    ids: list[str]  # the segment's custom_ids (shared by its runs; empty: a previous release's index)
+    at: int  # the run's first line in `est` and `ids` (-1: not known, the index has no counts)
+    size: int  # its lines (-1: not known)
 
 
 def shard_lines(blobs: BlobStore, spec: ShardSpec, *, chunk: int = BLOCK_BYTES) -> Iterator[ShardLine]:
     if spec.input is None:
         yield from _v1_lines(blobs, spec.segments)
         return
-    yield from _read_runs(InputReader(blobs, spec.input, chunk), _runs(blobs, spec.indexes))
+    yield from _read_runs(_Blocks(InputReader(blobs, spec.input), chunk), _runs(blobs, spec.indexes))
 
 
 def shard_requests(blobs: BlobStore, spec: ShardSpec) -> Iterator[SegmentRequest]:
-    """shard_lines, each request decoded (its custom_id and body)."""
+    """shard_lines, each request decoded (its custom_id and body). A line whose input changed since Validate
+    accepted it comes with its `failure` (its custom_id the index's): the worker ends it with that error."""
     for line in shard_lines(blobs, spec):
+        if line.failure is not None:
+            yield SegmentRequest(number=line.number, est=line.est, custom_id=line.custom_id, body={},
+                                 failure=line.failure)
+            continue
         try:
             req = loads(line.raw)
-        except UndecodableLine as e:
-            # Validate reads with the same decoder, so only a line a previous release accepted lands here.
+            custom_id = str(req["custom_id"])
+        except (UndecodableLine, KeyError, TypeError) as e:
+            # Validate reads with the same decoder, so only an input read unpinned (a previous release's index)
+            # lands here.
+            if line.custom_id:
+                yield _changed(spec, line, "no longer holds the request the batch accepted")
+                continue
             log.error("line %d of batch %s cannot be read (%s): it is passed over", line.number, spec.batch_id, e,
                       extra={"batch_id": spec.batch_id})
             continue
-        yield SegmentRequest(number=line.number, est=line.est, custom_id=str(req["custom_id"]), body=req["body"])
+        if line.custom_id and custom_id != line.custom_id:
+            yield _changed(spec, line, f"holds custom_id {custom_id[:64]!r} at this line, not the one accepted")
+            continue
+        yield SegmentRequest(number=line.number, est=line.est, custom_id=custom_id, body=req["body"])
+
+
+def _changed(spec: ShardSpec, line: ShardLine, why: str) -> SegmentRequest:
+    failure = InputUnavailable(INPUT_CHANGED, "", f"{why} (it changed after the batch accepted it)")
+    return SegmentRequest(number=line.number, est=line.est, custom_id=line.custom_id, body={}, failure=failure)
+
+
+def shard_ids(blobs: BlobStore, spec: ShardSpec) -> Iterator[tuple[int, str]]:
+    """(line number, custom_id) of each line of the shard, in order: from its line indexes, which name every
+    line Validate accepted, so no input is read (Finalize's unrun lines, the input order, per-model figures). A
+    shard of a previous release reads its lines (its segment copies, or its input)."""
+    if spec.input is not None:
+        indexes = list(layout.read_line_indexes(blobs, spec.indexes))
+        if all(index.named() for index in indexes):
+            for index in indexes:
+                at = 0
+                for (first, _, _), count in zip(index.runs, index.counts, strict=True):
+                    for j in range(count):
+                        yield first + j, index.ids[at + j]
+                    at += count
+            return
+    for req in shard_requests(blobs, spec):
+        yield req.number, req.custom_id
 
 
 def _runs(blobs: BlobStore, refs: list[str]) -> Iterator[Run]:
     """Every run of the shard in order; one LineIndex in memory at a time (and the pack range read with it)."""
     for index in layout.read_line_indexes(blobs, refs):
-        for first, start, end in index.runs:
-            yield Run(first, start, end, index.est)
+        named = index.named()
+        at = 0
+        for i, (first, start, end) in enumerate(index.runs):
+            size = index.counts[i] if named else -1
+            yield Run(first, start, end, index.est, index.ids if named else [], at if named else -1, size)
+            at += size
 
 
-def _windows(runs: Iterator[Run]) -> Iterator[tuple[int, int, list[Run]]]:
+def _windows(runs: Iterable[Run]) -> Iterator[tuple[int, int, list[Run]]]:
     """Runs grouped into windows [start, end) read in one go: ascending, gaps under MERGE_GAP_BYTES."""
     group: list[Run] = []
     lo = hi = 0
@@ -85,57 +133,55 @@ def _windows(runs: Iterator[Run]) -> Iterator[tuple[int, int, list[Run]]]:
         yield lo, hi, group
 
 
-def _read_runs(reader: InputReader, runs: Iterator[Run]) -> Iterator[ShardLine]:
+def _read_runs(reader: _Blocks, runs: Iterable[Run]) -> Iterator[ShardLine]:
     est_of: list[int] | None = None
-    k = 0  # the next estimate of the current segment
+    k = 0  # the next estimate of the current segment (an index without counts)
     for lo, hi, group in _windows(runs):
         cursor = _Cursor(reader.read(lo, hi), lo)
-        for run in group:
+        for n, run in enumerate(group):
             if run.est is not est_of:
                 est_of, k = run.est, 0
-            cursor.skip_to(run.start)
-            number = run.first
-            while cursor.pos < run.end:
-                line = cursor.line(run.end).strip()
-                if line:
-                    yield ShardLine(number, run.est[k], line)
-                    k += 1
-                number += 1
+            if run.at >= 0:
+                k = run.at
+            done = 0
+            try:
+                cursor.skip_to(run.start)
+                number = run.first
+                while cursor.pos < run.end:
+                    line = cursor.line(run.end).strip()
+                    if line:
+                        yield ShardLine(number, run.est[k], line, run.ids[k] if run.ids else "")
+                        k += 1
+                        done += 1
+                    number += 1
+            except InputUnavailable as failure:
+                if run.size < 0:
+                    raise  # a previous release's index names no line: the attempt fails, Finalize says why
+                # The run's lines not read end with the failure; the window's later runs are read again, each
+                # on its own (they may lie in another object, still readable).
+                for j in range(done, run.size):
+                    yield ShardLine(run.first + j, run.est[run.at + j], b"", run.ids[run.at + j], failure)
+                for later in group[n + 1:]:
+                    yield from _read_runs(reader, [later])
+                break
 
 
-class InputReader:
-    """Ranged reads of the input's logical bytes, through its Upload parts while it is not composed, or through
-    the objects of a user's bucket it is read from in place."""
+class _Blocks:
+    """Reads of the input (nightbatch/files/inputs.py: at the version accepted) as ranged GETs of at most
+    BLOCK_BYTES, each read whole, in `chunk` pieces: no GET stays open while the engine works."""
 
-    def __init__(self, blobs: BlobStore, source: InputSource, chunk: int) -> None:
-        self.blobs = blobs
-        self.source = source
+    def __init__(self, reader: InputReader, chunk: int) -> None:
+        self.reader = reader
         self.chunk = chunk
-        self.composed = not source.parts
 
     def read(self, start: int, end: int) -> Iterator[bytes]:
         """The bytes [start, end) of the input, a GET of at most BLOCK_BYTES at a time, in `chunk` pieces."""
         for lo in range(start, end, BLOCK_BYTES):
-            block = b"".join(self._get(lo, min(end, lo + BLOCK_BYTES)))
+            block = b"".join(self.reader.stream(lo, min(end, lo + BLOCK_BYTES)))
             if len(block) <= self.chunk:
                 yield block
             else:  # tests: lines straddling pieces
                 yield from (block[i:i + self.chunk] for i in range(0, len(block), self.chunk))
-
-    def _get(self, start: int, end: int) -> Iterator[bytes]:
-        # By listing, not HEAD: the worker may list the input prefix but a HEAD of a missing key answers 403.
-        if not self.composed and not self.source.in_place and \
-                PartStore(self.blobs).sizes(self.source.key).get(self.source.key) == self.source.bytes:
-            self.composed = True  # the parts may be purged from now on
-        if self.composed:
-            yield from self.blobs.iter_chunks(self.source.key, start=start, end=end)
-            return
-        at = 0
-        for part in self.source.parts:
-            lo, hi = max(start, at), min(end, at + part.bytes)
-            if lo < hi:
-                yield from self.blobs.in_bucket(part.bucket).iter_chunks(part.key, start=lo - at, end=hi - at)
-            at += part.bytes
 
 
 class _Cursor:
@@ -152,7 +198,8 @@ class _Cursor:
             if chunk:
                 self.buf, self.off = chunk, 0
                 return
-        raise ValueError(f"the input ended at byte {self.pos}, before the range its index names")
+        # Read unpinned (an index of a previous release): the object is shorter than when it was indexed.
+        raise InputUnavailable(INPUT_CHANGED, "", f"ended at byte {self.pos}, before the range its index names")
 
     def skip_to(self, target: int) -> None:
         while self.pos < target:

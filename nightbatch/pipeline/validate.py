@@ -11,8 +11,8 @@ from nightbatch import layout
 from nightbatch.batches import lifecycle
 from nightbatch.clock import now
 from nightbatch.errors import StorageConflictError
-from nightbatch.files.user_buckets import source_parts
-from nightbatch.jsonl import LineBlock, RawLine, block_lines, split_blocks
+from nightbatch.files.inputs import InputReader, InputUnavailable, keep
+from nightbatch.jsonl import LineBlock, RawLine, block_lines
 from nightbatch.metrics import emit
 from nightbatch.pipeline.line_index import IndexWriter
 from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
@@ -20,7 +20,6 @@ from nightbatch.pipeline.prefixes import PrefixGroups
 from nightbatch.results.per_model import model_counts
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore
-from nightbatch.storage.parts import PartStore
 from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.tenancy.limits import check_queue_limits
 from nightbatch.tenancy.scope import tenant_tags
@@ -68,64 +67,72 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
     max_requests = settings.validation.max_requests_per_batch
     add = writer.add
     grouped_from = prefix_groups.min_line_bytes
-    chunks = services.files.chunks(file_item, read_ahead=True)
+    # The input at the version accepted (nightbatch/files/inputs.py), each object of an in-place input a JSONL
+    # document of its own: no run of the index crosses from one into the next.
+    reader = services.files.reader(file_item)
     plain = validator.plain
     max_bytes = settings.validation.max_line_bytes
     stop = False
-    for item in _first_line_apart(split_blocks(chunks, max_bytes=max_bytes)):
-        if not isinstance(item, LineBlock):
-            lines: Iterable[RawLine] = (item,)
-        else:
-            # A block of valid plain lines (the common case) is checked and indexed without a step per line.
-            if not item.cr and not errors and count + len(item.lines) <= max_requests:
-                sizes = list(map(len, item.lines))
-                ests = validator.plain_block(item.lines, sizes)
-                if ests is not None:
-                    count += len(ests)
-                    writer.add_block(item.number, item.offset, sizes, ests, validator.model or "")
-                    continue
-            lines = block_lines(item, max_bytes)
-        for number, data, size, offset in lines:
-            # A valid plain line first (no blank line is one): one typed decode, nothing else to read.
-            est = plain(data) if data is not None else 0
-            if not est and data is not None and (not data or data.isspace()):
-                continue  # blank lines are skipped but keep their numbers
-            count += 1
-            if count > max_requests:
-                errors.append(BatchError(
-                    code="too_many_requests", line=number, param=None,
-                    message=f"The batch has more than {max_requests} requests (line "
-                            f"{number}); split the file or raise the limit."))
-                stop = True
-                break
-            if est:
-                if not errors:
-                    add(number, offset, size, est, 0, validator.model or "")  # shorter than grouped_from: group 0
-                continue
-            try:
-                req = validator.general(number, data, size)
-            except LineInvalid as e:
-                errors.append(line_error(number, e))
-                errors_bytes += len(errors[-1].model_dump_json())
-                if len(errors) >= settings.validation.max_reported_errors or errors_bytes >= MAX_ERRORS_BYTES:
+    try:
+        for item in _first_line_apart(reader.blocks(max_bytes=max_bytes, read_ahead=True, between=writer.break_runs)):
+            if not isinstance(item, LineBlock):
+                lines: Iterable[RawLine] = (item,)
+            else:
+                # A block of valid plain lines (the common case) is checked and indexed without a step per line.
+                if not item.cr and not errors and count + len(item.lines) <= max_requests:
+                    sizes = list(map(len, item.lines))
+                    ests = validator.plain_block(item.lines, sizes)
+                    if ests is not None:
+                        count += len(ests)
+                        writer.add_block(item.number, item.offset, sizes, ests, validator.model or "",
+                                         validator.block_ids)
+                        continue
+                lines = block_lines(item, max_bytes)
+            for number, data, size, offset in lines:
+                # A valid plain line first (no blank line is one): one typed decode, nothing else to read.
+                est = plain(data) if data is not None else 0
+                if not est and data is not None and (not data or data.isspace()):
+                    continue  # blank lines are skipped but keep their numbers
+                count += 1
+                if count > max_requests:
+                    errors.append(BatchError(
+                        code="too_many_requests", line=number, param=None,
+                        message=f"The batch has more than {max_requests} requests (line "
+                                f"{number}); split the file or raise the limit."))
                     stop = True
                     break
-                continue
-            if not errors:
-                group = prefix_groups.of(req.body) if size >= grouped_from else 0
-                add(number, offset, size, req.est_tokens, group, req.model)
-        if stop:
-            break
+                if est:
+                    if not errors:  # shorter than grouped_from: group 0
+                        add(number, offset, size, est, 0, validator.model or "", validator.last_id)
+                    continue
+                try:
+                    req = validator.general(number, data, size)
+                except LineInvalid as e:
+                    errors.append(line_error(number, e))
+                    errors_bytes += len(errors[-1].model_dump_json())
+                    if len(errors) >= settings.validation.max_reported_errors or errors_bytes >= MAX_ERRORS_BYTES:
+                        stop = True
+                        break
+                    continue
+                if not errors:
+                    group = prefix_groups.of(req.body) if size >= grouped_from else 0
+                    add(number, offset, size, req.est_tokens, group, req.model, req.custom_id)
+            if stop:
+                break
+    except InputUnavailable as e:
+        # Changed (or gone, or refused) since the batch was created: nothing of it was accepted.
+        errors = [BatchError(code=e.code, param=None, line=None, message=f"{e.message} No line of the batch ran.")]
     if not errors and count == 0:
         errors.append(BatchError(code="empty_file", param=None, line=None,
                                  message="The input file has no requests."))
     if errors:
         writer.abandon()
         blobs.delete_prefix(layout.segments_prefix(inp.batch_id))
-        return _fail(services, batch, errors)
-    source = _input_source(blobs, file_item)
+        return _fail(services, batch, _placed(errors, reader))
+    source = reader.pinned()
+    _keep_pins(services, file_item, source)
+    source = _keep_input(blobs, source, inp.batch_id, batch.expires_at)
     writer.close(source)
-    _keep_input(blobs, source, inp.batch_id, batch.expires_at)
     _mark_input(services, file_item, source)
     est_total = sum(s.est for s in writer.index)
     over = check_queue_limits(table, batch.tenant, inp.batch_id, count, est_total, model=validator.model,
@@ -160,27 +167,40 @@ def _first_line_apart(items: Iterator[RawLine | LineBlock]) -> Iterator[RawLine 
         yield item
 
 
-def _input_source(blobs: BlobStore, file_item: FileRecord) -> layout.InputSource:
-    """What the line indexes point into; an Upload not yet composed, with its parts' sizes."""
-    if file_item.source_objects:  # read in place from a user's bucket
-        return layout.InputSource(key="", bytes=file_item.bytes, parts=source_parts(file_item), in_place=True)
-    parts: list[layout.InputPart] = []
-    if file_item.parts and file_item.upload_id:
-        sizes = PartStore(blobs).sizes(layout.parts_prefix(file_item.upload_id))
-        parts = [layout.InputPart(key=k, bytes=sizes[k]) for k in file_item.parts]
-    return layout.InputSource(key=file_item.s3_key, bytes=file_item.bytes, parts=parts)
+def _placed(errors: list[BatchError], reader: InputReader) -> list[BatchError]:
+    """Errors of an input of several objects name the object and the line in it, beside the line's number."""
+    for e in errors:
+        where = reader.where(e.line) if e.line is not None else None
+        if where is not None:
+            e.message = f"{e.message} (line {e.line} is in {where}.)"
+    return errors
 
 
-def _keep_input(blobs: BlobStore, source: layout.InputSource, batch_id: str, expires_at: int | None) -> None:
+def _keep_pins(services: Services, file_item: FileRecord, source: layout.InputSource) -> None:
+    """The VersionIds Validate's reads learnt of a user's objects (a prefix's listing at create gives none) go on
+    the file, so its content and a retry read those versions too."""
+    if not source.in_place or not file_item.source_objects:
+        return
+    objects = [{**o, "version_id": p.version_id} if p.version_id else o
+               for o, p in zip(file_item.source_objects, source.parts, strict=True)]
+    if objects != file_item.source_objects:
+        services.adapters.table.update_attributes(FileRecord, file_item.pk, set_={"source_objects": objects})
+
+
+def _keep_input(blobs: BlobStore, source: layout.InputSource, batch_id: str,
+                expires_at: int | None) -> layout.InputSource:
     """The shards read the input until the batch ends (up to its window plus Finalize, after the sweeper's grace),
     but the bucket's lifecycle deletes it OBJECT_EXPIRY_DAYS after it was written: an input that would go
-    before then is written again in place, a server-side copy. (An Upload still in parts is composed anew.)"""
-    if source.parts or expires_at is None:
-        return
+    before then is written again in place, a server-side copy of the version accepted, which the shards then
+    read (files/inputs.py: keep). (An Upload still in parts is composed anew.)"""
+    if source.parts or source.in_place or expires_at is None:
+        return source
     written = blobs.written_at(source.key)
     if written is not None and written + layout.OBJECT_EXPIRY_DAYS * 86400 < expires_at + KEEP_MARGIN_SECONDS:
-        blobs.rewrite(source.key, {"nightbatch-kept-for": batch_id}, tags=layout.INPUT_TAGS)
+        source = source.model_copy(update={"etag": keep(blobs, source.key, source.etag, batch_id,
+                                                        layout.INPUT_TAGS)})
         log.info("input rewritten to outlive the batch", extra={"batch_id": batch_id})
+    return source
 
 
 def _mark_input(services: Services, file_item: FileRecord, source: layout.InputSource) -> None:

@@ -33,7 +33,7 @@ from typing import Protocol
 from nightbatch import layout
 from nightbatch.ids import custom_id_digest
 from nightbatch.layout import CheckpointSummary
-from nightbatch.pipeline.shard_lines import shard_requests
+from nightbatch.pipeline.shard_lines import shard_ids
 from nightbatch.results.merge import Output, Window
 from nightbatch.results.order import FirstResult, PlannedShard
 from nightbatch.storage import BlobStore
@@ -89,10 +89,10 @@ class InputOrder:
         want = {r.digest: r for r in self._unnumbered}
         self._unnumbered = []
         spec = shard.spec
-        for req in shard_requests(self.blobs, spec) if spec is not None else ():
-            r = want.pop(custom_id_digest(req.custom_id), None)
+        for number, custom_id in shard_ids(self.blobs, spec) if spec is not None else ():
+            r = want.pop(custom_id_digest(custom_id), None)
             if r is not None:
-                self.loose.append((req.number, r.data + b"\n"))
+                self.loose.append((number, r.data + b"\n"))
                 if not want:
                     break
         for r in want.values():  # a result no line of the shard asked for: kept, at the end, rather than lost

@@ -57,13 +57,18 @@ def encode(batch_id: str, custom_id: str, *, response: Response | None = None, e
 
 def oversized_result_line(batch_id: str, custom_id: str, size: int) -> bytes:
     """What a worker writes instead of a result line over MAX_RESULT_LINE: that request's own error."""
-    return encode(batch_id, custom_id, error=Error("result_too_large", (
+    return error_line(batch_id, custom_id, "result_too_large", (
         f"The response to this request is {size} bytes, over the {MAX_RESULT_LINE}-byte limit of one "
-        "result line; ask for fewer tokens, choices or inputs.")))
+        "result line; ask for fewer tokens, choices or inputs."))
 
 
 def unrun_line(batch_id: str, custom_id: str, code: str) -> bytes:
-    return encode(batch_id, custom_id, error=Error(code, UNRUN_MESSAGES[code]))
+    return error_line(batch_id, custom_id, code, UNRUN_MESSAGES[code])
+
+
+def error_line(batch_id: str, custom_id: str, code: str, message: str) -> bytes:
+    """A request's line with no response: it never reached an engine (`error` says why)."""
+    return encode(batch_id, custom_id, error=Error(code, message))
 
 
 class _Code(msgspec.Struct):

@@ -15,7 +15,7 @@ from typing import Any
 from nightbatch import layout
 from nightbatch.batches.cost import ShardTime, collect_shard_times, cost_summary
 from nightbatch.ids import custom_id_digest
-from nightbatch.pipeline.shard_lines import shard_requests
+from nightbatch.pipeline.shard_lines import shard_ids
 from nightbatch.results.lines import ResultSummary, Tally
 from nightbatch.results.order import checkpoints_in_order, first_results
 from nightbatch.settings import Settings
@@ -105,8 +105,8 @@ def _tally_mixed(blobs: BlobStore, batch_id: str, shard_id: str, index: layout.S
         at = names.index(name)
         # One segment's lines, read as the worker reads its shard (a one-segment shard of the same index).
         one = layout.shard_spec(index, [segment], batch_id=batch_id, shard_id=shard_id)
-        for req in shard_requests(blobs, one):
-            model_of[custom_id_digest(req.custom_id)] = at
+        for _, custom_id in shard_ids(blobs, one):
+            model_of[custom_id_digest(custom_id)] = at
     seen: set[int] = set()
     for d, summary in _results(blobs, batch_id, shard_id, seen):
         found = model_of.pop(d, None)

@@ -39,10 +39,15 @@ def transient(exc: BaseException) -> bool:
     from botocore import exceptions as boto
 
     if isinstance(exc, boto.ClientError):
-        error = exc.response.get("Error", {})
-        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
-        return str(error.get("Code", "")) in _TRANSIENT_CODES or status >= 500 or status == 429
+        status, code = answer(exc)
+        return code in _TRANSIENT_CODES or status >= 500 or status == 429
     # botocore's HTTPClientError: a connection closed or a read timing out (mid-body too: ResponseStreamingError);
     # the builtin ConnectionError: a socket reset or aborted.
     return isinstance(exc, boto.ConnectionError | boto.HTTPClientError | boto.IncompleteReadError | ConnectionError
                       | TimeoutError)
+
+
+def answer(e: ClientError) -> tuple[int, str]:
+    """What S3 (or another service) answered a refused call: its HTTP status and error code ("" when none)."""
+    status = int(e.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    return status, str(e.response.get("Error", {}).get("Code", ""))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
 from nightbatch.storage.s3 import BlobStore, tagging
@@ -47,31 +47,35 @@ class PartStore:
                 digest.update(chunk)
         return digest.hexdigest()
 
-    def compose(self, dest: str, sources: Sequence[Source], *, tags: dict[str, str] | None = None) -> None:
+    def compose(self, dest: str, sources: Sequence[Source], *, tags: dict[str, str] | None = None,
+                etags: Mapping[str, str] | None = None) -> str:
         """Writes the sources' bytes, in order, as the one object `dest` (idempotent: it overwrites), tagged
-        `tags` from the start."""
+        `tags` from the start; returns its ETag. `etags`: a source is read only at that ETag (else S3 answers
+        412 PreconditionFailed and nothing is written)."""
         if not sources:
-            self.blobs.put_bytes(dest, b"", tags=tags)  # an empty file: Validate refuses it, no shard reads it
-            return
+            return self.blobs.put_bytes(dest, b"", tags=tags)  # an empty file: Validate refuses it, no shard reads it
+        pins = etags or {}
         tagged: dict[str, Any] = {"Tagging": tagging(tags)} if tags else {}
         if len(sources) == 1:
             # Server-side, no bytes through this process (CopyObject takes up to 5 GB; parts are far smaller).
-            self.client.copy_object(Bucket=self.bucket, Key=dest, CopySource={"Bucket": self.bucket,
-                                                                               "Key": sources[0][0]},
-                                    **({"TaggingDirective": "REPLACE", **tagged} if tags else {}))
-            return
+            key = sources[0][0]
+            resp = self.client.copy_object(Bucket=self.bucket, Key=dest, CopySource={"Bucket": self.bucket,
+                                                                                      "Key": key},
+                                           **({"TaggingDirective": "REPLACE", **tagged} if tags else {}),
+                                           **_copy_pin(pins, key))
+            return str(resp["CopyObjectResult"]["ETag"])
         upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=dest, **tagged)["UploadId"]
         try:
-            etags = [self._write(dest, upload_id, n, step) for n, step in enumerate(plan(sources), start=1)]
-            self.client.complete_multipart_upload(
+            parts = [self._write(dest, upload_id, n, step, pins) for n, step in enumerate(plan(sources), start=1)]
+            return str(self.client.complete_multipart_upload(
                 Bucket=self.bucket, Key=dest, UploadId=upload_id,
-                MultipartUpload={"Parts": [{"ETag": e, "PartNumber": n} for n, e in enumerate(etags, 1)]},
-            )
+                MultipartUpload={"Parts": [{"ETag": e, "PartNumber": n} for n, e in enumerate(parts, 1)]},
+            )["ETag"])
         except BaseException:
             self.client.abort_multipart_upload(Bucket=self.bucket, Key=dest, UploadId=upload_id)
             raise
 
-    def _write(self, dest: str, upload_id: str, number: int, step: list[Segment]) -> str:
+    def _write(self, dest: str, upload_id: str, number: int, step: list[Segment], pins: Mapping[str, str]) -> str:
         common: dict[str, Any] = {
             "Bucket": self.bucket, "Key": dest, "UploadId": upload_id, "PartNumber": number,
         }
@@ -79,18 +83,23 @@ class PartStore:
             seg = step[0]
             resp = self.client.upload_part_copy(
                 CopySource={"Bucket": self.bucket, "Key": seg.key},
-                CopySourceRange=f"bytes={seg.start}-{seg.end - 1}", **common,
+                CopySourceRange=f"bytes={seg.start}-{seg.end - 1}", **common, **_copy_pin(pins, seg.key),
             )
             return str(resp["CopyPartResult"]["ETag"])
-        body = b"".join(self._read(seg) for seg in step)
+        body = b"".join(self._read(seg, pins) for seg in step)
         return str(self.client.upload_part(Body=body, **common)["ETag"])
 
-    def _read(self, seg: Segment) -> bytes:
+    def _read(self, seg: Segment, pins: Mapping[str, str]) -> bytes:
+        pin = {"IfMatch": pins[seg.key]} if pins.get(seg.key) else {}
         resp = self.client.get_object(
-            Bucket=self.bucket, Key=seg.key, Range=f"bytes={seg.start}-{seg.end - 1}",
+            Bucket=self.bucket, Key=seg.key, Range=f"bytes={seg.start}-{seg.end - 1}", **pin,
         )
         data: bytes = resp["Body"].read()
         return data
+
+
+def _copy_pin(pins: Mapping[str, str], key: str) -> dict[str, str]:
+    return {"CopySourceIfMatch": pins[key]} if pins.get(key) else {}
 
 
 class Segment:

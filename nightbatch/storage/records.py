@@ -119,14 +119,16 @@ class FileRecord(ListedRecord):
     status: str | None = None
     status_details: str | None = None
     parts: list[str] | None = None  # an upload not yet composed reads through its ordered parts
+    part_etags: list[str] | None = None  # their ETags when the Upload was completed: the version accepted
+    etag: str | None = None  # of the object at `s3_key` as written (None: a previous release's file)
     md5_expected: str | None = None
     upload_id: str | None = None
     batch_id: str | None = None
     quota_bytes: int = 0  # what this file counts against the tenant's stored bytes (nightbatch.tenancy.limits)
     composed_at: int | None = None  # an upload's parts were composed into the file's object
     # Read in place from a user's bucket (nightbatch/files/user_buckets.py): `s3://` + `source_bucket` + the
-    # URI's key, then its objects in order ({"key", "bytes"}); `s3_key` is empty, and the bytes are not ours
-    # to delete.
+    # URI's key, then its objects in order ({"key", "bytes", "etag"}, and "version_id" in a versioned bucket: the
+    # version accepted, nightbatch/files/inputs.py); `s3_key` is empty, and the bytes are not ours to delete.
     source_bucket: str | None = None
     source_objects: list[dict[str, Any]] | None = None
     # Deleted through the API while open batches (held_by) read it: gone for the API, its bytes kept until

@@ -20,6 +20,30 @@ PART_BYTES = 8 * 1024 * 1024
 CHUNK_BYTES = 256 * 1024
 
 
+class Version:
+    """Which version of an object a read must get: its ETag, sent as If-Match, and in a versioned bucket its
+    VersionId, read by (an overwrite or a delete marker then leaves it readable). An empty field is filled from
+    the first answer that carries it, so a read that starts unpinned is pinned from then on."""
+
+    __slots__ = ("etag", "version_id")
+
+    def __init__(self, etag: str = "", version_id: str = "") -> None:
+        self.etag, self.version_id = etag, version_id
+
+    def params(self) -> dict[str, str]:
+        out = {"IfMatch": self.etag} if self.etag else {}
+        if self.version_id:
+            out["VersionId"] = self.version_id
+        return out
+
+    def learn(self, answer: dict[str, Any]) -> None:
+        if not self.etag and answer.get("ETag"):
+            self.etag = str(answer["ETag"])
+        # "null": the version of a bucket whose versioning is suspended, which the next PUT replaces: not a pin.
+        if not self.version_id and answer.get("VersionId") not in (None, "", "null"):
+            self.version_id = str(answer["VersionId"])
+
+
 class BlobStore:
     def __init__(self, *, client: Any, bucket: str) -> None:
         self.client = client
@@ -77,9 +101,10 @@ class BlobStore:
         """The bytes [start, end) of an object that exists."""
         return b"".join(self.iter_chunks(key, start=start, end=end))
 
-    def iter_chunks(self, key: str, *, start: int = 0, end: int | None = None,
-                    chunk: int = CHUNK_BYTES) -> Iterator[bytes]:
-        """The bytes [start, end) of `key` (to its end when `end` is None), streamed in one GET."""
+    def iter_chunks(self, key: str, *, start: int = 0, end: int | None = None, chunk: int = CHUNK_BYTES,
+                    version: Version | None = None) -> Iterator[bytes]:
+        """The bytes [start, end) of `key` (to its end when `end` is None), streamed in one GET; of `version` when
+        given (S3 answers 412 PreconditionFailed, or 404 NoSuchVersion, when it is no longer there)."""
         kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
         if end is not None:
             if end <= start:
@@ -87,20 +112,26 @@ class BlobStore:
             kwargs["Range"] = f"bytes={start}-{end - 1}"
         elif start:
             kwargs["Range"] = f"bytes={start}-"
-        body = self.client.get_object(**kwargs)["Body"]
+        if version is not None:
+            kwargs.update(version.params())
+        resp = self.client.get_object(**kwargs)
+        if version is not None:
+            version.learn(resp)
+        body = resp["Body"]
         try:
             yield from body.iter_chunks(chunk)
         finally:
             body.close()
 
-    def iter_chunks_ahead(self, key: str, *, chunk: int = 1024 * 1024, depth: int = 8) -> Iterator[bytes]:
+    def iter_chunks_ahead(self, key: str, *, chunk: int = 1024 * 1024, depth: int = 8, start: int = 0,
+                          end: int | None = None, version: Version | None = None) -> Iterator[bytes]:
         """iter_chunks with a reader thread a few chunks ahead, so network waits overlap the caller's parsing."""
         q: queue.Queue[bytes | BaseException | None] = queue.Queue(maxsize=depth)
         stop = threading.Event()
 
         def read() -> None:
             try:
-                for c in self.iter_chunks(key, chunk=chunk):
+                for c in self.iter_chunks(key, chunk=chunk, start=start, end=end, version=version):
                     while not stop.is_set():
                         try:
                             q.put(c, timeout=0.5)
@@ -127,12 +158,22 @@ class BlobStore:
             stop.set()
 
     def size(self, key: str) -> int | None:
+        head = self.head(key)
+        return None if head is None else int(head["ContentLength"])
+
+    def head(self, key: str, version: Version | None = None) -> dict[str, Any] | None:
+        """HeadObject's answer (ContentLength, ETag, VersionId in a versioned bucket, Metadata), of `version` when
+        given; None when the object does not exist (a changed version raises, as iter_chunks does)."""
         try:
-            return int(self.client.head_object(Bucket=self.bucket, Key=key)["ContentLength"])
+            head: dict[str, Any] = self.client.head_object(Bucket=self.bucket, Key=key,
+                                                           **(version.params() if version is not None else {}))
         except client_error() as e:
-            if _missing(e):
+            if _missing(e) and version is None:
                 return None
             raise
+        if version is not None:
+            version.learn(head)
+        return head
 
     def written_at(self, key: str) -> float | None:
         """When the object was last written (epoch seconds): what S3's lifecycle counts its age from."""
@@ -143,12 +184,16 @@ class BlobStore:
                 return None
             raise
 
-    def rewrite(self, key: str, metadata: dict[str, str], *, tags: dict[str, str] | None = None) -> None:
+    def rewrite(self, key: str, metadata: dict[str, str], *, tags: dict[str, str] | None = None,
+                etag: str = "") -> None:
         """Copies the object onto itself, server-side (multipart past 5 GB): same bytes, written now. `tags` are
-        added to its tags in the same call (a multipart copy would otherwise drop them all)."""
+        added to its tags in the same call (a multipart copy would otherwise drop them all); `etag`: only if the
+        object is still that one (else 412 PreconditionFailed)."""
         extra: dict[str, Any] = {"MetadataDirective": "REPLACE", "Metadata": metadata}
         if tags is not None:
             extra.update(TaggingDirective="REPLACE", Tagging=tagging({**self.tags(key), **tags}))
+        if etag:
+            extra["CopySourceIfMatch"] = etag
         self.client.copy({"Bucket": self.bucket, "Key": key}, self.bucket, key, ExtraArgs=extra)
 
     def tag(self, key: str, tags: dict[str, str]) -> bool:

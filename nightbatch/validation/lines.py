@@ -156,6 +156,10 @@ class Validator:
     fast_max_bytes: int = 1 << 62
 
     def __post_init__(self) -> None:
+        # The custom_id(s) of the last line `plain` took and of the last block `plain_block` took: what the line
+        # index records of each line (layout.LineIndex.ids).
+        self.last_id = ""
+        self.block_ids: list[str] = []
         # The batch's plain line (its model in it): built on the batch's first valid line, which sets the model.
         self._decode_line: Callable[[bytes], Any] | None = None
         self._embeddings = self.endpoint == "/v1/embeddings"
@@ -213,9 +217,10 @@ class Validator:
             est = estimate_tokens(len(data)) + (out if out is not None and out > 0 else self._default_out)
         seen = self.seen
         known = len(seen)
-        seen.add(custom_id_digest(line.custom_id))
+        seen.add(custom_id_digest(custom_id := line.custom_id))
         if len(seen) == known:
             return 0  # a duplicate: reported by the general path
+        self.last_id = custom_id
         if inputs:
             self.embedding_inputs += inputs
         return est
@@ -252,6 +257,7 @@ class Validator:
         if len(seen) - known < len(digests):  # two lines of the block share one: none was in `seen` before
             seen.difference_update(digests)
             return None
+        self.block_ids = custom_ids
         # `plain`'s estimate, _output_cap inlined (a call per line was a third of plain_block's profiled CPU): one
         # cap for the whole block (the common batch: no max_completion_tokens, one max_tokens) costs one addition.
         caps = max_tokens if max_completion_tokens.count(UNSET) == len(lines) else [

@@ -43,17 +43,18 @@ def test_only_the_listed_buckets_and_prefixes_are_granted(user_synth: Synth) -> 
     data = {"arn:aws:s3:::users-data/*", "arn:aws:s3:::users-archive/*"}
     buckets = {"arn:aws:s3:::users-data", "arn:aws:s3:::users-archive"}
     out = {"arn:aws:s3:::users-results/nightly/*"}
+    read = {"s3:GetObject": data, "s3:GetObjectVersion": data}  # an input's accepted version, by its VersionId
     expected = {
-        "api": {"s3:GetObject": data, "s3:ListBucket": buckets, "kms:Decrypt": {KEY}},
-        "validate": {"s3:GetObject": data, "s3:ListBucket": buckets, "kms:Decrypt": {KEY}},
-        "finalize": {"s3:GetObject": data, "s3:PutObject": out, "s3:AbortMultipartUpload": out,
+        "api": {**read, "s3:ListBucket": buckets, "kms:Decrypt": {KEY}},
+        "validate": {**read, "s3:ListBucket": buckets, "kms:Decrypt": {KEY}},
+        "finalize": {**read, "s3:PutObject": out, "s3:AbortMultipartUpload": out,
                      "kms:Decrypt": {KEY}, "kms:GenerateDataKey": {KEY}},
-        "sweep": {"s3:GetObject": data, "s3:PutObject": out, "s3:AbortMultipartUpload": out,
+        "sweep": {**read, "s3:PutObject": out, "s3:AbortMultipartUpload": out,
                   "kms:Decrypt": {KEY}, "kms:GenerateDataKey": {KEY}},
     }
     for name, handler in HANDLERS.items():
         assert grants(template, _role_of(template, handler)) == expected.get(name, {}), name
-    assert grants(template, _worker_role(template)) == {"s3:GetObject": data, "kms:Decrypt": {KEY}}
+    assert grants(template, _worker_role(template)) == {**read, "kms:Decrypt": {KEY}}
 
 
 def test_the_settings_carry_the_same_lists(user_synth: Synth) -> None:

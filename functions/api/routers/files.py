@@ -85,6 +85,9 @@ def file_content(file_id: str, principal: PrincipalDep, services: ServicesDep) -
 def content_response(services: Services, item: FileRecord) -> Response:
     # Past what a Lambda response can carry: 307 to a pre-signed S3 URL (nightbatch.files.downloads).
     target = locate_download(services.settings, services.files.blobs, item)
+    # The bytes are still the version accepted (a user's object may have changed or gone since): a 409 saying so
+    # now, not a connection dropped mid-stream.
+    services.files.check_readable(item)
     if target is not None:
         return redirect_response(target)
     media = JSONL_MEDIA_TYPE if item.filename.endswith(".jsonl") else "application/octet-stream"
