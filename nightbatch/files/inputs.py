@@ -128,7 +128,7 @@ class InputReader:
         return self.source.model_copy(update={"parts": parts, "etag": self.whole.etag})
 
     def name(self, index: int) -> str:
-        """The object as a user knows it: a user's `s3://` URI, else our key (files/…, uploads/…/parts/…)."""
+        """The object as a user knows it: a user's `s3://` URI, else our key (a file's object, an Upload's part)."""
         if index < 0:
             return self.source.key
         part = self.parts[index]

@@ -14,6 +14,7 @@ import pytest
 
 from nightbatch import layout
 from nightbatch.batches.request import CreateBatchRequest
+from nightbatch.files.inputs import input_source
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.pipeline import validate as validate_module
@@ -146,7 +147,7 @@ def test_validate_that_saw_the_parts_tags_an_object_composed_meanwhile(
     file_id, upload_id = upload(services, [0, 100, 900, len(DATA)])
     stale = services.adapters.table.get_record(FileRecord, file_id)
     assert stale is not None and stale.parts
-    source = validate_module._input_source(services.adapters.blobs, stale)
+    source = input_source(services.adapters.blobs, stale)
     services.assembly.compose(file_id, upload_id)
     assert tags(services, layout.file_key(file_id)) == OWN
     validate_module._mark_input(services, stale, source)
@@ -162,7 +163,7 @@ def test_an_input_rewritten_to_outlive_the_batch_keeps_the_tag(
     key = layout.file_key(rec.input_file_id)
     assert validate_batch(BatchTaskInput(batch_id=batch_id), services).valid
     blobs = services.adapters.blobs
-    assert blobs.client.head_object(Bucket=blobs.bucket, Key=key)["Metadata"] == {"nightbatch-kept-for": batch_id}
+    assert blobs.client.head_object(Bucket=blobs.bucket, Key=key)["Metadata"]["nightbatch-kept-for"] == batch_id
     assert tags(services, key) == INPUT
 
 

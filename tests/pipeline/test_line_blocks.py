@@ -50,15 +50,15 @@ def test_add_block_writes_what_add_writes(adapters: Adapters, seed: int) -> None
             group, model = rng.choice([(0, "other"), (3, "m"), (None, "")])
             size = rng.randint(0, 30)
             if group is not None:
-                line_by_line.add(number, offset, size, 9, group, model)
-                blocks.add(number, offset, size, 9, group, model)
+                line_by_line.add(number, offset, size, 9, group, model, f"id-{number}")
+                blocks.add(number, offset, size, 9, group, model, f"id-{number}")
             number, offset = number + 1, offset + size + 1
             continue
         sizes = [rng.randint(1, 30) for _ in range(rng.randint(1, 40))]
         est = [rng.randint(1, 99) for _ in sizes]
-        blocks.add_block(number, offset, sizes, est, "m")
+        blocks.add_block(number, offset, sizes, est, "m", [f"id-{number + i}" for i in range(len(sizes))])
         for size, e in zip(sizes, est, strict=True):
-            line_by_line.add(number, offset, size, e, 0, "m")
+            line_by_line.add(number, offset, size, e, 0, "m", f"id-{number}")
             number, offset = number + 1, offset + size + 1
     for writer in (line_by_line, blocks):
         for slot in sorted(writer.open):

@@ -20,9 +20,10 @@ from nightbatch.jsonl import BOM, split_lines
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.pipeline import shard_lines as shard_lines_module
 from nightbatch.pipeline.segments import segment_line
-from nightbatch.pipeline.shard_lines import InputReader, ShardLine, shard_lines
+from nightbatch.files.inputs import InputReader
+from nightbatch.pipeline.shard_lines import ShardLine, shard_lines
 from nightbatch.services import Services
-from nightbatch.storage.records import BatchRecord
+from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.validation.lines import Validator
 from tests.support.pipeline_world import chat_line, make_batch
 
@@ -68,7 +69,9 @@ def through_ranges(services: Services, batch_id: str, chunk: int) -> list[ShardL
         for key in spec.indexes:  # each segment's lines in input order
             numbers = [r[0] for r in layout.read_line_index(blobs, key).runs]
             assert numbers == sorted(numbers)
-        out += got
+        # Each line named by the index as Validate accepted it: its custom_id.
+        assert [x.custom_id for x in got] == [json.loads(x.raw)["custom_id"] for x in got]
+        out += [ShardLine(x.number, x.est, x.raw) for x in got]
     return sorted(out)
 
 
@@ -115,17 +118,17 @@ def test_an_upload_is_read_through_its_parts(services: Services, monkeypatch: py
                                 parts=[layout.InputPart(key=k, bytes=services.adapters.blobs.size(k) or 0)
                                        for k in file.parts or []])
     assert len(source.parts) == 5 and services.adapters.blobs.size(file.s3_key) is None
-    reader = InputReader(services.adapters.blobs, source, chunk=7)
+    reader = InputReader(services.adapters.blobs, source)
     for a, b in [(0, len(data)), (1, 518), (517, 519), (300, 2100), (len(data) - 1, len(data))]:
-        assert b"".join(reader.read(a, b)) == data[a:b]
+        assert b"".join(reader.stream(a, b, chunk=7)) == data[a:b]
     batch = services.batches.create("default", CreateBatchRequest(
         input_file_id=done.file.id, endpoint="/v1/chat/completions", completion_window="24h"))
     assert through_ranges(services, batch.id, chunk=64) == sorted(previous_release(services, data))
     # Composed meanwhile (the parts purged later): the same ranges from the composed object.
     services.assembly.compose(done.file.id, up.id)
     assert services.adapters.blobs.size(file.s3_key) == len(data)
-    composed = InputReader(services.adapters.blobs, source, chunk=5)
-    assert b"".join(composed.read(1, 2001)) == data[1:2001] and composed.composed
+    composed = InputReader(services.adapters.blobs, source)
+    assert b"".join(composed.stream(1, 2001, chunk=5)) == data[1:2001] and composed.composed
 
 
 def test_validate_writes_an_index_not_a_copy(services: Services) -> None:
@@ -179,5 +182,7 @@ def test_an_input_the_lifecycle_would_delete_before_the_batch_ends_is_rewritten(
     assert validate_batch(BatchTaskInput(batch_id=old), services).valid
     file_id = (services.adapters.table.get_record(BatchRecord, old) or pytest.fail()).input_file_id
     head = blobs.client.head_object(Bucket=blobs.bucket, Key=layout.file_key(file_id))
-    assert head["Metadata"] == {"nightbatch-kept-for": old}
+    accepted = (services.adapters.table.get_record(FileRecord, file_id) or pytest.fail()).etag or ""
+    # The ETag it had is kept beside it: a reader pinned to it reads on (tests/pipeline/test_pinned_inputs.py).
+    assert head["Metadata"] == {"nightbatch-kept-for": old, "nightbatch-etags": accepted.strip('"')}
     assert blobs.get_bytes(layout.file_key(file_id)) == data
