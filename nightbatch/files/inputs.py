@@ -99,9 +99,12 @@ def input_source(blobs: BlobStore, rec: FileRecord) -> layout.InputSource:
     if rec.parts and rec.upload_id:
         listed = PartStore(blobs).listing(layout.parts_prefix(rec.upload_id))
         etags = rec.part_etags or []
-        if all(k in listed for k in rec.parts):
+        missing = [k for k in rec.parts if k not in listed]
+        if not missing:
             source.parts = [layout.InputPart(key=k, bytes=listed[k][0], etag=etags[i] if i < len(etags) else "")
                             for i, k in enumerate(rec.parts)]
+        elif PartStore(blobs).sizes(rec.s3_key).get(rec.s3_key) != rec.bytes:
+            raise InputUnavailable(INPUT_CHANGED, missing[0], "was deleted after the batch accepted it")
         # Else the parts were purged once composed (the record was read before that): read the composed object.
     return source
 
@@ -160,6 +163,18 @@ class InputReader:
                 # An Upload's part gone: its parts are purged once it is composed.
                 if self.source.in_place or not self._composed_now():
                     raise
+
+    def spans(self, start: int, end: int) -> list[tuple[int, int]]:
+        """[start, end) cut where one object ends and the next begins (none once it is one object): read span by
+        span, the bytes of an object are had before a later object's GET can fail."""
+        if self.composed:
+            return [(start, end)]
+        cuts, at = [], 0
+        for part in self.parts[:-1]:
+            at += part.bytes
+            if start < at < end:
+                cuts.append(at)
+        return list(zip([start, *cuts], [*cuts, end], strict=True))
 
     def _composed_now(self) -> bool:
         # By listing, not HEAD: the worker may list the input prefix but a HEAD of a missing key answers 403.
@@ -232,27 +247,19 @@ class InputReader:
         return True
 
     def check(self) -> None:
-        """InputUnavailable now, rather than once its bytes are on their way: a HEAD of each object at its
-        accepted version (the content route asks before it answers)."""
+        """InputUnavailable now, rather than once its bytes are on their way: the first byte of each object read
+        at its accepted version, as the bytes will be (a HEAD is not always refused where a GET is; the content
+        route asks before it answers)."""
         if not self.composed and not self.source.in_place:
             self._composed_now()
         targets = [-1] if self.composed else list(range(len(self.parts)))
         with ThreadPoolExecutor(min(_CHECKS, len(targets)) or 1) as pool:
-            list(pool.map(self._head, targets))
+            list(pool.map(self._first_byte, targets))
 
-    def _head(self, index: int) -> None:
-        store, key, version = self._target(index)
-        for _ in range(2):
-            try:
-                store.head(key, version)
-                return
-            except client_error() as e:
-                status, code = answer(e)
-                failure = self._failure(status, code, index)
-                if failure is None:
-                    raise
-                if status != 412 or not self._renewed(index):
-                    raise failure from e
+    def _first_byte(self, index: int) -> None:
+        if (self.source.bytes if index < 0 else self.parts[index].bytes) > 0:
+            for _ in self._get(index, 0, 1, False, 1):
+                pass
 
     # -- lines ---------------------------------------------------------------------------------------------
 

@@ -177,11 +177,12 @@ class _Blocks:
     def read(self, start: int, end: int) -> Iterator[bytes]:
         """The bytes [start, end) of the input, a GET of at most BLOCK_BYTES at a time, in `chunk` pieces."""
         for lo in range(start, end, BLOCK_BYTES):
-            block = b"".join(self.reader.stream(lo, min(end, lo + BLOCK_BYTES)))
-            if len(block) <= self.chunk:
-                yield block
-            else:  # tests: lines straddling pieces
-                yield from (block[i:i + self.chunk] for i in range(0, len(block), self.chunk))
+            for a, b in self.reader.spans(lo, min(end, lo + BLOCK_BYTES)):  # an object's lines before the next's GET
+                block = b"".join(self.reader.stream(a, b))
+                if len(block) <= self.chunk:
+                    yield block
+                else:  # tests: lines straddling pieces
+                    yield from (block[i:i + self.chunk] for i in range(0, len(block), self.chunk))
 
 
 class _Cursor:

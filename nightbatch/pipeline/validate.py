@@ -69,11 +69,12 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
     grouped_from = prefix_groups.min_line_bytes
     # The input at the version accepted (nightbatch/files/inputs.py), each object of an in-place input a JSONL
     # document of its own: no run of the index crosses from one into the next.
-    reader = services.files.reader(file_item)
+    reader: InputReader | None = None
     plain = validator.plain
     max_bytes = settings.validation.max_line_bytes
     stop = False
     try:
+        reader = services.files.reader(file_item)
         for item in _first_line_apart(reader.blocks(max_bytes=max_bytes, read_ahead=True, between=writer.break_runs)):
             if not isinstance(item, LineBlock):
                 lines: Iterable[RawLine] = (item,)
@@ -129,6 +130,7 @@ def validate_batch(inp: BatchTaskInput, services: Services) -> ValidateOutput:
         writer.abandon()
         blobs.delete_prefix(layout.segments_prefix(inp.batch_id))
         return _fail(services, batch, _placed(errors, reader))
+    assert reader is not None
     source = reader.pinned()
     _keep_pins(services, file_item, source)
     source = _keep_input(blobs, source, inp.batch_id, batch.expires_at)
@@ -167,10 +169,10 @@ def _first_line_apart(items: Iterator[RawLine | LineBlock]) -> Iterator[RawLine 
         yield item
 
 
-def _placed(errors: list[BatchError], reader: InputReader) -> list[BatchError]:
+def _placed(errors: list[BatchError], reader: InputReader | None) -> list[BatchError]:
     """Errors of an input of several objects name the object and the line in it, beside the line's number."""
     for e in errors:
-        where = reader.where(e.line) if e.line is not None else None
+        where = reader.where(e.line) if e.line is not None and reader is not None else None
         if where is not None:
             e.message = f"{e.message} (line {e.line} is in {where}.)"
     return errors
