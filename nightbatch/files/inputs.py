@@ -30,6 +30,7 @@ the object (`InputReader.where`).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -96,8 +97,8 @@ def input_source(blobs: BlobStore, rec: FileRecord) -> layout.InputSource:
     if rec.source_objects:
         return layout.InputSource(key="", bytes=rec.bytes, parts=source_parts(rec), in_place=True)
     source = layout.InputSource(key=rec.s3_key, bytes=rec.bytes, etag=rec.etag or "")
-    if rec.parts and rec.upload_id:
-        listed = PartStore(blobs).listing(layout.parts_prefix(rec.upload_id))
+    if rec.parts:
+        listed = PartStore(blobs).listing(os.path.commonprefix(rec.parts))  # the Upload's parts/ (one listing)
         etags = rec.part_etags or []
         missing = [k for k in rec.parts if k not in listed]
         if not missing:
