@@ -98,7 +98,7 @@ def input_source(blobs: BlobStore, rec: FileRecord) -> layout.InputSource:
         return layout.InputSource(key="", bytes=rec.bytes, parts=source_parts(rec), in_place=True)
     source = layout.InputSource(key=rec.s3_key, bytes=rec.bytes, etag=rec.etag or "")
     if rec.parts:
-        listed = PartStore(blobs).listing(os.path.commonprefix(rec.parts))  # the Upload's parts/ (one listing)
+        listed = PartStore(blobs).listing(os.path.commonpath(rec.parts))  # the Upload's parts (one listing)
         etags = rec.part_etags or []
         missing = [k for k in rec.parts if k not in listed]
         if not missing:

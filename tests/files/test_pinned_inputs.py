@@ -93,7 +93,7 @@ class World:
                                       size=len(doc(ids)))
             return Input({"input_file_id": f.id}, ids, deployment, layout.file_key(f.id), ids, doc(ids))
         # An Upload of three parts, each two whole lines, read through its parts: composition has not run.
-        services.uploads.jobs.compose = lambda *a, **k: None  # type: ignore[method-assign]
+        services.uploads.jobs.compose = lambda *a, **k: None  # this test's own services: nothing to restore
         pieces = [doc(ids[0:2]), doc(ids[2:4]), doc(ids[4:6])]
         up = services.uploads.create("default", CreateUploadRequest(bytes=sum(map(len, pieces)), filename="in.jsonl",
                                                                     mime_type="text/jsonl", purpose="batch"))
@@ -298,7 +298,7 @@ def test_a_bom_at_the_start_of_each_object_of_a_prefix_is_dropped(world: World) 
     batch_id = world.create(inp)
     assert validate_batch(BatchTaskInput(batch_id=batch_id), world.services).valid
     rec = world.run(batch_id)
-    ok, failed = ended_once(world, rec, ["a-0", "a-1", "b-0", "b-1", "c-0"])
+    _, failed = ended_once(world, rec, ["a-0", "a-1", "b-0", "b-1", "c-0"])
     assert not failed
     # A retry reads the objects as Validate did.
     again = retry_batch(world.services, "default", batch_id, RetryRequest(custom_ids=["b-1", "c-0"]))
@@ -336,7 +336,7 @@ def test_a_composed_upload_records_its_etag_and_is_read_at_it(world: World) -> N
     rec = world.services.files.item("default", inp.create["input_file_id"])
     world.services.assembly.compose(rec.pk, rec.upload_id or "")
     composed = world.services.files.item("default", rec.pk)
-    assert not composed.parts and composed.etag == world.services.adapters.blobs.head(rec.s3_key)["ETag"]  # type: ignore[index]
+    assert not composed.parts and composed.etag == (world.services.adapters.blobs.head(rec.s3_key) or {})["ETag"]
     inp = Input(inp.create, inp.ids, inp.bucket, rec.s3_key, inp.ids, doc(inp.ids))
     batch_id = world.create(inp)
     world.mutate(inp, "same_size")
@@ -359,7 +359,7 @@ def test_our_own_rewrite_of_an_input_is_no_change(world: World) -> None:
     part = s3.upload_part(Bucket=blobs.bucket, Key="files/file-kept", UploadId=up, PartNumber=1, Body=data)
     s3.complete_multipart_upload(Bucket=blobs.bucket, Key="files/file-kept", UploadId=up,
                                  MultipartUpload={"Parts": [{"ETag": part["ETag"], "PartNumber": 1}]})
-    assert blobs.head("files/file-kept")["ETag"] != etag  # type: ignore[index]
+    assert (blobs.head("files/file-kept") or {})["ETag"] != etag
     reader = InputReader(blobs, source)
     assert b"".join(reader.stream(0, len(data))) == data
     reader.check()
@@ -382,4 +382,4 @@ def test_a_file_records_the_etag_it_was_written_with(world: World, make_jsonl: C
     f = world.services.files.create("default", filename="x.jsonl", purpose="batch",
                                     fileobj=io.BytesIO(make_jsonl(2)), size=len(make_jsonl(2)))
     rec = world.services.adapters.table.get_record(FileRecord, f.id)
-    assert rec is not None and rec.etag == world.services.adapters.blobs.head(rec.s3_key)["ETag"]  # type: ignore[index]
+    assert rec is not None and rec.etag == (world.services.adapters.blobs.head(rec.s3_key) or {})["ETag"]

@@ -15,12 +15,12 @@ from hypothesis import strategies as st
 
 from nightbatch import layout
 from nightbatch.batches.request import CreateBatchRequest
+from nightbatch.files.inputs import InputReader
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.jsonl import BOM, split_lines
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.pipeline import shard_lines as shard_lines_module
 from nightbatch.pipeline.segments import segment_line
-from nightbatch.files.inputs import InputReader
 from nightbatch.pipeline.shard_lines import ShardLine, shard_lines
 from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord, FileRecord
