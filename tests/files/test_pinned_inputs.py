@@ -32,6 +32,7 @@ from nightbatch.files.inputs import KEPT_ETAGS, InputReader
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.jsonl import BOM
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
+from nightbatch.results.partial import partial_results
 from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord, FileRecord
 from tests.conftest import unique_name
@@ -140,6 +141,10 @@ class World:
                                            engine=DeterministicEngine(spec), blobs=services.adapters.blobs,
                                            table=services.adapters.table, settings=services.settings))
             assert report.finished
+        # While it is open, the partial results hold every line once already (an input's error lines among them).
+        streamed = [json.loads(x)["custom_id"] for kind in ("output", "error")
+                    for x in partial_results(services, "default", batch_id, kind).lines]
+        assert len(streamed) == len(set(streamed)) == self.batch(batch_id).request_counts["total"]
         finalize_batch(inp, services)
         return self.batch(batch_id)
 
