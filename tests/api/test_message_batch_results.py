@@ -5,7 +5,6 @@ runner (deterministic engine) and Finalize run for real on moto; the API over re
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -13,12 +12,11 @@ from typing import TYPE_CHECKING, Any
 import anthropic
 import pytest
 
-from gpu_worker.runner import ShardJob, run_shard
 from nightbatch import layout
 from nightbatch.messages.objects import batch_id_of
-from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
+from nightbatch.pipeline import BatchTaskInput, finalize_batch, validate_batch
 from nightbatch.services import Services
-from tests.support.deterministic_engine import DeterministicEngine
+from tests.support.pipeline_world import run_shards
 
 if TYPE_CHECKING:
     from tests.conftest import ApiServer
@@ -66,14 +64,7 @@ def run_to_end(services: Services, message_batch_id: str) -> str:
     assert batch_id is not None
     inp = BatchTaskInput(batch_id=batch_id)
     if validate_batch(inp, services).valid:
-        plan_batch(inp, services)
-        spec = services.settings.serving.model(MODEL)
-        assert spec is not None
-        for item in layout.read_manifest(services.adapters.blobs, batch_id):
-            report = asyncio.run(run_shard(ShardJob(batch_id=batch_id, shard_id=item.shard_id),
-                                           engine=DeterministicEngine(spec), blobs=services.adapters.blobs,
-                                           table=services.adapters.table, settings=services.settings))
-            assert report.finished
+        run_shards(services, batch_id, MODEL)
         finalize_batch(inp, services)
     return batch_id
 

@@ -12,7 +12,6 @@ before Validate or between Validate and the worker.
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 from collections.abc import Callable
@@ -23,7 +22,6 @@ import openai
 import pytest
 from openai import OpenAI
 
-from gpu_worker.runner import ShardJob, run_shard
 from nightbatch import layout
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.batches.retry import RetryRequest, retry_batch
@@ -36,7 +34,7 @@ from nightbatch.results.partial import partial_results
 from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord, FileRecord
 from tests.conftest import unique_name
-from tests.support.deterministic_engine import DeterministicEngine
+from tests.support.pipeline_world import run_shards
 
 if TYPE_CHECKING:
     from tests.conftest import ApiServer
@@ -133,14 +131,7 @@ class World:
         """Plan, every shard on the deterministic engine, Finalize (Validate has run)."""
         services = self.services
         inp = BatchTaskInput(batch_id=batch_id)
-        plan_batch(inp, services)
-        spec = services.settings.serving.model(MODEL)
-        assert spec is not None
-        for item in layout.read_manifest(services.adapters.blobs, batch_id):
-            report = asyncio.run(run_shard(ShardJob(batch_id=batch_id, shard_id=item.shard_id),
-                                           engine=DeterministicEngine(spec), blobs=services.adapters.blobs,
-                                           table=services.adapters.table, settings=services.settings))
-            assert report.finished
+        run_shards(services, batch_id, MODEL)
         # While it is open, the partial results hold every line once already (an input's error lines among them).
         streamed = [json.loads(x)["custom_id"] for kind in ("output", "error")
                     for x in partial_results(services, "default", batch_id, kind).lines]

@@ -11,7 +11,6 @@ end nowhere, and this test fails.
 
 from __future__ import annotations
 
-import asyncio
 import io
 import itertools
 import json
@@ -23,16 +22,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_worker.runner import ShardJob, run_shard
-from nightbatch import layout
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.batches.retry import RetryRequest, retry_batch
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.jsonl import loads
-from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
+from nightbatch.pipeline import BatchTaskInput, finalize_batch, validate_batch
 from nightbatch.results.partial import partial_results
 from nightbatch.services import Services
-from tests.support.deterministic_engine import DeterministicEngine
+from tests.support.pipeline_world import run_shards
 
 MODEL = "SmolLM2-135M-Instruct"
 URL = "/v1/chat/completions"
@@ -93,16 +90,7 @@ def _upload(services: Services, payload: bytes, one_byte_first_part: bool) -> st
 
 def _run(services: Services, batch_id: str) -> None:
     """Validate (already run) → Plan → every shard on the deterministic engine."""
-    inp = BatchTaskInput(batch_id=batch_id)
-    plan_batch(inp, services)
-    blobs = services.adapters.blobs
-    for item in layout.read_manifest(blobs, batch_id):
-        spec = services.settings.serving.model(MODEL)
-        assert spec is not None
-        report = asyncio.run(run_shard(ShardJob(batch_id=batch_id, shard_id=item.shard_id),
-                                       engine=DeterministicEngine(spec), blobs=blobs,
-                                       table=services.adapters.table, settings=services.settings))
-        assert report.finished
+    run_shards(services, batch_id, MODEL)
 
 
 def _ids_of(data: bytes) -> list[str]:

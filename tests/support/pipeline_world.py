@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 from collections.abc import Iterator
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 from moto import mock_aws
 
+from gpu_worker.runner import ShardJob, run_shard
 from nightbatch import layout
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
@@ -19,6 +21,7 @@ from nightbatch.services import Services, build_services
 from nightbatch.settings import Settings
 from nightbatch.storage import make_adapters
 from nightbatch.storage.dynamo import create_table
+from tests.support.deterministic_engine import DeterministicEngine
 
 
 class RecordingWorkflow:
@@ -93,3 +96,15 @@ def planned_shards(services: Services, n: int, *, segment_max_lines: int,
     plan_batch(inp, services)
     return batch_id, [(item.shard_id, [r.custom_id for r in shard_requests_of(services, batch_id, item.shard_id)])
                       for item in layout.read_manifest(services.adapters.blobs, batch_id)]
+
+
+def run_shards(services: Services, batch_id: str, model: str = "SmolLM2-135M-Instruct") -> None:
+    """Plan (Validate has run), then every shard to its end on the deterministic engine, as the workflow's Map."""
+    plan_batch(BatchTaskInput(batch_id=batch_id), services)
+    spec = services.settings.serving.model(model)
+    assert spec is not None
+    for item in layout.read_manifest(services.adapters.blobs, batch_id):
+        report = asyncio.run(run_shard(ShardJob(batch_id=batch_id, shard_id=item.shard_id),
+                                       engine=DeterministicEngine(spec), blobs=services.adapters.blobs,
+                                       table=services.adapters.table, settings=services.settings))
+        assert report.finished
