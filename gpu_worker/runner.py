@@ -195,7 +195,8 @@ class _ShardRun:
             blobs=blobs, table=table, batch_id=job.batch_id, prefix=self.prefix, attempt=self.attempt,
             next_seq=progress.next_seq, policy=CheckpointPolicy.from_settings(settings.worker),
         )
-        self.pending = PendingLines(blobs, spec, progress.done)
+        # A spec planned before specs named their tenant was validated before inputs carried it: not checked.
+        self.pending = PendingLines(blobs, spec, progress.done, scope=scope if spec.tenant else None)
         self.max_in_flight = in_flight_limit(settings, engine)
         # An engine shared by several shards at once (the local stack) schedules by priority: each request's is
         # the count of this attempt's earlier ones, so a small batch's first requests go before a big one's

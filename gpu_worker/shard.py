@@ -16,6 +16,7 @@ from nightbatch.layout import CHECKPOINT_RE, ShardSpec
 from nightbatch.pipeline.shard_lines import shard_requests
 from nightbatch.results.order import first_results
 from nightbatch.storage import BlobStore
+from nightbatch.tenancy.scope import Scope
 
 log = logging.getLogger("gpu_worker.shard")
 
@@ -53,14 +54,15 @@ def load_shard(blobs: BlobStore, batch_id: str, shard_id: str) -> ShardSpec:
 class PendingLines:
     """The shard's lines in order, minus the custom_ids earlier attempts finished; counts those passed over."""
 
-    def __init__(self, blobs: BlobStore, spec: ShardSpec, skip: set[int]) -> None:
+    def __init__(self, blobs: BlobStore, spec: ShardSpec, skip: set[int], *, scope: Scope | None = None) -> None:
         self.blobs = blobs
         self.spec = spec
         self.skip = skip
         self.skipped = 0
+        self.scope = scope  # the shard's tenant: the reader checks each input object against it
 
     def __iter__(self) -> Iterator[PendingRequest]:
-        for req in shard_requests(self.blobs, self.spec):
+        for req in shard_requests(self.blobs, self.spec, scope=self.scope):
             if self.skip and custom_id_digest(req.custom_id) in self.skip:
                 self.skipped += 1
                 continue

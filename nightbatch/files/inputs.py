@@ -46,6 +46,7 @@ from nightbatch.storage.s3 import CHUNK_BYTES, Version
 
 if TYPE_CHECKING:
     from nightbatch.storage.records import FileRecord
+    from nightbatch.tenancy.scope import Scope
 
 INPUT_CHANGED = "input_changed"
 INPUT_UNREADABLE = "input_unreadable"
@@ -116,8 +117,13 @@ class InputReader:
     object's VersionId) are learnt from the first read and kept (`pinned`); a part that failed fails again
     without another GET."""
 
-    def __init__(self, blobs: BlobStore, source: layout.InputSource) -> None:
+    def __init__(self, blobs: BlobStore, source: layout.InputSource, *, scope: Scope | None = None) -> None:
         self.blobs, self.source = blobs, source
+        # The tenant on whose behalf a shard reads (the GPU worker's reader): each object is checked against it
+        # before its first GET (`_check_owner`). None: a reader that found the file through the tenant's own
+        # record (the API, Validate, retry), or a shard planned before specs named their tenant.
+        self.scope = scope
+        self.owned: set[int] = set()
         self.parts = list(source.parts)
         self.versions = [Version(p.etag, p.version_id) for p in self.parts]
         self.whole = Version(source.etag)
@@ -191,9 +197,41 @@ class InputReader:
         part = self.parts[index]
         return self.blobs.in_bucket(part.bucket), part.key, self.versions[index]
 
+    def _check_owner(self, index: int) -> None:
+        """InputUnavailable (input_unreadable) unless the object may be read for the scope's tenant: a user's
+        object under the tenant's allow-list entries, our own object tagged with the tenant (every input of ours
+        is: at upload, and by Validate; nightbatch/tenancy/scope.py)."""
+        if self.scope is None or index in self.owned:
+            return
+        store, key, _ = self._target(index)
+        if self.source.in_place:
+            ok = self.scope.may_read(store.bucket, key)
+        else:
+            try:
+                ok = self.scope.owns(store.tags(key))
+            except client_error() as e:
+                status, code = answer(e)
+                failure = self._failure(status, code, index)
+                if failure is None:
+                    raise
+                self.failed[index] = failure
+                raise failure from e
+        if not ok:
+            self.owned.add(index)  # for the probe's own GET: a rewritten object lost our tags with its bytes
+            try:
+                self._first_byte(index)  # its accepted version gone: that is what ends its lines
+            finally:
+                self.owned.discard(index)
+            failure = InputUnavailable(INPUT_UNREADABLE, self.name(index), "is not one this batch's tenant "
+                                       f"'{self.scope.tenant}' may read")
+            self.failed[index] = failure
+            raise failure
+        self.owned.add(index)
+
     def _get(self, index: int, lo: int, hi: int, read_ahead: bool, chunk: int) -> Iterator[bytes]:
         if index in self.failed:
             raise self.failed[index]
+        self._check_owner(index)
         store, key, version = self._target(index)
         renewed = False
         while True:

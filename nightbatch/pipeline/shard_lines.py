@@ -23,6 +23,7 @@ from nightbatch.jsonl import UndecodableLine, loads, split_lines
 from nightbatch.layout import ShardSpec
 from nightbatch.pipeline.segments import SegmentRequest, split_segment_line
 from nightbatch.storage import BlobStore
+from nightbatch.tenancy.scope import Scope
 
 log = logging.getLogger("nightbatch.shard_lines")
 # Ranges closer than this are read together: a GET costs a round trip (~20-50 ms on S3), which is worth
@@ -50,17 +51,19 @@ class Run(NamedTuple):
     size: int  # its lines (-1: not known)
 
 
-def shard_lines(blobs: BlobStore, spec: ShardSpec, *, chunk: int = BLOCK_BYTES) -> Iterator[ShardLine]:
+def shard_lines(blobs: BlobStore, spec: ShardSpec, *, chunk: int = BLOCK_BYTES,
+                scope: Scope | None = None) -> Iterator[ShardLine]:
+    """`scope`: the shard's tenant, whose objects alone the reader may read (the worker's; files/inputs.py)."""
     if spec.input is None:
         yield from _v1_lines(blobs, spec.segments)
         return
-    yield from _read_runs(_Blocks(InputReader(blobs, spec.input), chunk), _runs(blobs, spec.indexes))
+    yield from _read_runs(_Blocks(InputReader(blobs, spec.input, scope=scope), chunk), _runs(blobs, spec.indexes))
 
 
-def shard_requests(blobs: BlobStore, spec: ShardSpec) -> Iterator[SegmentRequest]:
+def shard_requests(blobs: BlobStore, spec: ShardSpec, *, scope: Scope | None = None) -> Iterator[SegmentRequest]:
     """shard_lines, each request decoded (its custom_id and body). A line whose input changed since Validate
     accepted it comes with its `failure` (its custom_id the index's): the worker ends it with that error."""
-    for line in shard_lines(blobs, spec):
+    for line in shard_lines(blobs, spec, scope=scope):
         if line.failure is not None:
             yield SegmentRequest(number=line.number, est=line.est, custom_id=line.custom_id, body={},
                                  failure=line.failure)
