@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 import requests
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gpu_worker.runner import ShardJob, run_shard
@@ -58,6 +58,9 @@ ATTACKS = ("none", "their_prefix", "their_file_image", "their_s3_image")
 CHANGES = ("none", "same_size", "their_file", "shrink", "delete", "denied", "their_spec", "their_pin")
 UPSTREAM = ("their_spec", "their_pin")  # a broken step upstream of the worker: made after Plan
 PNG = b"\x89PNG\r\n\x1a\n" + b"team-a's own picture" + bytes(40)
+# A's prompt text: as long as B's secret marker, so that B's input (the same custom_ids: tenants pick theirs
+# freely) lines up with A's line index byte for byte, and a broken reader would send B's lines as A's.
+TEXT = "hello-there-abcdefgh"
 
 
 @dataclass
@@ -108,8 +111,9 @@ class World:
     def victim(self) -> Tenant:
         """Tenant B, with an input file, a vision file, an in-place input and an in-place image, each marked."""
         b = self.tenant("tb")
-        b.secret = unique_name("SECRETB")
-        payload = b"".join(_chat(f"b{i}", b.secret) + b"\n" for i in range(3))
+        b.secret = unique_name("SECRETB")[:len(TEXT)]
+        assert len(b.secret) == len(TEXT)
+        payload = b"".join(_chat(f"a{i:02d}", b.secret) + b"\n" for i in range(4))
         b.input_id = self.services.files.create(b.name, filename="b.jsonl", purpose="batch",
                                                 fileobj=io.BytesIO(payload), size=len(payload)).id
         b.image = b"GIF89a " + b.secret.encode() + bytes(30)
@@ -139,7 +143,7 @@ class World:
             if ex.path == "anthropic":
                 out.append(_message(f"a{i:02d}", image))
             else:
-                out.append(_chat(f"a{i:02d}", "hello", image))
+                out.append(_chat(f"a{i:02d}", TEXT, image))
         return out
 
     def create(self, ex: Example) -> tuple[str, Target]:
@@ -211,8 +215,7 @@ class World:
                 new = data.replace(ex.a.image_id.encode(), ex.b.image_id.encode())
             else:  # a custom_id repeated, at the same size
                 ids = [json.loads(x)["custom_id"] for x in data.splitlines()]
-                new = data.replace(ids[-1].encode(), ids[0].encode()) if len(ids) > 1 else data.replace(
-                    b'"hello"', b'"HELLO"')
+                new = data.replace(ids[-1].encode(), ids[0].encode())
             self._put(target, new)
             return new
         if kind == "shrink":
@@ -319,6 +322,11 @@ examples = st.builds(
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ex=examples)
+# Always, whatever hypothesis draws: the broken-upstream cases, where only the worker's own checks stand.
+@example(ex=Example("upload", "none", "their_spec", False, 3, False))
+@example(ex=Example("prefix", "none", "their_spec", False, 3, False))
+@example(ex=Example("upload", "none", "their_pin", False, 2, True))
+@example(ex=Example("object", "none", "their_pin", False, 3, True))
 def test_each_tenant_reaches_only_its_own_data_and_every_accepted_line_ends_once(world: World, ex: Example) -> None:
     ex.b = world.victim()
     ex.a = world.tenant("ta")
