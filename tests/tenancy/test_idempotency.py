@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import httpx
@@ -12,7 +11,9 @@ import pytest
 from starlette.requests import Request
 
 from functions.api.idempotency import Idempotency
+from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError
+from nightbatch.tenancy import idempotency
 from nightbatch.tenancy.idempotency import Claim, Fingerprint, IdempotencyStore, Replay, record_pk
 from nightbatch.tenancy.limits import release_queue_usage
 from tests.tenancy.conftest import Stack, chat_lines
@@ -159,15 +160,18 @@ def test_a_deterministic_error_is_replayed_and_a_429_is_not(make_stack: Any) -> 
     assert second.id != first.id
 
 
-def test_expired_records_and_stale_locks_are_taken_over(make_stack: Any) -> None:
+def test_expired_records_and_stale_locks_are_taken_over(make_stack: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the store's own clock (a fixed time, then 2 s later): a slow machine cannot let the lock lapse early."""
     stack = make_stack()
     store = IdempotencyStore(stack.table, ttl_seconds=1, lock_seconds=1)
+    start = now()
+    monkeypatch.setattr(idempotency, "now", lambda: start)
     claim = store.begin("t", "k", "fp-1")
     assert isinstance(claim, Claim)
     with pytest.raises(InvalidRequestError) as info:
         store.begin("t", "k", "fp-1")
     assert info.value.headers["x-should-retry"] == "true"
-    time.sleep(2.1)
+    monkeypatch.setattr(idempotency, "now", lambda: start + 2)
     late = store.begin("t", "k", "fp-2")  # expired: a new request may use the key
     assert isinstance(late, Claim)
     store.complete(claim, 200, {"stale": True})  # the old owner cannot overwrite the new record

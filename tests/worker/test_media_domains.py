@@ -30,17 +30,18 @@ def media_connector_refuses(domains: list[str], url: str) -> bool:
     return False
 
 
-def test_vllm_gets_the_allowed_media_domains() -> None:
-    engine, _ = split_args(SMOL, Path("/models/x"), on_cpu=True,
+def test_vllm_gets_the_allowed_media_domains(tmp_path: Path) -> None:
+    engine, _ = split_args(SMOL, tmp_path, on_cpu=True,
                            media_domains=" Images.Example.com, cdn.example.org ,")
     assert engine.allowed_media_domains == ["cdn.example.org", "images.example.com"]
     assert not media_connector_refuses(engine.allowed_media_domains, "https://images.example.com/cat.png")
     assert media_connector_refuses(engine.allowed_media_domains, "http://169.254.169.254/latest/meta-data/")
 
 
-def test_with_no_allowed_domain_vllm_fetches_from_no_host() -> None:
-    for engine, _ in (split_args(SMOL, Path("/models/x"), on_cpu=True, media_domains=""),
-                      split_args(SMOL, Path("/models/x"), on_cpu=True)):
+def test_with_no_allowed_domain_vllm_fetches_from_no_host(tmp_path: Path) -> None:
+    """(A model directory that exists: vLLM takes any other path for a hub repo id and may check its form.)"""
+    for engine, _ in (split_args(SMOL, tmp_path, on_cpu=True, media_domains=""),
+                      split_args(SMOL, tmp_path, on_cpu=True)):
         assert engine.allowed_media_domains
         for url in ("http://169.254.169.254/latest/meta-data/", "https://example.com/a.png", "http://localhost/x"):
             assert media_connector_refuses(engine.allowed_media_domains, url), url
