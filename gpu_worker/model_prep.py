@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nightbatch.models.spec import ModelSpec
+from nightbatch.tenancy.scope import parse_s3_uri
 
 # Read here rather than in nightbatch.settings because only the worker and the local stack prepare models.
 CACHE_ENV = "NIGHTBATCH_MODEL_CACHE"
@@ -108,8 +109,8 @@ def convert_gguf(gguf: Path, out_dir: Path) -> None:
 
 
 def _from_s3(spec: ModelSpec, source: str, cache: Path, s3_client: Any) -> Path:
-    bucket, _, prefix = source.removeprefix("s3://").partition("/")
-    prefix = prefix.strip("/")
+    where = parse_s3_uri(source, "source")
+    bucket, prefix = where.bucket, where.key.strip("/")
     listing_prefix = f"{prefix}/" if prefix else ""
     if s3_client is None:
         import boto3  # type: ignore[import-untyped,unused-ignore]

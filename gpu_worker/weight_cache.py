@@ -30,6 +30,7 @@ from gpu_worker.model_prep import (
     resolve_model_dir,
 )
 from nightbatch.models.spec import ModelSpec
+from nightbatch.tenancy.scope import parse_s3_uri
 
 MODELS_PREFIX = "models/"
 READY = "READY.json"
@@ -90,8 +91,8 @@ def resolve_weights(
     if spec.source.startswith("hf:") and bucket and s3 is not None:
         return _through_bucket(spec, bucket, s3, cache, fetch or hub_fetch, use_streamer)
     if spec.source.startswith("s3://") and s3 is not None and use_streamer:
-        bucket_name, _, prefix = spec.source.removeprefix("s3://").partition("/")
-        prefix = f"{prefix.strip('/')}/" if prefix.strip("/") else ""
+        where = parse_s3_uri(spec.source, "source")
+        bucket_name, prefix = where.bucket, where.as_prefix().key
         if any(k.endswith(".safetensors") for k in _list(s3, bucket_name, prefix)):
             return Weights(f"s3://{bucket_name}/{prefix}", STREAMER, "s3-stream")
     source = "s3" if spec.source.startswith("s3://") else "local"

@@ -347,7 +347,8 @@ class NightbatchStack(cdk.Stack):
                           description="cdk.json userBuckets: where batches may read and write in users' buckets")
 
     def grant_model_weights(self, source: str) -> None:
-        bucket_name, _, prefix = source.removeprefix("s3://").partition("/")
+        where = scope.parse_s3_uri(source, "source")
+        bucket_name, prefix = where.bucket, where.key
         objects = f"arn:{self.partition}:s3:::{bucket_name}/{prefix}*"
         for role in self.worker_roles:
             role.add_to_principal_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[objects]))
