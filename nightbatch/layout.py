@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import msgspec
 from pydantic import BaseModel, ConfigDict, TypeAdapter
 
+from nightbatch.files.sources import InputSource
+
 if TYPE_CHECKING:  # infra/ reads the prefixes without the AWS adapters
     from nightbatch.storage import BlobStore as Blobs
 
@@ -191,30 +193,6 @@ class SegmentEntry(BaseModel):
     group: int = 0  # prefix group (nightbatch/pipeline/prefixes.py); 0: lines in input order
     bytes: int = 0  # input bytes the segment's ranges span (version 2)
     model: str = ""  # the lines' `body.model` (a served model or a LoRA adapter); "": the batch's model
-
-
-class InputPart(BaseModel):
-    key: str
-    bytes: int
-    bucket: str = ""  # "": the deployment's bucket; else a user's allow-listed bucket (files/user_buckets.py)
-    # The version accepted (nightbatch/files/inputs.py): every read sends `etag` as If-Match and, in a versioned
-    # bucket, reads `version_id`. Empty: a previous release's record, read as it is now.
-    etag: str = ""
-    version_id: str = ""
-
-
-class InputSource(BaseModel):
-    """The input a batch's line indexes point into: `key` (files/<file_id>), `bytes` long, of ETag `etag`. An
-    Upload not yet composed when Validate ran is read through `parts`, in order, until `key` holds all `bytes`
-    (composition writes the same bytes at `key` before the parts go: nightbatch/files/assembly.py). `in_place`:
-    the parts are objects of a user's bucket, read where they are for good (`key` is then empty), each a JSONL
-    document of its own (a BOM at its start is dropped, its end ends a line)."""
-
-    key: str
-    bytes: int
-    parts: list[InputPart] = []
-    in_place: bool = False
-    etag: str = ""  # of `key` (empty: not known when Validate ran, an Upload then in parts)
 
 
 class SegmentIndex(BaseModel):

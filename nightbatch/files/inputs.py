@@ -35,9 +35,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from nightbatch import layout
 from nightbatch.errors import ConflictError
-from nightbatch.files.user_buckets import source_parts
+from nightbatch.files.sources import InputPart, InputSource, source_parts
 from nightbatch.jsonl import LineBlock, RawLine, lines_of, split_blocks
 from nightbatch.storage import BlobStore
 from nightbatch.storage.botoerrors import answer, client_error
@@ -92,18 +91,18 @@ def unavailable(status: int, code: str, name: str, version: Version) -> InputUna
     return None
 
 
-def input_source(blobs: BlobStore, rec: FileRecord) -> layout.InputSource:
+def input_source(blobs: BlobStore, rec: FileRecord) -> InputSource:
     """What a file's bytes are, at the versions accepted: a user's objects, an Upload's parts (sizes by one
     listing) while it is not composed, else its one object."""
     if rec.source_objects:
-        return layout.InputSource(key="", bytes=rec.bytes, parts=source_parts(rec), in_place=True)
-    source = layout.InputSource(key=rec.s3_key, bytes=rec.bytes, etag=rec.etag or "")
+        return InputSource(key="", bytes=rec.bytes, parts=source_parts(rec), in_place=True)
+    source = InputSource(key=rec.s3_key, bytes=rec.bytes, etag=rec.etag or "")
     if rec.parts:
         listed = PartStore(blobs).listing(os.path.commonpath(rec.parts))  # the Upload's parts (one listing)
         etags = rec.part_etags or []
         missing = [k for k in rec.parts if k not in listed]
         if not missing:
-            source.parts = [layout.InputPart(key=k, bytes=listed[k][0], etag=etags[i] if i < len(etags) else "")
+            source.parts = [InputPart(key=k, bytes=listed[k][0], etag=etags[i] if i < len(etags) else "")
                             for i, k in enumerate(rec.parts)]
         elif PartStore(blobs).sizes(rec.s3_key).get(rec.s3_key) != rec.bytes:
             raise InputUnavailable(INPUT_CHANGED, missing[0], "was deleted after the batch accepted it")
@@ -117,7 +116,7 @@ class InputReader:
     object's VersionId) are learnt from the first read and kept (`pinned`); a part that failed fails again
     without another GET."""
 
-    def __init__(self, blobs: BlobStore, source: layout.InputSource, *, scope: Scope | None = None) -> None:
+    def __init__(self, blobs: BlobStore, source: InputSource, *, scope: Scope | None = None) -> None:
         self.blobs, self.source = blobs, source
         # The tenant on whose behalf a shard reads (the GPU worker's reader): each object is checked against it
         # before its first GET (`_check_owner`). None: a reader that found the file through the tenant's own
@@ -131,7 +130,7 @@ class InputReader:
         self.failed: dict[int, InputUnavailable] = {}  # by part index; -1: the composed object
         self.starts: list[tuple[int, str]] = []  # (first line number, object) of each document read by `blocks`
 
-    def pinned(self) -> layout.InputSource:
+    def pinned(self) -> InputSource:
         """`source` with every pin learnt so far: what the shards and Finalize read by."""
         parts = [p.model_copy(update={"etag": v.etag, "version_id": v.version_id})
                  for p, v in zip(self.parts, self.versions, strict=True)]

@@ -4,21 +4,19 @@ only where the deployment's allow-list grants it (cdk.json `userBuckets` -> sett
 `user_output_prefixes`, and the IAM grants of the same buckets: infra/user_buckets.py).
 
 The input is not copied: its file item lists the objects (key, size), Validate indexes byte ranges of them and the
-shards read those ranges where they are (layout.InputSource `in_place`). The bytes are the user's: deleting the
-file deletes the item only.
+shards read those ranges where they are (an `in_place` InputSource, files/sources.py). The bytes are the user's:
+deleting the file deletes the item only.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from nightbatch import layout
 from nightbatch.errors import InvalidRequestError
 from nightbatch.ids import new_file_id
 from nightbatch.settings import Settings
 from nightbatch.storage import BlobStore
 from nightbatch.storage.botoerrors import client_error
-from nightbatch.storage.records import FileRecord
 from nightbatch.storage.s3 import Version
 from nightbatch.tenancy.scope import S3Uri, Scope
 
@@ -93,13 +91,6 @@ def register_input(files: FileService, scope: Scope, uri: str) -> FileObject:
     return files.register(
         scope.tenant, file_id=new_file_id(), key="", size=sum(int(o["bytes"]) for o in objects),
         filename=str(where)[:255], purpose="batch", extra={"source_bucket": where.bucket, "source_objects": objects})
-
-
-def source_parts(rec: FileRecord) -> list[layout.InputPart]:
-    """The objects of a file read in place, as the parts the shards read through, at the versions accepted."""
-    return [layout.InputPart(key=str(o["key"]), bytes=int(o["bytes"]), bucket=rec.source_bucket or "",
-                             etag=str(o.get("etag") or ""), version_id=str(o.get("version_id") or ""))
-            for o in rec.source_objects or []]
 
 
 def copy_outputs(blobs: BlobStore, scope: Scope, location: str, keys: dict[str, str]) -> None:

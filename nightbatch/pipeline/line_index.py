@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from nightbatch import layout
+from nightbatch.files.sources import InputSource
 from nightbatch.storage import BlobStore
 
 PACK_BYTES = 4 * 1024 * 1024  # a pack is sent once it holds this much (1M lines of one model: about one pack)
@@ -160,7 +161,7 @@ class IndexWriter:
             f.result()
         self.pool.shutdown()
 
-    def close(self, source: layout.InputSource) -> None:
+    def close(self, source: InputSource) -> None:
         for slot in sorted(self.open):
             self.flush(slot)
         self._send_pack()

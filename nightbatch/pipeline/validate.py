@@ -12,6 +12,7 @@ from nightbatch.batches import lifecycle
 from nightbatch.clock import now
 from nightbatch.errors import StorageConflictError
 from nightbatch.files.inputs import InputReader, InputUnavailable, keep
+from nightbatch.files.sources import InputSource
 from nightbatch.jsonl import LineBlock, RawLine, block_lines
 from nightbatch.metrics import emit
 from nightbatch.pipeline.line_index import IndexWriter
@@ -178,7 +179,7 @@ def _placed(errors: list[BatchError], reader: InputReader | None) -> list[BatchE
     return errors
 
 
-def _keep_pins(services: Services, file_item: FileRecord, source: layout.InputSource) -> None:
+def _keep_pins(services: Services, file_item: FileRecord, source: InputSource) -> None:
     """The VersionIds Validate's reads learnt of a user's objects (a prefix's listing at create gives none) go on
     the file, so its content and a retry read those versions too."""
     if not source.in_place or not file_item.source_objects:
@@ -189,8 +190,8 @@ def _keep_pins(services: Services, file_item: FileRecord, source: layout.InputSo
         services.adapters.table.update_attributes(FileRecord, file_item.pk, set_={"source_objects": objects})
 
 
-def _keep_input(blobs: BlobStore, source: layout.InputSource, batch_id: str,
-                expires_at: int | None) -> layout.InputSource:
+def _keep_input(blobs: BlobStore, source: InputSource, batch_id: str,
+                expires_at: int | None) -> InputSource:
     """The shards read the input until the batch ends (up to its window plus Finalize, after the sweeper's grace),
     but the bucket's lifecycle deletes it OBJECT_EXPIRY_DAYS after it was written: an input that would go
     before then is written again in place, a server-side copy of the version accepted, which the shards then
@@ -205,7 +206,7 @@ def _keep_input(blobs: BlobStore, source: layout.InputSource, batch_id: str,
     return source
 
 
-def _mark_input(services: Services, file_item: FileRecord, source: layout.InputSource) -> None:
+def _mark_input(services: Services, file_item: FileRecord, source: InputSource) -> None:
     """Tags every object the shards will read (layout.INPUT_TAGS): the GPU worker may read no other object of
     files/ or uploads/; and with the file's tenant, which objects stored before they carried it from the start
     lack (tenancy/scope.py). An Upload still in parts: each part, and the composed object if composition finished

@@ -27,6 +27,7 @@ from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.batches.retry import RetryRequest, retry_batch
 from nightbatch.errors import ConflictError
 from nightbatch.files.inputs import KEPT_ETAGS, InputReader
+from nightbatch.files.sources import InputSource
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.jsonl import BOM
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
@@ -347,7 +348,7 @@ def test_our_own_rewrite_of_an_input_is_no_change(world: World) -> None:
     blobs = world.services.adapters.blobs
     data = doc(["k-0", "k-1"])
     etag = blobs.put_bytes("files/file-kept", data)
-    source = layout.InputSource(key="files/file-kept", bytes=len(data), etag=etag)
+    source = InputSource(key="files/file-kept", bytes=len(data), etag=etag)
     # The same bytes as a multipart upload: another ETag, the one it had in its metadata (files/inputs.py: keep).
     s3 = blobs.client
     up = s3.create_multipart_upload(Bucket=blobs.bucket, Key="files/file-kept",

@@ -11,6 +11,7 @@ from typing import Any
 
 from gpu_worker.runner import ShardJob, run_shard
 from nightbatch import layout
+from nightbatch.files.sources import InputSource
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.services import Services
 from tests.support.deterministic_engine import DeterministicEngine
@@ -55,7 +56,7 @@ def _validated(services: Services, tenant: str, payload: bytes) -> str:
     return batch_id
 
 
-def _point_shards_at(services: Services, batch_id: str, source: layout.InputSource) -> None:
+def _point_shards_at(services: Services, batch_id: str, source: InputSource) -> None:
     blobs = services.adapters.blobs
     for item in layout.read_manifest(blobs, batch_id):
         spec = layout.read_shard(blobs, batch_id, item.shard_id)

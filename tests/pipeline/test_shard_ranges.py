@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from nightbatch import layout
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.files.inputs import InputReader
+from nightbatch.files.sources import InputPart, InputSource
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.jsonl import BOM, split_lines
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
@@ -114,8 +115,8 @@ def test_an_upload_is_read_through_its_parts(services: Services, monkeypatch: py
     done = services.uploads.complete("default", up.id, CompleteUploadRequest(part_ids=parts))
     assert done.file is not None
     file = services.files.item("default", done.file.id)
-    source = layout.InputSource(key=file.s3_key, bytes=file.bytes,
-                                parts=[layout.InputPart(key=k, bytes=services.adapters.blobs.size(k) or 0)
+    source = InputSource(key=file.s3_key, bytes=file.bytes,
+                                parts=[InputPart(key=k, bytes=services.adapters.blobs.size(k) or 0)
                                        for k in file.parts or []])
     assert len(source.parts) == 5 and services.adapters.blobs.size(file.s3_key) is None
     reader = InputReader(services.adapters.blobs, source)
