@@ -169,17 +169,22 @@ def _planned_requests(blobs: Any, batch_id: str, shard_id: str) -> Iterator[tupl
     from nightbatch import layout
 
     try:
-        from nightbatch.pipeline.shard_lines import shard_lines
-    except ImportError:  # a baseline from before byte-range shards: the lines were copied into segments
-        from nightbatch.pipeline.segments import parse_segment_line
+        from nightbatch.shards.lines import shard_lines
+        from nightbatch.shards.spec import read_shard
+    except ImportError:  # a baseline from before the shards/ package
+        try:
+            from nightbatch.pipeline.shard_lines import shard_lines  # type: ignore[no-redef]
+        except ImportError:  # a baseline from before byte-range shards: the lines were copied into segments
+            from nightbatch.pipeline.segments import parse_segment_line  # type: ignore[attr-defined]
 
-        shard = json.loads(blobs.get_bytes(layout.shard_key(batch_id, shard_id)) or b"{}")
-        for segment in shard["segments"]:
-            for raw in io.BytesIO(blobs.get_bytes(segment) or b""):
-                line = parse_segment_line(raw)
-                yield line.number, line.custom_id
-        return
-    spec = layout.read_shard(blobs, batch_id, shard_id)
+            shard = json.loads(blobs.get_bytes(layout.shard_key(batch_id, shard_id)) or b"{}")
+            for segment in shard["segments"]:
+                for raw in io.BytesIO(blobs.get_bytes(segment) or b""):
+                    line = parse_segment_line(raw)
+                    yield line.number, line.custom_id
+            return
+        read_shard = layout.read_shard  # type: ignore[attr-defined]
+    spec = read_shard(blobs, batch_id, shard_id)
     assert spec is not None
     for line in shard_lines(blobs, spec):
         yield line.number, json.loads(line.raw)["custom_id"]

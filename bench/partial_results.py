@@ -22,6 +22,7 @@ from nightbatch import layout
 from nightbatch.results.partial import partial_results
 from nightbatch.services import build_services
 from nightbatch.settings import Settings
+from nightbatch.shards.spec import ShardItem, ShardSpec, write_manifest, write_shard
 from nightbatch.storage import make_adapters
 from nightbatch.storage.dynamo import create_table
 from nightbatch.storage.records import BatchRecord
@@ -55,8 +56,8 @@ def main() -> None:
         items = []
         for s in range(args.shards):
             shard_id = f"{s:05d}"
-            items.append(layout.ShardItem(batch_id=batch_id, shard_id=shard_id))
-            layout.write_shard(adapters.blobs, layout.ShardSpec(
+            items.append(ShardItem(batch_id=batch_id, shard_id=shard_id))
+            write_shard(adapters.blobs, ShardSpec(
                 batch_id=batch_id, shard_id=shard_id, endpoint="/v1/chat/completions", model="m", segments=[],
                 lines=per_shard))
             prefix = layout.results_prefix(batch_id, shard_id)
@@ -67,7 +68,7 @@ def main() -> None:
                 zombie = b"".join(result_line(batch_id, c, -1) for c in ids[::10])
                 adapters.blobs.put_bytes(layout.checkpoint_key(prefix, seq, "f"), zombie)
                 stored += len(data) + len(zombie)
-        layout.write_manifest(adapters.blobs, batch_id, items)
+        write_manifest(adapters.blobs, batch_id, items)
         tracemalloc.start()
         started = time.perf_counter()
         lines = size = 0

@@ -142,8 +142,8 @@ def read_report(stdout: IO[str]) -> dict[str, Any] | None:
 
 
 def shared_prompts_per_shard(side: ShardedSide, shards: list[dict[str, Any]]) -> list[int]:
-    from nightbatch.layout import ShardSpec
-    from nightbatch.pipeline.shard_lines import shard_requests
+    from nightbatch.shards.lines import shard_requests
+    from nightbatch.shards.spec import ShardSpec
 
     out = []
     for shard in shards:

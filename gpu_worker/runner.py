@@ -24,9 +24,10 @@ from gpu_worker.shard import PendingLines, PendingRequest, Progress, load_shard,
 from gpu_worker.watch import read_stop_reason, watch_batch
 from nightbatch import layout
 from nightbatch.ids import new_request_id
-from nightbatch.layout import ShardSpec, done_key, results_prefix
+from nightbatch.layout import done_key, results_prefix
 from nightbatch.phases import Phases
 from nightbatch.settings import Settings
+from nightbatch.shards.spec import ShardSpec
 from nightbatch.storage import BlobStore, Table
 from nightbatch.storage.records import BatchRecord
 from nightbatch.tenancy.scope import Scope

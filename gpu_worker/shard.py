@@ -1,4 +1,4 @@
-"""A shard in S3: its definition, its lines streamed in order (nightbatch/pipeline/shard_lines.py), the results
+"""A shard in S3: its definition, its lines streamed in order (nightbatch/shards/lines.py), the results
 already checkpointed."""
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from gpu_worker.results import usage_tokens
 from nightbatch import layout
 from nightbatch.files.inputs import InputUnavailable
 from nightbatch.ids import custom_id_digest
-from nightbatch.layout import CHECKPOINT_RE, ShardSpec
-from nightbatch.pipeline.shard_lines import shard_requests
+from nightbatch.layout import CHECKPOINT_RE
 from nightbatch.results.order import first_results
+from nightbatch.shards.lines import shard_requests
+from nightbatch.shards.spec import ShardSpec, read_shard
 from nightbatch.storage import BlobStore
 from nightbatch.tenancy.scope import Scope
 
@@ -44,7 +45,7 @@ class Progress:
 
 
 def load_shard(blobs: BlobStore, batch_id: str, shard_id: str) -> ShardSpec:
-    spec = layout.read_shard(blobs, batch_id, shard_id)
+    spec = read_shard(blobs, batch_id, shard_id)
     if spec is None:
         key = layout.shard_key(batch_id, shard_id)
         raise FileNotFoundError(f"shard definition s3://{blobs.bucket}/{key} does not exist")

@@ -32,7 +32,7 @@ TABLE_ACTIONS: dict[str, tuple[str, ...]] = {
 # Only what the worker reads and writes: its shard definitions, segments, results and checkpoints, and the
 # models/ weight cache (the first job of a Hugging Face model writes its weights through; later jobs stream them).
 WORKER_PREFIXES = (BATCHES_PREFIX, MODELS_PREFIX)
-# A shard is byte ranges of the batch's input (nightbatch/pipeline/shard_lines.py): read-only, an Upload through
+# A shard is byte ranges of the batch's input (nightbatch/shards/lines.py): read-only, an Upload through
 # its parts until it is composed, and only the objects Validate tagged as a batch's input (layout.INPUT_TAGS); the
 # files its lines name as images are tagged alike (FileService.images), so they need no grant of their own. Which
 # tenant's they are is the application's to check (the object's tenant tag, read through s3:GetObjectTagging on

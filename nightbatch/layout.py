@@ -15,9 +15,7 @@ from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
-from pydantic import BaseModel, ConfigDict, TypeAdapter
-
-from nightbatch.files.sources import InputSource
+from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:  # infra/ reads the prefixes without the AWS adapters
     from nightbatch.storage import BlobStore as Blobs
@@ -83,21 +81,6 @@ def line_index_key(batch_id: str, n: int) -> str:
 def line_index_pack_key(batch_id: str, n: int) -> str:
     """Many segments' LineIndexes, one JSON line each: a segment names its own by `packed_ref`."""
     return f"{segments_prefix(batch_id)}pack-{n:06d}.idx.jsonl"
-
-
-def packed_ref(key: str, start: int, end: int) -> str:
-    """A segment's reference to its LineIndex, the bytes [start, end) of the pack object `key` (a key of ours never
-    holds '#'); a reference without '#' is an object of its own (line_index_key, or a version 1 segment)."""
-    return f"{key}#{start}-{end}"
-
-
-def split_ref(ref: str) -> tuple[str, int, int] | None:
-    """(pack key, start, end) of a `packed_ref`; None for an object of its own."""
-    key, sep, span = ref.partition("#")
-    if not sep:
-        return None
-    start, _, end = span.partition("-")
-    return key, int(start), int(end)
 
 
 def segment_index_key(batch_id: str) -> str:
@@ -181,94 +164,6 @@ def message_results_key(batch_id: str) -> str:
 # -- records -------------------------------------------------------------------------------------------------
 
 
-class SegmentEntry(BaseModel):
-    """One segment Validate wrote: its key, how many lines, their estimated tokens (Plan groups by these).
-
-    Version 2 (`bytes` > 0 or in an index with `input`): `key` references its LineIndex, a range of a pack
-    (`packed_ref`) or an object of its own; version 1: a copy of the lines."""
-
-    key: str
-    lines: int
-    est: int
-    group: int = 0  # prefix group (nightbatch/pipeline/prefixes.py); 0: lines in input order
-    bytes: int = 0  # input bytes the segment's ranges span (version 2)
-    model: str = ""  # the lines' `body.model` (a served model or a LoRA adapter); "": the batch's model
-
-
-class SegmentIndex(BaseModel):
-    """`segments/index.json`. Version 2: the input and the segments (LineIndex keys). Version 1 was a bare JSON
-    list of SegmentEntry whose keys were copies of the lines; `read_segments` reads both."""
-
-    version: int = 2
-    input: InputSource | None = None  # None: version 1
-    segments: list[SegmentEntry] = []
-
-
-class LineIndex(BaseModel):
-    """A segment's lines as references into the input (version 2): `runs` of [first line number, start, end)
-    byte ranges of the input, each a stretch of consecutive input lines of this segment (blank lines inside
-    a run are skipped by the reader, as Validate skipped them), and `est`, the estimated tokens of each
-    non-blank line in run order. The reader: nightbatch/pipeline/shard_lines.py.
-
-    `ids` (each line's custom_id, in run order) and `counts` (each run's lines) are what Validate accepted, so
-    a line is named, and ended, without its input: by Finalize when it got no result, by the worker when its
-    input changed since (nightbatch/files/inputs.py). A run that has them holds no blank line and lies in one
-    object of an in-place input, so its lines are numbered `first` to `first + count - 1`. A previous release's
-    index has neither."""
-
-    version: Literal[2] = 2
-    runs: list[tuple[int, int, int]]
-    est: list[int]
-    ids: list[str] = []
-    counts: list[int] = []
-
-    def named(self) -> bool:
-        return len(self.ids) == len(self.est) and len(self.counts) == len(self.runs)
-
-
-class ShardSpec(BaseModel):
-    """`shards/<shard_id>.json`, written by Plan, read by the worker and Finalize (through shard_lines).
-
-    Version 2: `indexes` (LineIndex keys) into `input`. Version 1 (the previous release): `segments`, copies
-    of the lines in segment_line form."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    version: int = 1
-    batch_id: str
-    shard_id: str
-    endpoint: str
-    model: str
-    segments: list[str] = []
-    indexes: list[str] = []
-    input: InputSource | None = None
-    lines: int
-    est_tokens: int = 0
-    # Lines per `body.model` when they name more than `model` (its LoRA adapters); empty: all are `model`.
-    models: dict[str, int] = {}
-    # The batch's tenant: what the worker may read on its behalf (nightbatch/tenancy/scope.py). "": a spec
-    # planned before specs named it; the worker reads the batch's tenant instead.
-    tenant: str = ""
-
-
-class ShardItem(BaseModel):
-    """One item of the shard manifest that the Distributed Map iterates."""
-
-    version: Literal[1] = 1
-    batch_id: str
-    shard_id: str
-    # AWS: the ARN of the batch model's Batch job definition (empty locally).
-    job_definition: str = ""
-    # The shard's estimated tokens, so Capacity can weigh the remaining work from the manifest alone.
-    est_tokens: int | None = None
-    # The shard's lines (its spec's), so Finalize and the partial results read a spec only for its unrun lines.
-    lines: int | None = None
-    # Where Plan sends the shard first (the model's `gpuBackend`); with `both` Capacity may move it to SageMaker.
-    backend: Literal["batch", "sagemaker"] = "batch"
-    # The model's `gpuBackend` allows a move to SageMaker when Batch cannot place the shard.
-    fallback: bool = False
-
-
 class AttemptRecord(BaseModel):
     """`acct-<attempt>.json`: one attempt's GPU time, written whether or not it finished (Spot time counts)."""
 
@@ -347,111 +242,9 @@ class CheckpointSummary(msgspec.Struct, kw_only=True):
 
 
 _SUMMARY = msgspec.json.Decoder(CheckpointSummary)
-_SEGMENTS = TypeAdapter(list[SegmentEntry])
-_MANIFEST = TypeAdapter(list[ShardItem])
 
 
 # -- writers and readers -------------------------------------------------------------------------------------
-
-
-def write_segment_index(blobs: Blobs, batch_id: str, index: SegmentIndex) -> None:
-    blobs.put_bytes(segment_index_key(batch_id), index.model_dump_json().encode())
-
-
-def read_segments(blobs: Blobs, batch_id: str) -> SegmentIndex:
-    raw = blobs.get_bytes(segment_index_key(batch_id))
-    if not raw:
-        return SegmentIndex()
-    if raw.lstrip()[:1] == b"[":  # version 1: a bare list
-        return SegmentIndex(version=1, segments=_SEGMENTS.validate_json(raw))
-    return SegmentIndex.model_validate_json(raw)
-
-
-def write_line_index(blobs: Blobs, key: str, index: LineIndex) -> None:
-    """A LineIndex as an object of its own (a previous release's Validate; tests)."""
-    blobs.put_bytes(key, index.model_dump_json().encode(), content_type="application/json")
-
-
-def line_index_line(index: LineIndex) -> bytes:
-    """A LineIndex as a line of a pack (line_index_pack_key)."""
-    return index.model_dump_json().encode() + b"\n"
-
-
-def write_line_index_pack(blobs: Blobs, key: str, data: bytes) -> None:
-    blobs.put_bytes(key, data, content_type="application/jsonl")
-
-
-def read_line_index(blobs: Blobs, ref: str) -> LineIndex:
-    """The LineIndex a segment references (its SegmentEntry.key): a range of a pack, or an object."""
-    return next(read_line_indexes(blobs, [ref]))
-
-
-def read_line_indexes(blobs: Blobs, refs: Iterable[str], *, max_read: int = 8 * 1024 * 1024) -> Iterator[LineIndex]:
-    """The LineIndexes of `refs`, in order: neighbouring ranges of one pack (a shard's segments, mostly) read in
-    one GET of up to `max_read` bytes, one LineIndex decoded at a time."""
-    todo = iter(refs)
-    ref = next(todo, None)
-    while ref is not None:
-        packed = split_ref(ref)
-        if packed is None:
-            raw = blobs.get_bytes(ref)
-            if raw is None:
-                raise FileNotFoundError(f"line index s3://{blobs.bucket}/{ref} does not exist")
-            yield LineIndex.model_validate_json(raw)
-            ref = next(todo, None)
-            continue
-        key, lo, hi = packed
-        spans = [(lo, hi)]
-        ref = next(todo, None)
-        while ref is not None and (nxt := split_ref(ref)) is not None and nxt[0] == key and nxt[1] == hi and (
-                nxt[2] - lo <= max_read):
-            hi = nxt[2]
-            spans.append((nxt[1], hi))
-            ref = next(todo, None)
-        data = blobs.get_range(key, lo, hi)
-        if len(data) != hi - lo:
-            raise ValueError(f"line index pack s3://{blobs.bucket}/{key} ends before byte {hi}")
-        for start, end in spans:
-            yield LineIndex.model_validate_json(data[start - lo:end - lo])
-
-
-def shard_spec(index: SegmentIndex, segments: list[SegmentEntry], *, batch_id: str, shard_id: str,
-               endpoint: str = "", model: str = "") -> ShardSpec:
-    """The shard over `segments` of `index`: version 2 when the index points into the input; over a version 1
-    index (Validate of the previous release), version 1, its segments being copies."""
-    keys = [s.key for s in segments]
-    spec = ShardSpec(batch_id=batch_id, shard_id=shard_id, endpoint=endpoint, model=model,
-                     lines=sum(s.lines for s in segments), est_tokens=sum(s.est for s in segments))
-    if index.input is not None:
-        spec.version, spec.indexes, spec.input = 2, keys, index.input
-    else:
-        spec.segments = keys
-    return spec
-
-
-def write_shard(blobs: Blobs, spec: ShardSpec) -> None:
-    blobs.put_bytes(shard_key(spec.batch_id, spec.shard_id), spec.model_dump_json().encode())
-
-
-def read_shard(blobs: Blobs, batch_id: str, shard_id: str) -> ShardSpec | None:
-    raw = blobs.get_bytes(shard_key(batch_id, shard_id))
-    if raw is None:
-        return None
-    spec = ShardSpec.model_validate_json(raw)
-    if spec.batch_id != batch_id or spec.shard_id != shard_id:
-        raise ValueError(f"{shard_key(batch_id, shard_id)} describes {spec.batch_id}/{spec.shard_id}")
-    return spec
-
-
-def write_manifest(blobs: Blobs, batch_id: str, items: list[ShardItem]) -> str:
-    key = manifest_key(batch_id)
-    blobs.put_bytes(key, _MANIFEST.dump_json(items), content_type="application/json")
-    return key
-
-
-def read_manifest(blobs: Blobs, batch_id: str) -> list[ShardItem]:
-    raw = blobs.get_bytes(manifest_key(batch_id))
-    return _MANIFEST.validate_json(raw) if raw else []
 
 
 def write_attempt(blobs: Blobs, prefix: str, record: AttemptRecord) -> None:

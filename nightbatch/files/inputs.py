@@ -15,7 +15,7 @@ Every GET sends the ETag as If-Match and, where known, the VersionId (storage.s3
 an overwrite or a delete leaves the accepted version readable, elsewhere S3 refuses the read. A refusal is
 `InputUnavailable`: `input_changed` (412: other bytes now; 404: deleted; 416: shorter) or `input_unreadable`
 (403: a bucket policy, a key, the Glacier storage class). Validate fails the batch with it, the worker ends each
-line it can no longer read with it (nightbatch/pipeline/shard_lines.py), the content route and retry answer it
+line it can no longer read with it (nightbatch/shards/lines.py), the content route and retry answer it
 as a 409. A file of a previous release without an ETag is read as it is, and pinned from its first read on.
 
 Our own object is rewritten in place by Validate when the bucket's lifecycle would delete it before the batch

@@ -8,11 +8,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from nightbatch import layout
 from nightbatch.local.engines import EngineHost
 from nightbatch.notifications import Notifier, notify_batch
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.services import Services
+from nightbatch.shards.spec import ShardItem, read_manifest, read_shard
 from nightbatch.storage import Adapters
 from nightbatch.storage.records import BatchRecord
 
@@ -54,7 +54,7 @@ class LocalWorkflow:
             valid = validate_batch(inp, services).valid
             if valid:
                 plan_batch(inp, services)
-                for item in layout.read_manifest(services.adapters.blobs, batch_id):
+                for item in read_manifest(services.adapters.blobs, batch_id):
                     self._run_shard(services, item)
         finally:
             # The state machine catches every failure into Finalize, so Finalize always runs.
@@ -62,7 +62,7 @@ class LocalWorkflow:
                 finalize_batch(inp, services)
         self._notify(services, batch_id)
 
-    def _run_shard(self, services: Services, item: layout.ShardItem) -> None:
+    def _run_shard(self, services: Services, item: ShardItem) -> None:
         if self.host is None:
             log.warning("engines are off: shard %s of %s not run", item.shard_id, item.batch_id)
             return
@@ -79,7 +79,7 @@ class LocalWorkflow:
                     # The local stack shares one warm engine between shards: a shard's "weights" and "engine"
                     # phases are the wait for it (the whole load for the first shard after start-up).
                     phases = Phases(weights_source="local")
-                    shard = layout.read_shard(services.adapters.blobs, job.batch_id, job.shard_id)
+                    shard = read_shard(services.adapters.blobs, job.batch_id, job.shard_id)
                     if shard is None:
                         raise FileNotFoundError(f"no shard {job.shard_id} of {job.batch_id}")
                     waited = time.monotonic()

@@ -38,6 +38,7 @@ from nightbatch.clock import now
 from nightbatch.pipeline import training_jobs
 from nightbatch.pipeline.sizing import _wall
 from nightbatch.services import Services
+from nightbatch.shards.spec import read_manifest, read_shard
 from nightbatch.storage.records import BatchRecord
 
 Capacity = Literal["spot", "on-demand"]
@@ -85,7 +86,7 @@ def scheduling_priority(seconds_left: float) -> int:
 def remaining_work_seconds(services: Services, batch_id: str) -> float:
     """Wall seconds the batch's unfinished shards still need on max_gpus GPUs, one cold start each."""
     settings, blobs = services.settings, services.adapters.blobs
-    manifest = layout.read_manifest(blobs, batch_id)
+    manifest = read_manifest(blobs, batch_id)
     done = {k.split("/")[-2] for k in blobs.list_keys(layout.all_results_prefix(batch_id))
             if k.endswith("/" + layout.DONE_NAME)}
     tokens, shards = 0, 0
@@ -94,7 +95,7 @@ def remaining_work_seconds(services: Services, batch_id: str) -> float:
             continue
         est = item.est_tokens
         if est is None:  # a manifest written before Plan recorded the estimate: read the shard itself
-            spec = layout.read_shard(blobs, batch_id, item.shard_id)
+            spec = read_shard(blobs, batch_id, item.shard_id)
             est = spec.est_tokens if spec else 0
         tokens += est
         shards += 1
@@ -161,7 +162,7 @@ def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
             capacity = "on-demand" if sagemaker.on_demand else "spot"
         # The model the shard serves (its spec's), not the batch's first line's: that may be a LoRA adapter or,
         # in a multi-model batch, another model.
-        spec = layout.read_shard(services.adapters.blobs, batch_id, shard_id)
+        spec = read_shard(services.adapters.blobs, batch_id, shard_id)
         model = (spec.model if spec is not None else None) or (batch.model if batch is not None else None) or ""
         shard_work = _shard_work_seconds(services, item)
         return CapacityDecision(

@@ -27,13 +27,13 @@ from nightbatch.phases import summarize as summarize_phases
 from nightbatch.pipeline.capacity import collect_decisions
 from nightbatch.pipeline.compose import PartComposer
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
-from nightbatch.pipeline.shard_lines import shard_ids
 from nightbatch.results.input_order import InputOrder
 from nightbatch.results.lines import Tally, unrun_line
 from nightbatch.results.merge import merge_shard
 from nightbatch.results.order import Listing, planned_shards, results_listing
 from nightbatch.results.per_model import per_model_report
 from nightbatch.services import Services
+from nightbatch.shards.lines import shard_ids
 from nightbatch.storage.botoerrors import client_error
 from nightbatch.storage.failures import AWS_ERRORS
 from nightbatch.storage.records import BatchRecord

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-from nightbatch.layout import ShardItem
+from nightbatch.shards.spec import ShardItem
 
 __all__ = ["BatchTaskInput", "FinalizeOutput", "PlanOutput", "ShardItem", "ValidateOutput"]
 

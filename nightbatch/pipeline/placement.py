@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from nightbatch.layout import SegmentEntry as Segment
+from nightbatch.shards.index import SegmentEntry as Segment
 
 
 def place_by_prefix(shards: list[list[Segment]]) -> list[list[Segment]]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from nightbatch import layout
 from nightbatch.clock import now
-from nightbatch.layout import SegmentEntry, ShardItem
 from nightbatch.models.spec import served_model
 from nightbatch.pipeline.models import BatchTaskInput, PlanOutput
 from nightbatch.pipeline.placement import place_by_model, place_by_prefix
@@ -12,6 +11,8 @@ from nightbatch.pipeline.sizing import plan_shards
 from nightbatch.services import Services
 from nightbatch.settings import Settings
 from nightbatch.settings import document as settings_document
+from nightbatch.shards.index import SegmentEntry, read_segments
+from nightbatch.shards.spec import ShardItem, shard_spec, write_manifest, write_shard
 from nightbatch.storage.records import BatchRecord
 
 
@@ -69,7 +70,7 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
     items: list[ShardItem] = []
     on_sagemaker: set[str] = set()  # models whose shards may run on SageMaker
     if batch is not None and batch.status == "in_progress":
-        index = layout.read_segments(blobs, inp.batch_id)
+        index = read_segments(blobs, inp.batch_id)
         job_definitions, backends = settings.pipeline.job_definitions, settings.pipeline.backends
         window = max(0.0, float(batch.expires_at) - now()) if batch.expires_at else None
         # Each shard serves one model (one engine); a model's shards are numbered together.
@@ -87,18 +88,18 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
             placed = place_by_model(shards) if len({s.model for s in own}) > 1 else place_by_prefix(shards)
             for group in placed:
                 shard_id = f"{len(items):05d}"
-                spec = layout.shard_spec(index, group, batch_id=inp.batch_id, shard_id=shard_id,
-                                         endpoint=batch.endpoint, model=model)
+                spec = shard_spec(index, group, batch_id=inp.batch_id, shard_id=shard_id,
+                                  endpoint=batch.endpoint, model=model)
                 spec.models = line_models(group, model)
                 spec.tenant = batch.tenant
-                layout.write_shard(blobs, spec)
+                write_shard(blobs, spec)
                 items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id,
                                        job_definition=job_definitions.get(model, ""),
                                        est_tokens=spec.est_tokens, lines=spec.lines,
                                        backend="sagemaker" if backend == "sagemaker" else "batch",
                                        fallback=backend == "both"))
     # Cancelled or expired before planning: an empty manifest sends the workflow straight to Finalize.
-    manifest_key = layout.write_manifest(blobs, inp.batch_id, items)
+    manifest_key = write_manifest(blobs, inp.batch_id, items)
     if batch is not None:
         table.update_attributes(BatchRecord, inp.batch_id, set_={"shard_count": len(items)})
     return PlanOutput(batch_id=inp.batch_id, manifest_bucket=settings.deployment.bucket, manifest_key=manifest_key,

@@ -1,5 +1,5 @@
 """Validate: stream the input once, check every line, and index the valid lines as segments for Plan (byte
-ranges of the input, nightbatch/pipeline/line_index.py: the lines are not copied)."""
+ranges of the input, nightbatch/shards/packs.py: the lines are not copied)."""
 
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from nightbatch.files.inputs import InputReader, InputUnavailable, keep
 from nightbatch.files.sources import InputSource
 from nightbatch.jsonl import LineBlock, RawLine, block_lines
 from nightbatch.metrics import emit
-from nightbatch.pipeline.line_index import IndexWriter
 from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
 from nightbatch.pipeline.prefixes import PrefixGroups
 from nightbatch.results.per_model import model_counts
 from nightbatch.services import Services
+from nightbatch.shards.packs import IndexWriter
 from nightbatch.storage import BlobStore
 from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.tenancy.limits import check_queue_limits

@@ -33,9 +33,9 @@ from typing import Protocol
 from nightbatch import layout
 from nightbatch.ids import custom_id_digest
 from nightbatch.layout import CheckpointSummary
-from nightbatch.pipeline.shard_lines import shard_ids
 from nightbatch.results.merge import Output, Window
 from nightbatch.results.order import FirstResult, PlannedShard
+from nightbatch.shards.lines import shard_ids
 from nightbatch.storage import BlobStore
 
 log = logging.getLogger("nightbatch.finalize")

@@ -15,6 +15,8 @@ from nightbatch import layout
 from nightbatch.ids import custom_id_digest
 from nightbatch.jsonl import split_lines
 from nightbatch.results.lines import MAX_RESULT_LINE, ResultSummary, summarize_result_line
+from nightbatch.shards.index import read_segments
+from nightbatch.shards.spec import ShardSpec, read_manifest, read_shard, shard_spec
 from nightbatch.storage import BlobStore
 from nightbatch.storage.parts import PartStore
 
@@ -26,7 +28,7 @@ class PlannedShard:
     its spec, read only when asked (for lines that got no result)."""
 
     def __init__(self, blobs: BlobStore, batch_id: str, shard_id: str | None, lines: int | None,
-                 spec: layout.ShardSpec | None = None) -> None:
+                 spec: ShardSpec | None = None) -> None:
         self.blobs, self.batch_id, self.shard_id = blobs, batch_id, shard_id
         if spec is not None:
             self.spec = spec  # given: never read
@@ -35,23 +37,23 @@ class PlannedShard:
         self.lines = lines
 
     @cached_property
-    def spec(self) -> layout.ShardSpec | None:
+    def spec(self) -> ShardSpec | None:
         """Its spec (None: Plan's spec object is gone, and its lines cannot be read)."""
-        return layout.read_shard(self.blobs, self.batch_id, self.shard_id or "")
+        return read_shard(self.blobs, self.batch_id, self.shard_id or "")
 
 
 def planned_shards(blobs: BlobStore, batch_id: str) -> Iterator[PlannedShard]:
     """Each planned shard, in merge order; then, if the batch was never planned, its unrun segments as one."""
-    items = layout.read_manifest(blobs, batch_id)
+    items = read_manifest(blobs, batch_id)
     if items:
         for item in items:
             yield PlannedShard(blobs, batch_id, item.shard_id, item.lines)
         return
     # Never planned, or planned after a cancel/expiry (empty manifest): every validated segment is unrun.
-    index = layout.read_segments(blobs, batch_id)
+    index = read_segments(blobs, batch_id)
     if index.segments:
         yield PlannedShard(blobs, batch_id, None, None,
-                           layout.shard_spec(index, index.segments, batch_id=batch_id, shard_id=""))
+                           shard_spec(index, index.segments, batch_id=batch_id, shard_id=""))
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,12 @@ from typing import Any
 from nightbatch import layout
 from nightbatch.batches.cost import ShardTime, collect_shard_times, cost_summary
 from nightbatch.ids import custom_id_digest
-from nightbatch.pipeline.shard_lines import shard_ids
 from nightbatch.results.lines import ResultSummary, Tally
 from nightbatch.results.order import checkpoints_in_order, first_results
 from nightbatch.settings import Settings
+from nightbatch.shards.index import SegmentEntry, SegmentIndex, read_segments
+from nightbatch.shards.lines import shard_ids
+from nightbatch.shards.spec import read_manifest, read_shard, shard_spec
 from nightbatch.storage import BlobStore
 
 
@@ -44,19 +46,19 @@ def per_model_report(blobs: BlobStore, settings: Settings, batch_id: str, batch_
                      billing: Mapping[str, tuple[float, float]] | None = None) -> dict[str, Any]:
     """`nightbatch.models` of a finished batch: {model: {request_counts, usage, cost}}, lines never run
     counted as failed for the model they named."""
-    index = layout.read_segments(blobs, batch_id)
+    index = read_segments(blobs, batch_id)
     entries = {s.key: s for s in index.segments}
     out: dict[str, _Model] = {}
 
     def of(name: str) -> _Model:
         return out.setdefault(name, _Model())
 
-    items = layout.read_manifest(blobs, batch_id)
+    items = read_manifest(blobs, batch_id)
     if not items:  # never planned: every validated line is unrun
         for s in index.segments:
             of(s.model or batch_model).tally.failed += s.lines
     for item in items:
-        shard = layout.read_shard(blobs, batch_id, item.shard_id)
+        shard = read_shard(blobs, batch_id, item.shard_id)
         if shard is None:
             continue
         lines = shard.models or {shard.model: shard.lines}
@@ -94,8 +96,8 @@ def _tally_shard(blobs: BlobStore, batch_id: str, shard_id: str, tally: Tally, l
     tally.failed += max(0, lines - len(seen))  # unrun lines: Finalize writes an error line for each
 
 
-def _tally_mixed(blobs: BlobStore, batch_id: str, shard_id: str, index: layout.SegmentIndex,
-                 segments: list[layout.SegmentEntry], batch_model: str, of: Callable[[str], _Model]) -> None:
+def _tally_mixed(blobs: BlobStore, batch_id: str, shard_id: str, index: SegmentIndex,
+                 segments: list[SegmentEntry], batch_model: str, of: Callable[[str], _Model]) -> None:
     names: list[str] = []
     model_of: dict[int, int] = {}  # custom_id digest -> index into names
     for segment in segments:
@@ -104,7 +106,7 @@ def _tally_mixed(blobs: BlobStore, batch_id: str, shard_id: str, index: layout.S
             names.append(name)
         at = names.index(name)
         # One segment's lines, read as the worker reads its shard (a one-segment shard of the same index).
-        one = layout.shard_spec(index, [segment], batch_id=batch_id, shard_id=shard_id)
+        one = shard_spec(index, [segment], batch_id=batch_id, shard_id=shard_id)
         for _, custom_id in shard_ids(blobs, one):
             model_of[custom_id_digest(custom_id)] = at
     seen: set[int] = set()

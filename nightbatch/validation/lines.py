@@ -157,7 +157,7 @@ class Validator:
 
     def __post_init__(self) -> None:
         # The custom_id(s) of the last line `plain` took and of the last block `plain_block` took: what the line
-        # index records of each line (layout.LineIndex.ids).
+        # index records of each line (nightbatch.shards.index.LineIndex.ids).
         self.last_id = ""
         self.block_ids: list[str] = []
         # The batch's plain line (its model in it): built on the batch's first valid line, which sets the model.

@@ -15,8 +15,9 @@ from openai import OpenAI
 
 from nightbatch import layout
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
-from nightbatch.pipeline.shard_lines import shard_lines
 from nightbatch.pipeline.sweep import sweep
+from nightbatch.shards.lines import shard_lines
+from nightbatch.shards.spec import read_shard
 
 if TYPE_CHECKING:
     from tests.conftest import ApiServer
@@ -42,7 +43,7 @@ def test_a_file_in_use_keeps_its_bytes_until_its_batch_ends(
     inp = BatchTaskInput(batch_id=batch.id)
     assert validate_batch(inp, services).valid  # the open batch still runs from its input
     assert plan_batch(inp, services).shard_count == 1
-    spec = layout.read_shard(blobs, batch.id, "00000")
+    spec = read_shard(blobs, batch.id, "00000")
     assert spec is not None and spec.version == 2
     assert [line.raw for line in shard_lines(blobs, spec)] == data.splitlines()
     assert sweep(services)["released_files"] == []

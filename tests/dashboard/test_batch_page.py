@@ -106,15 +106,16 @@ def test_a_running_batch_previews_its_results_so_far(api_server: ApiServer, page
     from playwright.sync_api import expect
 
     from nightbatch import layout
+    from nightbatch.shards.spec import ShardItem, ShardSpec, write_manifest, write_shard
     from tests.dashboard.conftest import create_batch, output_line
     from tests.support.lifecycle import drive
 
     services = api_server.services
     blobs = services.adapters.blobs
     batch_id = create_batch(services, 4)
-    layout.write_manifest(blobs, batch_id, [layout.ShardItem(batch_id=batch_id, shard_id="00000")])
-    layout.write_shard(blobs, layout.ShardSpec(batch_id=batch_id, shard_id="00000",
-                                               endpoint="/v1/chat/completions", model="m", segments=[], lines=4))
+    write_manifest(blobs, batch_id, [ShardItem(batch_id=batch_id, shard_id="00000")])
+    write_shard(blobs, ShardSpec(batch_id=batch_id, shard_id="00000",
+                                 endpoint="/v1/chat/completions", model="m", segments=[], lines=4))
     drive(services, batch_id, "in_progress", request_counts={"total": 4, "completed": 0, "failed": 0},
           live_completed=2)
     prefix = layout.results_prefix(batch_id, "00000")

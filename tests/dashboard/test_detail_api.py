@@ -15,6 +15,7 @@ from nightbatch.batches.detail import progress_series
 from nightbatch.layout import progress_key
 from nightbatch.notifications.delivery import delivery_id
 from nightbatch.notifications.events import event_pk
+from nightbatch.shards.spec import ShardItem, ShardSpec, write_manifest, write_shard
 from nightbatch.storage.records import DeliveryRecord, EventRecord, WebhookEndpointRecord
 from tests.dashboard.conftest import create_batch, put_file
 from tests.support.lifecycle import drive
@@ -158,8 +159,8 @@ def test_preview_reads_the_first_lines_only(api_server: ApiServer) -> None:
 def test_results_preview_of_a_running_batch(api_server: ApiServer) -> None:
     services = api_server.services
     batch_id = create_batch(services, 3)
-    layout.write_manifest(services.adapters.blobs, batch_id, [layout.ShardItem(batch_id=batch_id, shard_id="00000")])
-    layout.write_shard(services.adapters.blobs, layout.ShardSpec(
+    write_manifest(services.adapters.blobs, batch_id, [ShardItem(batch_id=batch_id, shard_id="00000")])
+    write_shard(services.adapters.blobs, ShardSpec(
         batch_id=batch_id, shard_id="00000", endpoint="/v1/chat/completions", model="m", segments=[], lines=3))
     drive(services, batch_id, "in_progress", request_counts={"total": 3, "completed": 0, "failed": 0},
           live_completed=2, live_failed=1)

@@ -20,6 +20,7 @@ from nightbatch import layout
 from nightbatch.pipeline.training_jobs import JOB_NAME_RE, deployment_job_prefix
 from nightbatch.services import Services
 from nightbatch.settings import JOB_PREFIX_RE
+from nightbatch.shards.spec import read_manifest
 from nightbatch.storage.records import BatchRecord
 from tests.infra.moto_sagemaker import TrainingJobRecord, TrainingJobs, patch_state_task, patch_training_jobs
 from tests.infra.moto_workflow import Deployment, JobRecord, wait_for_execution
@@ -103,7 +104,7 @@ def test_a_three_shard_batch_completes_through_sagemaker_training_jobs(
         execution = wait_for_execution(execution_arn(d, batch_id))
         assert execution["status"] == "SUCCEEDED", execution
         assert d.jobs == []  # nothing went to AWS Batch
-        assert len(layout.read_manifest(services.adapters.blobs, batch_id)) == 3
+        assert len(read_manifest(services.adapters.blobs, batch_id)) == 3
         assert sorted(j.shard_id for j in jobs.jobs) == ["00000", "00001", "00002"]
         for job in jobs.jobs:
             assert job.status == "Completed", job.output

@@ -22,11 +22,11 @@ from openai.types.webhooks import BatchFailedWebhookEvent
 
 from functions.tasks.notify import default_notifier
 from infra.orchestration import TASK_RETRIES
-from nightbatch import layout
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.notifications.models import CreateWebhookEndpointRequest
 from nightbatch.services import Services, default_services
 from nightbatch.settings import get_settings
+from nightbatch.shards.spec import read_manifest
 from tests.infra.cfn import of_type, one_of_type
 from tests.infra.moto_workflow import (
     ACCOUNT,
@@ -252,7 +252,7 @@ def test_capacity_failing_for_one_shard_gives_up_that_shard_alone(deployment: De
     services, batch_id = create_batch(jsonl([chat_line(i) for i in range(1, 13)]))
     execution = wait_for_execution(execution_arn(deployment, batch_id))
     assert execution["status"] == "SUCCEEDED", execution
-    shard_ids = {item.shard_id for item in layout.read_manifest(services.adapters.blobs, batch_id)}
+    shard_ids = {item.shard_id for item in read_manifest(services.adapters.blobs, batch_id)}
     assert len(shard_ids) > 2
     assert calls["00001"] == 1 + TASK_RETRIES["capacity"][0] and calls["00002"] == 2  # retried in place
     ran = {job.shard_id for job in deployment.jobs}
@@ -295,7 +295,7 @@ def test_output_in_input_order_over_shards_of_interleaved_lines(deployment: Depl
     assert execution["status"] == "SUCCEEDED", execution
     batch = services.batches.get("default", batch_id)
     assert batch.status == "completed" and batch.model_dump()["nightbatch"]["output_order"] == "input"
-    by_shard = [r.number for item in layout.read_manifest(services.adapters.blobs, batch_id)
+    by_shard = [r.number for item in read_manifest(services.adapters.blobs, batch_id)
                 for r in shard_requests_of(services, batch_id, item.shard_id)]
     assert len(deployment.jobs) > 2 and by_shard != sorted(by_shard)  # shards of interleaved lines
     assert [line["custom_id"] for line in read_file(services, batch.output_file_id)] == [

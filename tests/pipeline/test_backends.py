@@ -16,6 +16,7 @@ from nightbatch.pipeline.training_jobs import JOB_NAME_RE
 from nightbatch.services import Services
 from nightbatch.settings import DEFAULT_JOB_PREFIX, Settings
 from nightbatch.settings import document as settings_document
+from nightbatch.shards.spec import ShardItem, read_manifest
 from nightbatch.storage.records import BatchRecord
 from tests.pipeline.test_pipeline import run_to_shards
 from tests.support.pipeline_world import chat_line, jsonl, make_batch
@@ -25,17 +26,17 @@ SAGEMAKER = {"instance_types": {MODEL: "ml.g6e.xlarge"}, "spot": True, "on_deman
 QUEUES = {"spot": "arn:queue/spot", "on-demand": "arn:queue/od"}
 
 
-def _planned(services: Services, backend: str) -> tuple[str, list[layout.ShardItem]]:
+def _planned(services: Services, backend: str) -> tuple[str, list[ShardItem]]:
     services.settings.pipeline.shard_target_tokens = 50
     services.settings.pipeline.backends_json = json.dumps({MODEL: backend})
     services.settings.capacity.sagemaker_json = json.dumps(SAGEMAKER)
     services.settings.capacity.job_queues_json = json.dumps(QUEUES)
     batch_id = make_batch(services, jsonl([chat_line(i) for i in range(1, 13)]))
     run_to_shards(services, batch_id)
-    return batch_id, layout.read_manifest(services.adapters.blobs, batch_id)
+    return batch_id, read_manifest(services.adapters.blobs, batch_id)
 
 
-def _ask(services: Services, item: layout.ShardItem, capacity: dict[str, Any] | None = None,
+def _ask(services: Services, item: ShardItem, capacity: dict[str, Any] | None = None,
          error: dict[str, Any] | None = None) -> CapacityDecision:
     return decide({**item.model_dump(), "capacity": capacity or {}, "shard_error": error or {}}, services)
 

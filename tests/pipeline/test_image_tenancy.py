@@ -10,10 +10,10 @@ import base64
 import io
 
 from gpu_worker.runner import ShardJob, run_shard
-from nightbatch import layout
 from nightbatch.layout import file_key
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.services import Services
+from nightbatch.shards.spec import read_manifest
 from tests.support.deterministic_engine import DeterministicEngine
 from tests.support.pipeline_world import jsonl, make_batch
 from tests.worker.conftest import CHAT_MODEL
@@ -40,7 +40,7 @@ def test_a_line_rewritten_after_validate_to_name_another_tenants_file(services: 
     spec = services.settings.serving.model(CHAT_MODEL)
     assert spec is not None
     engine = DeterministicEngine(spec)
-    for item in layout.read_manifest(blobs, batch_id):
+    for item in read_manifest(blobs, batch_id):
         asyncio.run(run_shard(ShardJob(batch_id=batch_id, shard_id=item.shard_id), engine=engine, blobs=blobs,
                               table=services.adapters.table, settings=services.settings))
     assert base64.b64encode(THEIRS).decode() not in sent(engine)

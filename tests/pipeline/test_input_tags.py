@@ -18,8 +18,9 @@ from nightbatch.files.inputs import input_source
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.pipeline import validate as validate_module
-from nightbatch.pipeline.shard_lines import shard_lines
 from nightbatch.services import Services
+from nightbatch.shards.lines import shard_lines
+from nightbatch.shards.spec import read_manifest, read_shard
 from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.tenancy.scope import tenant_tags
 from tests.support.pipeline_world import chat_line, make_batch
@@ -53,8 +54,8 @@ def read_inputs(services: Services, batch_id: str) -> list[str]:
     """The files/ and uploads/ keys the batch's shards read, as the worker reads them."""
     blobs = services.adapters.blobs
     with gets(services) as keys:
-        for item in layout.read_manifest(blobs, batch_id):
-            spec = layout.read_shard(blobs, batch_id, item.shard_id)
+        for item in read_manifest(blobs, batch_id):
+            spec = read_shard(blobs, batch_id, item.shard_id)
             assert spec is not None
             assert list(shard_lines(blobs, spec))
     return [k for k in keys if k.startswith((layout.FILES_PREFIX, layout.UPLOADS_PREFIX))]

@@ -14,6 +14,7 @@ from nightbatch import layout
 from nightbatch.files.sources import InputSource
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.services import Services
+from nightbatch.shards.spec import read_manifest, read_shard, write_shard
 from tests.support.deterministic_engine import DeterministicEngine
 from tests.support.pipeline_world import chat_line, jsonl, make_batch
 from tests.worker.conftest import CHAT_MODEL
@@ -32,7 +33,7 @@ def _run(services: Services, batch_id: str) -> DeterministicEngine:
     assert spec is not None
     engine = DeterministicEngine(spec)
     blobs = services.adapters.blobs
-    for item in layout.read_manifest(blobs, batch_id):
+    for item in read_manifest(blobs, batch_id):
         asyncio.run(run_shard(ShardJob(batch_id=batch_id, shard_id=item.shard_id), engine=engine, blobs=blobs,
                               table=services.adapters.table, settings=services.settings))
     return engine
@@ -58,18 +59,18 @@ def _validated(services: Services, tenant: str, payload: bytes) -> str:
 
 def _point_shards_at(services: Services, batch_id: str, source: InputSource) -> None:
     blobs = services.adapters.blobs
-    for item in layout.read_manifest(blobs, batch_id):
-        spec = layout.read_shard(blobs, batch_id, item.shard_id)
+    for item in read_manifest(blobs, batch_id):
+        spec = read_shard(blobs, batch_id, item.shard_id)
         assert spec is not None and spec.tenant == "team-a"
         spec.input = source
-        layout.write_shard(blobs, spec)
+        write_shard(blobs, spec)
 
 
 def test_a_shard_pointed_at_another_tenants_input_reads_none_of_it(services: Services) -> None:
     theirs = _validated(services, "team-b", _lines("b", SECRET))
     mine = _validated(services, "team-a", _lines("a", "hello there friend!!"))  # the same size as B's
     blobs = services.adapters.blobs
-    their_spec = layout.read_shard(blobs, theirs, layout.read_manifest(blobs, theirs)[0].shard_id)
+    their_spec = read_shard(blobs, theirs, read_manifest(blobs, theirs)[0].shard_id)
     assert their_spec is not None and their_spec.input is not None
     _point_shards_at(services, mine, their_spec.input)
     engine = _run(services, mine)
@@ -93,7 +94,7 @@ def test_an_in_place_object_outside_the_tenants_entries_is_not_read(services: Se
         nightbatch={"input_uri": "s3://users-lake/teams/team-a/in.jsonl"}))
     assert validate_batch(BatchTaskInput(batch_id=batch.id), services).valid
     plan_batch(BatchTaskInput(batch_id=batch.id), services)
-    spec = layout.read_shard(services.adapters.blobs, batch.id, "00000")
+    spec = read_shard(services.adapters.blobs, batch.id, "00000")
     assert spec is not None and spec.input is not None
     part = spec.input.parts[0].model_copy(update={"key": "teams/team-b/in.jsonl", "etag": "", "version_id": ""})
     _point_shards_at(services, batch.id, spec.input.model_copy(update={"parts": [part]}))

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nightbatch import layout
 from nightbatch.files.sources import InputSource
 from nightbatch.jsonl import BOM, LineBlock, block_lines, split_blocks, split_lines
-from nightbatch.pipeline.line_index import IndexWriter
+from nightbatch.shards.index import read_line_index
+from nightbatch.shards.packs import IndexWriter
 from nightbatch.storage import Adapters
 
 
@@ -35,7 +35,7 @@ def test_blocks_read_line_by_line_are_split_lines(parts: list[bytes], chunk: int
 
 def _written(adapters: Adapters, writer: IndexWriter) -> list[Any]:
     writer.close(InputSource(key="files/x", bytes=0))  # sends the last pack, waits for the PUTs
-    return [(e.lines, e.est, e.group, e.bytes, e.model, layout.read_line_index(adapters.blobs, e.key))
+    return [(e.lines, e.est, e.group, e.bytes, e.model, read_line_index(adapters.blobs, e.key))
             for e in writer.index]
 
 

@@ -20,10 +20,12 @@ from nightbatch.files.sources import InputPart, InputSource
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.jsonl import BOM, split_lines
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
-from nightbatch.pipeline import shard_lines as shard_lines_module
-from nightbatch.pipeline.segments import segment_line
-from nightbatch.pipeline.shard_lines import ShardLine, shard_lines
 from nightbatch.services import Services
+from nightbatch.shards import lines as shard_lines_module
+from nightbatch.shards.index import read_line_index
+from nightbatch.shards.lines import ShardLine, shard_lines
+from nightbatch.shards.segments import segment_line
+from nightbatch.shards.spec import ShardSpec, read_manifest, read_shard
 from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.validation.lines import Validator
 from tests.support.pipeline_world import chat_line, make_batch
@@ -51,8 +53,8 @@ def previous_release(services: Services, data: bytes) -> list[ShardLine]:
     blobs = services.adapters.blobs
     key = layout.segment_key("old", 0)
     blobs.put_bytes(key, b"".join(lines))
-    spec = layout.ShardSpec(batch_id="old", shard_id="00000", endpoint="", model="", segments=[key],
-                            lines=len(lines))
+    spec = ShardSpec(batch_id="old", shard_id="00000", endpoint="", model="", segments=[key],
+                     lines=len(lines))
     return list(shard_lines(blobs, spec))
 
 
@@ -62,13 +64,13 @@ def through_ranges(services: Services, batch_id: str, chunk: int) -> list[ShardL
     blobs = services.adapters.blobs
     out: list[ShardLine] = []
     assert plan_batch(inp, services).shard_count >= 1
-    for item in layout.read_manifest(blobs, batch_id):
-        spec = layout.read_shard(blobs, batch_id, item.shard_id)
+    for item in read_manifest(blobs, batch_id):
+        spec = read_shard(blobs, batch_id, item.shard_id)
         assert spec is not None and spec.version == 2 and spec.input is not None
         got = list(shard_lines(blobs, spec, chunk=chunk))
         assert len(got) == spec.lines
         for key in spec.indexes:  # each segment's lines in input order
-            numbers = [r[0] for r in layout.read_line_index(blobs, key).runs]
+            numbers = [r[0] for r in read_line_index(blobs, key).runs]
             assert numbers == sorted(numbers)
         # Each line named by the index as Validate accepted it: its custom_id.
         assert [x.custom_id for x in got] == [json.loads(x.raw)["custom_id"] for x in got]

@@ -10,6 +10,7 @@ from nightbatch import layout
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.pipeline.finalize import FINALIZE_ATTEMPTS
 from nightbatch.services import Services
+from nightbatch.shards.spec import read_manifest
 from nightbatch.tenancy.limits import read_usage
 from tests.support.pipeline_world import chat_line, jsonl, make_batch
 
@@ -21,7 +22,7 @@ def test_finalize_fails_the_batch_with_its_reason_after_its_attempts(services: S
     plan_batch(inp, services)
     table, blobs = services.adapters.table, services.adapters.blobs
     assert read_usage(table, "default").queued_requests == 3
-    [item] = layout.read_manifest(blobs, batch_id)
+    [item] = read_manifest(blobs, batch_id)
     blobs.put_bytes(layout.shard_key(batch_id, item.shard_id), b'{"not": "a shard"}')  # unreadable data
     for _ in range(FINALIZE_ATTEMPTS - 1):
         with pytest.raises(ValueError):

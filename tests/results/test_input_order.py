@@ -19,6 +19,7 @@ from nightbatch import layout
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.pipeline.compose import MIN_PART_BYTES
 from nightbatch.services import Services
+from nightbatch.shards.spec import read_manifest
 from tests.results.test_finalize_summaries import Reads
 from tests.support.pipeline_world import chat_line, jsonl, make_batch, planned_shards, shard_requests_of
 
@@ -122,7 +123,7 @@ def test_shards_of_interleaved_lines_finishing_last_line_first_merge_into_input_
     assert validate_batch(inp, services).valid
     plan_batch(inp, services)
     blobs = services.adapters.blobs
-    shards = [item.shard_id for item in layout.read_manifest(blobs, batch_id)]
+    shards = [item.shard_id for item in read_manifest(blobs, batch_id)]
     numbers = {sid: [r.number for r in shard_requests_of(services, batch_id, sid)] for sid in shards}
     # A shard holds one prompt's lines: every other input line.
     assert len(shards) >= 2 and all(len({n % 2 for n in ns}) == 1 for ns in numbers.values())

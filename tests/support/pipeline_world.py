@@ -12,13 +12,13 @@ import pytest
 from moto import mock_aws
 
 from gpu_worker.runner import ShardJob, run_shard
-from nightbatch import layout
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
-from nightbatch.pipeline.segments import SegmentRequest
-from nightbatch.pipeline.shard_lines import shard_requests
 from nightbatch.services import Services, build_services
 from nightbatch.settings import Settings
+from nightbatch.shards.lines import shard_requests
+from nightbatch.shards.segments import SegmentRequest
+from nightbatch.shards.spec import read_manifest, read_shard
 from nightbatch.storage import make_adapters
 from nightbatch.storage.dynamo import create_table
 from tests.support.deterministic_engine import DeterministicEngine
@@ -76,7 +76,7 @@ def make_batch(services: Services, payload: bytes, endpoint: str = "/v1/chat/com
 
 def shard_requests_of(services: Services, batch_id: str, shard_id: str) -> list[SegmentRequest]:
     """The requests of one planned shard, as the worker reads them."""
-    spec = layout.read_shard(services.adapters.blobs, batch_id, shard_id)
+    spec = read_shard(services.adapters.blobs, batch_id, shard_id)
     assert spec is not None
     return list(shard_requests(services.adapters.blobs, spec))
 
@@ -95,7 +95,7 @@ def planned_shards(services: Services, n: int, *, segment_max_lines: int,
     assert validate_batch(inp, services).valid
     plan_batch(inp, services)
     return batch_id, [(item.shard_id, [r.custom_id for r in shard_requests_of(services, batch_id, item.shard_id)])
-                      for item in layout.read_manifest(services.adapters.blobs, batch_id)]
+                      for item in read_manifest(services.adapters.blobs, batch_id)]
 
 
 def run_shards(services: Services, batch_id: str, model: str = "SmolLM2-135M-Instruct") -> None:
@@ -103,7 +103,7 @@ def run_shards(services: Services, batch_id: str, model: str = "SmolLM2-135M-Ins
     plan_batch(BatchTaskInput(batch_id=batch_id), services)
     spec = services.settings.serving.model(model)
     assert spec is not None
-    for item in layout.read_manifest(services.adapters.blobs, batch_id):
+    for item in read_manifest(services.adapters.blobs, batch_id):
         report = asyncio.run(run_shard(ShardJob(batch_id=batch_id, shard_id=item.shard_id),
                                        engine=DeterministicEngine(spec), blobs=services.adapters.blobs,
                                        table=services.adapters.table, settings=services.settings))

@@ -44,6 +44,7 @@ from nightbatch.messages.objects import CreateMessageBatch
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.results.partial import partial_results
 from nightbatch.services import Services
+from nightbatch.shards.spec import read_manifest, read_shard, write_shard
 from nightbatch.storage.records import BatchRecord
 from nightbatch.storage.s3 import tagging
 from nightbatch.tenancy.keys import KeyStore
@@ -245,8 +246,8 @@ class World:
             if self.change(ex, target) is None:
                 return
             etag = str(self.s3.head_object(Bucket=target.bucket, Key=target.key)["ETag"])
-        for item in layout.read_manifest(blobs, batch_id):
-            spec = layout.read_shard(blobs, batch_id, item.shard_id)
+        for item in read_manifest(blobs, batch_id):
+            spec = read_shard(blobs, batch_id, item.shard_id)
             assert spec is not None and spec.input is not None
             if ex.change == "their_spec":
                 spec.input = input_source(blobs, self.services.files.item(ex.b.name, ex.b.input_id))
@@ -255,7 +256,7 @@ class World:
                                     else p for p in spec.input.parts]
                 if spec.input.key == target.key:
                     spec.input.etag = etag
-            layout.write_shard(blobs, spec)
+            write_shard(blobs, spec)
 
     # -- the chain ---------------------------------------------------------------------------------------
 
@@ -266,7 +267,7 @@ class World:
         if target is not None and ex.change in UPSTREAM:
             self.upstream(ex, batch_id, target)
         blobs = services.adapters.blobs
-        for item in layout.read_manifest(blobs, batch_id):
+        for item in read_manifest(blobs, batch_id):
             report = asyncio.run(run_shard(ShardJob(batch_id=batch_id, shard_id=item.shard_id), engine=self.engine,
                                            blobs=blobs, table=services.adapters.table, settings=services.settings))
             assert report.finished

@@ -12,14 +12,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nightbatch import layout
 from nightbatch.jsonl import loads
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
-from nightbatch.pipeline.shard_lines import shard_lines
 from nightbatch.results import lines as results
 from nightbatch.results.lines import ResultSummary, summarize_result_line
 from nightbatch.services import Services
 from nightbatch.settings import Settings
+from nightbatch.shards.lines import shard_lines
+from nightbatch.shards.spec import read_shard
 from nightbatch.validation.lines import Validator
 from nightbatch.validation.requests import LineInvalid
 from tests.support.pipeline_world import make_batch, shard_requests_of
@@ -123,7 +123,7 @@ def test_shards_keep_each_request_byte_for_byte(services: Services) -> None:
     inp = BatchTaskInput(batch_id=batch_id)
     assert validate_batch(inp, services).valid
     assert plan_batch(inp, services).shard_count == 1
-    spec = layout.read_shard(services.adapters.blobs, batch_id, "00000")
+    spec = read_shard(services.adapters.blobs, batch_id, "00000")
     assert spec is not None
     assert [line.raw for line in shard_lines(services.adapters.blobs, spec)] == [x.strip() for x in lines]
     parsed = shard_requests_of(services, batch_id, "00000")

@@ -9,11 +9,12 @@ import json
 import pytest
 
 from gpu_worker.runner import ShardJob, run_shard
-from nightbatch import layout
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.pipeline.placement import place_by_model
 from nightbatch.services import Services
 from nightbatch.settings import Settings
+from nightbatch.shards.index import SegmentEntry
+from nightbatch.shards.spec import ShardItem, read_manifest, read_shard
 from nightbatch.validation.lines import LineInvalid, Validator
 from tests.support.deterministic_engine import DeterministicEngine
 from tests.support.pipeline_world import chat_line, jsonl, make_batch
@@ -62,7 +63,7 @@ def test_multi_model_batches_take_any_served_model_and_unknown_adapters_are_mode
 
 
 def test_place_by_model_keeps_an_adapter_s_segments_together() -> None:
-    segs = [layout.SegmentEntry(key=f"s{i:02d}", lines=1, est=10, model=m)
+    segs = [SegmentEntry(key=f"s{i:02d}", lines=1, est=10, model=m)
             for i, m in enumerate(["x", "y", "x", "y", "x", "y", "z", "z"])]
     out = place_by_model([segs[0:3], segs[3:6], segs[6:8]])
     assert sorted(s.key for shard in out for s in shard) == [s.key for s in segs] and all(out)
@@ -70,11 +71,11 @@ def test_place_by_model_keeps_an_adapter_s_segments_together() -> None:
     assert all(len(h) == 1 for h in homes.values()), homes
 
 
-def run_all_shards(services: Services, batch_id: str, items: list[layout.ShardItem]) -> dict[str, int]:
+def run_all_shards(services: Services, batch_id: str, items: list[ShardItem]) -> dict[str, int]:
     """Each shard on a deterministic engine for its own model, as the worker starts one; engine starts per model."""
     starts: dict[str, int] = {}
     for item in items:
-        shard = layout.read_shard(services.adapters.blobs, batch_id, item.shard_id)
+        shard = read_shard(services.adapters.blobs, batch_id, item.shard_id)
         assert shard is not None
         spec = services.settings.serving.model(shard.model)
         assert spec is not None
@@ -102,8 +103,8 @@ def test_multi_model_batch_plans_a_model_per_shard_and_reports_each_model(servic
     assert batch.nightbatch is not None and batch.nightbatch["models"][BASE_B]["request_counts"]["total"] == 10
     plan_batch(inp, services)
     blobs = services.adapters.blobs
-    items = layout.read_manifest(blobs, batch_id)
-    shards = [layout.read_shard(blobs, batch_id, i.shard_id) for i in items]
+    items = read_manifest(blobs, batch_id)
+    shards = [read_shard(blobs, batch_id, i.shard_id) for i in items]
     served = [s.model for s in shards if s is not None]
     assert len(items) > 2 and set(served) == {BASE_A, BASE_B}
     assert served == sorted(served, key=[BASE_A, BASE_B].index)  # a model's shards are numbered together
@@ -146,7 +147,7 @@ def test_single_model_batch_has_no_models_breakdown(services: Services) -> None:
     inp = BatchTaskInput(batch_id=batch_id)
     assert validate_batch(inp, services).valid
     plan_batch(inp, services)
-    shard = layout.read_shard(services.adapters.blobs, batch_id, "00000")
+    shard = read_shard(services.adapters.blobs, batch_id, "00000")
     assert shard is not None and shard.model == BASE_B and shard.models == {}
     finalize_batch(inp, services)  # never run: every line unrun
     batch = services.batches.get("default", batch_id)

@@ -17,8 +17,8 @@ from gpu_worker.images import LineImages
 from nightbatch.ids import new_batch_id
 from nightbatch.layout import CHECKPOINT_RE, done_key, results_prefix, shard_key
 from nightbatch.local.aws import FAKE_CREDENTIALS
-from nightbatch.pipeline.segments import segment_line
 from nightbatch.settings import Settings, get_settings
+from nightbatch.shards.segments import segment_line
 from nightbatch.storage import Adapters, make_adapters
 from nightbatch.storage.dynamo import create_table
 from nightbatch.storage.records import BatchRecord

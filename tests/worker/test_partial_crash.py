@@ -15,6 +15,7 @@ from nightbatch.pipeline import BatchTaskInput, finalize_batch
 from nightbatch.pipeline.compose import MIN_PART_BYTES
 from nightbatch.results.partial import partial_results
 from nightbatch.services import build_services
+from nightbatch.shards.spec import ShardItem, write_manifest
 from tests.conftest import RecordingWorkflow
 
 from .conftest import EMBED_MODEL, ShardWorld, chat_requests
@@ -38,8 +39,8 @@ def test_lines_shown_before_a_kill_keep_their_bytes_after_restart_and_finalize(
     for i in range(0, LINES, 23):
         requests[i]["body"]["messages"][0]["content"] = "FAIL this one"
     world.seed(requests)
-    layout.write_manifest(world.adapters.blobs, world.batch_id,
-                          [layout.ShardItem(batch_id=world.batch_id, shard_id=world.shard_id)])
+    write_manifest(world.adapters.blobs, world.batch_id,
+                   [ShardItem(batch_id=world.batch_id, shard_id=world.shard_id)])
     env = worker_env(world, NIGHTBATCH_TEST_ENGINE_DELAY="0.03")
 
     first = spawn(env, tmp_path / "first.log")
@@ -100,8 +101,8 @@ def test_a_kill_between_part_sized_checkpoints_loses_nothing_and_finalize_copies
     world = served_world
     n = 720
     ids = world.seed(embedding_requests(n), endpoint="/v1/embeddings", model=EMBED_MODEL)
-    layout.write_manifest(world.adapters.blobs, world.batch_id,
-                          [layout.ShardItem(batch_id=world.batch_id, shard_id=world.shard_id)])
+    write_manifest(world.adapters.blobs, world.batch_id,
+                   [ShardItem(batch_id=world.batch_id, shard_id=world.shard_id)])
     env = worker_env(world, NIGHTBATCH_TEST_ENGINE_DELAY="0.02", NIGHTBATCH_CHECKPOINT_BYTES="0",
                      NIGHTBATCH_CHECKPOINT_EVERY_SECONDS="60")  # the first after 8 lines, then by size alone
     blobs = world.adapters.blobs

@@ -1,4 +1,4 @@
-"""Validate's output: segments as line indexes (layout.LineIndex), references into the input, not copies.
+"""Validate's output: segments as line indexes (shards/index.py: LineIndex), references into the input, not copies.
 
 A segment is up to `max_lines` valid lines of one prefix group (group 0: lines in input order; groups 1..n:
 long prompts by prefix, nightbatch/pipeline/prefixes.py) and one `body.model` (a batch may name several models
@@ -8,7 +8,7 @@ byte range; blank lines between them stay inside the run (the reader skips them,
 did). What S3 receives is a few bytes per line (its estimate), never the line: the segments' indexes are packed,
 one JSON line each, into objects of up to PACK_BYTES (layout.line_index_pack_key), so a batch costs a PUT per
 pack rather than one per segment (a request costs the Lambda more CPU than a segment's few kilobytes of JSON),
-and a segment names its index by a range of its pack (layout.packed_ref).
+and a segment names its index by a range of its pack (shards/index.py: packed_ref).
 """
 
 from __future__ import annotations
@@ -20,6 +20,15 @@ from dataclasses import dataclass, field
 
 from nightbatch import layout
 from nightbatch.files.sources import InputSource
+from nightbatch.shards.index import (
+    LineIndex,
+    SegmentEntry,
+    SegmentIndex,
+    line_index_line,
+    packed_ref,
+    write_line_index_pack,
+    write_segment_index,
+)
 from nightbatch.storage import BlobStore
 
 PACK_BYTES = 4 * 1024 * 1024  # a pack is sent once it holds this much (1M lines of one model: about one pack)
@@ -59,7 +68,7 @@ class IndexWriter:
     max_lines: int
     max_bytes: int
     open: dict[tuple[int, str], _Open] = field(default_factory=dict)
-    index: list[layout.SegmentEntry] = field(default_factory=list)
+    index: list[SegmentEntry] = field(default_factory=list)
     # The last line's open segment: a line of the same (group, model) extends its run without a lookup (the
     # common case, and every line of a batch with one model and no long prompts).
     _seg: _Open | None = None
@@ -115,7 +124,7 @@ class IndexWriter:
 
     def break_runs(self) -> None:
         """An object of an in-place input ends here: the next line starts a run of its own (a run lies in one
-        object, so a changed object is a known set of lines: nightbatch/pipeline/shard_lines.py)."""
+        object, so a changed object is a known set of lines: nightbatch/shards/lines.py)."""
         for seg in self.open.values():
             seg.close_run()
 
@@ -137,11 +146,11 @@ class IndexWriter:
             return
         seg.close_run()
         start = len(self.pack)
-        self.pack += layout.line_index_line(layout.LineIndex(runs=seg.runs, est=seg.est, ids=seg.ids,
-                                                             counts=seg.counts))
-        ref = layout.packed_ref(layout.line_index_pack_key(self.batch_id, self.packs), start, len(self.pack))
-        self.index.append(layout.SegmentEntry(key=ref, lines=len(seg.est), est=sum(seg.est), group=slot[0],
-                                              bytes=seg.spanned, model=slot[1]))
+        self.pack += line_index_line(LineIndex(runs=seg.runs, est=seg.est, ids=seg.ids,
+                                               counts=seg.counts))
+        ref = packed_ref(layout.line_index_pack_key(self.batch_id, self.packs), start, len(self.pack))
+        self.index.append(SegmentEntry(key=ref, lines=len(seg.est), est=sum(seg.est), group=slot[0],
+                                       bytes=seg.spanned, model=slot[1]))
         if len(self.pack) >= PACK_BYTES:
             self._send_pack()
 
@@ -152,7 +161,7 @@ class IndexWriter:
         # At most two PUTs in flight while validation goes on (overlapped I/O, bounded memory).
         while len(self.pending) >= 2:
             self.pending.pop(0).result()
-        self.pending.append(self.pool.submit(layout.write_line_index_pack, self.blobs, key, bytes(self.pack)))
+        self.pending.append(self.pool.submit(write_line_index_pack, self.blobs, key, bytes(self.pack)))
         self.pack = bytearray()
         self.packs += 1
 
@@ -168,5 +177,5 @@ class IndexWriter:
         for f in self.pending:
             f.result()
         self.pool.shutdown()
-        layout.write_segment_index(self.blobs, self.batch_id,
-                                   layout.SegmentIndex(input=source, segments=self.index))
+        write_segment_index(self.blobs, self.batch_id,
+                            SegmentIndex(input=source, segments=self.index))

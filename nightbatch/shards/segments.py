@@ -1,8 +1,8 @@
 """Segment lines, the version 1 form of a shard's lines (the previous release copied the input into them).
 
 Each line is `{"n": <1-based input line>, "est": <estimated tokens>, "req": <the input line's JSON object>}`,
-the request kept as its own bytes. Version 2 shards point into the input instead (nightbatch.layout.LineIndex);
-a shard planned by the previous release is still read this way (nightbatch/pipeline/shard_lines.py).
+the request kept as its own bytes. Version 2 shards point into the input instead (shards/index.py: LineIndex);
+a shard planned by the previous release is still read this way (shards/lines.py).
 """
 
 from __future__ import annotations

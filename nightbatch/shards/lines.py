@@ -1,14 +1,14 @@
 """The lines of a shard: (input line number, estimated tokens, the request's bytes as uploaded), in order.
 
 The one reader of a shard's lines, for the worker (gpu_worker/shard.py) and for a previous release's shard in
-Finalize. A version 2 shard points into the input object: its line indexes (layout.LineIndex) hold byte ranges,
-and neighbouring ranges are merged into one read (the bytes between them read and dropped), done as ranged GETs
-of at most BLOCK_BYTES each, each read whole: memory holds one block and one line, never the shard, and no GET
-stays open while the engine works through a block (the worker consumes its lines over hours). Every read is of
-the version Validate accepted (nightbatch/files/inputs.py); where that version can no longer be read, each line
-not read yet comes with the failure, named by the index (its number and custom_id), and the worker ends it with
-that error. Finalize names the lines that got no result from the index alone (`shard_ids`): it reads no input.
-A version 1 shard (planned by the previous release) reads its segment copies.
+Finalize. A version 2 shard points into the input object: its line indexes (shards/index.py: LineIndex) hold
+byte ranges, and neighbouring ranges are merged into one read (the bytes between them read and dropped), done
+as ranged GETs of at most BLOCK_BYTES each, each read whole: memory holds one block and one line, never the
+shard, and no GET stays open while the engine works through a block (the worker consumes its lines over hours).
+Every read is of the version Validate accepted (nightbatch/files/inputs.py); where that version can no longer be
+read, each line not read yet comes with the failure, named by the index (its number and custom_id), and the
+worker ends it with that error. Finalize names the lines that got no result from the index alone (`shard_ids`):
+it reads no input. A version 1 shard (planned by the previous release) reads its segment copies.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ import logging
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
-from nightbatch import layout
 from nightbatch.files.inputs import INPUT_CHANGED, InputReader, InputUnavailable
 from nightbatch.jsonl import UndecodableLine, loads, split_lines
-from nightbatch.layout import ShardSpec
-from nightbatch.pipeline.segments import SegmentRequest, split_segment_line
+from nightbatch.shards.index import read_line_indexes
+from nightbatch.shards.segments import SegmentRequest, split_segment_line
+from nightbatch.shards.spec import ShardSpec
 from nightbatch.storage import BlobStore
 from nightbatch.tenancy.scope import Scope
 
@@ -96,7 +96,7 @@ def shard_ids(blobs: BlobStore, spec: ShardSpec) -> Iterator[tuple[int, str]]:
     line Validate accepted, so no input is read (Finalize's unrun lines, the input order, per-model figures). A
     shard of a previous release reads its lines (its segment copies, or its input)."""
     if spec.input is not None:
-        indexes = list(layout.read_line_indexes(blobs, spec.indexes))
+        indexes = list(read_line_indexes(blobs, spec.indexes))
         if all(index.named() for index in indexes):
             for index in indexes:
                 at = 0
@@ -111,7 +111,7 @@ def shard_ids(blobs: BlobStore, spec: ShardSpec) -> Iterator[tuple[int, str]]:
 
 def _runs(blobs: BlobStore, refs: list[str]) -> Iterator[Run]:
     """Every run of the shard in order; one LineIndex in memory at a time (and the pack range read with it)."""
-    for index in layout.read_line_indexes(blobs, refs):
+    for index in read_line_indexes(blobs, refs):
         named = index.named()
         at = 0
         for i, (first, start, end) in enumerate(index.runs):
