@@ -146,6 +146,10 @@ def _one_checkpoint_per_shard(services: Any, batch_id: str) -> None:
         from nightbatch.results.lines import summarize_checkpoint
     except ImportError:
         summarize_checkpoint = None
+    try:  # the summary's writer beside it, or in layout (a checkout from before results/lines.py held it)
+        from nightbatch.results.lines import write_checkpoint_summary
+    except ImportError:
+        write_checkpoint_summary = getattr(layout, "write_checkpoint_summary", None)
 
     blobs = services.adapters.blobs
     for item in json.loads(blobs.get_bytes(layout.manifest_key(batch_id)) or b"[]"):
@@ -160,7 +164,7 @@ def _one_checkpoint_per_shard(services: Any, batch_id: str) -> None:
             except TypeError:  # a checkout from before summaries carried their checkpoint's ETag
                 summary = summarize_checkpoint(bytes(data))
             assert summary is not None
-            layout.write_checkpoint_summary(blobs, key, summary)
+            write_checkpoint_summary(blobs, key, summary)
         blobs.put_bytes(layout.done_key(batch_id, item["shard_id"]), b"{}")
 
 

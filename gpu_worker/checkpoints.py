@@ -21,8 +21,8 @@ import msgspec
 
 from gpu_worker.results import ResultLine
 from nightbatch.errors import StorageConflictError
-from nightbatch.layout import CheckpointSummary, checkpoint_key, progress_key, write_checkpoint_summary
-from nightbatch.results.lines import join_summaries, summarize_checkpoint
+from nightbatch.layout import checkpoint_key, progress_key
+from nightbatch.results.lines import CheckpointSummary, join_summaries, summarize_checkpoint, write_checkpoint_summary
 from nightbatch.settings import WorkerSettings
 from nightbatch.storage import BlobStore, Table
 from nightbatch.storage.parts import MIN_PART_BYTES

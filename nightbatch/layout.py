@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from itertools import pairwise
 from typing import TYPE_CHECKING, Any, Literal
 
-import msgspec
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:  # infra/ reads the prefixes without the AWS adapters
@@ -197,51 +195,7 @@ class DoneMarker(BaseModel):
     attempts: int = 1
 
 
-class CheckpointSummary(msgspec.Struct, kw_only=True):
-    """`<seq>-<attempt>.summary.json`, written by the worker after each checkpoint: what Finalize needs to count
-    and place the checkpoint's lines without parsing them (nightbatch.results.lines.summarize_checkpoint).
 
-    Line i of the checkpoint is its bytes [sum(lengths[:i]), sum(lengths[:i + 1])), compact JSON ended by a
-    newline; custom_ids rather than digests, because our digest is keyed per process (nightbatch.ids). A reader
-    that finds no summary, another version, or a size or ETag other than the checkpoint's parses the
-    checkpoint: a summary is checked against the object it describes, not trusted.
-
-    A msgspec struct, not a pydantic model: Finalize decodes one per checkpoint, a list of custom_ids and one of
-    lengths per line, and msgspec does it in a third of the time (the JSON is the same; unknown fields ignored).
-    """
-
-    version: Literal[1] = 1
-    size: int  # bytes of the checkpoint object it describes
-    etag: str = ""  # its ETag, as the checkpoint's PUT answered (a previous release's summary has none)
-    custom_ids: list[str]
-    lengths: list[int]  # bytes of each line, its newline included
-    failed: list[int] = []  # indices of the lines that are not successes (they go to the error file), ascending
-    # The input line number of each line (the worker writes a checkpoint in input order, so they ascend): what
-    # Finalize merges by for `output_order: "input"`. Empty: a previous release's summary.
-    numbers: list[int] = []
-    # Usage over the successful lines, as nightbatch.results.lines.Tally adds it up.
-    input_tokens: int = 0
-    cached_tokens: int = 0
-    output_tokens: int = 0
-    reasoning_tokens: int = 0
-
-    def consistent(self) -> bool:
-        return (len(self.custom_ids) == len(self.lengths) and sum(self.lengths) == self.size
-                and len(set(self.failed)) == len(self.failed) and all(0 <= i < len(self.lengths) for i in self.failed)
-                and (not self.numbers or len(self.numbers) == len(self.lengths)))
-
-    def numbered(self) -> bool:
-        """Its lines carry their input line numbers: what Finalize's input-order merge streams."""
-        return bool(self.numbers) and len(self.numbers) == len(self.lengths)
-
-    def ascending(self) -> list[tuple[int, int]]:
-        """The stretches [lo, hi) of its lines whose numbers ascend: one, or two once an attempt's last lines
-        were appended to it (gpu_worker.checkpoints)."""
-        cuts = [i for i, (a, b) in enumerate(pairwise(self.numbers), start=1) if a >= b]
-        return list(pairwise([0, *cuts, len(self.numbers)]))
-
-
-_SUMMARY = msgspec.json.Decoder(CheckpointSummary)
 
 
 # -- writers and readers -------------------------------------------------------------------------------------
@@ -266,19 +220,6 @@ def read_attempts(blobs: Blobs, prefixes: Iterable[str], listed: Iterable[str] |
             rec = AttemptRecord.model_validate_json(blobs.get_bytes(key) or b"{}")
             rec.shard_id = key.rsplit("/", 2)[-2]
             yield rec
-
-
-def write_checkpoint_summary(blobs: Blobs, checkpoint: str, summary: CheckpointSummary) -> None:
-    blobs.put_bytes(checkpoint_summary_key(checkpoint), msgspec.json.encode(summary), content_type="application/json")
-
-
-def read_checkpoint_summary(blobs: Blobs, checkpoint: str) -> CheckpointSummary | None:
-    """None when there is none, or none this release can read (another version): the caller parses instead."""
-    raw = blobs.get_bytes(checkpoint_summary_key(checkpoint))
-    try:
-        return None if raw is None else _SUMMARY.decode(raw)
-    except msgspec.MsgspecError:
-        return None
 
 
 def write_done(blobs: Blobs, batch_id: str, shard_id: str, marker: DoneMarker) -> None:

@@ -1,7 +1,7 @@
 """The output file in input order (`nightbatch.output_order: "input"`), at bounded memory: a merge of sorted runs.
 
 The worker writes each checkpoint's lines in input order, with their input line numbers in its summary
-(gpu_worker/checkpoints.py, nightbatch.layout.CheckpointSummary.numbers), so every checkpoint is a sorted run
+(gpu_worker/checkpoints.py, results/lines.py: CheckpointSummary.numbers), so every checkpoint is a sorted run
 (or two, once an attempt's last lines were appended to it).
 Which result of a custom_id wins, and what goes to the error file, is decided as for any batch, in the merge
 order (nightbatch.results.merge, nightbatch.results.order); with input order the merge hands each checkpoint's
@@ -30,9 +30,8 @@ from dataclasses import dataclass
 from itertools import accumulate, count
 from typing import Protocol
 
-from nightbatch import layout
 from nightbatch.ids import custom_id_digest
-from nightbatch.layout import CheckpointSummary
+from nightbatch.results.lines import CheckpointSummary, read_checkpoint_summary
 from nightbatch.results.merge import Output, Window
 from nightbatch.results.order import FirstResult, PlannedShard
 from nightbatch.shards.lines import shard_ids
@@ -122,7 +121,7 @@ class InputOrder:
 
 class _RunCursor:
     def __init__(self, blobs: BlobStore, run: Run) -> None:
-        summary = layout.read_checkpoint_summary(blobs, run.key)
+        summary = read_checkpoint_summary(blobs, run.key)
         if (summary is None or summary.size != run.size or summary.etag != run.etag or not summary.numbered()
                 or (run.lo, run.hi) not in summary.ascending()):
             # Read and matched a moment ago by the merge; checkpoints are never rewritten. Finalize is retried.

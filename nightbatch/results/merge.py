@@ -5,7 +5,7 @@ The rule is `checkpoints_in_order` (nightbatch.results.order, which the partial 
 and `merge_shard`: checkpoints in key order (seq, then attempt), the first result per custom_id wins and later
 ones (a zombie attempt's, a re-run's) are dropped. Successful lines go to the output as ranges of the checkpoint
 objects (nightbatch/pipeline/compose.py), the others to the error file. A checkpoint with a summary
-(nightbatch.layout.CheckpointSummary) is counted and placed from it, unparsed: only its error lines, its dropped
+(results/lines.py: CheckpointSummary) is counted and placed from it, unparsed: only its error lines, its dropped
 duplicates and the bytes the composer must upload are read. One without (a previous release's worker, a summary
 that was not written or does not match), or under PARSE_BELOW bytes, is read line by line.
 """
@@ -19,11 +19,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import accumulate, islice
 from typing import TYPE_CHECKING, Protocol
 
-from nightbatch import layout
 from nightbatch.ids import custom_id_digests
-from nightbatch.layout import CheckpointSummary
 from nightbatch.pipeline.compose import Read
-from nightbatch.results.lines import Tally, summarize_result_line
+from nightbatch.results.lines import CheckpointSummary, Tally, read_checkpoint_summary, summarize_result_line
 from nightbatch.results.order import Checkpoint, Listing, checkpoints_in_order, first_results
 from nightbatch.storage import BlobStore
 
@@ -75,7 +73,7 @@ def _wants_summary(cp: Checkpoint, order: InputOrder | None) -> bool:
 def _with_summaries(blobs: BlobStore, checkpoints: list[Checkpoint], order: InputOrder | None) -> Iterator[
         tuple[Checkpoint, CheckpointSummary | None]]:
     def fetch(cp: Checkpoint) -> CheckpointSummary | None:
-        return layout.read_checkpoint_summary(blobs, cp.key) if _wants_summary(cp, order) else None
+        return read_checkpoint_summary(blobs, cp.key) if _wants_summary(cp, order) else None
 
     todo = iter(checkpoints)
     with ThreadPoolExecutor(AHEAD, thread_name_prefix="summaries") as pool:

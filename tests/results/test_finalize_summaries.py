@@ -1,4 +1,4 @@
-"""Finalize from checkpoint summaries (nightbatch.layout.CheckpointSummary) gives the same output and error
+"""Finalize from checkpoint summaries (nightbatch.results.lines.CheckpointSummary) gives the same output and error
 bytes, request counts and usage as Finalize parsing every line; checkpoints of the previous release (no
 summary), mixed with new ones, finalize alike; a summary that does not match its checkpoint is not trusted."""
 
@@ -16,11 +16,17 @@ from hypothesis import strategies as st
 from gpu_worker.engines.base import EngineReply
 from gpu_worker.results import result_line
 from nightbatch import layout
-from nightbatch.layout import CheckpointSummary
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
 from nightbatch.pipeline.compose import MIN_PART_BYTES, Read
 from nightbatch.results import merge
-from nightbatch.results.lines import Tally, oversized_result_line, summarize_checkpoint
+from nightbatch.results.lines import (
+    CheckpointSummary,
+    Tally,
+    oversized_result_line,
+    read_checkpoint_summary,
+    summarize_checkpoint,
+    write_checkpoint_summary,
+)
 from nightbatch.services import Services
 from nightbatch.storage import BlobStore
 from tests.support.pipeline_world import planned_shards
@@ -109,7 +115,7 @@ def test_summaries_merge_as_parsing_does(services: Services, checkpoints: list[l
         if seq == lying:
             summary.size += 1
         if summarized[seq]:
-            layout.write_checkpoint_summary(blobs, key, summary)
+            write_checkpoint_summary(blobs, key, summary)
     with mock.patch.object(merge, "WINDOW_BYTES", window), mock.patch.object(merge, "PARSE_BELOW", 0):
         assert merged(blobs, batch_id, shard_id) == parsed
 
@@ -124,11 +130,11 @@ def test_a_summary_of_another_version_or_unreadable_is_not_used(services: Servic
           b'"cached_tokens":1,"output_tokens":6,"reasoning_tokens":0}'
           % (len(data), len(data.split(b"\n")[0]) + 1, len(data.split(b"\n")[1]) + 1))
     blobs.put_bytes(layout.checkpoint_summary_key(key), v1)
-    assert layout.read_checkpoint_summary(blobs, key) == summarize_checkpoint(data, etag="")
+    assert read_checkpoint_summary(blobs, key) == summarize_checkpoint(data, etag="")
     blobs.put_bytes(layout.checkpoint_summary_key(key), v1.replace(b'"version":1', b'"version":2'))
-    assert layout.read_checkpoint_summary(blobs, key) is None
+    assert read_checkpoint_summary(blobs, key) is None
     blobs.put_bytes(layout.checkpoint_summary_key(key), v1[:-5])
-    assert layout.read_checkpoint_summary(blobs, key) is None
+    assert read_checkpoint_summary(blobs, key) is None
     assert not layout.is_checkpoint(layout.results_prefix("b", "1"), layout.checkpoint_summary_key(key))
 
 
@@ -192,8 +198,8 @@ def test_finalize_from_summaries_matches_finalize_by_parsing(services: Services)
         for k, lines in enumerate(objects):
             key = layout.checkpoint_key(prefix, k, "a")
             etag = blobs.put_bytes(key, b"".join(lines))
-            layout.write_checkpoint_summary(blobs, key, summarize_checkpoint(b"".join(lines), etag=etag) or
-                                            CheckpointSummary(size=-1, custom_ids=[], lengths=[]))
+            write_checkpoint_summary(blobs, key, summarize_checkpoint(b"".join(lines), etag=etag) or
+                                     CheckpointSummary(size=-1, custom_ids=[], lengths=[]))
             keys.append(key)
         blobs.put_bytes(layout.done_key(batch_id, shard_id), b"{}")
 
@@ -243,10 +249,10 @@ def test_a_summary_is_checked_against_its_checkpoint_not_trusted(services: Servi
     good = summarize_checkpoint(data, etag=etag)
     assert good is not None and good.etag == etag
     wrong = msgspec.structs.replace(good, custom_ids=["x", "x"], etag='"0123456789abcdef0123456789abcdef"')
-    layout.write_checkpoint_summary(blobs, key, wrong)
+    write_checkpoint_summary(blobs, key, wrong)
     out, _, tally, seen = merged(blobs, batch_id, shard_id)
     assert out == data and tally.completed == 2 and seen == 2
-    layout.write_checkpoint_summary(blobs, key, good)  # the true one is used (and agrees)
+    write_checkpoint_summary(blobs, key, good)  # the true one is used (and agrees)
     assert merged(blobs, batch_id, shard_id)[0] == data
 
 
@@ -263,7 +269,7 @@ def test_a_small_checkpoint_is_parsed_its_summary_unread(services: Services) -> 
     for key, data in datas.items():
         summary = summarize_checkpoint(data, etag=blobs.put_bytes(key, data))
         assert summary is not None
-        layout.write_checkpoint_summary(blobs, key, summary)
+        write_checkpoint_summary(blobs, key, summary)
     got: list[str] = []
     get_bytes = blobs.get_bytes
 

@@ -18,6 +18,7 @@ from gpu_worker.results import ResultLine, result_line
 from nightbatch import layout
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.pipeline.compose import MIN_PART_BYTES
+from nightbatch.results.lines import read_checkpoint_summary
 from nightbatch.services import Services
 from nightbatch.shards.spec import read_manifest
 from tests.results.test_finalize_summaries import Reads
@@ -104,7 +105,7 @@ def test_input_order_is_the_completion_order_output_sorted_by_input_line(service
 def test_a_checkpoint_s_lines_are_written_in_input_order_with_their_numbers(services: Services) -> None:
     batch_id, [(shard_id, ids)] = planned_shards(services, 20, segment_max_lines=100, shard_target_tokens=10**6)
     [key] = write(services, batch_id, shard_id, "a", 0, [[answer(batch_id, ids[n], n, "") for n in (7, 2, 9, 4)]])
-    summary = layout.read_checkpoint_summary(services.adapters.blobs, key)
+    summary = read_checkpoint_summary(services.adapters.blobs, key)
     assert summary is not None and summary.numbers == [2, 4, 7, 9] and summary.ascending() == [(0, 4)]
     data = services.adapters.blobs.get_bytes(key) or b""
     assert [json.loads(line)["custom_id"] for line in data.splitlines()] == [ids[n] for n in (2, 4, 7, 9)]
@@ -156,7 +157,7 @@ def test_an_attempt_s_last_lines_are_appended_to_its_previous_checkpoint_and_sti
     writer.write([answer(batch_id, r.custom_id, r.number, "") for r in reqs[1::2]], last=True)  # 10 KB
     listed = blobs.list_keys(layout.results_prefix(batch_id, shard_id))
     [key] = [k for k in listed if layout.is_checkpoint(layout.results_prefix(batch_id, shard_id), k)]
-    summary = layout.read_checkpoint_summary(blobs, key)
+    summary = read_checkpoint_summary(blobs, key)
     assert summary is not None and summary.ascending() == [(0, 60), (60, 120)] and summary.consistent()
     assert summary.size == blobs.size(key) and summary.etag == layout_etag(services, key)
     blobs.put_bytes(layout.done_key(batch_id, shard_id), b"{}")

@@ -14,9 +14,9 @@ from gpu_worker.results import result_line
 from gpu_worker.runner import ShardJob, ShardReport, run_shard
 from gpu_worker.shard import load_shard
 from nightbatch.ids import batch_request_id
-from nightbatch.layout import checkpoint_key, done_key, read_checkpoint_summary
+from nightbatch.layout import checkpoint_key, done_key
 from nightbatch.models.spec import LOCAL_MODELS, ModelSpec
-from nightbatch.results.lines import summarize_checkpoint
+from nightbatch.results.lines import read_checkpoint_summary, summarize_checkpoint
 from nightbatch.settings import Settings
 from nightbatch.wire import BatchRequestOutput
 from tests.support.deterministic_engine import DeterministicEngine
@@ -222,7 +222,7 @@ def test_live_counters_move_between_checkpoints(world: ShardWorld) -> None:
 
 
 def test_each_checkpoint_has_its_summary(world: ShardWorld) -> None:
-    """What Finalize counts from (nightbatch.layout.CheckpointSummary): the summary beside each checkpoint is
+    """What Finalize counts from (nightbatch.results.lines.CheckpointSummary): the summary beside each checkpoint is
     what reading the checkpoint gives, error lines included."""
     requests = chat_requests(12)
     requests[4]["body"]["max_tokens"] = -1
