@@ -4,7 +4,7 @@ shape: nightbatch/messages/results.py), then make the terminal transition.
 Idempotent: file ids derive from the batch id, a second run writes the same bytes (shards, checkpoints and
 lines are read in key order; the first result per custom_id wins: nightbatch.results.merge) and finds the
 batch already terminal. Successful lines are not uploaded again: the output file is composed from ranges of
-the checkpoint objects (nightbatch/pipeline/compose.py); S3 copies every range of at least 5 MiB server-side.
+the checkpoint objects (nightbatch/results/compose.py); S3 copies every range of at least 5 MiB server-side.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from nightbatch.messages.results import write_results
 from nightbatch.metrics import emit
 from nightbatch.phases import summarize as summarize_phases
 from nightbatch.pipeline.capacity import collect_decisions
-from nightbatch.pipeline.compose import PartComposer
 from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
+from nightbatch.results.compose import PartComposer
 from nightbatch.results.input_order import InputOrder
 from nightbatch.results.lines import Tally, unrun_line
 from nightbatch.results.merge import merge_shard

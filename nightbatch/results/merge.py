@@ -4,7 +4,7 @@ its bytes go.
 The rule is `checkpoints_in_order` (nightbatch.results.order, which the partial results read too)
 and `merge_shard`: checkpoints in key order (seq, then attempt), the first result per custom_id wins and later
 ones (a zombie attempt's, a re-run's) are dropped. Successful lines go to the output as ranges of the checkpoint
-objects (nightbatch/pipeline/compose.py), the others to the error file. A checkpoint with a summary
+objects (nightbatch/results/compose.py), the others to the error file. A checkpoint with a summary
 (results/lines.py: CheckpointSummary) is counted and placed from it, unparsed: only its error lines, its dropped
 duplicates and the bytes the composer must upload are read. One without (a previous release's worker, a summary
 that was not written or does not match), or under PARSE_BELOW bytes, is read line by line.
@@ -20,7 +20,7 @@ from itertools import accumulate, islice
 from typing import TYPE_CHECKING, Protocol
 
 from nightbatch.ids import custom_id_digests
-from nightbatch.pipeline.compose import Read
+from nightbatch.results.compose import Read
 from nightbatch.results.lines import CheckpointSummary, Tally, read_checkpoint_summary, summarize_result_line
 from nightbatch.results.order import Checkpoint, Listing, checkpoints_in_order, first_results
 from nightbatch.storage import BlobStore

@@ -15,7 +15,7 @@ from gpu_worker.shard import read_progress
 from nightbatch import layout
 from nightbatch.ids import custom_id_digest
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
-from nightbatch.pipeline.compose import MIN_PART_BYTES
+from nightbatch.results.compose import MIN_PART_BYTES
 from nightbatch.results.partial import partial_results
 from nightbatch.services import Services
 from tests.results.test_input_order import answer

@@ -10,8 +10,8 @@ from botocore.exceptions import ClientError
 
 from nightbatch import layout
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
-from nightbatch.pipeline.compose import MIN_PART_BYTES, PartComposer
 from nightbatch.results import lines as results
+from nightbatch.results.compose import MIN_PART_BYTES, PartComposer
 from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord
 from tests.support.pipeline_world import planned_shards

@@ -17,8 +17,8 @@ from gpu_worker.engines.base import EngineReply
 from gpu_worker.results import result_line
 from nightbatch import layout
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
-from nightbatch.pipeline.compose import MIN_PART_BYTES, Read
 from nightbatch.results import merge
+from nightbatch.results.compose import MIN_PART_BYTES, Read
 from nightbatch.results.lines import (
     CheckpointSummary,
     Tally,

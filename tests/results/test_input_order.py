@@ -17,7 +17,7 @@ from gpu_worker.engines.base import EngineReply
 from gpu_worker.results import ResultLine, result_line
 from nightbatch import layout
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
-from nightbatch.pipeline.compose import MIN_PART_BYTES
+from nightbatch.results.compose import MIN_PART_BYTES
 from nightbatch.results.lines import read_checkpoint_summary
 from nightbatch.services import Services
 from nightbatch.shards.spec import read_manifest

@@ -12,7 +12,7 @@ from typing import Any
 
 from nightbatch import layout
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
-from nightbatch.pipeline.compose import MIN_PART_BYTES
+from nightbatch.results.compose import MIN_PART_BYTES
 from nightbatch.results.partial import partial_results
 from nightbatch.services import build_services
 from nightbatch.shards.spec import ShardItem, write_manifest
