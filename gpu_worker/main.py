@@ -23,7 +23,8 @@ from gpu_worker.job_environment import apply_hf_token, apply_settings_document, 
 from gpu_worker.runner import ShardJob, ShardReport, preflight, run_shard
 from gpu_worker.shard import load_shard
 from gpu_worker.watch import BATCH_REASONS, read_stop_reason
-from nightbatch.layout import attempt_keys, results_prefix
+from nightbatch.batches.accounting import attempt_keys
+from nightbatch.layout import results_prefix
 from nightbatch.logs import configure_logging, log_context
 from nightbatch.metrics import emit
 from nightbatch.models.spec import ModelSpec

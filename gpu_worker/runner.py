@@ -22,7 +22,7 @@ from gpu_worker.results import ResultLine, exception_reply, input_failure_line, 
 from gpu_worker.scheduling import OrderPolicy, in_flight_limit, ordered
 from gpu_worker.shard import PendingLines, PendingRequest, Progress, load_shard, read_progress
 from gpu_worker.watch import read_stop_reason, watch_batch
-from nightbatch import layout
+from nightbatch.batches.accounting import AttemptRecord, DoneMarker, write_attempt, write_done
 from nightbatch.ids import new_request_id
 from nightbatch.layout import done_key, results_prefix
 from nightbatch.phases import Phases
@@ -386,7 +386,7 @@ class _ShardRun:
 
     def _write_accounting(self, report: ShardReport) -> None:
         where = host.detect()
-        layout.write_attempt(self.blobs, self.prefix, layout.AttemptRecord(
+        write_attempt(self.blobs, self.prefix, AttemptRecord(
             attempt=self.attempt, model_load_seconds=round(report.model_load_seconds, 3),
             inference_seconds=report.inference_seconds, idle_seconds=report.idle_seconds, finished=report.finished,
             phases=report.phases, backend=where.backend, instance_type=where.instance_type,
@@ -394,7 +394,7 @@ class _ShardRun:
         ))
 
     def _write_done(self, report: ShardReport) -> None:
-        layout.write_done(self.blobs, self.job.batch_id, self.job.shard_id, layout.DoneMarker(
+        write_done(self.blobs, self.job.batch_id, self.job.shard_id, DoneMarker(
             lines=report.lines, model_load_seconds=round(report.model_load_seconds, 3),
             inference_seconds=report.inference_seconds, idle_seconds=report.idle_seconds,
             # Whole-shard totals: this attempt's plus those of the lines earlier attempts finished.

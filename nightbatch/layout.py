@@ -1,22 +1,17 @@
-"""The hand-off contract: every S3 key we make, and every record that crosses between steps.
+"""Every S3 key we make: the top-level prefixes, each hand-off object's key and the names that tell them apart in
+a listing, and the tag and lifetime the bucket gives what is under them. Keys are built from ids we minted, never
+from user strings; no other module names a key (a test greps for key literals elsewhere).
 
-Validate writes the segment index (each segment a line index: ranges of the input object, not a copy of its
-lines), Plan the shard specs and the Map's manifest, the worker its
-checkpoints, one accounting record per attempt and the done marker; Finalize reads them all. Each is written
-and read only through this module (a test greps for key literals elsewhere). Keys are built from ids we
-minted, never from user strings.
+The objects themselves have owners of their own, each the one writer and reader of its type: the segment index,
+line-index packs, shard specs and manifest (nightbatch/shards/), checkpoints' summaries (nightbatch/results/lines.py),
+attempt records and done markers (nightbatch/batches/accounting.py), capacity decisions
+(nightbatch/pipeline/capacity.py), progress samples (gpu_worker/checkpoints.py). Standard library only: infra/
+reads the prefixes without the AWS adapters.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Literal
-
-from pydantic import BaseModel, ConfigDict
-
-if TYPE_CHECKING:  # infra/ reads the prefixes without the AWS adapters
-    from nightbatch.storage import BlobStore as Blobs
 
 # <seq:06d>-<attempt hex>.jsonl; the attempt part keeps a zombie attempt from overwriting another's object.
 CHECKPOINT_RE = re.compile(r"^(\d{6,})-([0-9a-f]+)\.jsonl$")
@@ -157,71 +152,3 @@ def message_results_key(batch_id: str) -> str:
     """A Message Batch's results in Anthropic's shape, written once from its output and error files
     (nightbatch/messages/results.py), so the API can hand them out as an object, past its response limit."""
     return f"{batch_prefix(batch_id)}message-results.jsonl"
-
-
-# -- records -------------------------------------------------------------------------------------------------
-
-
-class AttemptRecord(BaseModel):
-    """`acct-<attempt>.json`: one attempt's GPU time, written whether or not it finished (Spot time counts)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    attempt: str = ""
-    model_load_seconds: float = 0.0
-    inference_seconds: float = 0.0
-    idle_seconds: float = 0.0
-    finished: bool = False
-    phases: dict[str, Any] = {}  # nightbatch.phases: when each phase of the attempt ended
-    # Where the attempt ran (gpu_worker/host.py), so Finalize prices it: AWS Batch at EC2 prices, SageMaker at
-    # ml.* prices; the instance type and training job name when the host says (SageMaker does).
-    backend: Literal["batch", "sagemaker"] = "batch"
-    instance_type: str = ""
-    training_job: str = ""
-    shard_id: str = ""  # filled in on read, from the key
-
-
-class DoneMarker(BaseModel):
-    """`_done.json`: every line of the shard has a result. Token totals cover every attempt."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    lines: int
-    model_load_seconds: float = 0.0
-    inference_seconds: float = 0.0
-    idle_seconds: float = 0.0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    attempts: int = 1
-
-
-
-
-
-# -- writers and readers -------------------------------------------------------------------------------------
-
-
-def write_attempt(blobs: Blobs, prefix: str, record: AttemptRecord) -> None:
-    blobs.put_bytes(accounting_key(prefix, record.attempt), record.model_dump_json().encode(),
-                    content_type="application/json")
-
-
-def attempt_keys(blobs: Blobs, prefix: str, listed: Iterable[str] | None = None) -> list[str]:
-    """The attempt records under `prefix`; `listed`: its keys, if listed already (else listed here)."""
-    keys = blobs.list_keys(prefix) if listed is None else (k for k in listed if k.startswith(prefix))
-    return [k for k in keys if ACCOUNTING_RE.fullmatch(k.rsplit("/", 1)[-1])]
-
-
-def read_attempts(blobs: Blobs, prefixes: Iterable[str], listed: Iterable[str] | None = None) -> Iterator[
-        AttemptRecord]:
-    keys = None if listed is None else list(listed)
-    for prefix in prefixes:
-        for key in attempt_keys(blobs, prefix, keys):
-            rec = AttemptRecord.model_validate_json(blobs.get_bytes(key) or b"{}")
-            rec.shard_id = key.rsplit("/", 2)[-2]
-            yield rec
-
-
-def write_done(blobs: Blobs, batch_id: str, shard_id: str, marker: DoneMarker) -> None:
-    blobs.put_bytes(done_key(batch_id, shard_id), marker.model_dump_json().encode(),
-                    content_type="application/json")

@@ -1,8 +1,8 @@
 """Phase timings of a shard attempt: container start → weights ready → engine ready → first result → done.
 
 The worker measures them (monotonic seconds since its container started) and writes them into the attempt's
-accounting record (layout.AttemptRecord), its shard report and EMF metrics; Finalize summarises every attempt of
-a batch into its `nightbatch.phases` extension, which `nightbatch status` shows.
+accounting record (nightbatch.batches.accounting.AttemptRecord), its shard report and EMF metrics; Finalize
+summarises every attempt of a batch into its `nightbatch.phases` extension, which `nightbatch status` shows.
 """
 
 from __future__ import annotations

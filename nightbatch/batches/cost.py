@@ -1,6 +1,6 @@
 """What a batch cost: GPU-seconds from the shards' own records, priced by the configured instance.
 
-Attempts that ran on SageMaker (layout.AttemptRecord.backend) are priced at ml.* training prices, which run
+Attempts that ran on SageMaker (accounting.py: AttemptRecord.backend) are priced at ml.* training prices, which run
 15-70 % above EC2's (../shared/reference/sagemaker-backend-notes.md §8); managed Spot bills only a training job's
 `BillableTimeInSeconds`, so where Finalize could read a job's billable and training times the saving is exact.
 """
@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nightbatch import layout
+from nightbatch.batches.accounting import read_attempts
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, BlobStore
 
@@ -71,10 +71,10 @@ def price_per_gpu_second(settings: Settings) -> float:
 
 def collect_shard_times(blobs: BlobStore, results_prefixes: list[str], listed: Iterable[str] | None = None
                         ) -> ShardTime:
-    """Sums every attempt's record (layout.AttemptRecord), so time lost to Spot interruptions is counted too.
+    """Sums every attempt's record (accounting.py: AttemptRecord), so time lost to Spot interruptions is counted too.
     `listed`: the keys under the prefixes, if listed already (else listed here)."""
     t = ShardTime()
-    for rec in layout.read_attempts(blobs, results_prefixes, listed):
+    for rec in read_attempts(blobs, results_prefixes, listed):
         t.model_load_seconds += rec.model_load_seconds
         t.inference_seconds += rec.inference_seconds
         t.idle_seconds += rec.idle_seconds

@@ -9,6 +9,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from nightbatch import layout
+from nightbatch.batches.accounting import AttemptRecord, write_attempt
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
 from nightbatch.results import lines as results
 from nightbatch.results.compose import MIN_PART_BYTES, PartComposer
@@ -128,7 +129,7 @@ def test_finalize_lists_the_batch_results_once(services: Services) -> None:
     for n, (shard_id, ids) in enumerate(shards):
         prefix = layout.results_prefix(batch_id, shard_id)
         blobs.put_bytes(layout.checkpoint_key(prefix, 0, "a"), b"".join(result(batch_id, c, 200) for c in ids))
-        layout.write_attempt(blobs, prefix, layout.AttemptRecord(attempt="a", inference_seconds=10.0 + n))
+        write_attempt(blobs, prefix, AttemptRecord(attempt="a", inference_seconds=10.0 + n))
         blobs.put_bytes(layout.capacity_key(prefix, 0), b'{"action": "spot", "attempt": 0}')
         blobs.put_bytes(layout.done_key(batch_id, shard_id), b"{}")
     calls: list[tuple[str, str]] = []

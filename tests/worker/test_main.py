@@ -13,7 +13,7 @@ import pytest
 from gpu_worker.main import main, serve_shard
 from gpu_worker.runner import ShardJob
 from nightbatch import layout
-from nightbatch.layout import attempt_keys
+from nightbatch.batches.accounting import attempt_keys
 from nightbatch.settings import get_settings
 from nightbatch.storage import make_adapters
 from tests.support.deterministic_engine import DeterministicEngine
