@@ -17,16 +17,13 @@ from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import accumulate, islice
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from nightbatch.ids import custom_id_digests
 from nightbatch.results.compose import Read
 from nightbatch.results.lines import CheckpointSummary, Tally, read_checkpoint_summary, summarize_result_line
-from nightbatch.results.order import Checkpoint, Listing, checkpoints_in_order, first_results
+from nightbatch.results.order import Checkpoint, FirstResult, Listing, checkpoints_in_order, first_results
 from nightbatch.storage import BlobStore
-
-if TYPE_CHECKING:
-    from nightbatch.results.input_order import InputOrder
 
 log = logging.getLogger("nightbatch.finalize")
 WINDOW_BYTES = 1024 * 1024  # least bytes of a ranged GET of a summarized checkpoint
@@ -47,8 +44,16 @@ class Errors(Protocol):
     def write(self, data: bytes) -> None: ...
 
 
+class Order(Protocol):
+    """Where the winning successes go when the output is in input order (results/input_order.py)."""
+
+    def add_run(self, key: str, summary: CheckpointSummary, skip: list[int]) -> None: ...
+
+    def add_line(self, result: FirstResult) -> None: ...
+
+
 def merge_shard(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], out: Output, err: Errors,
-                tally: Tally, listed: Listing | None = None, order: InputOrder | None = None) -> None:
+                tally: Tally, listed: Listing | None = None, order: Order | None = None) -> None:
     """Adds the shard's winning results to `out` and `err` and counts them in `tally`; `seen` holds the
     custom_id digests taken so far, and grows by this shard's. `listed`: the shard's objects, if listed already
     (nightbatch.results.order.results_listing). `order`: the batch's output goes in input order, so the
@@ -64,13 +69,13 @@ def merge_shard(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], 
         _merge_parsed(blobs, batch_id, cp.key, seen, out, err, tally, order)
 
 
-def _wants_summary(cp: Checkpoint, order: InputOrder | None) -> bool:
+def _wants_summary(cp: Checkpoint, order: Order | None) -> bool:
     """Whether the checkpoint is placed from its summary (else parsed): it has one and is not under PARSE_BELOW
     (for input order any size: its summary holds the line numbers the order needs)."""
     return cp.summarized and (cp.size >= PARSE_BELOW or order is not None)
 
 
-def _with_summaries(blobs: BlobStore, checkpoints: list[Checkpoint], order: InputOrder | None) -> Iterator[
+def _with_summaries(blobs: BlobStore, checkpoints: list[Checkpoint], order: Order | None) -> Iterator[
         tuple[Checkpoint, CheckpointSummary | None]]:
     def fetch(cp: Checkpoint) -> CheckpointSummary | None:
         return read_checkpoint_summary(blobs, cp.key) if _wants_summary(cp, order) else None
@@ -108,7 +113,7 @@ class Window:
 
 
 def _merge_summarized(blobs: BlobStore, key: str, summary: CheckpointSummary, seen: set[int], out: Output,
-                      err: Errors, tally: Tally, order: InputOrder | None) -> None:
+                      err: Errors, tally: Tally, order: Order | None) -> None:
     digests = custom_id_digests(summary.custom_ids)
     dropped: set[int] = set()
     if not seen.isdisjoint(digests):
@@ -166,7 +171,7 @@ _NOWHERE = _Nowhere()
 
 
 def _merge_parsed(blobs: BlobStore, batch_id: str, key: str, seen: set[int], out: Output, err: Errors,
-                  tally: Tally, order: InputOrder | None) -> None:
+                  tally: Tally, order: Order | None) -> None:
     for result in first_results(blobs, key, seen):
         if result.summary.ok:
             if order is not None:
