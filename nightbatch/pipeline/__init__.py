@@ -1,7 +1,8 @@
-"""The workflow's task functions (Validate, Plan, Finalize), called by Step Functions' Lambdas and locally.
+"""The workflow's steps (Validate, Plan, Capacity, Finalize, the sweeper), called by Step Functions' Lambdas and
+locally, and the estimate: a dry run of Validate and Plan for the API.
 
-Loaded on first use (PEP 562): importing one module of the package (the API's estimate imports
-`nightbatch.pipeline.sizing`) does not import Validate, Plan and Finalize with it (API cold import, issue #17).
+Loaded on first use (PEP 562): importing one module of the package (the API imports `nightbatch.pipeline.estimate`)
+does not import Validate, Plan and Finalize with it (API cold import, issue #17).
 """
 
 from __future__ import annotations

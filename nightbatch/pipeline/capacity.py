@@ -36,7 +36,7 @@ from pydantic import BaseModel
 from nightbatch import layout
 from nightbatch.clock import now
 from nightbatch.pipeline import training_jobs
-from nightbatch.pipeline.sizing import _wall
+from nightbatch.pipeline.sizing import wall_seconds
 from nightbatch.services import Services
 from nightbatch.shards.spec import read_manifest, read_shard
 from nightbatch.storage.records import BatchRecord
@@ -102,7 +102,8 @@ def remaining_work_seconds(services: Services, batch_id: str) -> float:
     if not shards:
         return 0.0
     work = tokens / max(1e-9, settings.pipeline.shard_tokens_per_second)
-    return _wall(work, shards, min(shards, settings.pipeline.max_gpus), settings.pipeline.shard_cold_start_seconds)
+    return wall_seconds(work, shards, min(shards, settings.pipeline.max_gpus),
+                        settings.pipeline.shard_cold_start_seconds)
 
 
 def _status_reason(error: dict[str, Any] | None) -> str:

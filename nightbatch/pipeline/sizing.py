@@ -29,7 +29,9 @@ class ShardPlan:
         return {k: round(v, 3) if isinstance(v, float) else v for k, v in asdict(self).items()}
 
 
-def _wall(work: float, shards: int, gpus: int, cold: float) -> float:
+def wall_seconds(work: float, shards: int, gpus: int, cold: float) -> float:
+    """The wall time of `work` GPU-seconds in `shards` equal shards on `gpus` GPUs, each shard a cold start first:
+    Plan's count (below), Capacity's remaining work and the estimate's queue ahead."""
     waves = math.ceil(shards / gpus)
     return waves * (cold + work / shards)
 
@@ -50,10 +52,10 @@ def plan_shards(est_tokens: int, segments: int, settings: Settings, window_secon
     if window_seconds is not None:
         # More shards (up to one per GPU, then the cap) when the amortised count would miss the window.
         budget = window_seconds * (1 - settings.pipeline.window_safety_share)
-        while n < cap and _wall(work, n, min(n, settings.pipeline.max_gpus), cold) > budget:
+        while n < cap and wall_seconds(work, n, min(n, settings.pipeline.max_gpus), cold) > budget:
             n += 1
     gpus = min(n, settings.pipeline.max_gpus)
-    wall = _wall(work, n, gpus, cold)
+    wall = wall_seconds(work, n, gpus, cold)
     gpu_seconds = work + n * cold
     return ShardPlan(
         shards=n, gpus=gpus, work_seconds=work, gpu_seconds=gpu_seconds,

@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from functions.api.deps import PrincipalDep, ServicesDep
-from nightbatch.batches.estimate import EstimateRequest, estimate
+from nightbatch.pipeline.estimate import EstimateRequest, estimate
 
 router = APIRouter(prefix="/v1/nightbatch", tags=["nightbatch"])
 

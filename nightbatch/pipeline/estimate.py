@@ -2,7 +2,7 @@
 
 Tokens are the same approximation Validate uses to size shards (about four bytes of request line per prompt
 token; output = each request's max_tokens, else the default), so the numbers match the shard plan the batch
-would get. GPU-seconds and wall time come from `nightbatch/pipeline/sizing.py`; prices from the configured
+would get. GPU-seconds and wall time come from `sizing.py`, as Plan sizes its shards; prices from the configured
 instance type (`nightbatch/batches/cost.py`).
 """
 
@@ -17,7 +17,7 @@ from nightbatch.batches.cost import PRICES
 from nightbatch.batches.request import window_hours
 from nightbatch.errors import InvalidRequestError
 from nightbatch.models.spec import SCORE_ENDPOINTS
-from nightbatch.pipeline.sizing import _wall, plan_shards
+from nightbatch.pipeline.sizing import plan_shards, wall_seconds
 from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord
 from nightbatch.validation.lines import Validator, line_error
@@ -45,7 +45,7 @@ def _queue_ahead_seconds(services: Services) -> float:
     if not tokens:
         return 0.0
     work = tokens / max(1e-9, settings.pipeline.shard_tokens_per_second)
-    return _wall(work, settings.pipeline.max_gpus, settings.pipeline.max_gpus, 0.0)
+    return wall_seconds(work, settings.pipeline.max_gpus, settings.pipeline.max_gpus, 0.0)
 
 
 def estimate(services: Services, tenant: str, req: EstimateRequest) -> dict[str, Any]:
