@@ -1,5 +1,5 @@
 # ruff: noqa: F811  (the `services` fixture is imported from tests/support/pipeline_world.py, then requested)
-"""Retry (nightbatch/batches/retry.py): a new batch of some lines of an ended one, from the original input bytes."""
+"""Retry (nightbatch/results/retry.py): a new batch of some lines of an ended one, from the original input bytes."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from collections import Counter
 
 import pytest
 
-from nightbatch.batches.retry import RetryRequest, retry_batch
 from nightbatch.errors import ConflictError, InvalidRequestError, NotFoundError
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
+from nightbatch.results.retry import RetryRequest, retry_batch
 from nightbatch.services import Services
 from tests.pipeline.test_pipeline import read_file, run_to_shards, write_results
 from tests.support.pipeline_world import (

@@ -24,7 +24,6 @@ from openai import OpenAI
 
 from nightbatch import layout
 from nightbatch.batches.request import CreateBatchRequest
-from nightbatch.batches.retry import RetryRequest, retry_batch
 from nightbatch.errors import ConflictError
 from nightbatch.files.inputs import KEPT_ETAGS, InputReader
 from nightbatch.files.sources import InputSource
@@ -32,6 +31,7 @@ from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.jsonl import BOM
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.results.partial import partial_results
+from nightbatch.results.retry import RetryRequest, retry_batch
 from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord, FileRecord
 from tests.conftest import unique_name

@@ -23,11 +23,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nightbatch.batches.request import CreateBatchRequest
-from nightbatch.batches.retry import RetryRequest, retry_batch
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.jsonl import loads
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, validate_batch
 from nightbatch.results.partial import partial_results
+from nightbatch.results.retry import RetryRequest, retry_batch
 from nightbatch.services import Services
 from tests.support.pipeline_world import run_shards
 

@@ -35,7 +35,6 @@ from hypothesis import strategies as st
 from gpu_worker.runner import ShardJob, run_shard
 from nightbatch import layout
 from nightbatch.batches.request import CreateBatchRequest
-from nightbatch.batches.retry import RetryRequest, retry_batch
 from nightbatch.errors import InvalidRequestError
 from nightbatch.files.inputs import input_source
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
@@ -43,6 +42,7 @@ from nightbatch.messages import service as message_batches
 from nightbatch.messages.objects import CreateMessageBatch
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.results.partial import partial_results
+from nightbatch.results.retry import RetryRequest, retry_batch
 from nightbatch.services import Services
 from nightbatch.shards.spec import read_manifest, read_shard, write_shard
 from nightbatch.storage.records import BatchRecord

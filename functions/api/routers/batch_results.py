@@ -10,8 +10,8 @@ from fastapi.responses import Response, StreamingResponse
 from functions.api.deps import PrincipalDep, ServicesDep
 from functions.api.idempotency import IdempotencyDep
 from functions.api.routers.files import JSONL_MEDIA_TYPE, content_response
-from nightbatch.batches.retry import RetryRequest, retry_batch
 from nightbatch.results.partial import partial_results
+from nightbatch.results.retry import RetryRequest, retry_batch
 from nightbatch.wire import Batch
 
 router = APIRouter(prefix="/v1/nightbatch/batches", tags=["nightbatch"])

@@ -8,8 +8,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 
 from functions.api.deps import PrincipalDep, ServicesDep
-from nightbatch.batches.detail import batch_detail
 from nightbatch.errors import InvalidRequestError
+from nightbatch.results.detail import batch_detail
 from nightbatch.results.partial import partial_results
 
 router = APIRouter(prefix="/v1/nightbatch", tags=["nightbatch"])
