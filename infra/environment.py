@@ -67,7 +67,7 @@ def channels_environment(config: DeployConfig, *, topic_arn: str, webhook_queue_
 
 
 def event_bus_environment(config: DeployConfig) -> dict[str, str]:
-    """The principals that move a batch put its state changes on the bus (nightbatch/batches/state_changes.py)."""
+    """The principals that move a batch put its state changes on the bus (nightbatch/notifications/state_changes.py)."""
     bus = config.notifications.event_bus
     return settings_environment({"event_bus": bus}) if bus else {}
 

@@ -29,7 +29,7 @@ from infra.storage import BATCHES_PREFIX, FILES_PREFIX, UPLOADS_PREFIX, Storage
 from infra.training_jobs import TrainingJobs
 from infra.uploads import UploadComposer
 from nightbatch import lambda_quota
-from nightbatch.batches import state_changes
+from nightbatch.notifications import state_changes
 from nightbatch.pipeline.training_jobs import SAGEMAKER_FIELDS_OUTPUT
 from nightbatch.tenancy import scope
 

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
 from nightbatch.batches.service import BatchService, Workflow
-from nightbatch.batches.state_changes import StateChanges
 from nightbatch.files.assembly import AssemblyService, ThreadUploadJobs, UploadJobs
 from nightbatch.files.service import FileService
 from nightbatch.files.uploads import UploadService
@@ -20,6 +19,7 @@ from nightbatch.notifications import Notifier, transport
 from nightbatch.notifications.delivery import Deliveries, Poster
 from nightbatch.notifications.endpoints import PlainSealer, Sealer, WebhookEndpointService
 from nightbatch.notifications.queues import DeliveryQueue, InProcessQueue
+from nightbatch.notifications.state_changes import StateChanges
 from nightbatch.notifications.targets import Resolver
 from nightbatch.settings import Settings, get_settings
 from nightbatch.storage import Adapters, make_adapters

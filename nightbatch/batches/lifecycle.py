@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from nightbatch.clock import now
 from nightbatch.errors import BatchItemTooLargeError, StorageConflictError, StorageItemTooLargeError
@@ -12,8 +12,13 @@ from nightbatch.storage.records import BatchRecord
 from nightbatch.tenancy.limits import release_queue_usage
 from nightbatch.wire import TERMINAL_STATUSES
 
-if TYPE_CHECKING:
-    from nightbatch.batches.state_changes import StateChanges
+
+class StateChangeEvents(Protocol):
+    """Where a transition's state-change event is put (notifications/state_changes.py: StateChanges, wired by
+    nightbatch.services when a bus is configured)."""
+
+    def publish(self, rec: BatchRecord) -> str | None: ...
+
 
 # (from statuses) -> to; the timestamp field is f"{to}_at".
 TRANSITIONS: dict[str, tuple[str, ...]] = {
@@ -30,7 +35,7 @@ TRANSITIONS: dict[str, tuple[str, ...]] = {
 
 def transition(
     table: Table, batch_id: str, to: str, *, extra: Mapping[str, Any] | None = None,
-    from_: tuple[str, ...] | None = None, at: int | None = None, events: StateChanges | None = None,
+    from_: tuple[str, ...] | None = None, at: int | None = None, events: StateChangeEvents | None = None,
 ) -> BatchRecord:
     """Moves a batch to `to` if it is in one of the allowed statuses; StorageConflictError otherwise.
 

@@ -3,7 +3,7 @@
 Each problem is answered with OpenAI's own wording (code, message, param), hence the loosely typed request.
 The checks whose noun lives elsewhere stay there, because other requests use them too, and are called from
 here: `errors.check_supported`, the files' `check_expiry_seconds` (file and Upload expiry), the e-mail
-address rules of `notifications/email.py` (its recipients at send time).
+address rules of `batches/recipients.py` (the Notify step's recipients at send time).
 
 The `nightbatch` options (`extra_body={"nightbatch": {...}}`) are known keys only, and small: they are stored
 in the batch item, which every later status update rewrites; DynamoDB refuses an item over 400 KB, so an
@@ -19,11 +19,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from nightbatch.batches.recipients import check_notify_options
 from nightbatch.errors import InvalidRequestError, NotFoundError, check_supported
 from nightbatch.files.service import FileService, check_expiry_seconds
 from nightbatch.files.user_buckets import check_uri_options
 from nightbatch.models.spec import ENDPOINTS, MESSAGES_ENDPOINT
-from nightbatch.notifications.email import check_notify_options
 from nightbatch.settings import Settings
 from nightbatch.tenancy.scope import Scope
 

@@ -9,7 +9,6 @@ from typing import Any, Protocol
 from nightbatch.batches import lifecycle
 from nightbatch.batches.objects import to_wire
 from nightbatch.batches.request import CreateBatchRequest, check_create
-from nightbatch.batches.state_changes import StateChanges
 from nightbatch.clock import now
 from nightbatch.errors import ConflictError, NotFoundError, StorageConflictError, check_range
 from nightbatch.files.service import FileService
@@ -41,7 +40,7 @@ class BatchService:
     table: Table
     files: FileService
     workflow: Workflow
-    events: StateChanges | None = None  # EventBridge state changes (batches/state_changes.py), when configured
+    events: lifecycle.StateChangeEvents | None = None  # EventBridge (notifications/state_changes.py), when configured
 
     def create(self, tenant: str, req: CreateBatchRequest, *, batch_id: str | None = None,
                ext: dict[str, Any] | None = None, wire: str = "openai", total: int = 0) -> Batch:

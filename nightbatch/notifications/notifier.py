@@ -15,15 +15,16 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from nightbatch.batches.objects import to_wire as batch_to_wire
-from nightbatch.batches.state_changes import StateChanges
+from nightbatch.batches.recipients import recipients
 from nightbatch.errors import NightbatchError, check_supported
 from nightbatch.files.links import link_keys, link_keys_from, sign_link
 from nightbatch.notifications.delivery import Deliveries
-from nightbatch.notifications.email import compose, recipients
+from nightbatch.notifications.email import compose
 from nightbatch.notifications.endpoints import WebhookEndpointService
 from nightbatch.notifications.events import close_event, mark_event, record_event
 from nightbatch.notifications.models import BATCH_EVENT_TYPES, DeliveryAttempt, WebhookEndpointTestResult
 from nightbatch.notifications.queues import DeliveryQueue
+from nightbatch.notifications.state_changes import StateChanges
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, Table
 from nightbatch.storage.records import BatchRecord, EventRecord
@@ -135,7 +136,7 @@ class Notifier:
         mark_event(self.table, event.pk, "sns_message_id", result.sns_message_id)
 
     def _eventbridge(self, batch: BatchRecord, event: EventRecord, result: NotifyResult) -> None:
-        """The terminal state change (nightbatch/batches/state_changes.py), put once: its id marks the event."""
+        """The terminal state change (nightbatch/notifications/state_changes.py), put once: its id marks the event."""
         if self.events is None or event.bus_event_id:
             return
         result.bus_event_id = self.events.put(batch)

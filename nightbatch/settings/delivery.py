@@ -23,7 +23,7 @@ class NotificationSettings(Section):
 
     topic_arn: str = ""
     # EventBridge bus (a name, "default" for the account's default bus, or an ARN) every batch state change is
-    # put on (nightbatch/batches/state_changes.py); empty: none. The stack sets it from cdk.json `eventBus`.
+    # put on (nightbatch/notifications/state_changes.py); empty: none. The stack sets it from cdk.json `eventBus`.
     event_bus: str = ""
     notify_function: str = ""  # the Notify Lambda: the sweeper re-invokes it for events with channels pending
     webhook_queue_url: str = ""  # SQS queue Notify puts webhook deliveries on
@@ -43,7 +43,7 @@ class NotificationSettings(Section):
     email_sender: str = ""  # verified SES sender address; empty disables e-mail notifications
     email_configuration_set: str = ""
     # Comma-separated recipient domains a batch may ask to e-mail; "*" allows any. Empty allows none in AWS and
-    # any in the local mode (nightbatch/notifications/email.py).
+    # any in the local mode (nightbatch/batches/recipients.py).
     email_allowed_domains: str = ""
     # Comma-separated addresses e-mailed about every terminal batch (the operator's own; not domain-checked).
     email_recipients: str = ""

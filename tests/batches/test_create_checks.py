@@ -18,7 +18,7 @@ PROBLEMS: list[tuple[str, Any, str]] = [
     ("completion_window", "24h", "completion_window"),
     ("metadata", {"k": "v"}, "metadata.k"),
     ("nightbatch", {"notify": {"email": ["a@example.com"]}}, "nightbatch.colour"),
-    # notifications/email.py's address rule, called from the one room: no domain may be e-mailed here.
+    # batches/recipients.py's address rule, called from the one room: no domain may be e-mailed here.
     ("nightbatch", {"notify": {"email": []}}, "nightbatch.notify.email"),
     ("output_expires_after", {"anchor": "created_at", "seconds": 3600}, "output_expires_after.anchor"),
 ]

@@ -13,7 +13,7 @@ from typing import Any
 import boto3
 import pytest
 
-from nightbatch.batches.state_changes import DETAIL_TYPE, SOURCE
+from nightbatch.notifications.state_changes import DETAIL_TYPE, SOURCE
 from tests.e2e.conftest import LocalStack
 from tests.e2e.sdk import wait
 

@@ -11,8 +11,8 @@ import pytest
 from infra.access import TABLE_ACTIONS
 from infra.config import Concurrency
 from nightbatch import lambda_quota
-from nightbatch.batches.state_changes import SOURCE
 from nightbatch.layout import INPUT_TAG_KEY, INPUT_TAGS
+from nightbatch.notifications.state_changes import SOURCE
 from tests.infra.cfn import of_type
 from tests.infra.iam_eval import allows, as_list, role_of_handler, statements_of_role
 from tests.infra.synth import synthesize
@@ -154,8 +154,8 @@ def test_the_stack_states_what_it_reserves_and_the_synth_refuses_more_than_the_a
 
 def test_only_the_principals_that_move_a_batch_may_put_events_and_only_on_the_default_bus(
         template: dict[str, Any]) -> None:
-    """EventBridge state changes (nightbatch/batches/state_changes.py): events:PutEvents on the default bus's ARN, for
-    the API (create, cancel), Validate, Finalize, Notify and the sweeper; no other events action anywhere."""
+    """EventBridge state changes (nightbatch/notifications/state_changes.py): events:PutEvents on the default bus's
+    ARN, for the API (create, cancel), Validate, Finalize, Notify and the sweeper; no other events action anywhere."""
     putters: dict[str, Any] = {}
     for name, handler in HANDLERS.items():
         for st in statements_of_role(template, role_of_handler(template, handler)):

@@ -1,4 +1,4 @@
-"""Batch state changes on EventBridge (nightbatch/batches/state_changes.py): a rule on the default bus matching
+"""Batch state changes on EventBridge (nightbatch/notifications/state_changes.py): a rule on the default bus matching
 `source: nightbatch` forwards every event to an SQS queue (moto delivers rule targets), and a batch run through
 Validate → Plan → the real shard runner (deterministic engine) → Finalize → Notify leaves one event per
 transition there, in order. A bus that refuses the put never fails a transition; the terminal event is retried
@@ -22,8 +22,8 @@ import pytest
 from gpu_worker.main import serve_shard
 from gpu_worker.runner import ShardJob
 from nightbatch.batches.request import CreateBatchRequest
-from nightbatch.batches.state_changes import DETAIL_TYPE, SOURCE
 from nightbatch.notifications import NotifyError, notify_batch
+from nightbatch.notifications.state_changes import DETAIL_TYPE, SOURCE
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
 from nightbatch.services import Services, build_notifier, build_services
 from nightbatch.storage import make_adapters

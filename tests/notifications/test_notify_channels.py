@@ -11,9 +11,9 @@ import openai
 import pytest
 import requests
 
+from nightbatch.batches.recipients import check_notify_options, recipients
 from nightbatch.errors import InvalidRequestError
 from nightbatch.files.links import sign_link
-from nightbatch.notifications.email import check_notify_options, recipients
 from nightbatch.settings import Settings
 from tests.notifications.support import make_batch, ses_messages, sns_notifications
 

@@ -15,9 +15,9 @@ import pytest
 from pydantic import ValidationError
 
 from infra.user_buckets import UserBuckets
+from nightbatch.batches.recipients import check_notify_options, domain_allowed
 from nightbatch.batches.request import window_hours
 from nightbatch.errors import InvalidRequestError
-from nightbatch.notifications.email import check_notify_options, domain_allowed
 from nightbatch.services import Services
 from nightbatch.settings import Settings
 from nightbatch.tenancy.keys import KeyStore, check_tenant
