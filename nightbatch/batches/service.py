@@ -1,5 +1,5 @@
-"""Batches use cases: create (checked at once, by batches/request.py), retrieve, list newest first, cancel by the
-lifecycle table."""
+"""Batches use cases: create (within the tenant's in-flight limit, checked at once by batches/request.py),
+retrieve, list newest first, cancel by the lifecycle table."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from nightbatch.listing import after_sort_key
 from nightbatch.settings import Settings
 from nightbatch.storage import Table
 from nightbatch.storage.records import BatchRecord
+from nightbatch.tenancy.limits import admit_batch, release_batch_slot
 from nightbatch.tenancy.scope import Scope
 from nightbatch.wire import Batch, ListPage, list_page
 
@@ -42,12 +43,23 @@ class BatchService:
     workflow: Workflow
     events: lifecycle.StateChangeEvents | None = None  # EventBridge (notifications/state_changes.py), when configured
 
-    def create(self, tenant: str, req: CreateBatchRequest, *, batch_id: str | None = None,
-               ext: dict[str, Any] | None = None, wire: str = "openai", total: int = 0) -> Batch:
-        """`total`: the requests the caller already counted (the Anthropic wire's inline requests; OpenAI's
-        batches show 0 until Validate has counted the input file)."""
+    def create(self, tenant: str, req: CreateBatchRequest, *, ext: dict[str, Any] | None = None,
+               wire: str = "openai", total: int = 0) -> Batch:
+        """A batch within the tenant's in-flight limit: a slot taken for its id first (a 429 when none is left),
+        given back when the create does not happen after all. `total`: the requests the caller already counted
+        (the Anthropic wire's inline requests; OpenAI's batches show 0 until Validate has counted the input
+        file)."""
+        batch_id = new_batch_id()
+        admit_batch(self.table, tenant, batch_id, settings=self.settings)
+        try:
+            return self._create(tenant, req, batch_id, ext=ext, wire=wire, total=total)
+        except BaseException:
+            release_batch_slot(self.table, tenant, batch_id)
+            raise
+
+    def _create(self, tenant: str, req: CreateBatchRequest, batch_id: str, *, ext: dict[str, Any] | None,
+                wire: str, total: int) -> Batch:
         hours = check_create(tenant, req, settings=self.settings, files=self.files, wire=wire)
-        batch_id = batch_id or new_batch_id()
         input_file_id, where = self._input(tenant, req, batch_id)
         ext = {**(ext or {}), **where}
         created = now()

@@ -7,7 +7,6 @@ import contextlib
 from collections.abc import Iterator
 
 from nightbatch import layout
-from nightbatch.batches.admission import create_admitted
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError, NotFoundError, check_range
@@ -87,7 +86,7 @@ def create(services: Services, tenant: str, body: CreateMessageBatch) -> Message
     lines: Iterator[bytes] = (_line(i, r) for i, r in enumerate(body.requests))
     f = services.files.create_lines(tenant, filename="message_batch_requests.jsonl", lines=lines, size=size)
     try:
-        batch = create_admitted(services, tenant, CreateBatchRequest(
+        batch = services.batches.create(tenant, CreateBatchRequest(
             input_file_id=f.id, endpoint=MESSAGES_ENDPOINT, completion_window=WINDOW), wire=WIRE, total=n)
     except BaseException:
         with contextlib.suppress(Exception):

@@ -18,7 +18,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from nightbatch.batches.admission import create_admitted
 from nightbatch.batches.request import CreateBatchRequest, ExpiresAfter
 from nightbatch.errors import ConflictError, InvalidRequestError, NotFoundError, StorageConflictError
 from nightbatch.files.inputs import InputUnavailable
@@ -82,7 +81,7 @@ def retry_batch(services: Services, tenant: str, batch_id: str, req: RetryReques
         nightbatch={**_inherited_options(old), **(req.nightbatch or {})} or None,
     )
     try:
-        new = create_admitted(services, tenant, create, ext={"retry_of": batch_id, "retry_lines": lines})
+        new = services.batches.create(tenant, create, ext={"retry_of": batch_id, "retry_lines": lines})
     except BaseException:
         _drop_file(services, tenant, file_id)
         raise

@@ -8,7 +8,6 @@ from fastapi import APIRouter, Query
 
 from functions.api.deps import PrincipalDep, ServicesDep
 from functions.api.idempotency import IdempotencyDep
-from nightbatch.batches.admission import create_admitted
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.wire import Batch, ListPage
 
@@ -18,7 +17,7 @@ router = APIRouter(prefix="/v1/batches", tags=["batches"])
 @router.post("", response_model=Batch)
 def create_batch(body: CreateBatchRequest, principal: PrincipalDep, services: ServicesDep,
                  idem: IdempotencyDep) -> Any:
-    return idem.run(lambda: create_admitted(services, principal.tenant, body))
+    return idem.run(lambda: services.batches.create(principal.tenant, body))
 
 
 @router.get("", response_model=ListPage[Batch])
