@@ -33,8 +33,8 @@ from nightbatch.settings import Settings
 from nightbatch.storage import BlobStore
 from nightbatch.storage.botoerrors import client_error, transient
 from nightbatch.tenancy.scope import Scope, is_s3_uri
+from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.media import MediaRef, check_references, references
-from nightbatch.validation.requests import LineInvalid
 
 T = TypeVar("T")
 OWNERS_CACHED = 4096  # file ids whose tenant this shard has read (a few logos or examples, usually)

@@ -20,8 +20,9 @@ from nightbatch.models.spec import SCORE_ENDPOINTS
 from nightbatch.pipeline.sizing import plan_shards, wall_seconds
 from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord
+from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.lines import Validator, line_error
-from nightbatch.validation.requests import LineInvalid, estimate_tokens
+from nightbatch.validation.requests import estimate_tokens
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", *SCORE_ENDPOINTS)
 OPEN_WORK_STATUSES = ("validating", "in_progress")

@@ -24,8 +24,8 @@ from nightbatch.storage import BlobStore
 from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.tenancy.limits import check_queue_limits
 from nightbatch.tenancy.scope import tenant_tags
+from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.lines import MAX_ERRORS_BYTES, Validator, line_error
-from nightbatch.validation.requests import LineInvalid
 from nightbatch.wire import BatchError
 
 log = logging.getLogger("nightbatch.validate")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from nightbatch.tenancy.scope import Scope
-from nightbatch.validation.requests import LineInvalid
+from nightbatch.validation.invalid import LineInvalid
 
 IMAGE_PURPOSES = ("vision", "user_data")
 CACHED_IDS = 4096

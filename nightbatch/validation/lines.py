@@ -16,9 +16,9 @@ from nightbatch.jsonl import UndecodableLine, loads
 from nightbatch.models.spec import MESSAGES_ENDPOINT, SCORE_ENDPOINTS, ModelSpec, served_model
 from nightbatch.settings import Settings
 from nightbatch.validation.file_images import FileImages
+from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.media import check_references
 from nightbatch.validation.requests import (
-    LineInvalid,
     check_messages,
     check_responses,
     check_template_kwargs,

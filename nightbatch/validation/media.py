@@ -29,7 +29,8 @@ from nightbatch.ids import is_file_id
 from nightbatch.models.spec import MESSAGES_ENDPOINT, SCORE_ENDPOINTS
 from nightbatch.settings import Settings
 from nightbatch.tenancy.scope import Scope, ScopeError, is_s3_uri
-from nightbatch.validation.requests import LineInvalid, echo
+from nightbatch.validation.invalid import LineInvalid
+from nightbatch.validation.requests import echo
 from nightbatch.validation.scoring import SCORE_PAIRS
 
 IMAGE = "image"

@@ -1,6 +1,6 @@
-"""Checks of one request body that stand alone (tools, Responses state, template kwargs), the error they raise,
-and the token estimate: below Validator, the per-endpoint checkers (validation/scoring.py) and the media
-references' walker (validation/media.py)."""
+"""Checks of one request body that stand alone (tools, Responses state, template kwargs) and the token estimate:
+below Validator, the per-endpoint checkers (validation/scoring.py) and the media references' walker
+(validation/media.py)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,9 @@ import json
 from typing import Any
 
 from nightbatch.models.spec import ModelSpec
+from nightbatch.validation.invalid import LineInvalid
 
 MAX_ECHO = 64
-
-
-class LineInvalid(Exception):
-    def __init__(self, code: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.error = (code, message, param)
 
 
 def echo(value: Any, limit: int = MAX_ECHO) -> str:

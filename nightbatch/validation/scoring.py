@@ -14,7 +14,8 @@ from typing import Any, NoReturn
 from nightbatch.jsonl import dumps
 from nightbatch.models.spec import ModelSpec
 from nightbatch.settings import Settings
-from nightbatch.validation.requests import LineInvalid, echo, estimate_tokens
+from nightbatch.validation.invalid import LineInvalid
+from nightbatch.validation.requests import echo, estimate_tokens
 
 # vLLM's ScoreRequest is a union over these pairs of names; it tries them in this order.
 SCORE_PAIRS = (("queries", "documents"), ("queries", "items"), ("data_1", "data_2"), ("text_1", "text_2"))

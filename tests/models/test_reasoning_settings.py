@@ -14,8 +14,8 @@ from gpu_worker.engines.vllm_args import cli_namespace, split_args
 from nightbatch.models.spec import ModelSpec
 from nightbatch.results.lines import Tally, summarize_result_line
 from nightbatch.settings import Settings
+from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.lines import Validator
-from nightbatch.validation.requests import LineInvalid
 
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 

@@ -14,8 +14,8 @@ from gpu_worker.scheduling import prompt_text
 from nightbatch.models.spec import ENDPOINTS, LOCAL_MODELS
 from nightbatch.results.lines import Tally, summarize_result_line
 from nightbatch.settings import Settings
+from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.lines import Validator
-from nightbatch.validation.requests import LineInvalid
 
 URL = "/v1/responses"
 SMOL = next(m for m in LOCAL_MODELS if m.task == "generate")

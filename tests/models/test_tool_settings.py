@@ -15,8 +15,8 @@ from infra.config import DeployConfig
 from nightbatch.models.spec import LOCAL_MODELS, ModelSpec
 from nightbatch.models.templates import DIRECTORY, resolve_chat_template
 from nightbatch.settings import Settings
+from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.lines import Validator
-from nightbatch.validation.requests import LineInvalid
 
 ROOT = Path(__file__).resolve().parents[2]
 # vLLM imports torch, which warns on import.

@@ -15,7 +15,7 @@ from nightbatch.services import Services
 from nightbatch.storage.records import FileRecord
 from nightbatch.tenancy.scope import tenant_tags
 from nightbatch.validation.file_images import FileImages
-from nightbatch.validation.requests import LineInvalid
+from nightbatch.validation.invalid import LineInvalid
 from tests.support.pipeline_world import jsonl, make_batch
 from tests.worker.test_file_images import PNG, file_line
 

@@ -20,8 +20,8 @@ from nightbatch.services import Services
 from nightbatch.settings import Settings
 from nightbatch.shards.lines import shard_lines
 from nightbatch.shards.spec import read_shard
+from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.lines import Validator
-from nightbatch.validation.requests import LineInvalid
 from tests.support.pipeline_world import make_batch, shard_requests_of
 
 CHAT = "/v1/chat/completions"

@@ -15,7 +15,8 @@ from nightbatch.services import Services
 from nightbatch.settings import Settings
 from nightbatch.shards.index import SegmentEntry
 from nightbatch.shards.spec import ShardItem, read_manifest, read_shard
-from nightbatch.validation.lines import LineInvalid, Validator
+from nightbatch.validation.invalid import LineInvalid
+from nightbatch.validation.lines import Validator
 from tests.support.deterministic_engine import DeterministicEngine
 from tests.support.pipeline_world import chat_line, jsonl, make_batch
 

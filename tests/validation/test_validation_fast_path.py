@@ -13,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nightbatch.settings import Settings
+from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.lines import Validator
-from nightbatch.validation.requests import LineInvalid, estimate_tokens, estimate_tokens_each
+from nightbatch.validation.requests import estimate_tokens, estimate_tokens_each
 
 CHAT = "/v1/chat/completions"
 MODEL = "SmolLM2-135M-Instruct"

@@ -21,8 +21,8 @@ from nightbatch.errors import InvalidRequestError
 from nightbatch.services import Services
 from nightbatch.settings import Settings
 from nightbatch.tenancy.keys import KeyStore, check_tenant
+from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.media import check_media_url
-from nightbatch.validation.requests import LineInvalid
 from tests.support.pipeline_world import services  # noqa: F401
 
 

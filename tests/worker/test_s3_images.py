@@ -13,8 +13,8 @@ from gpu_worker.images import ImageError
 from nightbatch.settings import Settings
 from nightbatch.tenancy.scope import Scope
 from nightbatch.validation.file_images import FileImages
+from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.media import check_references
-from nightbatch.validation.requests import LineInvalid
 from tests.support.deterministic_engine import DeterministicEngine
 
 from .conftest import CHAT_MODEL, ShardWorld, resolve_images
