@@ -7,19 +7,17 @@ Notify step, nightbatch/notifications/notifier.py), when the allowed domains may
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from typing import Any
 
 from nightbatch.errors import InvalidRequestError
 from nightbatch.settings import Settings
+from nightbatch.settings.base import comma_list
 
 MAX_BATCH_RECIPIENTS = 10
 ADDRESS_RE = re.compile(r"^[A-Za-z0-9.!#$%&*+/=?^_`{|}~-]+@([A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
                         r"(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)+)$")
 PARAM = "nightbatch.notify.email"
-
-
-def _split(csv: str) -> list[str]:
-    return [x.strip() for x in csv.split(",") if x.strip()]
 
 
 def requested(options: dict[str, Any] | None) -> list[str]:
@@ -31,11 +29,17 @@ def requested(options: dict[str, Any] | None) -> list[str]:
     return [value] if isinstance(value, str) else list(value) if isinstance(value, list) else [value]
 
 
+@lru_cache(maxsize=16)
+def allowed_domains(raw: str) -> frozenset[str]:
+    """NIGHTBATCH_EMAIL_ALLOWED_DOMAINS as a set of lower-cased domains, parsed once per distinct value."""
+    return frozenset(d.lower() for d in comma_list(raw))
+
+
 def domain_allowed(settings: Settings, address: str) -> bool:
     """NIGHTBATCH_EMAIL_ALLOWED_DOMAINS: "*" allows any domain; empty allows none in AWS, where anyone holding
     an API key could otherwise make the deployment's SES identity mail anywhere, and any in the local mode,
     whose SES is the embedded emulation that sends nothing."""
-    domains = {d.lower() for d in _split(settings.notifications.email_allowed_domains)}
+    domains = allowed_domains(settings.notifications.email_allowed_domains)
     m = ADDRESS_RE.fullmatch(address)
     if m is None:
         return False
@@ -64,7 +68,7 @@ def recipients(settings: Settings, options: dict[str, Any] | None) -> tuple[list
     """(to send to, refused): the operator's recipients, then the batch's own that pass the domain rule."""
     out: list[str] = []
     refused: list[str] = []
-    for a in _split(settings.notifications.email_recipients):
+    for a in comma_list(settings.notifications.email_recipients):
         if a.lower() not in (x.lower() for x in out):
             out.append(a)
     for a in requested(options)[:MAX_BATCH_RECIPIENTS]:

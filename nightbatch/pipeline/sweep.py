@@ -15,6 +15,7 @@ from nightbatch.pipeline.finalize import finalize_batch
 from nightbatch.pipeline.models import BatchTaskInput
 from nightbatch.pipeline.training_jobs import batch_of_job
 from nightbatch.services import Services
+from nightbatch.settings.base import comma_list
 from nightbatch.storage.batch_jobs import ACTIVE, UNSTARTED, BatchJobs
 from nightbatch.storage.records import BatchRecord, EventRecord
 from nightbatch.storage.sagemaker_jobs import TrainingJobStops
@@ -115,8 +116,8 @@ def _renotify(services: Services, t: int, notify: Callable[[str], object], grace
 
 def _sweep_jobs(services: Services, t: int) -> list[str]:
     settings, table = services.settings, services.adapters.table
-    every = [BatchJobs(client=services.adapters.client("batch"), queue=q.strip())
-             for q in settings.pipeline.job_queue.split(",") if q.strip()]  # the Spot and on-demand queues
+    every = [BatchJobs(client=services.adapters.client("batch"), queue=q)
+             for q in comma_list(settings.pipeline.job_queue)]  # the Spot and on-demand queues
     cancelled: list[str] = []
     counts: dict[str, int] = {}
     oldest_runnable = 0

@@ -1,5 +1,7 @@
-"""Settings: every environment variable the code reads, parsed once into pydantic models, grouped in sections
-by what reads them (one module per family of sections: service, pipeline, delivery)."""
+"""Settings: every environment variable the code reads, validated once into pydantic models, grouped in sections
+by what reads them (one module per family of sections: service, pipeline, delivery). A variable that holds JSON
+or a comma-separated list keeps its raw string in the field; its typed reading is parsed once per distinct value
+(settings/base.py: JsonSetting, comma_list)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """What every settings section is built from: the section base, the variable-name marker, the prefix, and the
-parser of the settings whose variable holds JSON."""
+parsers of the settings whose variable holds JSON or a comma-separated list."""
 
 from __future__ import annotations
 
@@ -57,3 +57,12 @@ class JsonSetting(Generic[T]):
     def _check(self, raw: str) -> str:
         self.parse(raw)
         return raw
+
+
+@lru_cache(maxsize=64)
+def comma_list(raw: str) -> tuple[str, ...]:
+    """A comma-separated setting (NIGHTBATCH_EMAIL_ALLOWED_DOMAINS, NIGHTBATCH_USER_INPUT_BUCKETS, ...) as its
+    entries, each stripped, empty ones dropped: parsed once per distinct value. The field keeps the raw string,
+    as the stack writes it; the rule that reads the entries owns what they mean (tenancy/scope.py: allow_list,
+    validation/media.py: allowed_domains, batches/recipients.py)."""
+    return tuple(x for x in (part.strip() for part in raw.split(",")) if x)

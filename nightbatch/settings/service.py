@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from nightbatch.models.spec import LOCAL_MODELS, ModelSpec
-from nightbatch.settings.base import Env, JsonSetting, Section
+from nightbatch.settings.base import Env, JsonSetting, Section, comma_list
 
 # NIGHTBATCH_MODELS_JSON: a JSON list of model settings (infra/config.py writes it from cdk.json `models`).
 MODELS: JsonSetting[tuple[ModelSpec, ...]] = JsonSetting("models_json", tuple[ModelSpec, ...], empty="[]")
@@ -49,7 +49,7 @@ class ApiSettings(Section):
 
     @property
     def accepted_keys(self) -> set[str]:
-        keys = {k.strip() for k in self.api_keys.split(",") if k.strip()}
+        keys = set(comma_list(self.api_keys))
         if self.api_key:
             keys.add(self.api_key)
         return keys

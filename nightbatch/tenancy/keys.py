@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError
+from nightbatch.settings.base import comma_list
 from nightbatch.storage import Table
 from nightbatch.storage.records import KeyRecord
 
@@ -178,4 +179,4 @@ class BootstrapKeys:
             log.exception("cannot read the API keys secret; only stored and environment keys are accepted")
             self._failed_until = t + self.ttl
             return self.configured
-        return self.configured | {k.strip() for k in raw.split(",") if k.strip()}
+        return self.configured | set(comma_list(raw))

@@ -30,6 +30,7 @@ from urllib.parse import unquote
 
 from nightbatch.errors import InvalidRequestError
 from nightbatch.settings import Settings
+from nightbatch.settings.base import comma_list
 
 SCHEME = "s3://"
 TENANT_SEGMENT = "{tenant}"
@@ -165,7 +166,7 @@ def parse_entry(entry: str) -> AllowEntry:
 @lru_cache(maxsize=32)
 def allow_list(raw: str) -> tuple[AllowEntry, ...]:
     """A comma-separated allow-list setting as its entries, parsed once per distinct value."""
-    return tuple(parse_entry(x) for x in raw.split(",") if x.strip())
+    return tuple(parse_entry(x) for x in comma_list(raw))
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from typing import Any, Protocol
 from nightbatch.ids import is_file_id
 from nightbatch.models.spec import MESSAGES_ENDPOINT, SCORE_ENDPOINTS
 from nightbatch.settings import Settings
+from nightbatch.settings.base import comma_list
 from nightbatch.tenancy.scope import Scope, ScopeError, is_s3_uri
 from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.requests import echo
@@ -242,7 +243,7 @@ def check_media_url(settings: Settings, url: object, name: str, param: str) -> N
 @lru_cache(maxsize=16)
 def allowed_domains(raw: str) -> frozenset[str]:
     """NIGHTBATCH_MEDIA_ALLOWED_DOMAINS (comma-separated hosts) as a set, parsed once per distinct value."""
-    return frozenset(d.strip().lower() for d in raw.split(",") if d.strip())
+    return frozenset(d.lower() for d in comma_list(raw))
 
 
 def engine_media_domains(raw: str) -> list[str]:
