@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from gpu_worker.engines.base import EngineReply
+from nightbatch.errors import openai_error
 from nightbatch.layout import file_key
 from nightbatch.settings import Settings
 from nightbatch.storage import BlobStore
@@ -50,8 +51,8 @@ class ImageError(Exception):
 
     def reply(self) -> EngineReply:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return EngineReply(status_code=self.status, body={"error": {
-            "message": str(self), "type": kind, "param": self.param, "code": self.code}})
+        return EngineReply(status_code=self.status, body=openai_error(str(self), type_=kind, param=self.param,
+                                                                      code=self.code))
 
 
 class ByteBudget:

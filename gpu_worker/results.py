@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_worker.engines.base import EngineFailedError, EngineReply
+from nightbatch.errors import openai_error
 from nightbatch.files.inputs import InputUnavailable
 from nightbatch.results import lines as results
 
@@ -29,16 +30,13 @@ def is_fatal(exc: BaseException) -> bool:
 def exception_reply(exc: BaseException) -> EngineReply:
     """An unexpected exception for one request, as the 500 an OpenAI-compatible server would answer."""
     message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-    return EngineReply(
-        status_code=500,
-        body={"error": {"message": message, "type": "server_error", "param": None, "code": "internal_error"}},
-    )
+    return EngineReply(status_code=500, body=openai_error(message, type_="server_error", code="internal_error"))
 
 
 def unencodable_reply(exc: BaseException) -> EngineReply:
-    return EngineReply(status_code=500, body={"error": {
-        "message": f"The engine's reply to this request cannot be written as JSON ({type(exc).__name__}).",
-        "type": "server_error", "param": None, "code": "internal_error"}})
+    return EngineReply(status_code=500, body=openai_error(
+        f"The engine's reply to this request cannot be written as JSON ({type(exc).__name__}).",
+        type_="server_error", code="internal_error"))
 
 
 def input_failure_line(batch_id: str, custom_id: str, failure: InputUnavailable, number: int) -> ResultLine:

@@ -1,4 +1,5 @@
-"""The exception tree every layer raises; the API renders each as OpenAI's `{"error": {...}}` envelope.
+"""The exception tree every layer raises, and OpenAI's error envelope (`openai_error`): the API renders each
+exception with it, and the worker writes an engine's failure for one request in it.
 
     NightbatchError (500, api_error)
     ├── InvalidRequestError (400, invalid_request_error)
@@ -13,6 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
+
+
+def openai_error(message: str, *, type_: str = "invalid_request_error", param: str | None = None,
+                 code: str | int | None = None) -> dict[str, Any]:
+    """`{"error": {"message", "type", "param", "code"}}`: every OpenAI error body we write (the API's answers, an
+    idempotent replay, a result line's engine failure). Anthropic's: nightbatch/messages/errors.py."""
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
 class NightbatchError(Exception):
@@ -35,7 +43,7 @@ class NightbatchError(Exception):
         self.headers = headers or {}
 
     def envelope(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return openai_error(self.message, type_=self.type, param=self.param, code=self.code)
 
 
 class InvalidRequestError(NightbatchError):

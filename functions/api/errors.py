@@ -1,7 +1,8 @@
-"""One place that renders every failure: OpenAI's `{"error": {...}}` envelope, or Anthropic's
-`{"type": "error", "error": {...}, "request_id": ...}` on the Anthropic wire's paths (/v1/messages/…). The
-exception handlers, the middlewares' own answers and an idempotent replay of a stored failure (idempotency.py)
-all render through `envelope`, so each wire gets its own shape whichever of them answers."""
+"""One place that renders every failure: OpenAI's `{"error": {...}}` envelope (nightbatch.errors.openai_error), or
+Anthropic's `{"type": "error", "error": {...}, "request_id": ...}` (nightbatch.messages.errors.error_body) on the
+Anthropic wire's paths (/v1/messages/…). The exception handlers, the middlewares' own answers and an idempotent
+replay of a stored failure (idempotency.py) all render through `envelope`, so each wire gets its own shape
+whichever of them answers."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from nightbatch.errors import NightbatchError
+from nightbatch.errors import NightbatchError, openai_error
 from nightbatch.messages.errors import error_body
 
 log = logging.getLogger("nightbatch.api")
@@ -29,7 +30,7 @@ def envelope(path: str, status: int, message: str, *, type_: str = "invalid_requ
     """The error body for a request to `path` (the middlewares' answers use it too)."""
     if on_messages_wire(path):
         return {**error_body(status, message), "request_id": request_id}
-    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+    return openai_error(message, type_=type_, param=param, code=code)
 
 
 def error_response(request: Request, status: int, message: str, *, type_: str = "invalid_request_error",

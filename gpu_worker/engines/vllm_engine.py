@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from gpu_worker.engines.base import EngineFailedError, EngineReply
 from gpu_worker.engines.vllm_args import cli_namespace, prepare_platform, split_args
 from gpu_worker.model_prep import resolve_model_dir
+from nightbatch.errors import openai_error
 from nightbatch.models.spec import ModelSpec
 
 CHAT_URL = "/v1/chat/completions"
@@ -357,13 +358,6 @@ def _error_reply(error: Any) -> EngineReply:
 def _response_reply(response: Response) -> EngineReply:
     body = json.loads(bytes(response.body))
     if not isinstance(body, dict):
-        body = {
-            "error": {
-                "message": "engine returned a non-object body",
-                "type": "InternalServerError",
-                "param": None,
-                "code": 500,
-            }
-        }
-        return EngineReply(status_code=500, body=body)
+        return EngineReply(status_code=500, body=openai_error("engine returned a non-object body",
+                                                              type_="InternalServerError", code=500))
     return EngineReply(status_code=response.status_code, body=body)
