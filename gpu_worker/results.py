@@ -7,8 +7,8 @@ from typing import Any
 
 from gpu_worker.engines.base import EngineFailedError, EngineReply
 from nightbatch.errors import openai_error
-from nightbatch.files.inputs import InputUnavailable
 from nightbatch.results import lines as results
+from nightbatch.validation.line import LineFailure
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ def unencodable_reply(exc: BaseException) -> EngineReply:
         type_="server_error", code="internal_error"))
 
 
-def input_failure_line(batch_id: str, custom_id: str, failure: InputUnavailable, number: int) -> ResultLine:
+def input_failure_line(batch_id: str, custom_id: str, failure: LineFailure, number: int) -> ResultLine:
     """The error line of a request whose input line can no longer be read as Validate accepted it."""
     return ResultLine(custom_id, results.error_line(batch_id, custom_id, failure.code, failure.line_message(number)),
                       False, 0, 0, number)

@@ -20,7 +20,7 @@ from gpu_worker.engines.base import Engine
 from gpu_worker.images import ImageError, LineImages
 from gpu_worker.results import ResultLine, exception_reply, input_failure_line, is_fatal, result_line
 from gpu_worker.scheduling import OrderPolicy, in_flight_limit, ordered
-from gpu_worker.shard import PendingLines, PendingRequest, Progress, load_shard, read_progress
+from gpu_worker.shard import PendingLines, Progress, load_shard, read_progress
 from gpu_worker.watch import read_stop_reason, watch_batch
 from nightbatch.batches.accounting import AttemptRecord, DoneMarker, write_attempt, write_done
 from nightbatch.ids import new_request_id
@@ -31,6 +31,7 @@ from nightbatch.shards.spec import ShardSpec
 from nightbatch.storage import BlobStore, Table
 from nightbatch.storage.records import BatchRecord
 from nightbatch.tenancy.scope import Scope
+from nightbatch.validation.line import RequestLine
 
 log = logging.getLogger("gpu_worker.runner")
 
@@ -258,12 +259,12 @@ class _ShardRun:
 
     async def _dispatch(self, halt_waiter: asyncio.Task[Any]) -> bool:
         """Feeds lines to the engine until the shard is exhausted (True) or a stop arrives (False)."""
-        lines: Iterator[PendingRequest] = ordered(self.pending, OrderPolicy.from_settings(self.settings))
+        lines: Iterator[RequestLine] = ordered(self.pending, OrderPolicy.from_settings(self.settings))
         watched = asyncio.create_task(self.watched.wait())
         await asyncio.wait({watched, halt_waiter}, return_when=asyncio.FIRST_COMPLETED)
         watched.cancel()
         block = max(1, min(READ_BLOCK, self.max_in_flight))
-        ready: deque[PendingRequest] = deque()
+        ready: deque[RequestLine] = deque()
         exhausted = False
         while not self.halt.is_set():
             if len(self.tasks) >= self.max_in_flight:
@@ -292,17 +293,17 @@ class _ShardRun:
                         "as not run", len(late), self.settings.worker.drain_seconds)
             await asyncio.wait(late)
 
-    def _submit(self, request: PendingRequest) -> None:
+    def _submit(self, request: RequestLine) -> None:
         if not self.tasks:
             self.counters.busy_from(time.monotonic())
         task = asyncio.create_task(self._run_one(request))
         self.tasks.add(task)
         task.add_done_callback(self._on_request_done)
 
-    async def _run_one(self, request: PendingRequest) -> None:
+    async def _run_one(self, request: RequestLine) -> None:
         if request.failure is not None:
             # Its input changed (or went) since Validate accepted it: that is its result, no engine involved.
-            self._done(input_failure_line(self.job.batch_id, request.custom_id, request.failure, request.n))
+            self._done(input_failure_line(self.job.batch_id, request.custom_id, request.failure, request.number))
             return
         request_id = new_request_id()
         endpoint = self.spec.endpoint
@@ -318,7 +319,7 @@ class _ShardRun:
         except Exception as exc:
             if is_fatal(exc):
                 raise
-            log.warning("request %s (line %d) raised %r; recorded as a 500", request.custom_id, request.n,
+            log.warning("request %s (line %d) raised %r; recorded as a 500", request.custom_id, request.number,
                         exc)
             reply = exception_reply(exc)
         task = asyncio.current_task()
@@ -327,7 +328,7 @@ class _ShardRun:
             # body, which is not this request's result. It stays unrun: rerun on resume, or reported by
             # Finalize as `batch_cancelled` / `batch_expired`.
             raise asyncio.CancelledError
-        self._done(result_line(self.job.batch_id, request.custom_id, request_id, reply, number=request.n))
+        self._done(result_line(self.job.batch_id, request.custom_id, request_id, reply, number=request.number))
 
     def _done(self, line: ResultLine) -> None:
         self.checkpointer.add(line)

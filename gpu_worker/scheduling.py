@@ -18,9 +18,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Literal
 
-from gpu_worker.shard import PendingRequest
 from nightbatch.pipeline.prefixes import prompt_text
 from nightbatch.settings import Settings
+from nightbatch.validation.line import RequestLine
 
 LengthOrder = Literal["longest", "shortest", "none"]
 
@@ -54,16 +54,16 @@ class OrderPolicy:
 class _Keyed:
     prefix: str
     length: int
-    request: PendingRequest
+    request: RequestLine
 
 
-def _keyed(request: PendingRequest, policy: OrderPolicy) -> _Keyed:
+def _keyed(request: RequestLine, policy: OrderPolicy) -> _Keyed:
     text = prompt_text(request.body)
     return _Keyed(prefix=text[: policy.prefix_chars] if policy.group_prefixes else "", length=len(text),
                   request=request)
 
 
-def _sorted(window: list[_Keyed], policy: OrderPolicy) -> list[PendingRequest]:
+def _sorted(window: list[_Keyed], policy: OrderPolicy) -> list[RequestLine]:
     """Groups of a shared prefix stay contiguous; groups go in the order of their longest (shortest) member and
     members longest (shortest) first, so the window runs longest first overall. With length_order "none",
     groups go in order of first appearance. Python's sort is stable: ties keep input order."""
@@ -80,12 +80,12 @@ def _sorted(window: list[_Keyed], policy: OrderPolicy) -> list[PendingRequest]:
     return [k.request for k in sorted(window, key=lambda k: (lead[k.prefix], k.prefix, sign * k.length))]
 
 
-def order_window(window: Iterable[PendingRequest], policy: OrderPolicy) -> list[PendingRequest]:
+def order_window(window: Iterable[RequestLine], policy: OrderPolicy) -> list[RequestLine]:
     """One window in submission order."""
     return _sorted([_keyed(request, policy) for request in window], policy)
 
 
-def _read_window(requests: Iterator[PendingRequest], policy: OrderPolicy) -> list[_Keyed]:
+def _read_window(requests: Iterator[RequestLine], policy: OrderPolicy) -> list[_Keyed]:
     """The next window: at most window_lines requests and about window_chars of prompt text (memory bound)."""
     window: list[_Keyed] = []
     chars = 0
@@ -97,7 +97,7 @@ def _read_window(requests: Iterator[PendingRequest], policy: OrderPolicy) -> lis
     return window
 
 
-def ordered(requests: Iterable[PendingRequest], policy: OrderPolicy) -> Iterator[PendingRequest]:
+def ordered(requests: Iterable[RequestLine], policy: OrderPolicy) -> Iterator[RequestLine]:
     """Every request exactly once, window by window in policy order; the next window is read from storage on
     a background thread while this one is handed out. At most two windows are held at a time."""
     source = iter(requests)

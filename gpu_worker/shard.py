@@ -6,11 +6,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from gpu_worker.results import usage_tokens
 from nightbatch import layout
-from nightbatch.files.inputs import InputUnavailable
 from nightbatch.ids import custom_id_digest
 from nightbatch.layout import CHECKPOINT_RE
 from nightbatch.results.order import first_results
@@ -18,18 +16,9 @@ from nightbatch.shards.lines import shard_requests
 from nightbatch.shards.spec import ShardSpec, read_shard
 from nightbatch.storage import BlobStore
 from nightbatch.tenancy.scope import Scope
+from nightbatch.validation.line import RequestLine
 
 log = logging.getLogger("gpu_worker.shard")
-
-@dataclass(frozen=True)
-class PendingRequest:
-    """One line of the shard still to run."""
-
-    n: int
-    custom_id: str
-    body: dict[str, Any]
-    failure: InputUnavailable | None = None  # its input changed since Validate: ended with this, never sent
-
 
 @dataclass
 class Progress:
@@ -62,12 +51,12 @@ class PendingLines:
         self.skipped = 0
         self.scope = scope  # the shard's tenant: the reader checks each input object against it
 
-    def __iter__(self) -> Iterator[PendingRequest]:
+    def __iter__(self) -> Iterator[RequestLine]:
         for req in shard_requests(self.blobs, self.spec, scope=self.scope):
             if self.skip and custom_id_digest(req.custom_id) in self.skip:
                 self.skipped += 1
                 continue
-            yield PendingRequest(n=req.number, custom_id=req.custom_id, body=req.body, failure=req.failure)
+            yield req
 
 
 def read_progress(blobs: BlobStore, prefix: str) -> Progress:

@@ -20,10 +20,11 @@ from typing import NamedTuple
 from nightbatch.files.inputs import INPUT_CHANGED, InputReader, InputUnavailable
 from nightbatch.jsonl import UndecodableLine, loads, split_lines
 from nightbatch.shards.index import read_line_indexes
-from nightbatch.shards.segments import SegmentRequest, split_segment_line
+from nightbatch.shards.segments import split_segment_line
 from nightbatch.shards.spec import ShardSpec
 from nightbatch.storage import BlobStore
 from nightbatch.tenancy.scope import Scope
+from nightbatch.validation.line import RequestLine
 
 log = logging.getLogger("nightbatch.shard_lines")
 # Ranges closer than this are read together: a GET costs a round trip (~20-50 ms on S3), which is worth
@@ -60,13 +61,12 @@ def shard_lines(blobs: BlobStore, spec: ShardSpec, *, chunk: int = BLOCK_BYTES,
     yield from _read_runs(_Blocks(InputReader(blobs, spec.input, scope=scope), chunk), _runs(blobs, spec.indexes))
 
 
-def shard_requests(blobs: BlobStore, spec: ShardSpec, *, scope: Scope | None = None) -> Iterator[SegmentRequest]:
+def shard_requests(blobs: BlobStore, spec: ShardSpec, *, scope: Scope | None = None) -> Iterator[RequestLine]:
     """shard_lines, each request decoded (its custom_id and body). A line whose input changed since Validate
     accepted it comes with its `failure` (its custom_id the index's): the worker ends it with that error."""
     for line in shard_lines(blobs, spec, scope=scope):
         if line.failure is not None:
-            yield SegmentRequest(number=line.number, est=line.est, custom_id=line.custom_id, body={},
-                                 failure=line.failure)
+            yield RequestLine(line.number, line.custom_id, {}, line.est, failure=line.failure)
             continue
         try:
             req = loads(line.raw)
@@ -83,12 +83,12 @@ def shard_requests(blobs: BlobStore, spec: ShardSpec, *, scope: Scope | None = N
         if line.custom_id and custom_id != line.custom_id:
             yield _changed(spec, line, f"holds custom_id {custom_id[:64]!r} at this line, not the one accepted")
             continue
-        yield SegmentRequest(number=line.number, est=line.est, custom_id=custom_id, body=req["body"])
+        yield RequestLine(line.number, custom_id, req["body"], line.est)
 
 
-def _changed(spec: ShardSpec, line: ShardLine, why: str) -> SegmentRequest:
+def _changed(spec: ShardSpec, line: ShardLine, why: str) -> RequestLine:
     failure = InputUnavailable(INPUT_CHANGED, "", f"{why} (it changed after the batch accepted it)")
-    return SegmentRequest(number=line.number, est=line.est, custom_id=line.custom_id, body={}, failure=failure)
+    return RequestLine(line.number, line.custom_id, {}, line.est, failure=failure)
 
 
 def shard_ids(blobs: BlobStore, spec: ShardSpec) -> Iterator[tuple[int, str]]:

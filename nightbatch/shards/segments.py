@@ -7,22 +7,7 @@ a shard planned by the previous release is still read this way (shards/lines.py)
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from nightbatch.files.inputs import InputUnavailable
-
 _REQ = b',"req":'
-
-
-@dataclass(frozen=True)
-class SegmentRequest:
-    number: int
-    est: int
-    custom_id: str
-    body: dict[str, Any]
-    failure: InputUnavailable | None = None  # its input changed since Validate: the line's error, not a request
 
 
 def segment_line(number: int, est: int, raw: bytes) -> bytes:

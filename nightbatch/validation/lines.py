@@ -17,6 +17,7 @@ from nightbatch.models.spec import MESSAGES_ENDPOINT, SCORE_ENDPOINTS, ModelSpec
 from nightbatch.settings import Settings
 from nightbatch.validation.file_images import FileImages
 from nightbatch.validation.invalid import LineInvalid
+from nightbatch.validation.line import RequestLine
 from nightbatch.validation.media import check_references
 from nightbatch.validation.requests import (
     check_messages,
@@ -34,30 +35,6 @@ MAX_CUSTOM_ID = 512
 # A batch's stored `errors` stop growing here (besides max_reported_errors), so 100 failed batches in one list
 # response stay far under the ~6 MB a Lambda may answer, and the batch item under DynamoDB's 400 KB.
 MAX_ERRORS_BYTES = 32 * 1024
-
-
-class ValidRequest:
-    """A valid line. `custom_id` and `body` are decoded from `raw` on first use when the fast path did not keep
-    them (Validate reads neither of a plain line: only its estimate)."""
-
-    __slots__ = ("_body", "_custom_id", "est_tokens", "model", "number", "raw")
-
-    def __init__(self, number: int, custom_id: str | None, body: dict[str, Any] | None, est_tokens: int,
-                 raw: bytes, model: str = "") -> None:
-        self.number, self._custom_id, self._body, self.est_tokens, self.raw = number, custom_id, body, est_tokens, raw
-        self.model = model  # the line's `body.model`: a served model or one of its LoRA adapters
-
-    @property
-    def custom_id(self) -> str:
-        if self._custom_id is None:
-            self._custom_id = loads(self.raw)["custom_id"]
-        return self._custom_id
-
-    @property
-    def body(self) -> dict[str, Any]:
-        if self._body is None:
-            self._body = loads(self.raw)["body"]
-        return self._body
 
 
 CustomId = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CUSTOM_ID)]
@@ -176,15 +153,15 @@ class Validator:
             counts[self.model] = counts.get(self.model, 0) + plain
         return counts
 
-    def check(self, number: int, data: bytes | None, size: int) -> ValidRequest:
+    def check(self, number: int, data: bytes | None, size: int) -> RequestLine:
         if data is not None:
             est = self.plain(data)
             if est:
                 assert self.model is not None
-                return ValidRequest(number, None, None, est, data, self.model)
+                return RequestLine(number, None, None, est, data, self.model)
         return self.general(number, data, size)
 
-    def general(self, number: int, data: bytes | None, size: int) -> ValidRequest:
+    def general(self, number: int, data: bytes | None, size: int) -> RequestLine:
         """`check` of a line `plain` did not take (Validate has tried it already): every check, on the
         general decode, and the error of the first that fails."""
         req = self._check(number, data, size)
@@ -268,7 +245,7 @@ class Validator:
         return [est + (cap if cap is not None and cap > 0 else out)
                 for est, cap in zip(estimate_tokens_each(sizes), caps, strict=True)]
 
-    def _check(self, number: int, data: bytes | None, size: int) -> ValidRequest:
+    def _check(self, number: int, data: bytes | None, size: int) -> RequestLine:
         s = self.settings
         if data is None:
             raise LineInvalid("line_too_long", f"Line {number} is {size} bytes, over the limit of "
@@ -302,7 +279,7 @@ class Validator:
                               "duplicate of another request. The custom_id parameter must be unique for each "
                               "request in a batch.", "custom_id")
         self.seen.add(digest)
-        return ValidRequest(number, custom_id, body, est, data, body["model"])
+        return RequestLine(number, custom_id, body, est, data, body["model"])
 
     def _check_model(self, model: str) -> ModelSpec:
         known = self._specs.get(model)

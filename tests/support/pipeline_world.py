@@ -17,10 +17,10 @@ from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.services import Services, build_services
 from nightbatch.settings import Settings
 from nightbatch.shards.lines import shard_requests
-from nightbatch.shards.segments import SegmentRequest
 from nightbatch.shards.spec import read_manifest, read_shard
 from nightbatch.storage import make_adapters
 from nightbatch.storage.dynamo import create_table
+from nightbatch.validation.line import RequestLine
 from tests.support.deterministic_engine import DeterministicEngine
 
 
@@ -74,7 +74,7 @@ def make_batch(services: Services, payload: bytes, endpoint: str = "/v1/chat/com
     return b.id
 
 
-def shard_requests_of(services: Services, batch_id: str, shard_id: str) -> list[SegmentRequest]:
+def shard_requests_of(services: Services, batch_id: str, shard_id: str) -> list[RequestLine]:
     """The requests of one planned shard, as the worker reads them."""
     spec = read_shard(services.adapters.blobs, batch_id, shard_id)
     assert spec is not None

@@ -11,10 +11,10 @@ from typing import Any
 
 from gpu_worker.runner import ShardJob, ShardReport, run_shard
 from gpu_worker.scheduling import OrderPolicy, in_flight_limit, order_window, ordered
-from gpu_worker.shard import PendingRequest
 from nightbatch.models.spec import LOCAL_MODELS
 from nightbatch.pipeline.prefixes import prompt_text
 from nightbatch.settings import Settings
+from nightbatch.validation.line import RequestLine
 from tests.support.deterministic_engine import DeterministicEngine
 
 from .conftest import CHAT_MODEL, ShardWorld
@@ -36,8 +36,8 @@ def mixed_requests(n: int, seed: int = 3) -> list[dict[str, Any]]:
     return requests
 
 
-def pending(requests: list[dict[str, Any]]) -> list[PendingRequest]:
-    return [PendingRequest(n=i + 1, custom_id=r["custom_id"], body=r["body"]) for i, r in enumerate(requests)]
+def pending(requests: list[dict[str, Any]]) -> list[RequestLine]:
+    return [RequestLine(i + 1, r["custom_id"], r["body"], 0) for i, r in enumerate(requests)]
 
 
 def system_of(body: dict[str, Any]) -> str | None:
@@ -105,11 +105,11 @@ def test_prompt_text_covers_chat_parts_completions_and_embeddings() -> None:
 class CountingSource:
     """An iterator that records how far ahead of the consumer it has been read."""
 
-    def __init__(self, items: list[PendingRequest]) -> None:
+    def __init__(self, items: list[RequestLine]) -> None:
         self.items = items
         self.pulled = 0
 
-    def __iter__(self) -> Iterator[PendingRequest]:
+    def __iter__(self) -> Iterator[RequestLine]:
         for item in self.items:
             self.pulled += 1
             yield item
@@ -141,7 +141,7 @@ def test_the_char_bound_closes_a_window_early() -> None:
     longest = max(size.values())
     pulled_chars = 0
 
-    def source() -> Iterator[PendingRequest]:
+    def source() -> Iterator[RequestLine]:
         nonlocal pulled_chars
         for p in requests:
             pulled_chars += size[p.custom_id]
