@@ -61,16 +61,6 @@ def segments_prefix(batch_id: str) -> str:
     return f"{batch_prefix(batch_id)}segments/"
 
 
-def segment_key(batch_id: str, n: int) -> str:
-    return f"{segments_prefix(batch_id)}{n:06d}.jsonl"
-
-
-def line_index_key(batch_id: str, n: int) -> str:
-    """One segment's LineIndex, an object of its own (version 2; version 1 segments were copies of the lines, at
-    segment_key). Validate now packs them: line_index_pack_key."""
-    return f"{segments_prefix(batch_id)}{n:06d}.idx.json"
-
-
 def line_index_pack_key(batch_id: str, n: int) -> str:
     """Many segments' LineIndexes, one JSON line each: a segment names its own by `packed_ref`."""
     return f"{segments_prefix(batch_id)}pack-{n:06d}.idx.jsonl"

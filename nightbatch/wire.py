@@ -1,4 +1,5 @@
-"""Wire models with OpenAI's field names: FileObject, Batch, list envelopes, batch input and output lines."""
+"""Wire models with OpenAI's field names: FileObject, Batch, Model, Upload, list envelopes. A result line's one
+type and encoder: nightbatch/results/lines.py."""
 
 from __future__ import annotations
 
@@ -117,26 +118,6 @@ class Model(BaseModel):
     # Our addition (decision 7): {"task": "generate" | "embed" | "score", "endpoints": [...]} — what
     # `nightbatch doctor` probes.
     nightbatch: dict[str, Any] | None = None
-
-
-class ResponseEnvelope(BaseModel):
-    status_code: int
-    request_id: str
-    body: dict[str, Any]
-
-
-class LineError(BaseModel):
-    code: str
-    message: str
-
-
-class BatchRequestOutput(BaseModel):
-    """One line of an output or error file (contract §4.2)."""
-
-    id: str
-    custom_id: str
-    response: ResponseEnvelope | None
-    error: LineError | None
 
 
 UploadStatus = Literal["pending", "completed", "cancelled", "expired"]

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import re
 import secrets
 from collections.abc import Iterable
@@ -128,11 +127,3 @@ def failure_reason(cause: dict[str, Any]) -> str | None:
         return None
     secondary = str(cause.get("SecondaryStatus") or cause["TrainingJobStatus"])
     return f"{secondary}: {cause.get('FailureReason') or ''}".rstrip(": ")
-
-
-def cause_of(error: dict[str, Any]) -> dict[str, Any]:
-    try:
-        cause = json.loads(error.get("Cause") or "{}")
-    except ValueError:
-        return {}
-    return cause if isinstance(cause, dict) else {}

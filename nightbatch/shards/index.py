@@ -95,11 +95,6 @@ def read_segments(blobs: Blobs, batch_id: str) -> SegmentIndex:
     return SegmentIndex.model_validate_json(raw)
 
 
-def write_line_index(blobs: Blobs, key: str, index: LineIndex) -> None:
-    """A LineIndex as an object of its own (a previous release's Validate; tests)."""
-    blobs.put_bytes(key, index.model_dump_json().encode(), content_type="application/json")
-
-
 def line_index_line(index: LineIndex) -> bytes:
     """A LineIndex as a line of a pack (line_index_pack_key)."""
     return index.model_dump_json().encode() + b"\n"
@@ -107,11 +102,6 @@ def line_index_line(index: LineIndex) -> bytes:
 
 def write_line_index_pack(blobs: Blobs, key: str, data: bytes) -> None:
     blobs.put_bytes(key, data, content_type="application/jsonl")
-
-
-def read_line_index(blobs: Blobs, ref: str) -> LineIndex:
-    """The LineIndex a segment references (its SegmentEntry.key): a range of a pack, or an object."""
-    return next(read_line_indexes(blobs, [ref]))
 
 
 def read_line_indexes(blobs: Blobs, refs: Iterable[str], *, max_read: int = 8 * 1024 * 1024) -> Iterator[LineIndex]:

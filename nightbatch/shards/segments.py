@@ -10,10 +10,6 @@ from __future__ import annotations
 _REQ = b',"req":'
 
 
-def segment_line(number: int, est: int, raw: bytes) -> bytes:
-    return b'{"n":%d,"est":%d,"req":%s}\n' % (number, est, raw.strip())
-
-
 def split_segment_line(data: bytes) -> tuple[int, int, bytes]:
     """(number, est, the request's bytes) of a segment line, its request sliced out rather than re-serialised."""
     cut = data.index(_REQ)

@@ -10,9 +10,9 @@ import pytest
 from openai import OpenAI
 from openai.types import Batch
 
-from nightbatch.wire import BatchRequestOutput
 from tests.e2e.conftest import LocalStack
 from tests.e2e.sdk import submit, wait, wait_for_a_result
+from tests.support.openai_lines import BatchRequestOutput
 
 pytestmark = pytest.mark.e2e
 CHAT = "SmolLM2-135M-Instruct"

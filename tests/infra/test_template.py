@@ -7,6 +7,7 @@ from typing import Any
 
 from tests.infra.cfn import of_type, one_of_type
 from tests.infra.synth import ROOT, TEST_CONTEXT, Synth
+from tests.support.older_formats import segment_key
 
 CONTEXT = json.loads((ROOT / "cdk.json").read_text())["context"]
 
@@ -83,7 +84,7 @@ def test_object_keys_the_core_writes_are_under_granted_prefixes() -> None:
     from nightbatch import layout
     from nightbatch.files.service import file_key
 
-    keys = [layout.manifest_key("b"), layout.segment_key("b", 1), layout.shard_key("b", "00000"),
+    keys = [layout.manifest_key("b"), segment_key("b", 1), layout.shard_key("b", "00000"),
             layout.done_key("b", "00000"), layout.output_key("b"), layout.error_key("b"), file_key("file-x")]
     assert keys and all(k.startswith(PREFIXES) for k in keys), keys
 

@@ -14,15 +14,14 @@ from nightbatch.shards.index import (
     SegmentIndex,
     line_index_line,
     packed_ref,
-    read_line_index,
     read_line_indexes,
     read_segments,
     split_ref,
-    write_line_index,
     write_line_index_pack,
     write_segment_index,
 )
 from nightbatch.shards.spec import ShardSpec, read_shard, shard_spec, write_shard
+from tests.support.older_formats import line_index_key, read_line_index, segment_key, write_line_index
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("nightbatch", "gpu_worker", "functions", "infra")
@@ -57,7 +56,7 @@ def test_the_pattern_would_catch_a_key_literal() -> None:
 
 def test_keys_and_names_agree_with_their_patterns() -> None:
     spec = ShardSpec(batch_id="b", shard_id="00000", endpoint="/v1/chat/completions", model="m",
-                     segments=[layout.segment_key("b", 0)], lines=3, est_tokens=9)
+                     segments=[segment_key("b", 0)], lines=3, est_tokens=9)
     assert ShardSpec.model_validate_json(spec.model_dump_json()) == spec
     assert layout.shard_key("b", "00000").startswith(layout.batch_prefix("b"))
     assert layout.results_prefix("b", "00000").startswith(layout.all_results_prefix("b"))
@@ -90,7 +89,7 @@ def test_version_2_records_round_trip(services: Services) -> None:
     blobs = services.adapters.blobs
     source = InputSource(key=layout.file_key("file-x"), bytes=10,
                                 parts=[InputPart(key=layout.part_key("u", "p1"), bytes=10)])
-    entry = SegmentEntry(key=layout.line_index_key("b", 0), lines=2, est=7, group=1, bytes=9)
+    entry = SegmentEntry(key=line_index_key("b", 0), lines=2, est=7, group=1, bytes=9)
     write_segment_index(blobs, "b", SegmentIndex(input=source, segments=[entry]))
     index = read_segments(blobs, "b")
     assert (index.version, index.input, index.segments) == (2, source, [entry])
@@ -113,7 +112,7 @@ def test_packed_line_indexes_are_read_by_range_neighbours_in_one_get(services: S
         refs.append(packed_ref(key, len(data), len(data) + len(line)))
         data += line
     write_line_index_pack(blobs, key, data)
-    own = layout.line_index_key("b", 7)  # a previous release's segment: an object of its own
+    own = line_index_key("b", 7)  # a previous release's segment: an object of its own
     write_line_index(blobs, own, indexes[0])
     assert split_ref(refs[1]) == (key, len(data) // 5, 2 * len(data) // 5) and split_ref(own) is None
     gets: list[str] = []

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from nightbatch.files.sources import InputSource
 from nightbatch.jsonl import BOM, LineBlock, block_lines, split_blocks, split_lines
-from nightbatch.shards.index import read_line_index
 from nightbatch.shards.packs import IndexWriter
 from nightbatch.storage import Adapters
+from tests.support.older_formats import read_line_index
 
 
 @settings(max_examples=400, deadline=None)

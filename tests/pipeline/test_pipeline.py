@@ -11,7 +11,7 @@ from nightbatch.ids import new_request_id
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.results import lines as results
 from nightbatch.services import Services
-from nightbatch.wire import BatchRequestOutput
+from tests.support.openai_lines import BatchRequestOutput
 from tests.support.pipeline_world import chat_line, jsonl, make_batch, shard_requests_of
 
 

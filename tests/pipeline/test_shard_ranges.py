@@ -22,12 +22,11 @@ from nightbatch.jsonl import BOM, split_lines
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.services import Services
 from nightbatch.shards import lines as shard_lines_module
-from nightbatch.shards.index import read_line_index
 from nightbatch.shards.lines import ShardLine, shard_lines
-from nightbatch.shards.segments import segment_line
 from nightbatch.shards.spec import ShardSpec, read_manifest, read_shard
 from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.validation.lines import Validator
+from tests.support.older_formats import read_line_index, segment_key, segment_line
 from tests.support.pipeline_world import chat_line, make_batch
 
 SYSTEMS = ["You are terse. " * 80, "You answer in French. " * 60]  # long enough for prefix groups
@@ -51,7 +50,7 @@ def previous_release(services: Services, data: bytes) -> list[ShardLine]:
              for raw in split_lines([data], max_bytes=services.settings.validation.max_line_bytes)
              if raw.data and raw.data.strip()]
     blobs = services.adapters.blobs
-    key = layout.segment_key("old", 0)
+    key = segment_key("old", 0)
     blobs.put_bytes(key, b"".join(lines))
     spec = ShardSpec(batch_id="old", shard_id="00000", endpoint="", model="", segments=[key],
                      lines=len(lines))

@@ -18,11 +18,11 @@ from nightbatch.ids import new_batch_id
 from nightbatch.layout import CHECKPOINT_RE, done_key, results_prefix, shard_key
 from nightbatch.local.aws import FAKE_CREDENTIALS
 from nightbatch.settings import Settings, get_settings
-from nightbatch.shards.segments import segment_line
 from nightbatch.storage import Adapters, make_adapters
 from nightbatch.storage.dynamo import create_table
 from nightbatch.storage.records import BatchRecord
 from nightbatch.tenancy.scope import Scope
+from tests.support.older_formats import segment_key, segment_line
 
 CHAT_MODEL = "SmolLM2-135M-Instruct"
 EMBED_MODEL = "all-MiniLM-L6-v2"
@@ -76,7 +76,7 @@ class ShardWorld:
         blobs = self.adapters.blobs
         segments: list[str] = []
         for start in range(0, len(requests), per_segment):
-            key = f"batches/{self.batch_id}/segments/{len(segments):06d}.jsonl"
+            key = segment_key(self.batch_id, len(segments))
             lines = [
                 segment_line(start + i + 1, 20, json.dumps(
                     {"custom_id": r["custom_id"], "method": "POST", "url": endpoint, "body": r["body"]}).encode())

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from nightbatch.ids import batch_request_id
-from nightbatch.wire import BatchRequestOutput
+from tests.support.openai_lines import BatchRequestOutput
 
 from .conftest import ShardWorld, chat_requests
 from .processes import checkpoints_reach, spawn, wait_until, worker_env

@@ -18,8 +18,8 @@ from nightbatch.layout import checkpoint_key, done_key
 from nightbatch.models.spec import LOCAL_MODELS, ModelSpec
 from nightbatch.results.lines import read_checkpoint_summary, summarize_checkpoint
 from nightbatch.settings import Settings
-from nightbatch.wire import BatchRequestOutput
 from tests.support.deterministic_engine import DeterministicEngine
+from tests.support.openai_lines import BatchRequestOutput
 
 from .conftest import CHAT_MODEL, EMBED_MODEL, ShardWorld, chat_requests
 

@@ -17,7 +17,6 @@ router = APIRouter(prefix="/v1/nightbatch", tags=["nightbatch"])
 MAX_PREVIEW_LINES = 50
 # A preview never reads more than this much of a file, however long its lines.
 PREVIEW_BYTES = 256 * 1024
-READ_CHUNK = 64 * 1024
 
 
 @router.get("/batches/{batch_id}/detail")
