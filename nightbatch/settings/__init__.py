@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from nightbatch.settings.admission import AdmissionSettings
 from nightbatch.settings.base import ENV_PREFIX, Env, Section, env_var
 from nightbatch.settings.delivery import LinkSettings, NotificationSettings
 from nightbatch.settings.pipeline import (
@@ -40,7 +41,8 @@ from nightbatch.settings.service import (
 )
 
 __all__ = [
-    "DEFAULT_JOB_PREFIX", "ENV_PREFIX", "JOB_PREFIX_RE", "SETTINGS", "AccountingSettings", "ApiSettings",
+    "DEFAULT_JOB_PREFIX", "ENV_PREFIX", "JOB_PREFIX_RE", "SETTINGS", "AccountingSettings", "AdmissionSettings",
+    "ApiSettings",
     "CapacitySettings", "CliSettings", "DeploymentSettings", "Env", "FileSettings", "GpuBackend", "JobInputs",
     "LimitSettings", "LinkSettings", "NotificationSettings", "PipelineSettings", "SageMakerConfig", "Section",
     "ServingSettings", "SettingField", "Settings", "TenantLimits", "UploadSettings", "ValidationSettings",
@@ -94,6 +96,7 @@ class Settings(BaseSettings):
     capacity: CapacitySettings = Field(default_factory=CapacitySettings)
     accounting: AccountingSettings = Field(default_factory=AccountingSettings)
     worker: WorkerSettings = Field(default_factory=WorkerSettings)
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     links: LinkSettings = Field(default_factory=LinkSettings)
     notifications: NotificationSettings = Field(default_factory=NotificationSettings)
     cli: CliSettings = Field(default_factory=CliSettings)

@@ -3,6 +3,9 @@
 The deployment reads two secrets at run time: the bootstrap API keys (functions/api/deps.py) and the
 link-signing keys (nightbatch/files/links.py). Powertools' `SecretsProvider` keeps each value for `max_age` seconds;
 a failed read raises and is not cached (BootstrapKeys adds its own back-off for that).
+
+The worker reads its secrets once per job (a Hugging Face token, an endpoint's API key) with `secret_string`: its
+image has boto3 but not Powertools.
 """
 
 from __future__ import annotations
@@ -13,6 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from aws_lambda_powertools.utilities.parameters import SecretsProvider
+
+
+def secret_string(client: Any, secret_id: str) -> str:
+    """A secret's string value (name or ARN), read now; raises when it cannot be read."""
+    return str(client.get_secret_value(SecretId=secret_id)["SecretString"])
 
 
 class SecretReader:
