@@ -63,7 +63,7 @@ def scripted_server(answer: Callable[[Seen], Answer]) -> Iterator[ScriptedServer
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002  (the base class's name)
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
         def _serve(self) -> None:
@@ -90,7 +90,7 @@ def scripted_server(answer: Callable[[Seen], Answer]) -> Iterator[ScriptedServer
             with contextlib.suppress(OSError):
                 self.wfile.write(data)
 
-        do_GET = do_POST = _serve  # noqa: N815  (BaseHTTPRequestHandler's method names)
+        do_GET = do_POST = _serve
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True

@@ -1,4 +1,4 @@
-"""AIMD admission (gpu_worker/admission.py): the limit's arithmetic on a controlled clock, and the slots it hands out."""
+"""AIMD admission (gpu_worker/admission.py): the limit's arithmetic on a controlled clock, and the slots it gives."""
 
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def test_policy_from_settings_clamps_and_takes_the_endpoint_ceiling() -> None:
 
 def test_acquire_waits_for_a_free_slot_and_a_release_lets_the_next_go() -> None:
     async def scenario() -> None:
-        a, clock = admission(floor=2, initial=2)
+        a, _clock = admission(floor=2, initial=2)
         first = await a.acquire()
         await a.acquire()
         third = asyncio.create_task(a.acquire())
@@ -122,7 +122,7 @@ def test_retry_after_holds_new_requests_until_it_has_passed() -> None:
 
 def test_a_cancelled_waiter_that_was_woken_passes_its_slot_on() -> None:
     async def scenario() -> None:
-        a, clock = admission(floor=1, initial=1)
+        a, _clock = admission(floor=1, initial=1)
         sent = await a.acquire()
         first = asyncio.create_task(a.acquire())
         second = asyncio.create_task(a.acquire())
