@@ -1,4 +1,5 @@
-"""Where this worker attempt runs: AWS Batch or a SageMaker Training Job, read from the container's environment.
+"""Where this worker attempt runs: AWS Batch, a SageMaker Training Job, or the runner of an endpoint shard (no GPU of
+its own: gpu_worker/engines/endpoint_engine.py), read from the container's environment.
 
 The state machine may say so (`NIGHTBATCH_BACKEND`, a job input); without it SageMaker is recognised by what it
 sets in every training container: `TRAINING_JOB_ARN`/`TRAINING_JOB_NAME` and `/opt/ml/input/config/
@@ -24,7 +25,7 @@ SAGEMAKER_MARKERS = ("TRAINING_JOB_ARN", "TRAINING_JOB_NAME", "SM_TRAINING_ENV")
 
 @dataclass(frozen=True)
 class Host:
-    backend: Literal["batch", "sagemaker"] = "batch"
+    backend: Literal["batch", "sagemaker", "endpoint"] = "batch"
     instance_type: str = ""  # "ml.g6e.xlarge" on SageMaker; "" when the host does not say
     training_job: str = ""
 
@@ -32,6 +33,8 @@ class Host:
 def detect(environ: Mapping[str, str] | None = None, resource_config: Path = RESOURCE_CONFIG) -> Host:
     env = os.environ if environ is None else environ
     declared = env.get(env_var("backend"), "").strip().lower()
+    if declared == "endpoint":
+        return Host(backend="endpoint")
     if declared == "batch" or (not declared and not any(env.get(k) for k in SAGEMAKER_MARKERS)):
         return Host()
     job = env.get("TRAINING_JOB_NAME") or env.get("TRAINING_JOB_ARN", "").rsplit("/", 1)[-1]

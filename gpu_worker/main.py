@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpu_worker import host
 from gpu_worker.engines.base import Engine
 from gpu_worker.job_environment import apply_hf_token, apply_settings_document, report_failure
 from gpu_worker.runner import ShardJob, ShardReport, preflight, run_shard
@@ -31,6 +32,7 @@ from nightbatch.models.spec import ModelSpec
 from nightbatch.phases import Phases
 from nightbatch.settings import JobInputs, Settings, get_settings
 from nightbatch.storage import Adapters, make_adapters
+from nightbatch.storage.records import BatchRecord
 
 log = logging.getLogger("gpu_worker")
 
@@ -107,7 +109,9 @@ async def serve_shard(
     if spec is None:
         raise LookupError(f"model {shard.model!r} of shard {job.shard_id} is not in the model registry")
     started = time.monotonic()
-    engine = await build_engine(spec, engine_path, adapters, phases)
+    on_endpoint = host.detect().backend == "endpoint"
+    engine = await build_engine(spec, engine_path, adapters, phases, on_endpoint=on_endpoint,
+                                deadline=await _deadline(adapters, job.batch_id) if on_endpoint else None)
     try:
         await engine.start()
         phases.mark("engine_ready")
@@ -130,8 +134,21 @@ async def serve_shard(
     return await exit_code(report, job, adapters)
 
 
-async def build_engine(spec: ModelSpec, engine_path: str, adapters: Adapters, phases: Phases | None = None) -> Engine:
+async def build_engine(spec: ModelSpec, engine_path: str, adapters: Adapters, phases: Phases | None = None, *,
+                       on_endpoint: bool = False, deadline: float | None = None) -> Engine:
+    """The engine of this attempt: `engine_path`'s (tests, benches), the model's endpoint when the job runs there
+    (`NIGHTBATCH_BACKEND=endpoint`: the endpoint runner's job), else vLLM on this host's GPUs."""
     phases = phases or Phases()
+    if on_endpoint and not engine_path:
+        from gpu_worker.engines.endpoint_engine import endpoint_engine
+
+        if spec.endpoint is None:
+            raise LookupError(f"model {spec.name!r} has no endpoint, but this job runs on the endpoint backend")
+        phases.weights_source = "endpoint"  # nothing to load: the server has the model
+        phases.mark("weights_ready")
+        endpoint: Engine = endpoint_engine(spec, adapters.settings, deadline=deadline,
+                                           secrets_client=lambda: adapters.client("secretsmanager"))
+        return endpoint
     if engine_path:
         factory: Callable[[ModelSpec], Any] = load_engine_class(engine_path)
         engine: Engine = factory(spec)
@@ -153,6 +170,12 @@ async def build_engine(spec: ModelSpec, engine_path: str, adapters: Adapters, ph
     vllm_engine: Engine = VllmEngine(spec, model_dir=weights.path, load_format=weights.load_format,
                                      lora_dirs=lora_dirs, media_domains=settings.validation.media_allowed_domains)
     return vllm_engine
+
+
+async def _deadline(adapters: Adapters, batch_id: str) -> float | None:
+    """The batch's expires_at, which the endpoint engine tells the server in every request."""
+    batch = await asyncio.to_thread(adapters.table.get_record, BatchRecord, batch_id)
+    return float(batch.expires_at) if batch is not None and batch.expires_at is not None else None
 
 
 def load_engine_class(path: str) -> Callable[[ModelSpec], Any]:

@@ -390,8 +390,9 @@ class _ShardRun:
         write_attempt(self.blobs, self.prefix, AttemptRecord(
             attempt=self.attempt, model_load_seconds=round(report.model_load_seconds, 3),
             inference_seconds=report.inference_seconds, idle_seconds=report.idle_seconds, finished=report.finished,
-            phases=report.phases, backend=where.backend, instance_type=where.instance_type,
-            training_job=where.training_job,
+            phases=report.phases, backend=getattr(self.engine, "backend", None) or where.backend,
+            instance_type=where.instance_type, training_job=where.training_job, lines=report.done,
+            input_tokens=report.input_tokens, output_tokens=report.output_tokens,
         ))
 
     def _write_done(self, report: ShardReport) -> None:

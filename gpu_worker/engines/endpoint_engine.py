@@ -36,7 +36,7 @@ from gpu_worker.engines.base import EngineFailedError, EngineReply
 from gpu_worker.saturation import watch_load
 from nightbatch.models.endpoint import EndpointSpec
 from nightbatch.models.spec import MESSAGES_ENDPOINT, ModelSpec
-from nightbatch.settings import AdmissionSettings
+from nightbatch.settings import AdmissionSettings, Settings
 
 log = logging.getLogger("gpu_worker.endpoint")
 
@@ -82,6 +82,17 @@ def retry_after_seconds(value: str | None, *, now: float | None = None) -> float
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
+def endpoint_engine(spec: ModelSpec, settings: Settings, *, secrets_client: Callable[[], Any],
+                    deadline: float | None) -> EndpointEngine:
+    """The engine for a shard of `spec` on its endpoint: the worker's and the local stack's one way to make it.
+    `secrets_client`: a Secrets Manager client, made only when the key is a secret's; `deadline`: the batch's
+    expires_at."""
+    if spec.endpoint is None:
+        raise ValueError(f"model {spec.name!r} has no endpoint")
+    return EndpointEngine(spec, settings=settings.admission, api_key=resolve_api_key(spec.endpoint, secrets_client),
+                          deadline=deadline)
+
+
 @dataclass
 class _Shared:
     """An endpoint's state in this process: its admission, and the reading of its load while engines use it."""
@@ -101,6 +112,8 @@ class EndpointEngine:
 
     # The runner adds no priority of its own (gpu_worker/runner.py): the endpoint's goes on every request.
     priorities = False
+    # Where its attempts ran, for their accounting (layout.AttemptRecord): no GPU of nightbatch's.
+    backend = "endpoint"
 
     def __init__(self, spec: ModelSpec, *, settings: AdmissionSettings | None = None, api_key: str = "",
                  deadline: float | None = None) -> None:

@@ -28,10 +28,15 @@ class AttemptRecord(BaseModel):
     finished: bool = False
     phases: dict[str, Any] = {}  # nightbatch.phases: when each phase of the attempt ended
     # Where the attempt ran (gpu_worker/host.py), so Finalize prices it: AWS Batch at EC2 prices, SageMaker at
-    # ml.* prices; the instance type and training job name when the host says (SageMaker does).
-    backend: Literal["batch", "sagemaker"] = "batch"
+    # ml.* prices, an endpoint's runner at the runner's (its server's GPUs are nobody's new instance); the instance
+    # type and training job name when the host says (SageMaker does).
+    backend: Literal["batch", "sagemaker", "endpoint"] = "batch"
     instance_type: str = ""
     training_job: str = ""
+    # The results this attempt made durable and their tokens (batch.nightbatch.cost reports an endpoint's).
+    lines: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
     shard_id: str = ""  # filled in on read, from the key
 
 

@@ -1,13 +1,15 @@
-"""Warm engines for the local stack: one per model, on one asyncio loop in a background thread."""
+"""Warm engines for the local stack: one per model, on one asyncio loop in a background thread; a model with an
+`endpoint` runs on its server instead (gpu_worker/engines/endpoint_engine.py), with nothing to warm up."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import sys
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -21,8 +23,9 @@ T = TypeVar("T")
 class EngineHost:
     """Owns the event loop that every engine call and every local shard run on."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, secrets_client: Callable[[], Any] | None = None) -> None:
         self.settings = settings
+        self.secrets_client = secrets_client or (lambda: None)  # an endpoint's key may be a secret's
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="engines", daemon=True)
         self.thread.start()
@@ -42,6 +45,23 @@ class EngineHost:
                     raise LookupError(f"model {name!r} is not configured")
                 self.engines[name] = await self._start(spec)
             return self.engines[name]
+
+    @contextlib.asynccontextmanager
+    async def shard_engine(self, model: str, *, deadline: float | None) -> AsyncIterator[Any]:
+        """The engine one shard of `model` runs on: the model's endpoint (an engine of the shard's own, which
+        tells the server the batch's deadline; the endpoint's admission is shared), else the warm engine."""
+        spec = self.settings.serving.model(model)
+        if spec is None or spec.endpoint is None:
+            yield await self.engine(model)
+            return
+        from gpu_worker.engines.endpoint_engine import endpoint_engine
+
+        engine = endpoint_engine(spec, self.settings, secrets_client=self.secrets_client, deadline=deadline)
+        await engine.start()
+        try:
+            yield engine
+        finally:
+            await engine.stop()
 
     async def _start(self, spec: ModelSpec) -> Any:
         from gpu_worker.engines.vllm_engine import VllmEngine
@@ -67,6 +87,8 @@ class EngineHost:
     def warm_up(self) -> Future[None]:
         async def all_engines() -> None:
             for spec in self.settings.serving.models:
+                if spec.endpoint is not None:  # served elsewhere
+                    continue
                 try:
                     await self.engine(spec.name)
                 except Exception:
@@ -88,3 +110,6 @@ class EngineHost:
             except Exception:
                 log.exception("engines did not stop cleanly")
         self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        if not self.thread.is_alive():
+            self.loop.close()

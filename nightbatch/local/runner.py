@@ -26,7 +26,8 @@ class LocalWorkflow:
     def __init__(self, adapters: Adapters, *, engines: bool = True) -> None:
         self.adapters = adapters
         self.engines_enabled = engines
-        self.host = EngineHost(adapters.settings) if engines else None
+        self.host = EngineHost(adapters.settings, secrets_client=lambda: adapters.client("secretsmanager")
+                               ) if engines else None
         self.pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="batch")
         self.stopping = threading.Event()
         self.services: Services | None = None
@@ -82,15 +83,17 @@ class LocalWorkflow:
                     shard = read_shard(services.adapters.blobs, job.batch_id, job.shard_id)
                     if shard is None:
                         raise FileNotFoundError(f"no shard {job.shard_id} of {job.batch_id}")
+                    batch = services.adapters.table.get_record(BatchRecord, job.batch_id)
                     waited = time.monotonic()
-                    engine = await host.engine(shard.model)  # warm, or still starting (the first batch)
-                    phases.mark("weights_ready")
-                    phases.mark("engine_ready")
-                    # Recorded like the worker's model load, so batch.nightbatch.cost and `nightbatch doctor`
-                    # show a batch that waited for its engine.
-                    return await run_shard(job, engine=engine, blobs=services.adapters.blobs,
-                                           table=services.adapters.table, settings=services.settings,
-                                           model_load_seconds=time.monotonic() - waited, phases=phases)
+                    # The warm engine (or still starting: the first batch), or the model's endpoint.
+                    async with host.shard_engine(shard.model, deadline=batch.expires_at if batch else None) as engine:
+                        phases.mark("weights_ready")
+                        phases.mark("engine_ready")
+                        # Recorded like the worker's model load, so batch.nightbatch.cost and `nightbatch doctor`
+                        # show a batch that waited for its engine.
+                        return await run_shard(job, engine=engine, blobs=services.adapters.blobs,
+                                               table=services.adapters.table, settings=services.settings,
+                                               model_load_seconds=time.monotonic() - waited, phases=phases)
 
                 host.submit(run()).result()
                 return

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,10 +16,12 @@ import pytest
 from gpu_worker.engines import endpoint_engine
 from gpu_worker.engines.base import EngineFailedError
 from gpu_worker.engines.endpoint_engine import EndpointEngine, EndpointRefusedError, retry_after_seconds
+from gpu_worker.main import main
 from gpu_worker.runner import ShardJob, run_shard
 from gpu_worker.saturation import parse_load
+from nightbatch import layout
 from nightbatch.models.spec import ModelSpec
-from nightbatch.settings import AdmissionSettings
+from nightbatch.settings import AdmissionSettings, get_settings
 from tests.support.scripted_server import Answer, Seen, chat_completion, scripted_server
 
 from .conftest import ShardWorld, chat_requests
@@ -249,3 +252,22 @@ def test_the_shard_runner_on_an_endpoint_that_throttles_gets_every_line_once(wor
             i = int(custom_id.split("-")[1])
             assert line["response"]["body"]["choices"][0]["message"]["content"] == f"answer to question {i}"
     assert engine.retries > 0
+
+
+def test_the_worker_entry_runs_an_endpoint_job_there_with_the_key_from_its_secret(
+        env: ShardWorld, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`python -m gpu_worker` in a job that says NIGHTBATCH_BACKEND=endpoint: no engine of its own, the API key read
+    from Secrets Manager, the attempt recorded on the endpoint."""
+    env.adapters.client("secretsmanager").create_secret(Name="nightbatch/llama-key", SecretString="sk-from-secret")
+    ids = env.seed(chat_requests(5))
+    with scripted_server(sequence()) as server:
+        monkeypatch.setenv("NIGHTBATCH_MODELS_JSON", json.dumps([{"name": "SmolLM2-135M-Instruct", "endpoint": {
+            "url": server.v1, "api_key_secret": "nightbatch/llama-key", "metrics_url": ""}}]))
+        monkeypatch.setenv("NIGHTBATCH_BACKEND", "endpoint")
+        get_settings.cache_clear()
+        assert main([]) == 0
+    results, duplicates = env.results()
+    assert duplicates == 0 and sorted(results) == ids and env.done_marker() is not None
+    assert len(server.seen) == 5 and {s.headers["authorization"] for s in server.seen} == {"Bearer sk-from-secret"}
+    (attempt,) = layout.read_attempts(env.adapters.blobs, [env.prefix])
+    assert attempt.backend == "endpoint" and attempt.lines == 5 and attempt.model_load_seconds < 60
