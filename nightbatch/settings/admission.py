@@ -10,9 +10,10 @@ from nightbatch.settings.base import Env, Section
 
 
 class AdmissionSettings(Section):
-    """AIMD concurrency per endpoint, the saturation thresholds read from the server's /metrics, request timeouts
-    and retry backoff (docs/MODELS.md, "What protects the online traffic").
+    """How an endpoint runner feeds an online server (gpu_worker/admission.py; docs/MODELS.md).
 
+    AIMD concurrency per endpoint, the saturation thresholds read from the server's /metrics, request timeouts and
+    retry backoff.
     Concurrency starts at `initial`, rises by `increase` after each window of as many successes as the current
     limit (one round trip's worth, as TCP does) while the server is not saturated, and is multiplied by `decrease`
     on a 429, a 503, a 502/504, a timeout or a refused connection (once per round: the answers to requests sent
