@@ -3,7 +3,8 @@
 Exit codes: 0 = the shard finished, or stopped because its batch is cancelling/expired/terminal (including
 "never started": such a job ends without loading a model); 143 = stopped by SIGTERM/SIGINT while its batch
 still wants results (the retry resumes from the checkpoints); 1 = an error worth a retry (engine died,
-S3 unwritable, ...); 2 = bad command line.
+S3 unwritable, ...); 2 = bad command line; 3 = an endpoint attempt stopped so that its shard's remaining lines move to
+the model's GPU backend (its pace would miss the window: gpu_worker/pace_watch.py; Capacity moves it).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 from gpu_worker import host
 from gpu_worker.engines.base import Engine
 from gpu_worker.job_environment import apply_hf_token, apply_settings_document, report_failure
+from gpu_worker.pace_watch import MOVE_REASON
 from gpu_worker.runner import ShardJob, ShardReport, preflight, run_shard
 from gpu_worker.shard import load_shard
 from gpu_worker.watch import BATCH_REASONS, read_stop_reason
@@ -38,6 +40,7 @@ log = logging.getLogger("gpu_worker")
 
 EXIT_OK = 0
 EXIT_ERROR = 1
+EXIT_MOVE = 3
 EXIT_INTERRUPTED = 128 + signal.SIGTERM  # the shell's convention for "terminated by SIGTERM"
 
 
@@ -119,6 +122,8 @@ async def serve_shard(
         report = await run_shard(
             job, engine=engine, blobs=blobs, table=table, settings=settings, stop=stop,
             model_load_seconds=load_seconds, phases=phases, shard=shard,
+            # An endpoint shard moves to the model's GPU backend when the endpoint is too slow for its window.
+            may_move=on_endpoint and spec.has_weights,
         )
     finally:
         await engine.stop()
@@ -189,6 +194,8 @@ def load_engine_class(path: str) -> Callable[[ModelSpec], Any]:
 async def exit_code(report: ShardReport, job: ShardJob, adapters: Adapters) -> int:
     if report.finished or report.stopped_reason in BATCH_REASONS:
         return EXIT_OK
+    if report.stopped_reason == MOVE_REASON:
+        return EXIT_MOVE
     # Stopped by a signal: a clean end only if the batch no longer wants this shard (e.g. the job was
     # terminated because the batch was cancelled); otherwise lines remain and a retry must resume them.
     if await read_stop_reason(adapters.table, job.batch_id) is not None:

@@ -18,6 +18,7 @@ from gpu_worker import host
 from gpu_worker.checkpoints import Checkpointer, CheckpointPolicy
 from gpu_worker.engines.base import Engine
 from gpu_worker.images import ImageError, LineImages
+from gpu_worker.pace_watch import PaceJob, watch_pace
 from gpu_worker.results import ResultLine, exception_reply, input_failure_line, is_fatal, result_line
 from gpu_worker.scheduling import OrderPolicy, in_flight_limit, ordered
 from gpu_worker.shard import PendingLines, Progress, load_shard, read_progress
@@ -101,11 +102,14 @@ async def preflight(job: ShardJob, *, blobs: BlobStore, table: Table) -> str | N
 async def run_shard(
     job: ShardJob, *, engine: Engine, blobs: BlobStore, table: Table, settings: Settings,
     stop: asyncio.Event | None = None, model_load_seconds: float = 0.0, phases: Phases | None = None,
-    shard: ShardSpec | None = None,
+    shard: ShardSpec | None = None, may_move: bool = False,
 ) -> ShardReport:
     """Runs what is left of a shard on a started engine. Returns when every line has a result (`finished`),
     or after a stop (batch cancelling/expired/terminal, or `stop` set) once in-flight requests are drained
     and flushed. Raises when the engine dies or a checkpoint cannot be written, after flushing what it can.
+
+    `may_move`: an endpoint attempt whose shard has a GPU backend to move to; it stops (`endpoint_too_slow`) when
+    the window's slack would run out at its pace (gpu_worker/pace_watch.py).
 
     `shard`: its definition, from a caller that already ran `preflight` and loaded it (the worker's entry
     does both before it starts the engine); without it, both happen here. Either way no request goes to the
@@ -125,7 +129,7 @@ async def run_shard(
     progress = await asyncio.to_thread(read_progress, blobs, prefix)
     scope = Scope.of(settings, spec.tenant or await asyncio.to_thread(_batch_tenant, table, job.batch_id))
     run = _ShardRun(job, spec, engine, settings, progress, blobs=blobs, table=table, stop=stop,
-                    phases=phases or Phases(), scope=scope)
+                    phases=phases or Phases(), scope=scope, may_move=may_move)
     return await run.execute(report)
 
 
@@ -183,6 +187,7 @@ class _ShardRun:
     def __init__(
         self, job: ShardJob, spec: ShardSpec, engine: Engine, settings: Settings, progress: Progress, *,
         blobs: BlobStore, table: Table, stop: asyncio.Event | None, phases: Phases, scope: Scope,
+        may_move: bool = False,
     ) -> None:
         self.job, self.spec, self.engine, self.settings, self.progress = job, spec, engine, settings, progress
         self.scope = scope  # what this shard may read on its tenant's behalf (nightbatch/tenancy/scope.py)
@@ -211,6 +216,7 @@ class _ShardRun:
         self.fatal: BaseException | None = None
         self.tasks: set[asyncio.Task[None]] = set()
         self.counters = AttemptCounters()
+        self.may_move = may_move
 
     async def execute(self, report: ShardReport) -> ShardReport:
         started = time.monotonic()
@@ -220,6 +226,11 @@ class _ShardRun:
             self.progress.checkpoints,
         )
         background = [asyncio.create_task(self._watch_batch()), asyncio.create_task(self._watch_stop())]
+        if self.may_move:
+            background.append(asyncio.create_task(watch_pace(
+                PaceJob(self.job.batch_id, self.job.shard_id, self.attempt, self.spec.lines, len(self.progress.done)),
+                results=lambda: self.counters.completed + self.counters.failed, halt=self._halt_for,
+                stopped=self.halt, blobs=self.blobs, table=self.table, settings=self.settings)))
         flusher = self.checkpointer.start()
         flusher.add_done_callback(self._on_flusher_done)
         halt_waiter = asyncio.create_task(self.halt.wait())

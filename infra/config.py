@@ -54,7 +54,7 @@ FORBIDDEN_LIMITS: dict[str, str] = {
     **dict.fromkeys(("mode", "region", "bucket", "table", "state_machine_arn", "topic_arn", "job_queue",
                      "webhook_queue_url", "upload_queue_url", "models_json", "worker_engine", "email_sender",
                      "email_configuration_set", "base_url", "event_bus", "user_input_buckets",
-                     "user_output_prefixes"),
+                     "user_output_prefixes", "endpoint_job_queue", "endpoint_job_definition"),
                     "set by the stack"),
     **dict.fromkeys(("hour_seconds", "upload_compose_delay_seconds"), "development only"),
 }

@@ -20,6 +20,12 @@ The workflow asks before every submission of a shard (the first, and after each 
   Spot, the batch stays put) after a growing delay, as long as the shard still fits in the window after it
   (seconds left - the delay - the shard's own work > the margin). Then it is handled as any other end of the
   attempt: Spot moves on-demand (a separate quota), on-demand counts a failure.
+- Endpoint: a shard of a model with an `endpoint` runs first on that server, its runner an AWS Batch Fargate job
+  (`endpoint_job_queue`). When the runner stops because the window's slack would run out at the endpoint's measured
+  pace (nightbatch/pipeline/pace.py), or its attempts fail past `shard_retry_attempts`, the shard's remaining lines
+  move to the model's GPU backend (its manifest item's `gpu_fallback`), recorded on the batch (`backend_moved`,
+  `backend_moved_to`), so the batch's shards not yet started go there too. A model without weights of its own
+  stays on its endpoint.
 Each decision is written next to the shard's results (`capacity-<n>.json`); Finalize lists them in the batch's
 `nightbatch.capacity` extension.
 """
@@ -36,13 +42,14 @@ from pydantic import BaseModel
 from nightbatch import layout
 from nightbatch.clock import now
 from nightbatch.pipeline import training_jobs
+from nightbatch.pipeline.pace import read_pace
 from nightbatch.pipeline.sizing import wall_seconds
 from nightbatch.services import Services
 from nightbatch.shards.spec import read_manifest, read_shard
 from nightbatch.storage.records import BatchRecord
 
 Capacity = Literal["spot", "on-demand"]
-Backend = Literal["batch", "sagemaker"]
+Backend = Literal["batch", "sagemaker", "endpoint"]
 # statusReason prefixes that mean "Spot could not hold or place this job" (aws-gpu-fleet-notes §1.4, §2.3).
 SPOT_SHORTAGE = ("Host EC2", "CAPACITY:", "MISCONFIGURATION:COMPUTE_ENVIRONMENT_MAX_RESOURCE")
 # The longest wait between two submissions refused for the quota (the delay doubles up to it).
@@ -71,6 +78,7 @@ class CapacityDecision(BaseModel):
     stopping_condition: dict[str, int] = {}
     settings_key: str = ""
     output_uri: str = ""
+    job_definition: str = ""  # an endpoint attempt's: the runner's (a GPU attempt's is its manifest item's)
 
 
 def share_identifier(tenant: str) -> str:
@@ -136,9 +144,13 @@ def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
     base: dict[str, Any] = {"attempt": attempt, "priority": scheduling_priority(seconds_left),
                             "share": share_identifier((batch.tenant if batch is not None else "") or "default")}
     fallback = bool(item.get("fallback"))
+    gpu_fallback: Literal["", "batch", "sagemaker"] = item.get("gpu_fallback") or ""
+    moved_to = moved_backend(batch)
+    # A GPU backend of this shard: its own, or SageMaker once a `both` batch moved there.
+    gpu: Backend = "sagemaker" if (item.get("backend") == "sagemaker" or gpu_fallback == "sagemaker"
+                                   or (fallback and moved_to == "sagemaker")) else "batch"
     backend: Backend = prev.get("backend") or (
-        "sagemaker" if item.get("backend") == "sagemaker" or (fallback and batch and batch.backend_moved)
-        else "batch")
+        "endpoint" if item.get("backend") == "endpoint" and not (moved_to and gpu_fallback) else gpu)
     margin = settings.capacity.margin_seconds
 
     def slack() -> float:
@@ -178,16 +190,40 @@ def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
             settings_key=layout.worker_settings_key(batch_id),
             output_uri=f"s3://{settings.deployment.bucket}/{layout.training_output_prefix(batch_id)}", **base)
 
-    def move_to_sagemaker(reason: str) -> CapacityDecision:
+    def move_to(on: Backend, reason: str) -> CapacityDecision:
         # The batch's remaining shards follow; on-demand if the batch already moved there.
-        table.update_attributes(BatchRecord, batch_id, set_={"backend_moved": reason})
-        on_demand = bool(batch and batch.capacity_on_demand) or prev.get("capacity") == "on-demand"
-        return choose("on-demand" if on_demand or slack() < margin else "spot", reason, on="sagemaker")
+        table.update_attributes(BatchRecord, batch_id, set_={"backend_moved": reason, "backend_moved_to": on})
+        on_demand = bool(batch and batch.capacity_on_demand) or (
+            prev.get("capacity") == "on-demand" and prev.get("backend") != "endpoint")  # a runner's is no GPU's
+        return choose("on-demand" if on_demand or slack() < margin else "spot", reason, on=on)
+
+    def on_endpoint(reason: str, *, failures: int = 0, wait: int = 0) -> CapacityDecision:
+        capacity = settings.capacity
+        return CapacityDecision(action="run", capacity="on-demand", queue=capacity.endpoint_job_queue,
+                                job_definition=capacity.endpoint_job_definition, failures=failures,
+                                wait_seconds=wait, reason=reason, retry_strategy={"Attempts": 1}, backend="endpoint",
+                                **base)
 
     if batch is None or batch.status != "in_progress":
         decision = CapacityDecision(action="give_up", capacity=prev.get("capacity", "spot"), queue="", failures=0,
                                     wait_seconds=0, reason=f"batch is {batch.status if batch else 'missing'}",
                                     retry_strategy={}, backend=backend, **base)
+    elif backend == "endpoint" and item.get("shard_error"):
+        pace = read_pace(services.adapters.blobs, batch_id, shard_id)
+        failures = int(prev.get("failures", 0)) + 1
+        status_reason = _status_reason(item["shard_error"])
+        if gpu_fallback and pace is not None and pace.move:
+            decision = move_to(gpu, f"endpoint too slow: {pace.reason}"[:300])
+        elif failures <= settings.capacity.retry_attempts:
+            decision = on_endpoint(f"retry after: {status_reason[:200]}", failures=failures, wait=int(
+                settings.capacity.retry_interval_seconds * settings.capacity.retry_backoff ** (failures - 1)))
+        elif gpu_fallback:
+            decision = move_to(gpu, f"endpoint runner failed {failures} times: {status_reason[:200]}")
+        else:
+            decision = on_endpoint(f"gave up after {failures} failed attempts: {status_reason[:200]}",
+                                   failures=failures).model_copy(update={"action": "give_up"})
+    elif backend == "endpoint":
+        decision = on_endpoint("the model's endpoint")
     elif item.get("shard_error"):
         status_reason = _status_reason(item["shard_error"])
         placement = backend == "batch" and status_reason.startswith(training_jobs.BATCH_PLACEMENT_FAILURE)
@@ -202,7 +238,7 @@ def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
         elif placement and fallback and (prev.get("capacity") == "on-demand" or "on-demand" not in available
                                          or slack() < margin):
             # Batch could not place it, and there is no time (or no queue) left to try its other capacity.
-            decision = move_to_sagemaker(f"batch could not place it: {status_reason[:200]}")
+            decision = move_to("sagemaker", f"batch could not place it: {status_reason[:200]}")
         elif prev.get("capacity") == "spot" and (
                 status_reason.startswith(SPOT_SHORTAGE) if backend == "batch"
                 else quota or status_reason.startswith(training_jobs.SPOT_SHORTAGE)):
@@ -236,6 +272,14 @@ def decide(item: dict[str, Any], services: Services) -> CapacityDecision:
         json.dumps({"at": t, **decision.model_dump(exclude={"retry_strategy", "stopping_condition"})}).encode(),
         content_type="application/json")
     return decision
+
+
+def moved_backend(batch: BatchRecord | None) -> str | None:
+    """Where the batch's remaining shards moved, if they did (a move recorded before `backend_moved_to` existed
+    was to SageMaker)."""
+    if batch is None or not batch.backend_moved:
+        return None
+    return batch.backend_moved_to or "sagemaker"
 
 
 def _shard_work_seconds(services: Services, item: dict[str, Any]) -> float:

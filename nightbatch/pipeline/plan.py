@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from nightbatch import layout
 from nightbatch.clock import now
 from nightbatch.models.spec import served_model
@@ -14,6 +16,9 @@ from nightbatch.settings import document as settings_document
 from nightbatch.shards.index import SegmentEntry, read_segments
 from nightbatch.shards.spec import ShardItem, shard_spec, write_manifest, write_shard
 from nightbatch.storage.records import BatchRecord
+
+BackendName = Literal["batch", "sagemaker", "endpoint"]
+GpuFallback = Literal["", "batch", "sagemaker"]
 
 
 def group_segments(
@@ -83,6 +88,7 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
             backend = backends.get(model, "batch")
             if backend != "batch":
                 on_sagemaker.add(model)
+            first, gpu_fallback = first_backend(settings, model, backend)
             # fleet's sizing decides how many shards; placement decides which segments go in each.
             shards = group_segments(own, settings, window)
             placed = place_by_model(shards) if len({s.model for s in own}) > 1 else place_by_prefix(shards)
@@ -96,14 +102,23 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
                 items.append(ShardItem(batch_id=inp.batch_id, shard_id=shard_id,
                                        job_definition=job_definitions.get(model, ""),
                                        est_tokens=spec.est_tokens, lines=spec.lines,
-                                       backend="sagemaker" if backend == "sagemaker" else "batch",
-                                       fallback=backend == "both"))
+                                       backend=first, fallback=backend == "both", gpu_fallback=gpu_fallback))
     # Cancelled or expired before planning: an empty manifest sends the workflow straight to Finalize.
     manifest_key = write_manifest(blobs, inp.batch_id, items)
     if batch is not None:
         table.update_attributes(BatchRecord, inp.batch_id, set_={"shard_count": len(items)})
     return PlanOutput(batch_id=inp.batch_id, manifest_bucket=settings.deployment.bucket, manifest_key=manifest_key,
                       shard_count=len(items), max_concurrency=max_concurrency(settings, on_sagemaker))
+
+
+def first_backend(settings: Settings, model: str, gpu_backend: str) -> tuple[BackendName, GpuFallback]:
+    """Where a model's shards start, and the GPU backend an endpoint shard moves to (nightbatch/pipeline/pace.py):
+    a model with an `endpoint` starts there and, if it has weights of its own, falls back to its `gpuBackend`."""
+    gpu: Literal["batch", "sagemaker"] = "sagemaker" if gpu_backend == "sagemaker" else "batch"
+    spec = settings.serving.model(model)
+    if spec is not None and spec.endpoint is not None:
+        return "endpoint", gpu if spec.has_weights else ""
+    return gpu, ""
 
 
 def max_concurrency(settings: Settings, models: set[str]) -> int:

@@ -53,10 +53,14 @@ class ShardItem(BaseModel):
     est_tokens: int | None = None
     # The shard's lines (its spec's), so Finalize and the partial results read a spec only for its unrun lines.
     lines: int | None = None
-    # Where Plan sends the shard first (the model's `gpuBackend`); with `both` Capacity may move it to SageMaker.
-    backend: Literal["batch", "sagemaker"] = "batch"
+    # Where Plan sends the shard first: the model's endpoint, else its `gpuBackend`; with `both` Capacity may move
+    # it to SageMaker.
+    backend: Literal["batch", "sagemaker", "endpoint"] = "batch"
     # The model's `gpuBackend` allows a move to SageMaker when Batch cannot place the shard.
     fallback: bool = False
+    # An endpoint shard's GPU backend, where Capacity moves it when the endpoint cannot finish it in its window;
+    # "": none (a model without weights of its own).
+    gpu_fallback: Literal["", "batch", "sagemaker"] = ""
 
 
 _MANIFEST = TypeAdapter(list[ShardItem])

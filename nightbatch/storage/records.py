@@ -191,8 +191,11 @@ class BatchRecord(ListedRecord):
     shard_count: int | None = None
     finalize_target: str | None = None
     capacity_on_demand: str | None = None
-    # Why Capacity moved the batch's remaining shards from AWS Batch to SageMaker (`gpuBackend: both`).
+    # Why Capacity moved the batch's remaining shards to another backend, and which: from AWS Batch to SageMaker
+    # (`gpuBackend: both`), or from the model's endpoint to its GPU backend (too slow for the window). A batch
+    # moved before `backend_moved_to` existed moved to SageMaker.
     backend_moved: str | None = None
+    backend_moved_to: str | None = None
 
     def index_keys(self) -> dict[str, Any]:
         keys: dict[str, Any] = {"created_sk": sort_key(self.created_at, self.pk)}
