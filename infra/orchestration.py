@@ -97,6 +97,7 @@ class Orchestration(Construct):
         execution_timeout: cdk.Duration,
         use_batch: bool = True,
         training_jobs: TrainingJobs | None = None,
+        use_endpoint: bool = False,
     ) -> None:
         super().__init__(scope, id)
         self.tasks: dict[str, LambdaFunction] = {
@@ -126,8 +127,8 @@ class Orchestration(Construct):
         # it), priority (earliest deadline first) and share (tenant); RunShard submits the model's job there. A
         # failed attempt goes back to Capacity, which moves it, retries it with backoff, or gives it up: then
         # Finalize finds no done marker and writes its unrun lines as `shard_failed`, so the iteration succeeds.
-        fields = ("batch_id", "shard_id", "job_definition", "backend", "fallback", "est_tokens", "capacity",
-                  "shard_error")
+        fields = ("batch_id", "shard_id", "job_definition", "backend", "fallback", "gpu_fallback", "est_tokens",
+                  "capacity", "shard_error")
         new_shard = sfn.Pass(self, "NewShard", parameters={
             "version": 1, **{f"{f}.$": f"$.{f}" for f in fields[:-2]}, "capacity": {}, "shard_error": {}})
         capacity = tasks.LambdaInvoke(
@@ -170,15 +171,23 @@ class Orchestration(Construct):
             run_shard.add_retry(errors=["Batch.ServerException", "Batch.AWSBatchException"], max_attempts=3,
                                 interval=cdk.Duration.seconds(5), backoff_rate=2.0)
             run_shard.add_catch(capacity, errors=["States.ALL"], result_path="$.shard_error")
-        # The second GPU backend (infra/training_jobs.py): Capacity names the backend of each attempt.
-        run: sfn.IChainable = run_shard
+        # The other backends, Capacity naming each attempt's: SageMaker (infra/training_jobs.py) and the endpoint
+        # runner (infra/endpoint_runner.py).
+        others: dict[str, sfn.CustomState] = {}
         if training_jobs is not None:
-            run_training_job = training_jobs.task(self, "RunShardSageMaker", bucket_name=bucket.bucket_name)
-            run_training_job.add_catch(capacity, errors=["States.ALL"], result_path="$.shard_error")
-            run = run_training_job if not use_batch else (
-                sfn.Choice(self, "Backend")
-                .when(sfn.Condition.string_equals("$.capacity.backend", "sagemaker"), run_training_job)
-                .otherwise(run_shard))
+            others["sagemaker"] = training_jobs.task(self, "RunShardSageMaker", bucket_name=bucket.bucket_name)
+        if use_endpoint:
+            others["endpoint"] = self._endpoint_task()
+        for task in others.values():
+            task.add_catch(capacity, errors=["States.ALL"], result_path="$.shard_error")
+        run: sfn.IChainable = run_shard
+        if others and not use_batch and len(others) == 1:
+            run = next(iter(others.values()))
+        elif others:
+            choice = sfn.Choice(self, "Backend")
+            for name, task in others.items():
+                choice.when(sfn.Condition.string_equals("$.capacity.backend", name), task)
+            run = choice.otherwise(run_shard if use_batch else next(iter(others.values())))
         # Capacity failing past its retries gives the shard up (its lines end `shard_failed` in Finalize) rather
         # than failing the iteration: the Map tolerates no failed iteration, and a failed Map Run would stop every
         # other running shard and its job.
@@ -268,9 +277,33 @@ class Orchestration(Construct):
         self.state_machine.grant_start_execution(self.sweeper.role)
         if training_jobs is not None:
             training_jobs.grant_run(self.state_machine)
-        if use_batch:
+        if use_batch or use_endpoint:
             self._grant_batch()
         self.tasks["notify"].function.grant_invoke(self.sweeper.role)
+
+    def _endpoint_task(self) -> sfn.CustomState:
+        """An endpoint shard's attempt: the runner's job on its Fargate queue (Capacity names both), told where it
+        runs. Its queue is first come, first served: no share or priority (the server's admission paces it)."""
+        task = sfn.CustomState(self, "RunShardEndpoint", state_json={
+            "Type": "Task",
+            "Resource": f"arn:{cdk.Aws.PARTITION}:states:::batch:submitJob.sync",
+            "Parameters": {
+                "JobName.$": "States.Format('{}-{}', $.batch_id, $.shard_id)",
+                "JobQueue.$": "$.capacity.queue",
+                "JobDefinition.$": "$.capacity.job_definition",
+                "RetryStrategy.$": "$.capacity.retry_strategy",
+                "ContainerOverrides": {"Environment": [
+                    {"Name": JobInputs.env_name("batch_id"), "Value.$": "$.batch_id"},
+                    {"Name": JobInputs.env_name("shard_id"), "Value.$": "$.shard_id"},
+                    {"Name": JobInputs.env_name("backend"), "Value": "endpoint"},
+                ]},
+            },
+            "ResultSelector": {"JobId.$": "$.JobId", "Status.$": "$.Status"},
+            "ResultPath": "$.job",
+        })
+        task.add_retry(errors=["Batch.ServerException", "Batch.AWSBatchException"], max_attempts=3,
+                       interval=cdk.Duration.seconds(5), backoff_rate=2.0)
+        return task
 
     def _grant_batch(self) -> None:
         # What `batch:submitJob.sync` needs (Step Functions' IAM guide for AWS Batch; the CustomState grants

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import aws_cdk as cdk
+from aws_cdk import aws_batch as batch
 from aws_cdk import aws_iam as iam
 from aws_cdk import aws_kms as kms
 from aws_cdk import aws_lambda as lambda_
@@ -20,6 +21,7 @@ from infra.access import TABLE_ACTIONS, WORKER_INPUT_PREFIXES, WORKER_PREFIXES, 
 from infra.api import Api
 from infra.bundling import lambda_code
 from infra.config import DeployConfig
+from infra.endpoint_runner import EndpointRunner
 from infra.gpu_compute import GpuCompute, ModelJob
 from infra.lambdas import LambdaBase
 from infra.notifications import Notifications
@@ -69,6 +71,8 @@ class NightbatchStack(cdk.Stack):
                                            hf_token_secret=self.gpu.hf_token_secret,
                                            fields=config.sagemaker_fields.enabled)
                               if config.uses_sagemaker else None)
+        # The runner of endpoint shards (models with an `endpoint`): AWS Batch Fargate in the operator's VPC.
+        self.endpoint_runner = self._endpoint_runner(repo_root) if config.uses_endpoint else None
         code = lambda_code(repo_root, config.lambda_bundling, probe=self.bundling_required)
         self._secrets()
         self._functions(code)
@@ -104,7 +108,7 @@ class NightbatchStack(cdk.Stack):
             repo_root=repo_root,
             models=[ModelJob(name=m.spec.name, instance_types=config.instance_types_for(m),
                              gpus=m.gpu.tensor_parallel_size, shared_memory_gib=m.gpu.shared_memory_gib)
-                    for m in config.models if config.backend_for(m) != "sagemaker"],
+                    for m in config.gpu_models if config.backend_for(m) != "sagemaker"],
             use_batch=config.uses_batch,
             max_gpus=config.max_gpus,
             spot=config.capacity.spot,
@@ -122,6 +126,22 @@ class NightbatchStack(cdk.Stack):
             hf_token_secret_name=config.hf_token_secret,
             log_retention=self.log_retention,
         )
+
+    def _endpoint_runner(self, repo_root: Path) -> EndpointRunner:
+        network = self.config.endpoint_network
+        assert network is not None  # DeployConfig requires it when a model has an endpoint
+        return EndpointRunner(
+            self, "EndpointRunner", repo_root=repo_root, vpc_id=network.vpc_id, subnet_ids=network.subnet_ids,
+            security_group_ids=network.security_group_ids, assign_public_ip=network.assign_public_ip,
+            max_vcpus=network.max_vcpus, environment=environment.runner_environment(self.runtime, self.config),
+            secrets=self.config.endpoint_secrets, job_timeout=cdk.Duration.hours(self.config.max_window_hours),
+            log_retention=self.log_retention)
+
+    @property
+    def job_queues(self) -> list[batch.IJobQueue]:
+        """Every AWS Batch queue a shard's job goes to: the GPU queues, and the endpoint runner's."""
+        runner = [self.endpoint_runner.queue] if self.endpoint_runner is not None else []
+        return [*self.gpu.queues.values(), *runner]
 
     def _secrets(self) -> None:
         # Seals webhook signing secrets in the table; kept as long as the table, which holds what it sealed.
@@ -165,13 +185,17 @@ class NightbatchStack(cdk.Stack):
                 config, self, channels=channels, link_keys_secret=self.link_secret.secret_arn,
                 job_definitions={name: jd.job_definition_arn for name, jd in self.gpu.job_definitions.items()},
                 job_queues={kind: q.job_queue_arn for kind, q in self.gpu.queues.items()},
-                sagemaker_job_prefix=self._sagemaker_job_prefix()),
+                sagemaker_job_prefix=self._sagemaker_job_prefix(),
+                endpoint_runner=None if self.endpoint_runner is None else {
+                    "queue": self.endpoint_runner.queue.job_queue_arn,
+                    "job_definition": self.endpoint_runner.job_definition.job_definition_arn}),
             sweeper_environment=environment.sweeper_environment(
-                config, [q.job_queue_arn for q in self.gpu.queues.values()],
+                config, [q.job_queue_arn for q in self.job_queues],
                 sagemaker_job_prefix=self._sagemaker_job_prefix()),
             bucket=self.storage.bucket,
-            job_queues=list(self.gpu.queues.values()),
+            job_queues=self.job_queues,
             use_batch=config.uses_batch,
+            use_endpoint=self.endpoint_runner is not None,
             training_jobs=self.training_jobs,
             execution_timeout=cdk.Duration.hours(config.max_window_hours + config.finalize_margin_hours),
         )
@@ -199,6 +223,11 @@ class NightbatchStack(cdk.Stack):
         """The roles the GPU worker runs as: the Batch job role, the SageMaker job role, or both."""
         roles: list[iam.IRole] = [self.gpu.job_role] if self.config.uses_batch else []
         return roles + ([self.training_jobs.job_role] if self.training_jobs else [])
+
+    @property
+    def shard_roles(self) -> list[iam.IRole]:
+        """Every role a shard runs as: the GPU worker's, and the endpoint runner's."""
+        return self.worker_roles + ([self.endpoint_runner.job_role] if self.endpoint_runner is not None else [])
 
     def lambda_functions(self) -> dict[str, lambda_.Function]:
         """Every Lambda by its principal's name (TABLE_ACTIONS' keys)."""
@@ -237,6 +266,10 @@ class NightbatchStack(cdk.Stack):
             self.uploads.queue.grant_send_messages(sender)
         for worker in self.worker_roles:
             grant_objects(self.storage.bucket, worker, WORKER_PREFIXES, write=True, list_only_prefixes=True)
+        if self.endpoint_runner is not None:  # the batches/ objects only: it writes no weights through
+            grant_objects(self.storage.bucket, self.endpoint_runner.job_role, (BATCHES_PREFIX,), write=True,
+                          list_only_prefixes=True)
+        for worker in self.shard_roles:
             grant_objects(self.storage.bucket, worker, WORKER_INPUT_PREFIXES, write=False, list_only_prefixes=True,
                           inputs_only=True)
             access.grant_object_tags(self.storage.bucket, worker, WORKER_INPUT_PREFIXES, read=True, write=False,
@@ -245,9 +278,9 @@ class NightbatchStack(cdk.Stack):
                  "deliver": self.deliverer.role, **{name: t.role for name, t in tasks.items()}}
         for name, principal in roles.items():
             grant_table(self.storage, principal, TABLE_ACTIONS[name])
-        for worker in self.worker_roles:
+        for worker in self.shard_roles:
             grant_table(self.storage, worker, TABLE_ACTIONS["worker"], leading_keys=("batch_*",))
-        self.config.user_buckets.grant(roles, self.worker_roles)
+        self.config.user_buckets.grant(roles, self.shard_roles)
 
     def _grant_drivers(self) -> None:
         """The one thing each principal drives: the workflow, a secret, a key, a topic, a queue, Batch jobs."""
@@ -266,7 +299,7 @@ class NightbatchStack(cdk.Stack):
         self.notifications.grant_send_email(notify_role)
         # The sweeper lists the queue's jobs (ListJobs has no resource-level permissions: "*") and cancels the
         # unstarted ones of stopped batches (nightbatch/storage/batch_jobs.py); nothing else of Batch.
-        if self.config.uses_batch:
+        if self.job_queues:
             sweeper_role.add_to_policy(iam.PolicyStatement(actions=["batch:ListJobs"], resources=["*"]))
             sweeper_role.add_to_policy(iam.PolicyStatement(
                 actions=["batch:CancelJob"],
@@ -329,6 +362,8 @@ class NightbatchStack(cdk.Stack):
         cdk.CfnOutput(self, "StateMachineArn", value=self.orchestration.state_machine.state_machine_arn)
         for kind, queue in self.gpu.queues.items():
             cdk.CfnOutput(self, "SpotQueueArn" if kind == "spot" else "OnDemandQueueArn", value=queue.job_queue_arn)
+        if self.endpoint_runner is not None:  # the doctor reads the runners' jobs there
+            cdk.CfnOutput(self, "EndpointRunnerQueueArn", value=self.endpoint_runner.queue.job_queue_arn)
         if self.training_jobs is not None:  # the doctor reads these types' SageMaker quotas
             cdk.CfnOutput(self, "SageMakerInstanceTypes",
                           value=",".join(sorted(set(self.config.sagemaker_instance_types.values()))))

@@ -35,8 +35,8 @@ def _lint(template: dict[str, Any]) -> list[Any]:
     return list(lint(json.dumps(template), config=ManualArgs(regions=["us-east-1"], ignore_checks=IGNORED)))
 
 
-# The default stack, and the SageMaker backend's two shapes (tests/infra/conftest.py).
-SYNTHS = {"batch": "synth", "both": "both_synth", "sagemaker": "sagemaker_synth"}
+# The default stack, the SageMaker backend's two shapes, and a model on an endpoint (tests/infra/conftest.py).
+SYNTHS = {"batch": "synth", "both": "both_synth", "sagemaker": "sagemaker_synth", "endpoint": "endpoint_synth"}
 
 
 @pytest.fixture(scope="module", params=sorted(SYNTHS))

@@ -28,7 +28,7 @@ def test_no_unacknowledged_findings(synth: Synth) -> None:
     assert _plugin(synth.report)["conclusion"] == "success"
 
 
-@pytest.mark.parametrize("which", ["synth", "both_synth", "sagemaker_synth"])
+@pytest.mark.parametrize("which", ["synth", "both_synth", "sagemaker_synth", "endpoint_synth"])
 def test_every_acknowledgement_has_a_reason_and_matches_a_finding(which: str, request: pytest.FixtureRequest) -> None:
     synth: Synth = request.getfixturevalue(which)
     suppressed = _plugin(synth.report)["suppressedViolations"]

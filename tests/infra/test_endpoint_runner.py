@@ -1,0 +1,144 @@
+"""The synthesized stack with a model on an endpoint (tests/infra/conftest.py `endpoint_synth`): the runner's compute
+(AWS Batch Fargate in the operator's VPC), its IAM (its batch's objects and items, the endpoint's secret, nothing
+else), the workflow's endpoint branch and Capacity's settings; the configuration's refusals."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from infra.config import DeployConfig
+from infra.endpoint_runner import RUNNER_CPU, RUNNER_MEMORY_GIB
+from tests.infra.cfn import of_type, one_of_type, resolve
+from tests.infra.conftest import ENDPOINT_MODEL, ENDPOINT_NETWORK, ENDPOINT_SECRET
+from tests.infra.synth import Synth
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else [value]
+
+
+def _statements_of(template: dict[str, Any], role: str) -> list[dict[str, Any]]:
+    return [st for policy in of_type(template, "AWS::IAM::Policy").values()
+            if {"Ref": role} in policy["Properties"]["Roles"]
+            for st in policy["Properties"]["PolicyDocument"]["Statement"]]
+
+
+def _runner_job(template: dict[str, Any]) -> dict[str, Any]:
+    _, job = one_of_type(template, "AWS::Batch::JobDefinition", prefix="EndpointRunner")
+    return job["Properties"]
+
+
+def _definition(template: dict[str, Any]) -> dict[str, Any]:
+    _, machine = one_of_type(template, "AWS::StepFunctions::StateMachine")
+    rendered = resolve(machine["Properties"]["DefinitionString"], _Names(), lambda logical, attr: logical)
+    return dict(json.loads(rendered))
+
+
+class _Names(dict[str, str]):
+    def __missing__(self, key: str) -> str:
+        return key
+
+
+def test_the_runner_is_a_small_fargate_job_in_the_operators_vpc(endpoint_synth: Synth) -> None:
+    template = endpoint_synth.template
+    _, ce = one_of_type(template, "AWS::Batch::ComputeEnvironment", prefix="EndpointRunner")
+    resources = ce["Properties"]["ComputeResources"]
+    assert resources["Type"] == "FARGATE" and resources["Subnets"] == ENDPOINT_NETWORK["subnetIds"]
+    (group,) = resources["SecurityGroupIds"]
+    group_id = group["Fn::GetAtt"][0]
+    sg = template["Resources"][group_id]["Properties"]
+    assert sg["VpcId"] == ENDPOINT_NETWORK["vpcId"] and "SecurityGroupIngress" not in sg
+    job = _runner_job(template)
+    assert job["PlatformCapabilities"] == ["FARGATE"]
+    container = job["ContainerProperties"]
+    requirements = {r["Type"]: r["Value"] for r in container["ResourceRequirements"]}
+    assert requirements == {"VCPU": str(RUNNER_CPU), "MEMORY": str(RUNNER_MEMORY_GIB * 1024)}
+    env = {e["Name"]: e["Value"] for e in container["Environment"]}
+    models = {m["name"]: m for m in json.loads(env["NIGHTBATCH_MODELS_JSON"])}
+    assert models[ENDPOINT_MODEL]["endpoint"]["api_key_secret"] == ENDPOINT_SECRET
+    assert env["NIGHTBATCH_CAPACITY_MARGIN_SECONDS"] == "1800"  # it judges its own pace by Capacity's margin
+    assert container["NetworkConfiguration"]["AssignPublicIp"] == "DISABLED"
+    assert "GPU" not in requirements  # no GPU, no vLLM: a slim Python image of its own (gpu_worker/Dockerfile.runner)
+
+
+def test_the_runner_reads_its_batch_and_the_endpoint_secret_and_nothing_else(endpoint_synth: Synth) -> None:
+    template = endpoint_synth.template
+    role = _runner_job(template)["ContainerProperties"]["JobRoleArn"]["Fn::GetAtt"][0]
+    statements = _statements_of(template, role)
+    actions = {a for st in statements for a in _list(st["Action"])}
+    assert actions <= {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
+                       "s3:ListMultipartUploadParts", "s3:ListBucket", "dynamodb:GetItem", "dynamodb:UpdateItem",
+                       "secretsmanager:GetSecretValue"}, actions
+    objects = [json.dumps(r) for st in statements if any(a in ("s3:GetObject", "s3:PutObject")
+                                                         for a in _list(st["Action"]))
+               for r in _list(st["Resource"])]
+    writes = [json.dumps(r) for st in statements if "s3:PutObject" in _list(st["Action"])
+              for r in _list(st["Resource"])]
+    assert writes and all('"/batches/*"' in w for w in writes), writes  # no models/ weight cache, no files/
+    assert not any("/models/*" in o for o in objects)
+    inputs = [st for st in statements if "s3:GetObject" in _list(st["Action"]) and "Condition" in st]
+    assert inputs and all("s3:ExistingObjectTag/" in json.dumps(st["Condition"]) for st in inputs)
+    (secret,) = [st for st in statements if "secretsmanager:GetSecretValue" in _list(st["Action"])]
+    (arn,) = _list(secret["Resource"])
+    assert resolve(arn, {}, lambda logical, attr: f"{logical}.{attr}") == (
+        f"arn:aws:secretsmanager:us-east-1:123456789012:secret:{ENDPOINT_SECRET}-??????")
+    (table,) = [st for st in statements if any(a.startswith("dynamodb:") for a in _list(st["Action"]))]
+    assert table["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["batch_*"]}}
+
+
+def test_the_workflow_runs_endpoint_attempts_on_the_runner_and_capacity_knows_it(endpoint_synth: Synth) -> None:
+    template = endpoint_synth.template
+    states = _definition(template)["States"]["Shards"]["ItemProcessor"]["States"]
+    choice = states["Backend"]
+    assert {"Variable": "$.capacity.backend", "StringEquals": "endpoint", "Next": "RunShardEndpoint"} in choice[
+        "Choices"] and choice["Default"] == "RunShard"
+    task = states["RunShardEndpoint"]
+    assert task["Resource"].endswith(":states:::batch:submitJob.sync")
+    assert task["Parameters"]["JobQueue.$"] == "$.capacity.queue"
+    assert task["Parameters"]["JobDefinition.$"] == "$.capacity.job_definition"
+    assert {"Name": "NIGHTBATCH_BACKEND", "Value": "endpoint"} in task["Parameters"]["ContainerOverrides"][
+        "Environment"]
+    assert task["Catch"][0]["Next"] == "Capacity"
+    assert "gpu_fallback.$" in json.dumps(states["NewShard"])
+    capacity = next(f for f in of_type(template, "AWS::Lambda::Function").values()
+                    if f["Properties"]["Handler"] == "functions.tasks.capacity.handler")
+    env = capacity["Properties"]["Environment"]["Variables"]
+    queue_id, _ = one_of_type(template, "AWS::Batch::JobQueue", prefix="EndpointRunner")
+    assert env["NIGHTBATCH_ENDPOINT_JOB_QUEUE"] == {"Fn::GetAtt": [queue_id, "JobQueueArn"]}
+    jd_id, _ = one_of_type(template, "AWS::Batch::JobDefinition", prefix="EndpointRunner")
+    assert env["NIGHTBATCH_ENDPOINT_JOB_DEFINITION"] == {"Ref": jd_id}
+    machine_role = one_of_type(template, "AWS::StepFunctions::StateMachine")[1]["Properties"]["RoleArn"][
+        "Fn::GetAtt"][0]
+    submit = [st for st in _statements_of(template, machine_role) if "batch:SubmitJob" in _list(st["Action"])]
+    assert any({"Fn::GetAtt": [queue_id, "JobQueueArn"]} in _list(st["Resource"]) for st in submit)
+    outputs = template["Outputs"]
+    assert any(k.startswith("EndpointRunnerQueueArn") for k in outputs)
+
+
+def test_the_endpoint_models_gpu_fallback_has_its_job_definition(endpoint_synth: Synth) -> None:
+    gpu = [k for k in of_type(endpoint_synth.template, "AWS::Batch::JobDefinition") if k.startswith("GpuJob")]
+    assert any("Llama8B" in k for k in gpu), gpu
+
+
+def _config(**over: Any) -> DeployConfig:
+    model = {"name": "llama-8b", "endpoint": {"url": "http://10.0.3.7:8000/v1", "api_key_secret": "k"}}
+    raw = {"models": [model], "endpointNetwork": ENDPOINT_NETWORK, **over}
+    return DeployConfig.model_validate(raw)
+
+
+def test_the_configuration_refuses_what_cannot_run() -> None:
+    only = _config()  # an endpoint model alone, without weights: no GPU compute at all
+    assert only.uses_endpoint and not only.uses_batch and not only.uses_sagemaker and only.gpu_models == ()
+    assert only.endpoint_secrets == ("k",)
+    with pytest.raises(ValidationError, match="set `endpointNetwork`"):
+        _config(endpointNetwork=None)
+    with pytest.raises(ValidationError, match="api_key_secret"):
+        _config(models=[{"name": "m", "endpoint": {"url": "http://h:8000/v1", "api_key_env": "KEY"}}])
+    with pytest.raises(ValidationError, match="ending in /v1"):
+        _config(models=[{"name": "m", "endpoint": {"url": "http://h:8000"}}])
+    with pytest.raises(ValidationError, match="subnet ids"):
+        _config(endpointNetwork={"vpcId": "vpc-0123456789abcdef0", "subnetIds": ["sg-1"]})
