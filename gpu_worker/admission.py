@@ -96,6 +96,13 @@ class Admission:
         """Seconds until new requests may go (a Retry-After still running), else 0."""
         return max(0.0, self._held_until - self.clock())
 
+    def try_acquire(self) -> float | None:
+        """A free slot now (its send time), or None."""
+        if self.in_flight >= self.slots or self.held_for > 0 or self._waiters:
+            return None
+        self.in_flight += 1
+        return self.clock()
+
     async def acquire(self) -> float:
         """Waits for a free slot (and for any hold to pass); returns the send time `release` needs."""
         while self.in_flight >= self.slots or self.held_for > 0:

@@ -368,6 +368,10 @@ class _ShardRun:
         if self.reason is None:
             self.reason = reason
             log.info("shard %s/%s stopping: %s", self.job.batch_id, self.job.shard_id, reason)
+            # An engine that holds requests back (the endpoint engine's admission) drops those it has not sent.
+            stop_sending = getattr(self.engine, "stop_sending", None)
+            if stop_sending is not None:
+                stop_sending()
         self.halt.set()
         self.checkpointer.flush_soon()
 

@@ -24,10 +24,10 @@ import logging
 import os
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from email.utils import parsedate_to_datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 
@@ -39,6 +39,7 @@ from nightbatch.models.spec import MESSAGES_ENDPOINT, ModelSpec
 from nightbatch.settings import AdmissionSettings, Settings
 
 log = logging.getLogger("gpu_worker.endpoint")
+T = TypeVar("T")
 
 DEADLINE_HEADER = "x-slo-ttft-ms"
 PRIORITY_HEADER = "x-vllm-priority"
@@ -128,6 +129,7 @@ class EndpointEngine:
         self._api_key = api_key
         self._client: httpx.AsyncClient | None = None
         self._shared: _Shared | None = None
+        self._stopping: asyncio.Event | None = None
         # Requests the runner keeps in flight (gpu_worker/scheduling.py reads it): enough to reach the ceiling.
         self.max_num_seqs: int = self.policy.ceiling
         self.retries = 0  # requests sent again by this engine (for logs and tests)
@@ -149,6 +151,7 @@ class EndpointEngine:
             timeout=httpx.Timeout(self.settings.timeout_seconds, connect=min(30.0, self.settings.timeout_seconds)),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=self.policy.ceiling),
         )
+        self._stopping = asyncio.Event()
         shared = self._shared = self._shared_state()
         if shared.users == 0:
             shared.admission.unbind()  # its last users may have run on another event loop
@@ -158,6 +161,13 @@ class EndpointEngine:
                 shared.watch = asyncio.create_task(watch_load(shared.client, metrics, shared.admission,
                                                               self.settings))
         shared.users += 1
+
+    def stop_sending(self) -> None:
+        """The shard is stopping (cancel, expiry, SIGTERM, a move to the GPUs): requests not sent yet — waiting for
+        a slot or to retry — end at once as aborted (the runner leaves their lines unrun); those in flight run on
+        for the runner's drain."""
+        if self._stopping is not None:
+            self._stopping.set()
 
     async def stop(self) -> None:
         client, self._client = self._client, None
@@ -191,7 +201,7 @@ class EndpointEngine:
         content = json.dumps(self._outgoing(url, body), allow_nan=False).encode()
         backoff = self.settings.retry_seconds
         while True:
-            sent_at = await admission.acquire()
+            sent_at = await self._acquire(admission)
             outcome, retry_after, why = Outcome.NEUTRAL, None, ""
             try:
                 response = await client.post(target, content=content, headers=self._headers(request_id))
@@ -219,7 +229,30 @@ class EndpointEngine:
             wait = retry_after if retry_after is not None else backoff * random.uniform(0.5, 1.0)
             backoff = min(self.settings.retry_max_seconds, backoff * 2)
             log.debug("request %s to %s: %s; again in %.1f s", request_id, target, why, wait)
-            await asyncio.sleep(wait)
+            await self._unless_stopping(asyncio.sleep(wait))
+
+    async def _acquire(self, admission: Admission) -> float:
+        """A slot of the endpoint's admission, unless the shard stops sending first."""
+        if self._stopping is not None and self._stopping.is_set():
+            raise asyncio.CancelledError
+        sent_at = admission.try_acquire()
+        return sent_at if sent_at is not None else await self._unless_stopping(admission.acquire())
+
+    async def _unless_stopping(self, awaitable: Coroutine[Any, Any, T]) -> T:
+        """`awaitable`'s result; aborted (CancelledError) if the shard stops sending first."""
+        task = asyncio.ensure_future(awaitable)
+        if self._stopping is None:
+            return await task
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            await asyncio.wait({task, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if not task.done():
+                task.cancel()
+        if not task.done() or task.cancelled():
+            raise asyncio.CancelledError
+        return task.result()
 
     def _outgoing(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
         """The body as the server needs it: the model by the server's name, the endpoint's priority."""

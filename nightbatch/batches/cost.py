@@ -3,6 +3,11 @@
 Attempts that ran on SageMaker (accounting.py: AttemptRecord.backend) are priced at ml.* training prices, which run
 15-70 % above EC2's (../shared/reference/sagemaker-backend-notes.md §8); managed Spot bills only a training job's
 `BillableTimeInSeconds`, so where Finalize could read a job's billable and training times the saving is exact.
+
+Attempts on a model's endpoint ran on GPUs nobody started for the batch: they are reported (`cost.endpoint`: lines,
+tokens, wall time on the endpoint) and priced at their runner's price only (a Fargate task's, `endpoint_runner_price_
+per_hour`); a fallback to the GPU backend is priced as any GPU attempt. `cost.lines_by_backend` says which backend
+ran how many of the batch's lines.
 """
 
 from __future__ import annotations
@@ -45,6 +50,17 @@ ML_PRICES: dict[str, float] = {
 
 
 @dataclass
+class EndpointTime:
+    """What a batch's attempts on a model's endpoint did: their results, tokens and wall time."""
+
+    lines: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    wall_seconds: float = 0.0
+    attempts: int = 0
+
+
+@dataclass
 class ShardTime:
     model_load_seconds: float = 0.0
     inference_seconds: float = 0.0
@@ -53,6 +69,25 @@ class ShardTime:
     phases: list[dict[str, Any]] = field(default_factory=list)
     # The attempts that ran on SageMaker: (ml.* instance type or "", training job name or "", seconds).
     sagemaker: list[tuple[str, str, float]] = field(default_factory=list)
+    # The attempts on a model's endpoint (not in the GPU seconds above), and the results each backend made.
+    endpoint: EndpointTime = field(default_factory=EndpointTime)
+    lines_by_backend: dict[str, int] = field(default_factory=dict)
+
+    def add(self, other: ShardTime, share: float = 1.0) -> None:
+        """`other`'s times (a share of them: a model's part of a shard serving several) added to these."""
+        self.model_load_seconds += other.model_load_seconds * share
+        self.inference_seconds += other.inference_seconds * share
+        self.idle_seconds += other.idle_seconds * share
+        # SageMaker attempts are priced at ml.* rates (sagemaker_cost), so they keep their job.
+        self.sagemaker += [(kind, job, seconds * share) for kind, job, seconds in other.sagemaker]
+        e, o = self.endpoint, other.endpoint
+        e.lines += round(o.lines * share)
+        e.input_tokens += round(o.input_tokens * share)
+        e.output_tokens += round(o.output_tokens * share)
+        e.wall_seconds += o.wall_seconds * share
+        e.attempts += o.attempts
+        for backend, lines in other.lines_by_backend.items():
+            self.lines_by_backend[backend] = self.lines_by_backend.get(backend, 0) + round(lines * share)
 
     @property
     def training_jobs(self) -> list[str]:
@@ -75,6 +110,16 @@ def collect_shard_times(blobs: BlobStore, results_prefixes: list[str], listed: I
     `listed`: the keys under the prefixes, if listed already (else listed here)."""
     t = ShardTime()
     for rec in read_attempts(blobs, results_prefixes, listed):
+        if rec.lines:
+            t.lines_by_backend[rec.backend] = t.lines_by_backend.get(rec.backend, 0) + rec.lines
+        if rec.backend == "endpoint":  # no GPU of the batch's: reported apart, priced as its runner
+            e = t.endpoint
+            e.lines, e.attempts = e.lines + rec.lines, e.attempts + 1
+            e.input_tokens, e.output_tokens = e.input_tokens + rec.input_tokens, e.output_tokens + rec.output_tokens
+            e.wall_seconds += rec.model_load_seconds + rec.inference_seconds + rec.idle_seconds
+            if rec.phases:
+                t.phases.append({"shard_id": rec.shard_id, **rec.phases})
+            continue
         t.model_load_seconds += rec.model_load_seconds
         t.inference_seconds += rec.inference_seconds
         t.idle_seconds += rec.idle_seconds
@@ -142,12 +187,24 @@ def sagemaker_cost(settings: Settings, times: ShardTime,
     }
 
 
+def endpoint_cost(settings: Settings, times: ShardTime) -> dict[str, Any] | None:
+    """The endpoint attempts' share: their lines, tokens and wall time there, priced at the runner's price only."""
+    e = times.endpoint
+    if not e.attempts:
+        return None
+    return {"lines": e.lines, "input_tokens": e.input_tokens, "output_tokens": e.output_tokens,
+            "wall_seconds": round(e.wall_seconds, 3), "attempts": e.attempts,
+            "runner_cost_usd": round(e.wall_seconds * settings.accounting.endpoint_runner_price_per_hour / 3600, 6)}
+
+
 def cost_summary(settings: Settings, times: ShardTime, total_tokens: int, output_tokens: int,
                  billing: Mapping[str, tuple[float, float]] | None = None) -> dict[str, Any]:
     gpu_seconds = times.total
     sagemaker = sagemaker_cost(settings, times, billing)
+    endpoint = endpoint_cost(settings, times)
     batch_seconds = gpu_seconds - (sagemaker["gpu_seconds"] if sagemaker else 0.0)
-    cost = batch_seconds * price_per_gpu_second(settings) + (sagemaker["estimated_cost_usd"] if sagemaker else 0.0)
+    cost = (batch_seconds * price_per_gpu_second(settings) + (sagemaker["estimated_cost_usd"] if sagemaker else 0.0)
+            + (endpoint["runner_cost_usd"] if endpoint else 0.0))
     summary = {
         "gpu_seconds": round(gpu_seconds, 3),
         "model_load_seconds": round(times.model_load_seconds, 3),
@@ -161,4 +218,8 @@ def cost_summary(settings: Settings, times: ShardTime, total_tokens: int, output
     }
     if sagemaker:  # the attempts that ran as SageMaker Training Jobs, priced at ml.* rates (in the total too)
         summary["sagemaker"] = sagemaker
+    if endpoint:  # the attempts on the model's endpoint: not GPU seconds of the batch's, their runner in the total
+        summary["endpoint"] = endpoint
+    if times.lines_by_backend:
+        summary["lines_by_backend"] = dict(sorted(times.lines_by_backend.items()))
     return summary

@@ -16,6 +16,8 @@ from nightbatch.wire import Batch, BatchErrors, RequestCounts, Usage
 def to_wire(rec: BatchRecord) -> Batch:
     counts = rec.request_counts
     ext = dict(rec.ext or {})
+    if rec.backend_moved:  # Capacity moved its remaining shards (nightbatch/pipeline/capacity.py)
+        ext["backend_moved"] = {"to": rec.backend_moved_to or "sagemaker", "reason": rec.backend_moved}
     if rec.status in ("in_progress", "cancelling", "finalizing"):
         # Live progress: atomic adds from the workers (final numbers come from the files at finalize).
         total = counts.get("total", 0)

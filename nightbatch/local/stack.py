@@ -30,6 +30,7 @@ def local_settings(**overrides: Any) -> Settings:
     # A laptop's CPU costs nothing extra: cost estimates read $0 unless an instance price is configured.
     # No Lambda response limit locally: uploads and parts up to OpenAI's sizes, every download inline.
     defaults: dict[str, Any] = {"max_upload_bytes": LOCAL_UPLOAD_LIMIT, "instance_type": "cpu-local",
+                                "endpoint_runner_price_per_hour": 0.0,
                                 "max_upload_part_bytes": LOCAL_PART_LIMIT, "max_inline_download_bytes": 0,
                                 # Webhook receivers on this machine are fine; e-mail only reaches the embedded SES.
                                 "allow_private_targets": True, "email_sender": LOCAL_SENDER}

@@ -35,11 +35,7 @@ class _Model:
         self.time = ShardTime()
 
     def add_time(self, t: ShardTime, share: float) -> None:
-        self.time.model_load_seconds += t.model_load_seconds * share
-        self.time.inference_seconds += t.inference_seconds * share
-        self.time.idle_seconds += t.idle_seconds * share
-        # SageMaker attempts are priced at ml.* rates (accounting.sagemaker_cost), so they keep their job.
-        self.time.sagemaker += [(kind, job, seconds * share) for kind, job, seconds in t.sagemaker]
+        self.time.add(t, share)
 
 
 def per_model_report(blobs: BlobStore, settings: Settings, batch_id: str, batch_model: str,

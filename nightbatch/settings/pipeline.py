@@ -216,6 +216,10 @@ class AccountingSettings(Section):
     # The managed-Spot saving assumed for a training job whose billable time Finalize could not read (0 = price
     # it on-demand, an upper bound).
     sagemaker_spot_savings: float = 0.0  # read as a share, clamped to 0-1
+    # USD per hour of an endpoint shard's runner (an AWS Batch Fargate task of 0.5 vCPU and 1 GiB, us-east-1 on-demand:
+    # 0.5 x 0.04048 + 1 x 0.004445): what an attempt on a model's endpoint costs the batch; the endpoint's own GPUs
+    # are already paid for.
+    endpoint_runner_price_per_hour: float = 0.0247
 
     @property
     def sagemaker_prices(self) -> Mapping[str, float]:

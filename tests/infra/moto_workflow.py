@@ -97,7 +97,7 @@ class JobRecord:
     env: dict[str, str]
     succeeded: bool = False
     error: str | None = None
-    queue: str = ""  # "spot" / "on-demand": the template queue the job was submitted to
+    queue: str = ""  # "spot" / "on-demand" / "endpoint": the template queue the job was submitted to
     share: str | None = None  # SubmitJob's shareIdentifier
     priority: int | None = None  # SubmitJob's schedulingPriorityOverride
     status_reason: str | None = None
@@ -187,7 +187,8 @@ def create_resources(template: dict[str, Any]) -> Deployment:
             jobQueueName=f"nb-{queue_id}"[:120], state="ENABLED", priority=1,
             computeEnvironmentOrder=[{"order": 1, "computeEnvironment": ce}])["jobQueueArn"]
         d.attrs[(queue_id, "JobQueueArn")] = d.refs[queue_id] = arn
-        d.queue_kinds[arn] = "spot" if "Spot" in queue_id else "on-demand"
+        d.queue_kinds[arn] = ("spot" if "Spot" in queue_id else "endpoint" if queue_id.startswith("EndpointRunner")
+                              else "on-demand")
 
     functions = of_type(template, "AWS::Lambda::Function")
     for logical, fn in functions.items():
@@ -307,7 +308,8 @@ JOB_ONLY_ENV = {"NIGHTBATCH_BATCH_ID", "NIGHTBATCH_SHARD_ID", "NIGHTBATCH_BACKEN
 
 
 def worker_in_process(monkeypatch: pytest.MonkeyPatch, *, engine: str) -> Callable[[dict[str, str]], None]:
-    """Run a submitted job as the container would (`python -m gpu_worker`), on moto's thread, with `engine`."""
+    """Run a submitted job as the container would (`python -m gpu_worker`), on moto's thread, with `engine` (an endpoint
+    runner's job with the model's endpoint engine)."""
     import asyncio.unix_events
     import os
 
@@ -321,8 +323,17 @@ def worker_in_process(monkeypatch: pytest.MonkeyPatch, *, engine: str) -> Callab
         shared = {k: v for k, v in env.items() if k not in JOB_ONLY_ENV}
         drift = {k for k, v in shared.items() if os.environ.get(k) != v}
         assert not drift, f"the job definition's environment differs from the Lambdas' in {drift}"
-        code = worker_main.main(["--engine", engine, "--batch-id", env["NIGHTBATCH_BATCH_ID"],
-                                 "--shard-id", env["NIGHTBATCH_SHARD_ID"]])
+        args = ["--batch-id", env["NIGHTBATCH_BATCH_ID"], "--shard-id", env["NIGHTBATCH_SHARD_ID"]]
+        if env.get("NIGHTBATCH_BACKEND") == "endpoint":
+            # The endpoint runner's job: the model's endpoint engine, as the workflow tells its container (one such
+            # job at a time: the variable is the process's).
+            os.environ["NIGHTBATCH_BACKEND"] = "endpoint"
+            try:
+                code = worker_main.main(args)
+            finally:
+                del os.environ["NIGHTBATCH_BACKEND"]
+        else:
+            code = worker_main.main(["--engine", engine, *args])
         if code != 0:
             raise RuntimeError(f"the worker exited {code}")
 

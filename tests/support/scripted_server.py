@@ -55,7 +55,7 @@ class ScriptedServer:
 
 
 @contextlib.contextmanager
-def scripted_server(answer: Callable[[Seen], Answer]) -> Iterator[ScriptedServer]:
+def scripted_server(answer: Callable[[Seen], Answer], *, port: int = 0) -> Iterator[ScriptedServer]:
     seen: list[Seen] = []
     lock = threading.Lock()
     holder: dict[str, ScriptedServer] = {}
@@ -92,7 +92,7 @@ def scripted_server(answer: Callable[[Seen], Answer]) -> Iterator[ScriptedServer
 
         do_GET = do_POST = _serve
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     server.daemon_threads = True
     thread = threading.Thread(target=server.serve_forever, name="scripted-server", daemon=True)
     thread.start()

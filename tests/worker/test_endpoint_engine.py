@@ -271,3 +271,24 @@ def test_the_worker_entry_runs_an_endpoint_job_there_with_the_key_from_its_secre
     assert len(server.seen) == 5 and {s.headers["authorization"] for s in server.seen} == {"Bearer sk-from-secret"}
     (attempt,) = layout.read_attempts(env.adapters.blobs, [env.prefix])
     assert attempt.backend == "endpoint" and attempt.lines == 5 and attempt.model_load_seconds < 60
+
+
+def test_stop_sending_aborts_the_requests_not_sent_and_lets_the_sent_ones_finish() -> None:
+    """A stopping shard (cancel, expiry, a move to the GPUs) must not feed the server the lines still waiting for a
+    slot or for a retry: they end aborted at once, and their lines stay unrun."""
+    with scripted_server(lambda request: Answer(200, chat_completion(request.body or {}), delay=0.5)) as server:
+        engine = EndpointEngine(spec_for(server.v1), settings=AdmissionSettings(
+            floor=1, initial=1, ceiling=1, metrics_seconds=0))
+
+        async def go() -> list[Any]:
+            tasks = [asyncio.create_task(engine.handle(CHAT, chat(i), f"r{i}")) for i in range(6)]
+            while not server.seen:
+                await asyncio.sleep(0.01)
+            engine.stop_sending()
+            return await asyncio.gather(*tasks, return_exceptions=True)
+
+        outcomes = run(engine, go)
+    finished = [o for o in outcomes if not isinstance(o, BaseException)]
+    aborted = [o for o in outcomes if isinstance(o, asyncio.CancelledError)]
+    assert len(finished) == 1 and finished[0].status_code == 200 and len(aborted) == 5
+    assert len(server.seen) == 1  # only the request already sent reached the server

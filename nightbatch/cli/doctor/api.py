@@ -137,7 +137,21 @@ def _finished(client: openai.OpenAI, probe: Probe, batch: Batch, at: float) -> N
     else:
         probe.reach("first result", at, detail="1 line completed")
     usage = batch.usage.total_tokens if batch.usage else 0
-    probe.reach("finalize", at, detail=f"completed, {usage} tokens")
+    probe.reach("finalize", at, detail=f"completed, {usage} tokens" + backends_detail(extension(batch)))
+
+
+def backends_detail(ext: dict[str, Any]) -> str:
+    """Which backend ran the batch's lines (`nightbatch.cost.lines_by_backend`) when not AWS Batch alone, and why it
+    moved, if it did."""
+    cost = ext.get("cost")
+    lines = cost.get("lines_by_backend") if isinstance(cost, dict) else None
+    text = ""
+    if isinstance(lines, dict) and set(lines) - {"batch"}:
+        text = "; ran on " + ", ".join(f"{name} ({n} line{'s' if n != 1 else ''})" for name, n in lines.items())
+    moved = ext.get("backend_moved")
+    if isinstance(moved, dict) and moved.get("to"):
+        text += f"; moved to {moved['to']}: {moved.get('reason', '')}"
+    return text
 
 
 def _model_loaded(probe: Probe, ext: dict[str, Any]) -> None:
