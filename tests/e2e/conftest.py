@@ -5,8 +5,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from bench.vllm_server import VllmServer, chat_model_dir
 from tests.support.local_stack import API_KEY, HOUR_SECONDS, LocalStack
-from tests.support.vllm_server import VllmServer, chat_model_dir
 
 __all__ = ["API_KEY", "HOUR_SECONDS", "LocalStack"]
 

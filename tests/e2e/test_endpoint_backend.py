@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 from openai import OpenAI
 
+from bench.vllm_server import API_KEY as FLEET_KEY
+from bench.vllm_server import SERVED_NAME, VllmServer
 from nightbatch.ids import new_batch_id
 from nightbatch.storage import Adapters
 from tests.e2e.conftest import LocalStack
 from tests.e2e.sdk import submit, wait, wait_for_a_result
 from tests.support.endpoint_proxy import EndpointProxy, running_proxy
 from tests.support.local_stack import API_KEY, running_local
-from tests.support.vllm_server import API_KEY as FLEET_KEY
-from tests.support.vllm_server import SERVED_NAME, VllmServer
 from tests.worker.conftest import WORKER_OVERRIDES, ShardWorld
 from tests.worker.processes import checkpoints_reach, spawn, wait_until, worker_env
 

