@@ -9,13 +9,13 @@ import secrets
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel
 
 from gpu_worker import host
 from gpu_worker.checkpoints import Checkpointer, CheckpointPolicy
+from gpu_worker.counters import AttemptCounters
 from gpu_worker.engines.base import Engine
 from gpu_worker.images import ImageError, LineImages
 from gpu_worker.pace_watch import PaceJob, watch_pace
@@ -138,47 +138,6 @@ def _batch_tenant(table: Table, batch_id: str) -> str:
     is gone: the watcher then stops the shard before any request runs."""
     batch = table.get_record(BatchRecord, batch_id)
     return batch.tenant if batch is not None else ""
-
-
-@dataclass
-class AttemptCounters:
-    """What one attempt counts: results by outcome, tokens, aborted requests, and the busy time (monotonic
-    seconds: a busy stretch runs from a submit to an empty engine)."""
-
-    completed: int = 0
-    failed: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    cancelled_requests: int = 0
-    busy_since: float = 0.0
-    busy_seconds: float = 0.0
-    first_submit: float = 0.0
-    last_result: float = 0.0
-
-    def busy_from(self, now: float) -> None:
-        """The engine had nothing in flight and gets a request."""
-        self.busy_since = now
-        self.first_submit = self.first_submit or now
-
-    def idle_at(self, now: float) -> None:
-        """The engine's last in-flight request ended."""
-        self.busy_seconds += now - self.busy_since
-
-    def result(self, line: ResultLine, now: float) -> None:
-        self.last_result = now
-        if line.ok:
-            self.completed += 1
-        else:
-            self.failed += 1
-        self.input_tokens += line.input_tokens
-        self.output_tokens += line.output_tokens
-
-    def fill(self, report: ShardReport, elapsed: float) -> None:
-        report.completed, report.failed = self.completed, self.failed
-        report.input_tokens, report.output_tokens = self.input_tokens, self.output_tokens
-        report.inference_seconds = round(self.busy_seconds, 3)
-        report.idle_seconds = round(max(0.0, elapsed - self.busy_seconds), 3)
-        report.running_seconds = round(max(0.0, self.last_result - self.first_submit), 3)
 
 
 class _ShardRun:

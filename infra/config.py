@@ -7,6 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from infra.endpoint_network import EndpointNetwork
 from infra.gpu_catalog import GPU_SHAPES
 from infra.gpu_fit import GpuNeeds
 from infra.user_buckets import UserBuckets
@@ -137,36 +138,6 @@ class DeployedModel(_Strict):
                 " (a path on this machine does not exist in the worker image)"
             )
         return spec
-
-
-class EndpointNetwork(_Strict):
-    """Where the runners of endpoint models run (an AWS Batch Fargate compute environment): the operator's VPC from
-    which the endpoints are reachable. Its subnets need a way to S3, DynamoDB, Secrets Manager, ECR and CloudWatch
-    Logs: a NAT gateway, VPC endpoints, or public subnets with `assignPublicIp`."""
-
-    vpc_id: str = Field(alias="vpcId", pattern=r"^vpc-[0-9a-f]{8,17}$")
-    subnet_ids: tuple[str, ...] = Field(alias="subnetIds", min_length=1)
-    # Security groups the runners run in; empty: one the stack creates in the VPC, all egress, no ingress.
-    security_group_ids: tuple[str, ...] = Field((), alias="securityGroupIds")
-    assign_public_ip: bool = Field(False, alias="assignPublicIp")
-    # Runners at once (each 0.25 vCPU): the Fargate compute environment's cap.
-    max_vcpus: int = Field(16, alias="maxVcpus", ge=1, le=4096)
-
-    @field_validator("subnet_ids")
-    @classmethod
-    def _subnets(cls, ids: tuple[str, ...]) -> tuple[str, ...]:
-        bad = [i for i in ids if not i.startswith("subnet-")]
-        if bad:
-            raise ValueError(f"endpointNetwork.subnetIds: {bad} are not subnet ids")
-        return ids
-
-    @field_validator("security_group_ids")
-    @classmethod
-    def _groups(cls, ids: tuple[str, ...]) -> tuple[str, ...]:
-        bad = [i for i in ids if not i.startswith("sg-")]
-        if bad:
-            raise ValueError(f"endpointNetwork.securityGroupIds: {bad} are not security group ids")
-        return ids
 
 
 class Capacity(_Strict):
