@@ -77,6 +77,38 @@ class _DefinitionLimit:
         return definition_problems(self.machine.node.path, definition)
 
 
+def _batch_job_task(scope: Construct, id: str, *, backend: str, job_definition: str,
+                    fair_share: bool) -> sfn.CustomState:
+    """One attempt as an AWS Batch job (`submitJob.sync`) on the queue Capacity chose, told its shard and where it
+    runs. CustomState: CDK's BatchSubmitJob cannot pass ShareIdentifier / SchedulingPriorityOverride, which a
+    fair-share queue requires (aws-gpu-fleet-notes §1.2)."""
+    share = {"ShareIdentifier.$": "$.capacity.share",
+             "SchedulingPriorityOverride.$": "$.capacity.priority"} if fair_share else {}
+    task = sfn.CustomState(scope, id, state_json={
+        "Type": "Task",
+        "Resource": f"arn:{cdk.Aws.PARTITION}:states:::batch:submitJob.sync",
+        "Parameters": {
+            "JobName.$": "States.Format('{}-{}', $.batch_id, $.shard_id)",
+            "JobQueue.$": "$.capacity.queue",
+            "JobDefinition.$": job_definition,
+            **share,
+            "RetryStrategy.$": "$.capacity.retry_strategy",
+            "ContainerOverrides": {"Environment": [
+                {"Name": JobInputs.env_name("batch_id"), "Value.$": "$.batch_id"},
+                {"Name": JobInputs.env_name("shard_id"), "Value.$": "$.shard_id"},
+                {"Name": JobInputs.env_name("backend"), "Value": backend},
+            ]},
+        },
+        # Keep the iteration's output small (CDK drops a null ResultPath from a CustomState).
+        "ResultSelector": {"JobId.$": "$.JobId", "Status.$": "$.Status"},
+        "ResultPath": "$.job",
+    })
+    # Transient Batch API errors (e.g. "Failed to create shareIdentifier") are retried in place.
+    task.add_retry(errors=["Batch.ServerException", "Batch.AWSBatchException"], max_attempts=3,
+                   interval=cdk.Duration.seconds(5), backoff_rate=2.0)
+    return task
+
+
 def _batch_ref() -> dict[str, object]:
     return {"version": TASK_VERSION, "batch_id": sfn.JsonPath.string_at("$.batch_id")}
 
@@ -143,33 +175,10 @@ class Orchestration(Construct):
             "capacity": sfn.JsonPath.object_at("$.capacity"),
         })
         wait = sfn.Wait(self, "Backoff", time=sfn.WaitTime.seconds_path("$.capacity.wait_seconds"))
-        # CustomState: CDK's BatchSubmitJob cannot pass ShareIdentifier / SchedulingPriorityOverride, which a
-        # fair-share queue requires (aws-gpu-fleet-notes §1.2).
-        run_shard = sfn.CustomState(self, "RunShard", state_json={
-            "Type": "Task",
-            "Resource": f"arn:{cdk.Aws.PARTITION}:states:::batch:submitJob.sync",
-            "Parameters": {
-                "JobName.$": "States.Format('{}-{}', $.batch_id, $.shard_id)",
-                "JobQueue.$": "$.capacity.queue",
-                # The model's job definition (GPUs, memory, shared memory), named by Plan in the manifest item.
-                "JobDefinition.$": "$.job_definition",
-                "ShareIdentifier.$": "$.capacity.share",
-                "SchedulingPriorityOverride.$": "$.capacity.priority",
-                "RetryStrategy.$": "$.capacity.retry_strategy",
-                "ContainerOverrides": {"Environment": [
-                    {"Name": JobInputs.env_name("batch_id"), "Value.$": "$.batch_id"},
-                    {"Name": JobInputs.env_name("shard_id"), "Value.$": "$.shard_id"},
-                    {"Name": JobInputs.env_name("backend"), "Value": "batch"},
-                ]},
-            },
-            # Keep the iteration's output small (CDK drops a null ResultPath from a CustomState).
-            "ResultSelector": {"JobId.$": "$.JobId", "Status.$": "$.Status"},
-            "ResultPath": "$.job",
-        })
+        # A GPU attempt: the model's job definition (GPUs, memory, shared memory), named by Plan in the manifest item.
+        run_shard = _batch_job_task(self, "RunShard", backend="batch", job_definition="$.job_definition",
+                                    fair_share=True)
         if use_batch:  # else it stays out of the graph (a catch would bind it): a SageMaker-only stack
-            # Transient Batch API errors (e.g. "Failed to create shareIdentifier") are retried in place.
-            run_shard.add_retry(errors=["Batch.ServerException", "Batch.AWSBatchException"], max_attempts=3,
-                                interval=cdk.Duration.seconds(5), backoff_rate=2.0)
             run_shard.add_catch(capacity, errors=["States.ALL"], result_path="$.shard_error")
         # The other backends, Capacity naming each attempt's: SageMaker (infra/training_jobs.py) and the endpoint
         # runner (infra/endpoint_runner.py).
@@ -177,7 +186,10 @@ class Orchestration(Construct):
         if training_jobs is not None:
             others["sagemaker"] = training_jobs.task(self, "RunShardSageMaker", bucket_name=bucket.bucket_name)
         if use_endpoint:
-            others["endpoint"] = self._endpoint_task()
+            # The runner's job on its Fargate queue, both named by Capacity; first come, first served (the server's
+            # admission paces it), so no share or priority.
+            others["endpoint"] = _batch_job_task(self, "RunShardEndpoint", backend="endpoint",
+                                                 job_definition="$.capacity.job_definition", fair_share=False)
         for task in others.values():
             task.add_catch(capacity, errors=["States.ALL"], result_path="$.shard_error")
         run: sfn.IChainable = run_shard
@@ -280,30 +292,6 @@ class Orchestration(Construct):
         if use_batch or use_endpoint:
             self._grant_batch()
         self.tasks["notify"].function.grant_invoke(self.sweeper.role)
-
-    def _endpoint_task(self) -> sfn.CustomState:
-        """An endpoint shard's attempt: the runner's job on its Fargate queue (Capacity names both), told where it
-        runs. Its queue is first come, first served: no share or priority (the server's admission paces it)."""
-        task = sfn.CustomState(self, "RunShardEndpoint", state_json={
-            "Type": "Task",
-            "Resource": f"arn:{cdk.Aws.PARTITION}:states:::batch:submitJob.sync",
-            "Parameters": {
-                "JobName.$": "States.Format('{}-{}', $.batch_id, $.shard_id)",
-                "JobQueue.$": "$.capacity.queue",
-                "JobDefinition.$": "$.capacity.job_definition",
-                "RetryStrategy.$": "$.capacity.retry_strategy",
-                "ContainerOverrides": {"Environment": [
-                    {"Name": JobInputs.env_name("batch_id"), "Value.$": "$.batch_id"},
-                    {"Name": JobInputs.env_name("shard_id"), "Value.$": "$.shard_id"},
-                    {"Name": JobInputs.env_name("backend"), "Value": "endpoint"},
-                ]},
-            },
-            "ResultSelector": {"JobId.$": "$.JobId", "Status.$": "$.Status"},
-            "ResultPath": "$.job",
-        })
-        task.add_retry(errors=["Batch.ServerException", "Batch.AWSBatchException"], max_attempts=3,
-                       interval=cdk.Duration.seconds(5), backoff_rate=2.0)
-        return task
 
     def _grant_batch(self) -> None:
         # What `batch:submitJob.sync` needs (Step Functions' IAM guide for AWS Batch; the CustomState grants

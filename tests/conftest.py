@@ -13,15 +13,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import uvicorn
 from openai import OpenAI
 
 from functions.api.app import create_app
@@ -32,6 +29,7 @@ from nightbatch.storage import Adapters, make_adapters
 from nightbatch.storage.dynamo import create_table
 from tests.support.local_stack import local_stack  # noqa: F401  (the session's one `nightbatch local`)
 from tests.support.node import use_project_node
+from tests.support.threaded_uvicorn import serving
 
 use_project_node()  # before any test module imports aws_cdk
 
@@ -238,20 +236,9 @@ def _api_host() -> Iterator[_ApiHost]:
         return services
 
     log = RequestLog(create_app(current_services))
-    config = uvicorn.Config(log, host="127.0.0.1", port=0, log_level="warning", lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name="uvicorn-tests", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.01)
-    port = int(server.servers[0].sockets[0].getsockname()[1])
-    holder["host"] = _ApiHost(port=port, log=log)
-    yield holder["host"]
-    server.should_exit = True
-    thread.join(timeout=10)
+    with serving(log, name="uvicorn-tests") as port:
+        holder["host"] = _ApiHost(port=port, log=log)
+        yield holder["host"]
 
 
 @pytest.fixture

@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from tests.support.threaded_uvicorn import serving
 
 HOP_BY_HOP = {"host", "content-length", "connection", "transfer-encoding", "keep-alive"}
 
@@ -127,17 +128,6 @@ def running_proxy(upstream: str) -> Iterator[EndpointProxy]:
         return await proxy.handle(request, holder["client"])
 
     app = Starlette(routes=[Route("/{path:path}", route, methods=["GET", "POST"])], lifespan=lifespan)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, name="endpoint-proxy", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the proxy did not start")
-        time.sleep(0.01)
-    proxy.url = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
-    try:
+    with serving(app, name="endpoint-proxy", lifespan="on") as port:
+        proxy.url = f"http://127.0.0.1:{port}"
         yield proxy
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
