@@ -18,7 +18,6 @@ import boto3
 import pytest
 
 import nightbatch.clock
-from gpu_worker.engines import endpoint_engine
 from nightbatch import layout
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.cli.doctor.api import backends_detail
@@ -29,6 +28,7 @@ from tests.infra.moto_workflow import REGION, Deployment, wait_for_execution, wo
 from tests.infra.synth import Synth
 from tests.infra.test_capacity_moto import Clock, jobs_of, read_file_of
 from tests.infra.test_workflow_moto import _clear_caches, deploy_in_moto, execution_arn, jsonl
+from tests.support.endpoints import fresh_endpoints  # noqa: F401  (the fixture)
 from tests.support.scripted_server import Answer, Seen, chat_completion, scripted_server
 
 ENGINE = "tests.support.deterministic_engine:DeterministicEngine"
@@ -55,13 +55,14 @@ def deployment(endpoint_synth: Synth, monkeypatch: pytest.MonkeyPatch) -> Iterat
     yield from deploy_in_moto(endpoint_synth.template, monkeypatch)
 
 
+pytestmark = pytest.mark.usefixtures("fresh_endpoints")
+
+
 @pytest.fixture(autouse=True)
 def _fresh() -> Iterator[None]:
     _clear_caches()
-    endpoint_engine._endpoints.clear()
     yield
     _clear_caches()
-    endpoint_engine._endpoints.clear()
 
 
 def test_an_endpoint_too_slow_for_the_window_moves_its_remaining_lines_to_the_batch_gpus(

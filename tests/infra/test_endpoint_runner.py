@@ -15,16 +15,7 @@ from infra.endpoint_runner import RUNNER_CPU, RUNNER_MEMORY_GIB
 from tests.infra.cfn import of_type, one_of_type, resolve
 from tests.infra.conftest import ENDPOINT_MODEL, ENDPOINT_NETWORK, ENDPOINT_SECRET
 from tests.infra.synth import Synth
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else [value]
-
-
-def _statements_of(template: dict[str, Any], role: str) -> list[dict[str, Any]]:
-    return [st for policy in of_type(template, "AWS::IAM::Policy").values()
-            if {"Ref": role} in policy["Properties"]["Roles"]
-            for st in policy["Properties"]["PolicyDocument"]["Statement"]]
+from tests.infra.test_least_privilege import _list, _statements_of_role
 
 
 def _runner_job(template: dict[str, Any]) -> dict[str, Any]:
@@ -68,7 +59,7 @@ def test_the_runner_is_a_small_fargate_job_in_the_operators_vpc(endpoint_synth: 
 def test_the_runner_reads_its_batch_and_the_endpoint_secret_and_nothing_else(endpoint_synth: Synth) -> None:
     template = endpoint_synth.template
     role = _runner_job(template)["ContainerProperties"]["JobRoleArn"]["Fn::GetAtt"][0]
-    statements = _statements_of(template, role)
+    statements = _statements_of_role(template, role)
     actions = {a for st in statements for a in _list(st["Action"])}
     assert actions <= {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
                        "s3:ListMultipartUploadParts", "s3:ListBucket", "dynamodb:GetItem", "dynamodb:UpdateItem",
@@ -113,7 +104,7 @@ def test_the_workflow_runs_endpoint_attempts_on_the_runner_and_capacity_knows_it
     assert env["NIGHTBATCH_ENDPOINT_JOB_DEFINITION"] == {"Ref": jd_id}
     machine_role = one_of_type(template, "AWS::StepFunctions::StateMachine")[1]["Properties"]["RoleArn"][
         "Fn::GetAtt"][0]
-    submit = [st for st in _statements_of(template, machine_role) if "batch:SubmitJob" in _list(st["Action"])]
+    submit = [st for st in _statements_of_role(template, machine_role) if "batch:SubmitJob" in _list(st["Action"])]
     assert any({"Fn::GetAtt": [queue_id, "JobQueueArn"]} in _list(st["Resource"]) for st in submit)
     outputs = template["Outputs"]
     assert any(k.startswith("EndpointRunnerQueueArn") for k in outputs)

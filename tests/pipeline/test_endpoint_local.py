@@ -4,25 +4,20 @@ engine of its own: every line once, the server's answers as the results, the att
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 
 import pytest
 
-from gpu_worker.engines import endpoint_engine
 from nightbatch import layout
 from nightbatch.local.runner import LocalWorkflow
 from nightbatch.services import Services
+from tests.support.endpoints import fresh_endpoints  # noqa: F401  (the fixture)
 from tests.support.pipeline_world import chat_line, jsonl, make_batch
 from tests.support.scripted_server import Answer, Seen, chat_completion, scripted_server
 
 MODEL = "llama-8b"
 
 
-@pytest.fixture(autouse=True)
-def _fresh_endpoints() -> Iterator[None]:
-    endpoint_engine._endpoints.clear()
-    yield
-    endpoint_engine._endpoints.clear()
+pytestmark = pytest.mark.usefixtures("fresh_endpoints")
 
 
 def answer(request: Seen) -> Answer:

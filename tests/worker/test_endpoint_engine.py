@@ -8,7 +8,7 @@ import itertools
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -22,6 +22,7 @@ from gpu_worker.saturation import parse_load
 from nightbatch import layout
 from nightbatch.models.spec import ModelSpec
 from nightbatch.settings import AdmissionSettings, get_settings
+from tests.support.endpoints import fresh_endpoints  # noqa: F401  (the fixture)
 from tests.support.scripted_server import Answer, Seen, chat_completion, scripted_server
 
 from .conftest import ShardWorld, chat_requests
@@ -31,11 +32,7 @@ CHAT = "/v1/chat/completions"
 FAST = AdmissionSettings(retry_seconds=0.01, retry_max_seconds=0.05, metrics_seconds=0)
 
 
-@pytest.fixture(autouse=True)
-def _fresh_endpoints() -> Iterator[None]:
-    endpoint_engine._endpoints.clear()  # each test's server is a new endpoint
-    yield
-    endpoint_engine._endpoints.clear()
+pytestmark = pytest.mark.usefixtures("fresh_endpoints")  # each test's server is a new endpoint
 
 
 def spec_for(url: str, **endpoint: Any) -> ModelSpec:
