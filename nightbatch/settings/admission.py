@@ -24,13 +24,13 @@ class AdmissionSettings(Section):
     floor: Annotated[int, Env("endpoint_min_concurrency"), Field(ge=1)] = 2
     ceiling: Annotated[int, Env("endpoint_max_concurrency"), Field(ge=1)] = 64
     initial: Annotated[int, Env("endpoint_initial_concurrency"), Field(ge=1)] = 8
-    decrease: Annotated[float, Env("endpoint_backoff_factor"), Field(gt=0, lt=1)] = 0.5
+    decrease: Annotated[float, Env("endpoint_backoff_factor"), Field(gt=0)] = 0.5  # below 1 (AdmissionPolicy checks)
     increase: Annotated[float, Env("endpoint_additive_increase"), Field(gt=0)] = 1.0
     # Saturated: requests waiting in the server's queue (vLLM's vllm:num_requests_waiting, summed over its
     # engines) at or above `max_waiting`, or KV-cache usage (vllm:kv_cache_usage_perc, 0-1) at or above
     # `max_kv_cache`; read every `metrics_seconds` (0: never).
     max_waiting: Annotated[int, Env("endpoint_max_waiting"), Field(ge=1)] = 5
-    max_kv_cache: Annotated[float, Env("endpoint_max_kv_cache"), Field(gt=0, le=1)] = 0.8
+    max_kv_cache: Annotated[float, Env("endpoint_max_kv_cache"), Field(gt=0)] = 0.8  # above 1: never by KV cache
     metrics_seconds: Annotated[float, Env("endpoint_metrics_seconds"), Field(ge=0)] = 2.0
     # One request's whole exchange; a timeout is a retry, never the line's result.
     timeout_seconds: Annotated[float, Env("endpoint_timeout_seconds"), Field(gt=0)] = 600.0
