@@ -48,7 +48,7 @@ def checkov_binary() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module", params=["synth", "both_synth"])  # the default stack; Batch and SageMaker both
+@pytest.fixture(scope="module", params=["synth", "both_synth", "endpoint_synth"])  # default; Batch+SageMaker; endpoint
 def checkov_report(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     synth: Synth = request.getfixturevalue(request.param)
     binary = checkov_binary()
