@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import pytest
 from openai import OpenAI
 
@@ -111,6 +112,26 @@ def test_every_line_once_with_the_servers_answers(endpoint_stack: LocalStack, pr
     assert sorted(p.prompt for p in sent if p.status == 200) == sorted(f"once: count to three ({i})"
                                                                        for i in range(n))
     assert done.usage is not None and done.usage.output_tokens > 0
+
+
+def test_anthropic_message_batches_run_on_the_endpoint_too(endpoint_stack: LocalStack) -> None:
+    """The Anthropic SDK's Message Batches on the same endpoint model: vLLM's own /v1/messages answers them."""
+    client = anthropic.Anthropic(base_url=endpoint_stack.base_url.removesuffix("/v1"), api_key=endpoint_stack.api_key,
+                                 max_retries=0)
+    requests = [{"custom_id": f"msg-{i}", "params": {"model": MODEL, "max_tokens": 8, "temperature": 0,
+                                                     "messages": [{"role": "user", "content": f"Say hello {i}."}]}}
+                for i in range(3)]
+    created = client.messages.batches.create(requests=requests)  # type: ignore[arg-type]
+    deadline = time.monotonic() + 600
+    while client.messages.batches.retrieve(created.id).processing_status != "ended":
+        assert time.monotonic() < deadline, "the message batch did not end"
+        time.sleep(1)
+    rows = {r.custom_id: r.result for r in client.messages.batches.results(created.id)}
+    assert set(rows) == {"msg-0", "msg-1", "msg-2"}
+    for result in rows.values():
+        assert result.type == "succeeded", result
+        assert result.message.model == MODEL and result.message.content[0].type == "text"
+        assert result.message.usage.output_tokens > 0
 
 
 def test_cancel_mid_run_ends_every_line_once(endpoint_stack: LocalStack) -> None:
