@@ -14,8 +14,8 @@ from infra.config import DeployConfig
 from infra.endpoint_runner import RUNNER_CPU, RUNNER_MEMORY_GIB
 from tests.infra.cfn import of_type, one_of_type, resolve
 from tests.infra.conftest import ENDPOINT_MODEL, ENDPOINT_NETWORK, ENDPOINT_SECRET
+from tests.infra.iam_eval import as_list, statements_of_role
 from tests.infra.synth import Synth
-from tests.infra.test_least_privilege import _list, _statements_of_role
 
 
 def _runner_job(template: dict[str, Any]) -> dict[str, Any]:
@@ -59,25 +59,27 @@ def test_the_runner_is_a_small_fargate_job_in_the_operators_vpc(endpoint_synth: 
 def test_the_runner_reads_its_batch_and_the_endpoint_secret_and_nothing_else(endpoint_synth: Synth) -> None:
     template = endpoint_synth.template
     role = _runner_job(template)["ContainerProperties"]["JobRoleArn"]["Fn::GetAtt"][0]
-    statements = _statements_of_role(template, role)
-    actions = {a for st in statements for a in _list(st["Action"])}
+    statements = statements_of_role(template, role)
+    actions = {a for st in statements for a in as_list(st["Action"])}
     assert actions <= {"s3:GetObject", "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload",
-                       "s3:ListMultipartUploadParts", "s3:ListBucket", "dynamodb:GetItem", "dynamodb:UpdateItem",
-                       "secretsmanager:GetSecretValue"}, actions
+                       "s3:ListMultipartUploadParts", "s3:ListBucket", "s3:GetObjectTagging", "dynamodb:GetItem",
+                       "dynamodb:UpdateItem", "secretsmanager:GetSecretValue"}, actions
+    tags = [st for st in statements if "s3:GetObjectTagging" in as_list(st["Action"])]
+    assert all("s3:ExistingObjectTag/" in json.dumps(st.get("Condition")) for st in tags)  # its inputs' tags only
     objects = [json.dumps(r) for st in statements if any(a in ("s3:GetObject", "s3:PutObject")
-                                                         for a in _list(st["Action"]))
-               for r in _list(st["Resource"])]
-    writes = [json.dumps(r) for st in statements if "s3:PutObject" in _list(st["Action"])
-              for r in _list(st["Resource"])]
+                                                         for a in as_list(st["Action"]))
+               for r in as_list(st["Resource"])]
+    writes = [json.dumps(r) for st in statements if "s3:PutObject" in as_list(st["Action"])
+              for r in as_list(st["Resource"])]
     assert writes and all('"/batches/*"' in w for w in writes), writes  # no models/ weight cache, no files/
     assert not any("/models/*" in o for o in objects)
-    inputs = [st for st in statements if "s3:GetObject" in _list(st["Action"]) and "Condition" in st]
+    inputs = [st for st in statements if "s3:GetObject" in as_list(st["Action"]) and "Condition" in st]
     assert inputs and all("s3:ExistingObjectTag/" in json.dumps(st["Condition"]) for st in inputs)
-    (secret,) = [st for st in statements if "secretsmanager:GetSecretValue" in _list(st["Action"])]
-    (arn,) = _list(secret["Resource"])
+    (secret,) = [st for st in statements if "secretsmanager:GetSecretValue" in as_list(st["Action"])]
+    (arn,) = as_list(secret["Resource"])
     assert resolve(arn, {}, lambda logical, attr: f"{logical}.{attr}") == (
         f"arn:aws:secretsmanager:us-east-1:123456789012:secret:{ENDPOINT_SECRET}-??????")
-    (table,) = [st for st in statements if any(a.startswith("dynamodb:") for a in _list(st["Action"]))]
+    (table,) = [st for st in statements if any(a.startswith("dynamodb:") for a in as_list(st["Action"]))]
     assert table["Condition"] == {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["batch_*"]}}
 
 
@@ -104,8 +106,8 @@ def test_the_workflow_runs_endpoint_attempts_on_the_runner_and_capacity_knows_it
     assert env["NIGHTBATCH_ENDPOINT_JOB_DEFINITION"] == {"Ref": jd_id}
     machine_role = one_of_type(template, "AWS::StepFunctions::StateMachine")[1]["Properties"]["RoleArn"][
         "Fn::GetAtt"][0]
-    submit = [st for st in _statements_of_role(template, machine_role) if "batch:SubmitJob" in _list(st["Action"])]
-    assert any({"Fn::GetAtt": [queue_id, "JobQueueArn"]} in _list(st["Resource"]) for st in submit)
+    submit = [st for st in statements_of_role(template, machine_role) if "batch:SubmitJob" in as_list(st["Action"])]
+    assert any({"Fn::GetAtt": [queue_id, "JobQueueArn"]} in as_list(st["Resource"]) for st in submit)
     outputs = template["Outputs"]
     assert any(k.startswith("EndpointRunnerQueueArn") for k in outputs)
 
