@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 
 class EndpointNetwork(BaseModel):
@@ -17,21 +17,15 @@ class EndpointNetwork(BaseModel):
     # Security groups the runners run in; empty: one the stack creates in the VPC, all egress, no ingress.
     security_group_ids: tuple[str, ...] = Field((), alias="securityGroupIds")
     assign_public_ip: bool = Field(False, alias="assignPublicIp")
-    # Runners at once (each 0.25 vCPU): the Fargate compute environment's cap.
+    # Runners at once (each 0.5 vCPU): the Fargate compute environment's cap.
     max_vcpus: int = Field(16, alias="maxVcpus", ge=1, le=4096)
 
-    @field_validator("subnet_ids")
+    @field_validator("subnet_ids", "security_group_ids")
     @classmethod
-    def _subnets(cls, ids: tuple[str, ...]) -> tuple[str, ...]:
-        bad = [i for i in ids if not i.startswith("subnet-")]
+    def _ids(cls, ids: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        prefix, kind = {"subnet_ids": ("subnet-", "subnet"), "security_group_ids": ("sg-", "security group")}[
+            str(info.field_name)]
+        bad = [i for i in ids if not i.startswith(prefix)]
         if bad:
-            raise ValueError(f"endpointNetwork.subnetIds: {bad} are not subnet ids")
-        return ids
-
-    @field_validator("security_group_ids")
-    @classmethod
-    def _groups(cls, ids: tuple[str, ...]) -> tuple[str, ...]:
-        bad = [i for i in ids if not i.startswith("sg-")]
-        if bad:
-            raise ValueError(f"endpointNetwork.securityGroupIds: {bad} are not security group ids")
+            raise ValueError(f"endpointNetwork: {bad} are not {kind} ids")
         return ids
