@@ -3,11 +3,13 @@
 
 The shard runner drives it like any engine (gpu_worker/runner.py): same checkpoints, resume, cancel, expiry and
 result lines. What differs is what an answer means:
-- the server's answer to the line (2xx, or its own 4xx such as a context-length error, or a 500 with an OpenAI
-  error body) is the line's result, the body as the server sent it;
+- the server's answer to the line (2xx, or its own 4xx such as a context-length error) is the line's result, the
+  body as the server sent it;
 - an answer that says "not now" (429, 503, a gateway's 502/504, 408, a 5xx that is not JSON), a timeout or a failed
   connection is never a result: the request waits (Retry-After, else exponential backoff) and goes again, for as
   long as the shard runs (a stop — cancel, expiry, the fallback to GPUs — leaves it unrun);
+- a 500 with an OpenAI error body may be the server's (vLLM answers every request in flight so when its engine
+  stops) or the line's own: it goes again `endpoint_server_error_retries` times, then it is the line's result;
 - 401/403 means nightbatch's credentials are wrong for every line: the engine fails, the attempt with it.
 
 Every request holds a slot of the endpoint's admission (gpu_worker/admission.py: AIMD concurrency, saturation read
@@ -200,6 +202,7 @@ class EndpointEngine:
         target = self.endpoint.request_url(url)
         content = json.dumps(self._outgoing(url, body), allow_nan=False).encode()
         backoff = self.settings.retry_seconds
+        server_errors = 0
         while True:
             sent_at = await self._acquire(admission)
             outcome, retry_after, why = Outcome.NEUTRAL, None, ""
@@ -215,7 +218,12 @@ class EndpointEngine:
                     raise EndpointRefusedError(f"endpoint {self.endpoint.url} answered {status}: check the model's "
                                                f"endpoint api_key_env / api_key_secret ({_text(response)[:200]})")
                 reply = _reply(response)
-                if status in RETRY_STATUSES or (status >= 500 and reply is None):
+                # A server error with an OpenAI body is the server's as often as the line's (vLLM answers every
+                # request in flight with a 500 when its engine stops): tried again a few times, then the result.
+                server_error = status >= 500 and reply is not None and status not in RETRY_STATUSES
+                server_errors += server_error
+                if status in RETRY_STATUSES or (status >= 500 and reply is None) or (
+                        server_error and server_errors <= self.settings.server_error_retries):
                     outcome, why = Outcome.OVERLOAD, f"{status}"
                     retry_after = retry_after_seconds(response.headers.get("retry-after"))
                     if retry_after is not None:

@@ -39,3 +39,6 @@ class AdmissionSettings(Section):
     retry_seconds: Annotated[float, Env("endpoint_retry_seconds"), Field(gt=0)] = 1.0
     retry_max_seconds: Annotated[float, Env("endpoint_retry_max_seconds"), Field(gt=0)] = 30.0
     retry_after_max_seconds: Annotated[float, Env("endpoint_retry_after_max_seconds"), Field(gt=0)] = 300.0
+    # A 500 with an OpenAI error body goes again this many times before it is the line's result (a server stopping
+    # answers every request in flight so; a request that fails the server each time must end some day).
+    server_error_retries: Annotated[int, Env("endpoint_server_error_retries"), Field(ge=0)] = 3

@@ -148,6 +148,7 @@ ENV_NAMES: dict[str, str] = {
     "NIGHTBATCH_ENDPOINT_RETRY_SECONDS": "admission.retry_seconds",
     "NIGHTBATCH_ENDPOINT_RETRY_MAX_SECONDS": "admission.retry_max_seconds",
     "NIGHTBATCH_ENDPOINT_RETRY_AFTER_MAX_SECONDS": "admission.retry_after_max_seconds",
+    "NIGHTBATCH_ENDPOINT_SERVER_ERROR_RETRIES": "admission.server_error_retries",
 }
 JOB_ENV_NAMES = {"NIGHTBATCH_BATCH_ID": "batch_id", "NIGHTBATCH_SHARD_ID": "shard_id",
                  "NIGHTBATCH_SETTINGS_KEY": "settings_key", "NIGHTBATCH_BACKEND": "backend"}

@@ -103,21 +103,25 @@ def test_no_priority_when_the_endpoint_says_null_and_none_on_anthropic_messages(
     assert second.headers["x-vllm-priority"] == str(1_000_000)
 
 
-def test_a_lines_own_4xx_and_a_json_500_are_its_result_as_the_server_sent_them() -> None:
+def test_a_lines_own_4xx_is_its_result_and_a_json_500_is_after_its_retries() -> None:
     error = {"error": {"message": "This model's maximum context length is 2048 tokens.", "type": "BadRequestError",
                        "param": None, "code": 400}}
     internal = {"error": {"message": "boom", "type": "InternalServerError", "param": None, "code": 500}}
-    with scripted_server(sequence(Answer(400, error), Answer(500, internal), Answer(404, b"<html>no</html>"))) as s:
-        engine = EndpointEngine(spec_for(s.v1), settings=FAST)
+    settings = FAST.model_copy(update={"server_error_retries": 2})
+    answers = [Answer(400, error), Answer(404, b"<html>no</html>"), *[Answer(500, internal)] * 3,
+               Answer(500, internal)]  # the fourth line's first 500 is a stopping server's: its retry succeeds
+    with scripted_server(sequence(*answers)) as s:
+        engine = EndpointEngine(spec_for(s.v1), settings=settings)
 
-        async def three() -> list[Any]:
-            return [await engine.handle(CHAT, chat(i), f"r{i}") for i in range(3)]
+        async def four() -> list[Any]:
+            return [await engine.handle(CHAT, chat(i), f"r{i}") for i in range(4)]
 
-        bad, failed, missing = run(engine, three)
+        bad, missing, failed, recovered = run(engine, four)
     assert (bad.status_code, bad.body) == (400, error)
-    assert (failed.status_code, failed.body) == (500, internal)
     assert missing.status_code == 404 and "<html>no</html>" in missing.body["error"]["message"]
-    assert len(s.seen) == 3 and engine.retries == 0
+    assert (failed.status_code, failed.body) == (500, internal)  # after 2 retries: the line's own result
+    assert recovered.status_code == 200
+    assert len(s.seen) == 7 and engine.retries == 3
 
 
 def test_429_503_gateway_errors_dropped_connections_and_timeouts_are_retried_never_a_result() -> None:
