@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from gpu_worker.results import ResultLine
-
-if TYPE_CHECKING:
-    from gpu_worker.runner import ShardReport
 
 
 @dataclass
@@ -43,10 +39,3 @@ class AttemptCounters:
             self.failed += 1
         self.input_tokens += line.input_tokens
         self.output_tokens += line.output_tokens
-
-    def fill(self, report: ShardReport, elapsed: float) -> None:
-        report.completed, report.failed = self.completed, self.failed
-        report.input_tokens, report.output_tokens = self.input_tokens, self.output_tokens
-        report.inference_seconds = round(self.busy_seconds, 3)
-        report.idle_seconds = round(max(0.0, elapsed - self.busy_seconds), 3)
-        report.running_seconds = round(max(0.0, self.last_result - self.first_submit), 3)

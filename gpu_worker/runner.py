@@ -353,7 +353,12 @@ class _ShardRun:
         report.skipped = self.pending.skipped
         report.lines = report.skipped + report.done
         report.checkpoints = self.checkpointer.objects
-        self.counters.fill(report, elapsed)
+        c = self.counters
+        report.completed, report.failed = c.completed, c.failed
+        report.input_tokens, report.output_tokens = c.input_tokens, c.output_tokens
+        report.inference_seconds = round(c.busy_seconds, 3)
+        report.idle_seconds = round(max(0.0, elapsed - c.busy_seconds), 3)
+        report.running_seconds = round(max(0.0, c.last_result - c.first_submit), 3)
         report.finished = finished
         report.stopped_reason = None if finished else (self.reason or "error")
         self.phases.mark("done")

@@ -115,7 +115,7 @@ class EndpointEngine:
 
     # The runner adds no priority of its own (gpu_worker/runner.py): the endpoint's goes on every request.
     priorities = False
-    # Where its attempts ran, for their accounting (layout.AttemptRecord): no GPU of nightbatch's.
+    # Where its attempts ran, for their accounting (batches/accounting.py: AttemptRecord): no GPU of nightbatch's.
     backend = "endpoint"
 
     def __init__(self, spec: ModelSpec, *, settings: AdmissionSettings | None = None, api_key: str = "",

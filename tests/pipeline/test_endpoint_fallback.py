@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from nightbatch import layout
 from nightbatch.clock import now
 from nightbatch.pipeline.capacity import CapacityDecision, decide
 from nightbatch.pipeline.pace import EndpointPace, endpoint_slack, must_move, read_pace, write_pace
 from nightbatch.services import Services
+from nightbatch.shards.spec import ShardItem, read_manifest
 from nightbatch.storage.records import BatchRecord
 from tests.pipeline.test_pipeline import run_to_shards
 from tests.support.pipeline_world import chat_line, jsonl, make_batch
@@ -26,7 +26,7 @@ QUEUES = {"spot": "arn:queue/spot", "on-demand": "arn:queue/od"}
 
 
 def _planned(services: Services, *, source: str = "hf:meta-llama/Llama-3.1-8B-Instruct",
-             gpu_backend: str = "batch") -> tuple[str, list[layout.ShardItem]]:
+             gpu_backend: str = "batch") -> tuple[str, list[ShardItem]]:
     model: dict[str, Any] = {"name": MODEL, "endpoint": ENDPOINT, **({"source": source} if source else {})}
     services.settings.serving.models_json = json.dumps([model])
     services.settings.pipeline.shard_target_tokens = 50
@@ -38,10 +38,10 @@ def _planned(services: Services, *, source: str = "hf:meta-llama/Llama-3.1-8B-In
     services.settings.capacity.sagemaker_json = json.dumps({"instance_types": {MODEL: "ml.g6e.xlarge"}})
     batch_id = make_batch(services, jsonl([chat_line(i, model=MODEL) for i in range(1, 13)]))
     run_to_shards(services, batch_id)
-    return batch_id, layout.read_manifest(services.adapters.blobs, batch_id)
+    return batch_id, read_manifest(services.adapters.blobs, batch_id)
 
 
-def _ask(services: Services, item: layout.ShardItem, capacity: dict[str, Any] | None = None,
+def _ask(services: Services, item: ShardItem, capacity: dict[str, Any] | None = None,
          error: dict[str, Any] | None = None) -> CapacityDecision:
     return decide({**item.model_dump(), "capacity": capacity or {}, "shard_error": error or {}}, services)
 

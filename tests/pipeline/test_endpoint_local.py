@@ -8,6 +8,7 @@ import json
 import pytest
 
 from nightbatch import layout
+from nightbatch.batches.accounting import read_attempts
 from nightbatch.local.runner import LocalWorkflow
 from nightbatch.services import Services
 from tests.support.endpoints import fresh_endpoints  # noqa: F401  (the fixture)
@@ -56,6 +57,6 @@ def test_a_model_on_an_endpoint_runs_there_and_starts_no_engine(services: Servic
     assert len(posts) == 9 and {s.headers["authorization"] for s in posts} == {"Bearer sk-local"}
     assert {s.body["model"] for s in posts if s.body} == {"meta-llama/Llama-3.1-8B-Instruct"}
     assert all(int(s.headers["x-slo-ttft-ms"]) > 0 for s in posts)
-    attempts = list(layout.read_attempts(services.adapters.blobs, [layout.all_results_prefix(batch_id)]))
+    attempts = list(read_attempts(services.adapters.blobs, [layout.all_results_prefix(batch_id)]))
     assert attempts and {a.backend for a in attempts} == {"endpoint"}
     assert sum(a.lines for a in attempts) == 9 and sum(a.input_tokens for a in attempts) == 27

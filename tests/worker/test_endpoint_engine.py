@@ -19,7 +19,7 @@ from gpu_worker.engines.endpoint_engine import EndpointEngine, EndpointRefusedEr
 from gpu_worker.main import main
 from gpu_worker.runner import ShardJob, run_shard
 from gpu_worker.saturation import parse_load
-from nightbatch import layout
+from nightbatch.batches.accounting import read_attempts
 from nightbatch.models.spec import ModelSpec
 from nightbatch.settings import AdmissionSettings, get_settings
 from tests.support.endpoints import fresh_endpoints  # noqa: F401  (the fixture)
@@ -270,7 +270,7 @@ def test_the_worker_entry_runs_an_endpoint_job_there_with_the_key_from_its_secre
     results, duplicates = env.results()
     assert duplicates == 0 and sorted(results) == ids and env.done_marker() is not None
     assert len(server.seen) == 5 and {s.headers["authorization"] for s in server.seen} == {"Bearer sk-from-secret"}
-    (attempt,) = layout.read_attempts(env.adapters.blobs, [env.prefix])
+    (attempt,) = read_attempts(env.adapters.blobs, [env.prefix])
     assert attempt.backend == "endpoint" and attempt.lines == 5 and attempt.model_load_seconds < 60
 
 
