@@ -127,6 +127,17 @@ def test_readme_is_the_front_door() -> None:
         assert _broken_links(page) == [], page.name
 
 
+def test_ci_runs_the_readmes_test_command() -> None:
+    """The second of the README's two commands is the one CI runs (.ci/run), so a README that works is a green CI."""
+    section = README.read_text().split("\n## Two commands\n", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, flags=re.S)
+    assert block is not None
+    commands = [line.partition("#")[0].strip() for line in block.group(1).splitlines()]
+    assert commands == ["make run", "make test"], commands
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(rf"^{re.escape(commands[1])}\b", ci, flags=re.M), ".ci/run must run the README's test command"
+
+
 def test_readme_says_what_make_test_installs() -> None:
     """Each directory `make test` builds, the script it runs, the extras and the model packages it installs are
     named in the README: a step added to the Makefile's `test` target without a word there fails here."""
