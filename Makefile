@@ -22,7 +22,7 @@ STAMP := $(VENV)/.installed-$(PYPROJECT_HASH)
 venv: $(STAMP)
 
 # After the main install: torchvision/torchaudio/torchcodec/triton arrive from PyPI as CUDA builds and break
-# `from vllm import LLM` on the CPU build (reference/local-engines.md §2); nothing here uses them. The model
+# `from vllm import LLM` on the CPU build (torchvision's operators need CUDA libraries); nothing here uses them. The model
 # packages are weights only, installed --no-deps: their dependencies would pull a newer transformers or
 # compile llama.cpp.
 $(STAMP): pyproject.toml

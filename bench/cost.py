@@ -1,8 +1,14 @@
 """Cost bench: $ per 1M output tokens for 8B and 70B models on AWS GPU instances, beside hosted batch prices.
 
-Throughputs and prices come from ../shared/reference/perf-cost-anchors.md (source tags in brackets); rows
-marked `est` are arithmetic or assumptions, not measurements. Plug in your own measurement with
+Throughputs come from published benchmarks (source tags in brackets), instance prices from
+nightbatch/batches/cost.py, hosted prices from each provider's price page (Llama 3.1 8B and 70B, their batch rates);
+rows marked `est` are arithmetic or assumptions, not measurements. Plug in your own measurement with
 `--measured MODEL:INSTANCE:OUT_TOK_PER_S` (e.g. from bench/worker on a GPU box).
+
+Sources: [S1] vLLM's blog, "vLLM v0.6.0: 2.7x throughput improvement" (2024-09-05); [S2] vllm-project/vllm pull
+request 18566 (2025-05-22), its benchmark output; [S5] MLPerf Inference v5.1 results, llama3.1-8b Offline (Red Hat
+and IBM Cloud vLLM submissions); [S9] NVIDIA TensorRT-LLM's performance overview (v1.0); [S11] MLPerf Inference
+v4.1 results, NVIDIA's llama2-70b Offline submissions.
 
     .venv/bin/python -m bench.cost
 """

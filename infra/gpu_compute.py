@@ -25,7 +25,7 @@ CONTAINER_CACHE_DIR = "/cache"
 MODEL_CACHE_ENV = "NIGHTBATCH_MODEL_CACHE"
 HF_TOKEN_ENV = "HF_TOKEN"
 # vLLM's caches (torch.compile artifacts, CUDA graphs' inductor/triton kernels, streamer assets) on the NVMe cache,
-# so a second job on the same host skips compilation (aws-gpu-fleet-notes §4.3).
+# so a second job on the same host skips compilation (vLLM's docs: the torch.compile cache may be reused on a host).
 VLLM_CACHE_ENV = {
     "VLLM_CACHE_ROOT": f"{CONTAINER_CACHE_DIR}/vllm",
     "TORCHINDUCTOR_CACHE_DIR": f"{CONTAINER_CACHE_DIR}/torchinductor",
@@ -118,7 +118,7 @@ class GpuCompute(Construct):
         self._network(log_retention)
         self._host_template(root_volume_gib, root_volume_throughput, root_volume_iops)
         # Fair share between tenants (share id = tenant) on both queues; a queue created without a policy can never
-        # get one, so it is there from the start (aws-gpu-fleet-notes §1.1).
+        # get one, so it is there from the start (AWS Batch User Guide, "Fair-share scheduling policies").
         self.scheduling_policy = batch.FairshareSchedulingPolicy(
             self, "FairShare", share_decay=cdk.Duration.seconds(share_decay_seconds),
             compute_reservation=compute_reservation,
@@ -246,7 +246,7 @@ class GpuCompute(Construct):
             propagate_tags=True,
             timeout=job_timeout,
             retry_attempts=3,
-            # First retry layer (ARCHITECTURE decision 3): a reclaimed Spot host reruns the job, anything else
+            # First retry layer (docs/ARCHITECTURE.md, decision 3): a reclaimed Spot host reruns the job, anything else
             # ends it and lets the state machine decide.
             retry_strategies=[
                 batch.RetryStrategy.of(batch.Action.RETRY, batch.Reason.SPOT_INSTANCE_RECLAIMED),

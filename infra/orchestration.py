@@ -141,7 +141,8 @@ class Orchestration(Construct):
         }
 
         def invoke(name: str, **kwargs: object) -> tasks.LambdaInvoke:
-            # retry_on_service_exceptions (default on) retries Lambda service errors: decision 3.
+            # retry_on_service_exceptions (default on) retries Lambda service errors (docs/ARCHITECTURE.md,
+            # decision 3).
             return tasks.LambdaInvoke(
                 self, name.capitalize(), lambda_function=self.tasks[name].function,
                 payload=sfn.TaskInput.from_object(_batch_ref()), **kwargs,

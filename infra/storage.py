@@ -1,4 +1,4 @@
-"""Storage: the one data bucket and the one DynamoDB table (ARCHITECTURE decisions 1 and 11)."""
+"""Storage: the one data bucket and the one DynamoDB table (docs/ARCHITECTURE.md, decisions 1 and 11)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ PREFIXES = (FILES_PREFIX, BATCHES_PREFIX, UPLOADS_PREFIX)
 # Model weights the GPU worker writes through from Hugging Face (gpu_worker/weight_cache.py); never expired.
 MODELS_PREFIX = "models/"
 
-# OBJECT_EXPIRY_DAYS (nightbatch.layout): files expire after 30 days by default (decision 11); the extra day
-# lets the TTL delete metadata first.
+# OBJECT_EXPIRY_DAYS (nightbatch.layout): files expire after 30 days by default (docs/ARCHITECTURE.md, decision 11);
+# the extra day lets the TTL delete metadata first.
 # Upload parts: an Upload lives an hour and its File is composed into files/ within minutes, so parts left
 # after two days belong to abandoned Uploads (the sweeper deletes those sooner) and only cost storage.
 UPLOADS_EXPIRY_DAYS = 2

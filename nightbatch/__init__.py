@@ -1,3 +1,5 @@
 """nightbatch: a self-hosted, OpenAI-compatible Batch API (the core package)."""
 
-__version__ = "0.1.0"
+# The release; pyproject.toml reads it. 0.1.x wrote the older forms of the hand-off records that 0.2 still reads
+# (docs/ARCHITECTURE.md "Versions of the hand-off records").
+__version__ = "0.2.0"

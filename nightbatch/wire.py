@@ -66,7 +66,7 @@ class Usage(BaseModel):
 
 
 class Batch(BaseModel):
-    """Every field is always present; unset ones are null (contract §2.2)."""
+    """Every field is always present; unset ones are null (docs/ARCHITECTURE.md "The OpenAI wire contract", point 2)."""
 
     id: str
     object: Literal["batch"] = "batch"
@@ -90,7 +90,7 @@ class Batch(BaseModel):
     request_counts: RequestCounts = Field(default_factory=RequestCounts)
     usage: Usage | None = None
     metadata: dict[str, str] | None = None
-    # Our additions live under one key (ARCHITECTURE decision 7).
+    # Our additions live under one key (docs/ARCHITECTURE.md, decision 7).
     nightbatch: dict[str, Any] | None = None
 
 
@@ -115,8 +115,8 @@ class Model(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "nightbatch"
-    # Our addition (decision 7): {"task": "generate" | "embed" | "score", "endpoints": [...]} — what
-    # `nightbatch doctor` probes.
+    # Our addition (docs/ARCHITECTURE.md, decision 7): {"task": "generate" | "embed" | "score", "endpoints":
+    # [...]} — what `nightbatch doctor` probes.
     nightbatch: dict[str, Any] | None = None
 
 
@@ -124,7 +124,7 @@ UploadStatus = Literal["pending", "completed", "cancelled", "expired"]
 
 
 class Upload(BaseModel):
-    """Contract §2.3: `file` is set only once the Upload is completed."""
+    """docs/ARCHITECTURE.md "The OpenAI wire contract", point 3: `file` is set only once the Upload is completed."""
 
     id: str
     object: Literal["upload"] = "upload"

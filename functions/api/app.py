@@ -23,11 +23,12 @@ from functions.api.routers import (
     usage,
     webhooks,
 )
+from nightbatch import __version__
 from nightbatch.services import Services, default_services
 
 
 def create_app(services: Callable[[], Services] = default_services) -> FastAPI:
-    app = FastAPI(title="nightbatch", version="0.1.0", description="OpenAI-compatible Batch API",
+    app = FastAPI(title="nightbatch", version=__version__, description="OpenAI-compatible Batch API",
                   docs_url=None, redoc_url=None)
     app.state.services = services
     errors.install(app)

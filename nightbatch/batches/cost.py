@@ -1,8 +1,9 @@
 """What a batch cost: GPU-seconds from the shards' own records, priced by the configured instance.
 
 Attempts that ran on SageMaker (accounting.py: AttemptRecord.backend) are priced at ml.* training prices, which run
-15-70 % above EC2's (../shared/reference/sagemaker-backend-notes.md §8); managed Spot bills only a training job's
-`BillableTimeInSeconds`, so where Finalize could read a job's billable and training times the saving is exact.
+15-70 % above EC2's (docs/DEPLOY.md "GPU backend: AWS Batch, SageMaker Training Jobs, or both"); managed Spot
+bills only a training job's `BillableTimeInSeconds`, so where Finalize could read a job's billable and training times
+the saving is exact.
 
 Attempts on a model's endpoint ran on GPUs nobody started for the batch: they are reported (`cost.endpoint`: lines,
 tokens, wall time on the endpoint) and priced at their runner's price only (a Fargate task's, `endpoint_runner_price_
@@ -20,10 +21,10 @@ from nightbatch.batches.accounting import read_attempts
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, BlobStore
 
-# USD per instance-hour, us-east-1 (../shared/reference/perf-cost-anchors.md §3; prices drift — override with
-# NIGHTBATCH_INSTANCE_PRICE_PER_HOUR). Spot figures are typical, not guaranteed.
+# USD per instance-hour, us-east-1: AWS's on-demand list prices, and Spot from SkyPilot's AWS catalog (prices drift —
+# override with NIGHTBATCH_INSTANCE_PRICE_PER_HOUR). Spot figures are typical, not guaranteed.
 PRICES: dict[str, dict[str, float]] = {
-    # instance: on-demand list $/h and a mid-range us-east-1 Spot snapshot $/h (§3a).
+    # instance: on-demand list $/h and a mid-range us-east-1 Spot snapshot $/h.
     "g5.xlarge": {"on-demand": 1.006, "spot": 0.40},
     "g6.xlarge": {"on-demand": 0.8048, "spot": 0.40},
     "g6e.xlarge": {"on-demand": 1.861, "spot": 0.79},
@@ -36,9 +37,9 @@ PRICES: dict[str, dict[str, float]] = {
 
 # USD per instance-hour of a SageMaker training instance, on-demand, us-east-1 (a type absent here is priced 0 and
 # reported unpriced: set NIGHTBATCH_SAGEMAKER_PRICES_JSON). No AWS price page was readable offline; the figures
-# are the ones sagemaker-backend-notes.md §8 cites from two third-party cost models that say they were taken from
-# the AWS Pricing API in 2026, and the g4dn ones from a public SageMaker price list (us-east-2). Check with
-# `aws pricing get-products --service-code AmazonSageMaker` before quoting them.
+# are from two third-party cost models that say they were taken from the AWS Pricing API in 2026, and the g4dn ones
+# from a public SageMaker price list (us-east-2). Check with `aws pricing get-products --service-code AmazonSageMaker`
+# before quoting them.
 ML_PRICES: dict[str, float] = {
     "ml.g4dn.2xlarge": 0.94,
     "ml.g4dn.12xlarge": 4.89,

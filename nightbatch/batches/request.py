@@ -166,7 +166,7 @@ def check_options(options: dict[str, Any] | None, settings: Settings, scope: Sco
 
 
 def check_input_file(files: FileService, tenant: str, file_id: str) -> None:
-    # ARCHITECTURE decision 10: missing, another tenant's, or not purpose=batch -> one answer.
+    # docs/ARCHITECTURE.md, decision 10: missing, another tenant's, or not purpose=batch -> one answer.
     try:
         f = files.get(tenant, file_id)
         ok = f.purpose == "batch" and f.status != "error"  # "error": an upload that failed its md5 check

@@ -1,4 +1,5 @@
-"""Uploads use cases (contract §1.3): each part an S3 object, /complete in constant time, composed later.
+"""Uploads use cases (docs/ARCHITECTURE.md "The OpenAI wire contract", point 1): each part an S3 object,
+/complete in constant time, composed later.
 
 /complete must answer within API Gateway's 30 s whatever the size, so it only checks the listed parts (their
 sizes come from one S3 listing), records them in order on a new File item and returns; the File reads through

@@ -82,7 +82,7 @@ def write_results(services: Services, rec: BatchRecord) -> int:
 
 
 def result_lines(services: Services, rec: BatchRecord) -> Iterator[bytes]:
-    """Every request's result line, once (the files hold exactly one line per request: ARCHITECTURE 3)."""
+    """Every request's result line, once (one line per request in the files: docs/ARCHITECTURE.md, decision 3)."""
     if rec.status == "failed":
         yield from _refused(services, rec)
         return

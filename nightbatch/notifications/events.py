@@ -28,7 +28,8 @@ def new_event_id() -> str:
 
 
 def event_body(event_id: str, event_type: str, created_at: int, data_id: str) -> str:
-    """OpenAI's thin payload (contract §7), compact; signed and sent byte for byte as stored."""
+    """OpenAI's thin payload (docs/ARCHITECTURE.md "The OpenAI wire contract", point 7), compact; signed and sent
+    byte for byte as stored."""
     return json.dumps(
         {"id": event_id, "object": "event", "type": event_type, "created_at": created_at, "data": {"id": data_id}},
         separators=(",", ":"),

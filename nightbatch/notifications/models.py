@@ -6,7 +6,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-# The batch events OpenAI sends (contract §7); the only types nightbatch emits, so the only ones it accepts.
+# The batch events OpenAI sends (docs/ARCHITECTURE.md "The OpenAI wire contract", point 7); the only types
+# nightbatch emits, so the only ones it accepts.
 BATCH_EVENT_TYPES: tuple[str, ...] = ("batch.completed", "batch.failed", "batch.expired", "batch.cancelled")
 
 

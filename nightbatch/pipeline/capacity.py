@@ -50,7 +50,8 @@ from nightbatch.storage.records import BatchRecord
 
 Capacity = Literal["spot", "on-demand"]
 Backend = Literal["batch", "sagemaker", "endpoint"]
-# statusReason prefixes that mean "Spot could not hold or place this job" (aws-gpu-fleet-notes §1.4, §2.3).
+# statusReason prefixes that mean "Spot could not hold or place this job": a reclaimed host ("Host EC2...") and
+# the RUNNABLE reasons of AWS Batch's job state time limit actions (AWS Batch User Guide).
 SPOT_SHORTAGE = ("Host EC2", "CAPACITY:", "MISCONFIGURATION:COMPUTE_ENVIRONMENT_MAX_RESOURCE")
 # The longest wait between two submissions refused for the quota (the delay doubles up to it).
 QUOTA_WAIT_MAX_SECONDS = 900

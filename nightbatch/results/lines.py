@@ -239,7 +239,7 @@ def _summarize_any(data: bytes) -> ResultSummary:
 
 @dataclass
 class Tally:
-    """Counts and usage recomputed from the lines written (ARCHITECTURE decision 1)."""
+    """Counts and usage recomputed from the lines written (docs/ARCHITECTURE.md, decision 1)."""
 
     completed: int = 0
     failed: int = 0

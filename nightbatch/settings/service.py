@@ -55,7 +55,7 @@ class ApiSettings(Section):
         return keys
 
 class FileSettings(Section):
-    """Files: upload size, lifetimes, downloads (ARCHITECTURE "Payload limits")."""
+    """Files: upload size, lifetimes, downloads (docs/ARCHITECTURE.md "Payload limits")."""
 
     # ~4 MiB through API Gateway + Lambda, OpenAI's 512 MB locally.
     max_upload_bytes: int = 4 * 1024 * 1024
@@ -64,7 +64,8 @@ class FileSettings(Section):
     # Larger downloads answer 307 to a pre-signed S3 URL (a Lambda response carries ~4 MiB raw); 0 = no limit.
     max_inline_download_bytes: int = 4 * 1024 * 1024
     presigned_url_seconds: int = 300
-    # ARCHITECTURE decision 7: GET /v1/files/{id} on a batch_output file returns JSONL unless Accept asks for JSON.
+    # docs/ARCHITECTURE.md, decision 7: GET /v1/files/{id} on a batch_output file returns JSONL unless Accept asks for
+    # JSON.
     seed_compat_file_get: bool = True
     # The users' own buckets (docs/USER_BUCKETS.md), set by the stack from cdk.json `userBuckets` so that they
     # match its IAM grants: comma-separated bucket names a batch may read its input from in place

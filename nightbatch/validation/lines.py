@@ -116,7 +116,7 @@ _BODIES: dict[str, type[_Body]] = {
 
 @dataclass
 class Validator:
-    """Checks one line at a time; keeps only a fixed-size digest per custom_id (ARCHITECTURE decision 2)."""
+    """Checks one line at a time; keeps only a fixed-size digest per custom_id (docs/ARCHITECTURE.md, decision 2)."""
 
     settings: Settings
     endpoint: str

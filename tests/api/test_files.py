@@ -154,7 +154,7 @@ def test_after_is_exclusive(openai_client: OpenAI, seven_files: list[str]) -> No
 
 
 def test_expired_file_is_gone_on_read(openai_client: OpenAI, api_server: ApiServer) -> None:
-    # ARCHITECTURE decision 11: expiry is enforced on read, before DynamoDB's TTL sweeps the item.
+    # docs/ARCHITECTURE.md, decision 11: expiry is enforced on read, before DynamoDB's TTL sweeps the item.
     old = api_server.services.files.register(
         "default",
         file_id="file-expiredone",

@@ -2,7 +2,7 @@
 
 Each call below has the exact shape of the quickstart's: the multipart upload with an explicit part content
 type, the `json=` create with an explicit Content-Type header, the status GET and the results download with
-`GET /v1/files/{output_file_id}` (ARCHITECTURE decision 7, the seed-compat deviation).
+`GET /v1/files/{output_file_id}` (docs/ARCHITECTURE.md, decision 7: the one deviation).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 The forms a citation may take (docs/ARCHITECTURE.md, "How to cite"):
 - a page: `docs/TENANCY.md` (any path ending in `.md`, from the repository root, or beside the citing page);
-- a decision: `docs/ARCHITECTURE.md, decision 7` (or `decisions 1 and 11`); bare `decision 7` only inside
-  docs/ARCHITECTURE.md;
+- a decision: `docs/ARCHITECTURE.md, decision 7` (or `decisions 1 and 11`; in Markdown
+  `[ARCHITECTURE.md](ARCHITECTURE.md), decision 7`); bare `decision 7` only inside docs/ARCHITECTURE.md;
 - a section: `docs/LIFECYCLE.md "Batch lifecycle"` (or with a comma before the quoted heading), optionally a
   numbered point of it: `docs/ARCHITECTURE.md "The OpenAI wire contract", point 3`;
 - a Markdown link with an anchor: `[..](docs/DEPLOY.md#configure)`, the anchor a heading's GitHub slug.
@@ -33,7 +33,8 @@ NOT_CITATIONS = {
 
 # A path ending in .md, not inside a URL.
 PAGE = re.compile(r"(?<![\w/.:-])((?:\.\./)*[\w-]+(?:/[\w.-]+)*\.md)(#[\w-]+)?\b")
-DECISIONS = re.compile(r"docs/ARCHITECTURE\.md,? decisions? (\d+(?:(?:, | and | or )\d+)*)")
+DECISIONS = re.compile(r"ARCHITECTURE\.md(?:\]\([\w./]*ARCHITECTURE\.md\))?,? decisions? "
+                       r"(\d+(?:(?:, | and | or )\d+)*)")
 BARE_DECISION = re.compile(r"\bdecisions? (\d+(?:(?:, | and | or )\d+)*)")
 SECTION = re.compile(r"((?:[\w-]+/)*[\w-]+\.md),? \"([^\"]+)\"(?:, point (\d+))?")
 OLD_FORMS = (

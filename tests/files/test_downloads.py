@@ -75,7 +75,7 @@ def test_requests_follows_the_redirect_without_the_api_key(
 
 
 def test_seed_compatible_file_get_redirects_too(stack: Stack, override: Callable[..., None]) -> None:
-    # ARCHITECTURE decision 7: GET /v1/files/{id} on a batch_output file answers its content.
+    # docs/ARCHITECTURE.md, decision 7: GET /v1/files/{id} on a batch_output file answers its content.
     override(max_inline_download_bytes=1024)
     data = b'{"custom_id": "x"}\n' * 200
     out = stack.services.files.create(

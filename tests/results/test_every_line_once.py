@@ -1,5 +1,5 @@
-"""The rule (ARCHITECTURE: every accepted line ends exactly once): a line Validate accepts reaches the output
-or the error file exactly once — in Finalize, in the partial results and across a retry — whatever bytes it
+"""The rule (docs/ARCHITECTURE.md, decision 3: every accepted line ends exactly once): a line Validate accepts reaches
+the output or the error file exactly once — in Finalize, in the partial results and across a retry — whatever bytes it
 holds; a line nobody could answer is refused at validation with its line number.
 
 The whole chain runs for real on moto: an upload (sometimes in Upload parts, the first one byte long, read

@@ -3,7 +3,7 @@
 It implements `gpu_worker.engines.base.Engine` without any model: replies are derived from a hash of the
 request, so the same request always gets the same body. It exists so runner tests (concurrency,
 checkpointing, resume, cancel, crash safety) run in milliseconds; everything a user can see comes from the
-real vLLM engine (ARCHITECTURE decision 8).
+real vLLM engine (docs/ARCHITECTURE.md, decision 8).
 
 Behaviour:
 - /v1/chat/completions -> a `chat.completion`; /v1/completions -> a `text_completion`;

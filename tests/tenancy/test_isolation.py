@@ -54,7 +54,7 @@ def test_cross_tenant_ids_answer_exactly_like_unknown_ids(two: Any) -> None:
     status, err, _ = error_of(lambda: b.batches.retrieve(ba.id))
     assert status == 404 and err["type"] == "invalid_request_error"
 
-    # ARCHITECTURE decision 10: another tenant's input file gets the nonexistent file's answer.
+    # docs/ARCHITECTURE.md, decision 10: another tenant's input file gets the nonexistent file's answer.
     same_answer(
         lambda: b.batches.create(input_file_id=fa.id, endpoint="/v1/chat/completions", completion_window="24h"),
         lambda: b.batches.create(input_file_id=UNKNOWN_FILE, endpoint="/v1/chat/completions",

@@ -1,5 +1,5 @@
-"""The two promises, generated across input paths (docs/TENANCY.md, ARCHITECTURE decision 15): a tenant reaches only
-its own files, batches and data on every path, and every accepted line ends exactly once, in the output or the
+"""The two promises, generated across input paths (docs/TENANCY.md, docs/ARCHITECTURE.md, decision 15): a tenant reaches
+only its own files, batches and data on every path, and every accepted line ends exactly once, in the output or the
 error file, whatever happens to its input after it was accepted.
 
 Hypothesis picks how tenant A's batch gets its input (an uploaded file, an Upload read through its parts, an

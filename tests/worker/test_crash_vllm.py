@@ -21,7 +21,7 @@ LINES = 40
 # its first checkpoint, so on an idle machine the SIGKILL landed in engine shutdown, after the done marker.
 # Now 8 in flight (floor off below) x 48 forced tokens: >= 4 more rounds of 48 decode steps after a checkpoint.
 MAX_TOKENS = 48
-# An engine start is ~30 s on the 2-core dev machine (local-engines.md §2) and was seen at 257 s under load 20;
+# An engine start is ~30 s on the 2-core dev machine (import, engine, shutdown) and was seen at 257 s under load 20;
 # the wait for the engine and the wait for the first checkpoint have their own bounds.
 START_TIMEOUT = 600.0
 FIRST_CHECKPOINT_TIMEOUT = 240.0

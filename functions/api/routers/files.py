@@ -67,7 +67,7 @@ def retrieve_file(file_id: str, request: Request, principal: PrincipalDep, servi
         and item.purpose == "batch_output"
         and "application/json" not in request.headers.get("accept", "")
     ):
-        # ARCHITECTURE decision 7: the `requests` quickstart downloads results from this URL.
+        # docs/ARCHITECTURE.md, decision 7: the `requests` quickstart downloads results from this URL.
         return content_response(services, item)
     return FileObject.model_validate(services.files.get(principal.tenant, file_id).model_dump())
 

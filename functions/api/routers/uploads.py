@@ -1,4 +1,4 @@
-"""/v1/uploads: create, add parts, complete, cancel (contract §1.3)."""
+"""/v1/uploads: create, add parts, complete, cancel (docs/ARCHITECTURE.md "The OpenAI wire contract", point 1)."""
 
 from __future__ import annotations
 
