@@ -20,7 +20,7 @@ _last_ns = 0
 def listing_key(created_at: int, item_id: str) -> str:
     """A listing's order, fixed when an item is made: its creation second, then the nanosecond it was made (two
     items made in one second list newest first, not by their random ids), then the id. Strictly increasing within
-    a process; a previous release's `sort_key` of the same second sorts before (`#` < `.`)."""
+    a process; a `sort_key` 0.1.x wrote (`<second>#<id>`) of the same second sorts before (`#` < `.`)."""
     global _last_ns
     _last_ns = max(time.time_ns(), _last_ns + 1)
     return f"{created_at:012d}.{_last_ns:020d}#{item_id}"

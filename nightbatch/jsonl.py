@@ -1,12 +1,16 @@
 """Streaming JSONL: split a byte stream into numbered lines without ever holding more than one line.
 
-The one decoder of a line, request or result, is `loads`: msgspec's (compiled; picked over orjson by
+The decoder of a line, request or result, is `loads`: msgspec's (compiled; picked over orjson by
 `bench.json_parsers`: as fast to parse our lines, and it keeps integers beyond 64 bits exact where orjson
-silently turns them into floats). What it refuses is refused everywhere: Validate, the worker, Finalize,
-the partial results and retry all read a line through it, so a line one of them accepts the others read
-alike. That includes what the standard library would take but no line can carry: NaN and Infinity (not
-JSON; OpenAI refuses them), numbers beyond a double or msgspec's integers, and lone UTF-16 surrogate escapes
-(`"\\ud800"`: no UTF-8 output can echo them). The standard library only words the refusal.
+silently turns them into floats). Validate, the worker's shard reader, Finalize's general path, the Message
+Batch results and retry read a line through it; the two typed fast paths are msgspec decoders too and hand a
+line that is not of their shape to it (Validate's plain lines, validation/lines.py: `_line_decoder`; result
+lines' custom_id, success and usage, results/lines.py: `summarize_result_line`), so a line one of them accepts
+the others read alike. What `loads` refuses includes what the standard library would take but no line can
+carry: NaN and Infinity (not JSON; OpenAI refuses them), numbers beyond a double or msgspec's integers, and lone
+UTF-16 surrogate escapes (`"\\ud800"`: no UTF-8 output can echo them). The standard library only words the
+refusal here; elsewhere it reads only what is not a batch line (the dashboard's previews of lines already
+accepted, records, state files).
 """
 
 from __future__ import annotations

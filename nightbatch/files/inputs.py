@@ -16,7 +16,8 @@ an overwrite or a delete leaves the accepted version readable, elsewhere S3 refu
 `InputUnavailable`: `input_changed` (412: other bytes now; 404: deleted; 416: shorter) or `input_unreadable`
 (403: a bucket policy, a key, the Glacier storage class). Validate fails the batch with it, the worker ends each
 line it can no longer read with it (nightbatch/shards/lines.py), the content route and retry answer it
-as a 409. A file of a previous release without an ETag is read as it is, and pinned from its first read on.
+as a 409. A file 0.1.x made without an ETag is read as it is, and pinned from its first read on (that reading
+may go in 0.3: docs/ARCHITECTURE.md "Versions of the hand-off records").
 
 Our own object is rewritten in place by Validate when the bucket's lifecycle would delete it before the batch
 ends (`keep`): same bytes, a new ETag. The rewrite keeps the ETags the object had in its metadata (KEPT_ETAGS),
@@ -112,7 +113,7 @@ def input_source(blobs: BlobStore, rec: FileRecord) -> InputSource:
 
 class InputReader:
     """The logical bytes of an input at the versions accepted: its one object, an Upload's parts until it is
-    composed, or a user's objects read in place. Pins missing from `source` (a previous release's records, an
+    composed, or a user's objects read in place. Pins missing from `source` (records 0.1.x wrote, an
     object's VersionId) are learnt from the first read and kept (`pinned`); a part that failed fails again
     without another GET."""
 

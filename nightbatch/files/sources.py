@@ -14,7 +14,7 @@ class InputPart(BaseModel):
     bytes: int
     bucket: str = ""  # "": the deployment's bucket; else a user's allow-listed bucket (files/user_buckets.py)
     # The version accepted (nightbatch/files/inputs.py): every read sends `etag` as If-Match and, in a versioned
-    # bucket, reads `version_id`. Empty: a previous release's record, read as it is now.
+    # bucket, reads `version_id`. Empty: a record 0.1.x wrote, read as it is now.
     etag: str = ""
     version_id: str = ""
 

@@ -4,8 +4,8 @@ they stream (bounded memory: one line at a time).
 Served as a File's bytes are (nightbatch/files/downloads.py): the lines are written once, by Finalize as it ends
 the batch, into an object of their own (layout.message_results_key), which the API streams inline up to
 `max_inline_download_bytes` and past that hands out as a 307 to a pre-signed URL (an API Lambda's response
-carries ~6 MB). A batch that ended without one (refused at Validate, failed by Finalize, or finalized by an
-earlier release) has it written by its first results request. Once a file the lines were made from has expired
+carries ~6 MB). A batch that ended without one (refused at Validate, failed by Finalize, or finalized by
+0.1.x) has it written by its first results request. Once a file the lines were made from has expired
 or been deleted, the lines of what is left are made afresh, as the object no longer says what the batch has.
 
 Our line -> Anthropic's `result`: a 2xx response -> `succeeded` with the engine's Message; another response ->

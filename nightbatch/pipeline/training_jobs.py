@@ -66,7 +66,7 @@ def deployment_job_prefix(deployment: str) -> str:
 
 def batch_jobs_marker(batch_id: str) -> str:
     """What every training job name of the batch contains, whatever its prefix: the batch id's hex. The doctor
-    finds a batch's jobs by it, those the previous release named `batch-<hex>-…` included."""
+    finds a batch's jobs by it, those 0.1.x named `batch-<hex>-…` included."""
     return batch_id.removeprefix("batch_").replace("_", "-")
 
 

@@ -13,10 +13,10 @@ floor, so checkpoints that do not overlap (requests finishing about in the order
 whole, as in completion order. Memory holds only the open runs' summaries and windows: those whose span of
 numbers covers the merge's position.
 
-A checkpoint without line numbers (a previous release's worker, or a missing or not matching summary: it is
+A checkpoint without line numbers (a worker of 0.1.x, or a missing or not matching summary: it is
 parsed) gives its winning lines as they are; their numbers are found by reading the shard's input for their
 custom_ids (one pass a shard, only when it has such lines), and they wait in memory as one more run, bounded
-by how many such checkpoints there are: none on a batch this release ran.
+by how many such checkpoints there are: none on a batch 0.2 ran.
 """
 
 from __future__ import annotations

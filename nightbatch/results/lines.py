@@ -142,12 +142,14 @@ class CheckpointSummary(msgspec.Struct, kw_only=True):
 
     version: Literal[1] = 1
     size: int  # bytes of the checkpoint object it describes
-    etag: str = ""  # its ETag, as the checkpoint's PUT answered (a previous release's summary has none)
+    # Its ETag, as the checkpoint's PUT answered. 0.1.x's summaries may have none, nor `numbers`: Finalize then
+    # parses the checkpoint (reading them may go in 0.3, with the defaults).
+    etag: str = ""
     custom_ids: list[str]
     lengths: list[int]  # bytes of each line, its newline included
     failed: list[int] = []  # indices of the lines that are not successes (they go to the error file), ascending
     # The input line number of each line (the worker writes a checkpoint in input order, so they ascend): what
-    # Finalize merges by for `output_order: "input"`. Empty: a previous release's summary.
+    # Finalize merges by for `output_order: "input"`. Empty: a summary of 0.1.x.
     numbers: list[int] = []
     # Usage over the successful lines, as nightbatch.results.lines.Tally adds it up.
     input_tokens: int = 0
@@ -179,7 +181,7 @@ def write_checkpoint_summary(blobs: BlobStore, checkpoint: str, summary: Checkpo
 
 
 def read_checkpoint_summary(blobs: BlobStore, checkpoint: str) -> CheckpointSummary | None:
-    """None when there is none, or none this release can read (another version): the caller parses instead."""
+    """None when there is none, or none of a version this code reads: the caller parses instead."""
     raw = blobs.get_bytes(checkpoint_summary_key(checkpoint))
     try:
         return None if raw is None else _SUMMARY.decode(raw)

@@ -6,7 +6,7 @@ and `merge_shard`: checkpoints in key order (seq, then attempt), the first resul
 ones (a zombie attempt's, a re-run's) are dropped. Successful lines go to the output as ranges of the checkpoint
 objects (nightbatch/results/compose.py), the others to the error file. A checkpoint with a summary
 (results/lines.py: CheckpointSummary) is counted and placed from it, unparsed: only its error lines, its dropped
-duplicates and the bytes the composer must upload are read. One without (a previous release's worker, a summary
+duplicates and the bytes the composer must upload are read. One without (a worker of 0.1.x, a summary
 that was not written or does not match), or under PARSE_BELOW bytes, is read line by line.
 """
 

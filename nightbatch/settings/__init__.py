@@ -1,7 +1,9 @@
-"""Settings: every environment variable the code reads, validated once into pydantic models, grouped in sections
-by what reads them (one module per family of sections: service, pipeline, delivery). A variable that holds JSON
-or a comma-separated list keeps its raw string in the field; its typed reading is parsed once per distinct value
-(settings/base.py: JsonSetting, comma_list)."""
+"""Settings: every environment variable the code reads, validated into pydantic models when a `Settings` is built,
+grouped in sections by what reads them (one module per family of sections: service, pipeline, delivery).
+`get_settings()` builds a process's settings from its environment once (the Lambdas, the worker); the CLI and the
+local stack build their own (`from_names`, `updated`). A variable that holds JSON or a comma-separated list keeps
+its raw string in the field; its typed reading is parsed where it is read, cached per distinct value
+(settings/base.py: JsonSetting, comma_list), so a value changed on running settings is read afresh."""
 
 from __future__ import annotations
 

@@ -51,8 +51,8 @@ class LineIndex(BaseModel):
     `ids` (each line's custom_id, in run order) and `counts` (each run's lines) are what Validate accepted, so
     a line is named, and ended, without its input: by Finalize when it got no result, by the worker when its
     input changed since (nightbatch/files/inputs.py). A run that has them holds no blank line and lies in one
-    object of an in-place input, so its lines are numbered `first` to `first + count - 1`. A previous release's
-    index has neither."""
+    object of an in-place input, so its lines are numbered `first` to `first + count - 1`. An index 0.1.x
+    wrote may have neither."""
 
     version: Literal[2] = 2
     runs: list[tuple[int, int, int]]
@@ -90,7 +90,7 @@ def read_segments(blobs: Blobs, batch_id: str) -> SegmentIndex:
     raw = blobs.get_bytes(segment_index_key(batch_id))
     if not raw:
         return SegmentIndex()
-    if raw.lstrip()[:1] == b"[":  # version 1: a bare list
+    if raw.lstrip()[:1] == b"[":  # version 1, a bare list: 0.1.x's (reading it may go in 0.3)
         return SegmentIndex(version=1, segments=_SEGMENTS.validate_json(raw))
     return SegmentIndex.model_validate_json(raw)
 

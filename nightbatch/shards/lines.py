@@ -1,6 +1,6 @@
 """The lines of a shard: (input line number, estimated tokens, the request's bytes as uploaded), in order.
 
-The one reader of a shard's lines, for the worker (gpu_worker/shard.py) and for a previous release's shard in
+The one reader of a shard's lines, for the worker (gpu_worker/shard.py) and for a shard of 0.1.x in
 Finalize. A version 2 shard points into the input object: its line indexes (shards/index.py: LineIndex) hold
 byte ranges, and neighbouring ranges are merged into one read (the bytes between them read and dropped), done
 as ranged GETs of at most BLOCK_BYTES each, each read whole: memory holds one block and one line, never the
@@ -8,7 +8,8 @@ shard, and no GET stays open while the engine works through a block (the worker 
 Every read is of the version Validate accepted (nightbatch/files/inputs.py); where that version can no longer be
 read, each line not read yet comes with the failure, named by the index (its number and custom_id), and the
 worker ends it with that error. Finalize names the lines that got no result from the index alone (`shard_ids`):
-it reads no input. A version 1 shard (planned by the previous release) reads its segment copies.
+it reads no input. A version 1 shard (planned by 0.1.x) reads its segment copies; that reading, and the reading of
+0.1.x's line indexes without ids, may go in 0.3 (docs/ARCHITECTURE.md "Versions of the hand-off records").
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class ShardLine(NamedTuple):
     number: int
     est: int
     raw: bytes  # the request's bytes as uploaded, surrounding whitespace (and a CR) stripped
-    custom_id: str = ""  # as Validate accepted it (the line index's; "": an index of a previous release)
+    custom_id: str = ""  # as Validate accepted it (the line index's; "": an index 0.1.x wrote)
     failure: InputUnavailable | None = None  # its input can no longer be read: `raw` is empty
 
 
@@ -47,7 +48,7 @@ class Run(NamedTuple):
     start: int
     end: int
     est: list[int]  # the segment's estimates (shared by its runs)
-    ids: list[str]  # the segment's custom_ids (shared by its runs; empty: a previous release's index)
+    ids: list[str]  # the segment's custom_ids (shared by its runs; empty: an index 0.1.x wrote)
     at: int  # the run's first line in `est` and `ids` (-1: not known, the index has no counts)
     size: int  # its lines (-1: not known)
 
@@ -72,7 +73,7 @@ def shard_requests(blobs: BlobStore, spec: ShardSpec, *, scope: Scope | None = N
             req = loads(line.raw)
             custom_id = str(req["custom_id"])
         except (UndecodableLine, KeyError, TypeError) as e:
-            # Validate reads with the same decoder, so only an input read unpinned (a previous release's index)
+            # Validate reads with the same decoder, so only an input read unpinned (an index 0.1.x wrote)
             # lands here.
             if line.custom_id:
                 yield _changed(spec, line, "no longer holds the request the batch accepted")
@@ -94,7 +95,7 @@ def _changed(spec: ShardSpec, line: ShardLine, why: str) -> RequestLine:
 def shard_ids(blobs: BlobStore, spec: ShardSpec) -> Iterator[tuple[int, str]]:
     """(line number, custom_id) of each line of the shard, in order: from its line indexes, which name every
     line Validate accepted, so no input is read (Finalize's unrun lines, the input order, per-model figures). A
-    shard of a previous release reads its lines (its segment copies, or its input)."""
+    shard of 0.1.x reads its lines (its segment copies, or its input)."""
     if spec.input is not None:
         indexes = list(read_line_indexes(blobs, spec.indexes))
         if all(index.named() for index in indexes):
@@ -159,7 +160,7 @@ def _read_runs(reader: _Blocks, runs: Iterable[Run]) -> Iterator[ShardLine]:
                     number += 1
             except InputUnavailable as failure:
                 if run.size < 0:
-                    raise  # a previous release's index names no line: the attempt fails, Finalize says why
+                    raise  # an index of 0.1.x names no line: the attempt fails, Finalize says why
                 # The run's lines not read end with the failure; the window's later runs are read again, each
                 # on its own (they may lie in another object, still readable).
                 for j in range(done, run.size):
@@ -202,7 +203,7 @@ class _Cursor:
             if chunk:
                 self.buf, self.off = chunk, 0
                 return
-        # Read unpinned (an index of a previous release): the object is shorter than when it was indexed.
+        # Read unpinned (an index 0.1.x wrote): the object is shorter than when it was indexed.
         raise InputUnavailable(INPUT_CHANGED, "", f"ended at byte {self.pos}, before the range its index names")
 
     def skip_to(self, target: int) -> None:

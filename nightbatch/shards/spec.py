@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # the records are read without the AWS adapters
 class ShardSpec(BaseModel):
     """A shard (layout.shard_key), written by Plan, read by the worker and Finalize (through shards/lines.py).
 
-    Version 2: `indexes` (LineIndex keys) into `input`. Version 1 (the previous release): `segments`, copies
+    Version 2: `indexes` (LineIndex keys) into `input`. Version 1 (0.1.x; reading it may go in 0.3): `segments`, copies
     of the lines in segment_line form."""
 
     model_config = ConfigDict(extra="ignore")
@@ -69,7 +69,7 @@ _MANIFEST = TypeAdapter(list[ShardItem])
 def shard_spec(index: SegmentIndex, segments: list[SegmentEntry], *, batch_id: str, shard_id: str,
                endpoint: str = "", model: str = "") -> ShardSpec:
     """The shard over `segments` of `index`: version 2 when the index points into the input; over a version 1
-    index (Validate of the previous release), version 1, its segments being copies."""
+    index (Validate of 0.1.x), version 1, its segments being copies."""
     keys = [s.key for s in segments]
     spec = ShardSpec(batch_id=batch_id, shard_id=shard_id, endpoint=endpoint, model=model,
                      lines=sum(s.lines for s in segments), est_tokens=sum(s.est for s in segments))

@@ -120,7 +120,7 @@ class FileRecord(ListedRecord):
     status_details: str | None = None
     parts: list[str] | None = None  # an upload not yet composed reads through its ordered parts
     part_etags: list[str] | None = None  # their ETags when the Upload was completed: the version accepted
-    etag: str | None = None  # of the object at `s3_key` as written (None: a previous release's file)
+    etag: str | None = None  # of the object at `s3_key` as written (None: a file 0.1.x made)
     md5_expected: str | None = None
     upload_id: str | None = None
     batch_id: str | None = None

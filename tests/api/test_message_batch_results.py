@@ -118,13 +118,13 @@ def test_results_past_the_inline_limit_come_from_s3_through_a_redirect_the_sdk_f
 
 def test_a_batch_ended_without_the_object_gets_it_on_its_first_request(
         api: ApiServer, claude: anthropic.Anthropic, seen: Seen) -> None:
-    """Finalized by an earlier release (no object): the first results request writes the object, then serves it
+    """Finalized by 0.1.x (no object): the first results request writes the object, then serves it
     as any other."""
     mb = claude.messages.batches.create(requests=[ask(i) for i in range(40)])  # type: ignore[arg-type]
     batch_id = run_to_end(api.services, mb.id)
     first = stored(api, batch_id)
     got = results(claude, mb.id)
-    api.services.adapters.blobs.delete(layout.message_results_key(batch_id))  # as before this release
+    api.services.adapters.blobs.delete(layout.message_results_key(batch_id))  # as 0.1.x left it
     seen.clear()
     assert results(claude, mb.id) == got and len(s3_requests(api, seen)) == 1
     assert stored(api, batch_id) == first

@@ -4,7 +4,7 @@ evaluates no IAM), as test_least_privilege.py reads the worker's:
 
 - Finalize of a batch cancelled right after its Upload completed: Validate saw the Upload's parts (composition
   had not run yet). Finalize names the unrun lines from the line index (their custom_ids are in it) and reads no
-  input; a line index of version 2 without ids (written before) is read through the input, here the parts under
+  input; a line index of version 2 without ids (0.1.x's) is read through the input, here the parts under
   uploads/, which the role may read;
 - the sweeper finalizing such a batch once its window has passed, and expiring an abandoned Upload (its parts
   deleted).

@@ -66,7 +66,7 @@ def test_keys_and_names_agree_with_their_patterns() -> None:
     assert layout.done_key("b", "1") == layout.results_prefix("b", "1") + layout.DONE_NAME
 
 
-# As the previous release wrote them (version 1: segments were copies of the lines).
+# As 0.1.x wrote them (version 1: segments were copies of the lines).
 V1_SHARD = (b'{"version":1,"batch_id":"b","shard_id":"00000","endpoint":"/v1/chat/completions","model":"m",'
             b'"segments":["batches/b/segments/000000.jsonl"],"lines":3,"est_tokens":9}')
 V1_INDEX = b'[{"key":"batches/b/segments/000000.jsonl","lines":3,"est":9,"group":0}]'
@@ -81,7 +81,7 @@ def test_the_previous_version_of_each_record_still_reads(services: Services) -> 
         1, ["batches/b/segments/000000.jsonl"], None)
     index = read_segments(blobs, "b")
     assert index.version == 1 and index.input is None and index.segments[0].lines == 3
-    # Plan over a version 1 index (Validate of the previous release) writes a version 1 shard.
+    # Plan over a version 1 index (Validate of 0.1.x) writes a version 1 shard.
     assert shard_spec(index, index.segments, batch_id="b", shard_id="00001").segments == spec.segments
 
 
@@ -112,7 +112,7 @@ def test_packed_line_indexes_are_read_by_range_neighbours_in_one_get(services: S
         refs.append(packed_ref(key, len(data), len(data) + len(line)))
         data += line
     write_line_index_pack(blobs, key, data)
-    own = line_index_key("b", 7)  # a previous release's segment: an object of its own
+    own = line_index_key("b", 7)  # a segment of 0.1.x: an object of its own
     write_line_index(blobs, own, indexes[0])
     assert split_ref(refs[1]) == (key, len(data) // 5, 2 * len(data) // 5) and split_ref(own) is None
     gets: list[str] = []

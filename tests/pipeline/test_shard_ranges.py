@@ -43,7 +43,7 @@ def request(i: int, variant: int) -> bytes:
 
 
 def previous_release(services: Services, data: bytes) -> list[ShardLine]:
-    """What the previous release's segments held for `data`: segment_line of every valid line, read back through
+    """What the segments of 0.1.x held for `data`: segment_line of every valid line, read back through
     a version 1 shard (copies in S3, as the old Validate wrote them)."""
     validator = Validator(settings=services.settings, endpoint="/v1/chat/completions")
     lines = [segment_line(raw.number, validator.check(raw.number, raw.data, raw.size).est_tokens, raw.data)
@@ -161,7 +161,7 @@ def test_unrun_lines_of_a_cancelled_batch_are_read_through_ranges(services: Serv
 
 @pytest.mark.parametrize("version", [1, 2])
 def test_a_shard_of_either_version_reads(services: Services, version: int) -> None:
-    """A worker of this release meets shards planned by the previous one (version 1) and by this one."""
+    """A worker of 0.2 meets shards planned by 0.1.x (version 1) and by 0.2 (version 2)."""
     data = b"".join(request(i, 0) + b"\n" for i in range(5))
     if version == 1:
         got = previous_release(services, data)

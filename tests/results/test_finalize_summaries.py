@@ -1,5 +1,5 @@
 """Finalize from checkpoint summaries (nightbatch.results.lines.CheckpointSummary) gives the same output and error
-bytes, request counts and usage as Finalize parsing every line; checkpoints of the previous release (no
+bytes, request counts and usage as Finalize parsing every line; checkpoints of 0.1.x (no
 summary), mixed with new ones, finalize alike; a summary that does not match its checkpoint is not trusted."""
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def test_a_summary_of_another_version_or_unreadable_is_not_used(services: Servic
     key = layout.checkpoint_key(layout.results_prefix("b", "1"), 0, "ab")
     data = worker_line("b", "x", "chat", 3) + worker_line("b", "y", "bad_request", 1)
     blobs.put_bytes(key, data)
-    # Version 1 as this release writes it, frozen: a later release must still read it.
+    # Version 1 as 0.2 writes it, frozen: a later release must still read it.
     v1 = (b'{"version":1,"size":%d,"custom_ids":["x","y"],"lengths":[%d,%d],"failed":[1],"input_tokens":3,'
           b'"cached_tokens":1,"output_tokens":6,"reasoning_tokens":0}'
           % (len(data), len(data.split(b"\n")[0]) + 1, len(data.split(b"\n")[1]) + 1))
@@ -176,7 +176,7 @@ class Reads:
 
 def test_finalize_from_summaries_matches_finalize_by_parsing(services: Services) -> None:
     """A whole batch, finalized three times: every checkpoint with a summary, some without (a batch the
-    previous release's workers began), none: the same output lines (in another order: a parsed line joins a
+    workers of 0.1.x began), none: the same output lines (in another order: a parsed line joins a
     merged part, a summarized run is copied where it stands), the same error bytes, request_counts and usage.
     With summaries no checkpoint is parsed and only part of their bytes is read."""
     n = 600
@@ -226,7 +226,7 @@ def test_finalize_from_summaries_matches_finalize_by_parsing(services: Services)
     assert sum(map(len, out)) > 2 * MIN_PART_BYTES and err is not None
     assert counts["total"] == n and counts["failed"] > 0
     assert usage["input_tokens"] > 0 and usage["output_tokens_details"]["reasoning_tokens"] > 0
-    for key in keys[::2]:  # the previous release's checkpoints, mixed with new ones
+    for key in keys[::2]:  # 0.1.x's checkpoints, mixed with new ones
         blobs.delete(layout.checkpoint_summary_key(key))
     assert finalize() == summarized
     for key in keys[1::2]:

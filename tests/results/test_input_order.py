@@ -1,7 +1,7 @@
 """`nightbatch.output_order: "input"` (nightbatch/results/input_order.py): the output file holds the same lines
 as in completion order, in input order, whatever order the lines finished in — within a shard, across its
 checkpoints and attempts (a zombie's duplicates lose as always), across shards — with checkpoints of the
-previous release (no line numbers) or whose summary is gone mixed in; the error file and the counts do not
+0.1.x (no line numbers) or whose summary is gone mixed in; the error file and the counts do not
 change; big runs are still copied server-side, not read."""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def test_input_order_is_the_completion_order_output_sorted_by_input_line(service
         if s == 1:  # a zombie attempt wrote some of the same lines after attempt "a"'s first checkpoint: they lose
             zombie = [answer(batch_id, c, n, "", zombie=True) for n, c in chunks[0][::3]]
             write(services, batch_id, shard_id, "z", 1, [zombie])
-            lines[1] = [answer(batch_id, c, n, "", numbered=False) for n, c in chunks[1]]  # the previous release's
+            lines[1] = [answer(batch_id, c, n, "", numbered=False) for n, c in chunks[1]]  # 0.1.x's
         keys = write(services, batch_id, shard_id, "a", 0, lines[:1]) + write(services, batch_id, shard_id, "b", 1,
                                                                                lines[1:])
         if s == 2:

@@ -1,9 +1,9 @@
-"""Writers of the formats only older releases wrote, so that tests can prove their readers still read them: the
+"""Writers of the formats only 0.1.x wrote, so that tests can prove their readers still read them: the
 product writes none of these (docs/ARCHITECTURE.md, "Versions of the hand-off records").
 
 nightbatch 0.1.x wrote version 1 shards, whose segments were copies of the lines (`segment_line`, at
 `segment_key`), and line indexes as objects of their own (`write_line_index`, at `line_index_key`) before
-Validate packed them.
+Validate packed them. These writers go with the readers they feed, in 0.3.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ The stack names its instance types in the output `SageMakerInstanceTypes` (comma
 without it runs nothing on SageMaker and this watcher stays silent. On a deployed stack it also proves which
 unlisted CreateTrainingJob fields Step Functions accepts (sagemaker_fields.py). Jobs are found by the batch id's
 hex in their name: the workflow names them `nb-<deployment>-<hex>-<shard>-<attempt>-<tail>` (SageMaker refuses
-the `_` of a batch id), and the previous release named them `batch-<hex>-…`; the hex finds both.
+the `_` of a batch id), and 0.1.x named them `batch-<hex>-…`; the hex finds both.
 """
 
 from __future__ import annotations
