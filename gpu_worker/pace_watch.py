@@ -1,5 +1,5 @@
 """The runner's side of the deadline-aware fallback: measures an endpoint attempt's pace and stops the attempt when
-the window's slack would run out at it (nightbatch/pipeline/pace.py's `must_move`), so that Capacity moves the shard's
+the window's slack would run out at it (nightbatch/shards/pace.py's `must_move`), so that Capacity moves the shard's
 remaining lines to the model's GPU backend. Writes each reading beside the shard's results for Capacity and the
 doctor (every `PACE_WRITE_SECONDS`, and the one that stops the attempt)."""
 
@@ -14,8 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from nightbatch.clock import now
-from nightbatch.pipeline.pace import EndpointPace, must_move, write_pace
 from nightbatch.settings import Settings
+from nightbatch.shards.pace import EndpointPace, must_move, write_pace
 from nightbatch.storage import BlobStore, Table
 from nightbatch.storage.records import BatchRecord
 

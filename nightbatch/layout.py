@@ -104,6 +104,11 @@ def done_key(batch_id: str, shard_id: str) -> str:
     return results_prefix(batch_id, shard_id) + DONE_NAME
 
 
+def pace_key(batch_id: str, shard_id: str) -> str:
+    """An endpoint shard's measured pace beside its results (nightbatch/shards/pace.py)."""
+    return results_prefix(batch_id, shard_id) + "endpoint-pace.json"
+
+
 def accounting_key(prefix: str, attempt: str) -> str:
     return f"{prefix}acct-{attempt}.json"
 

@@ -22,7 +22,7 @@ The workflow asks before every submission of a shard (the first, and after each 
   attempt: Spot moves on-demand (a separate quota), on-demand counts a failure.
 - Endpoint: a shard of a model with an `endpoint` runs first on that server, its runner an AWS Batch Fargate job
   (`endpoint_job_queue`). When the runner stops because the window's slack would run out at the endpoint's measured
-  pace (nightbatch/pipeline/pace.py), or its attempts fail past `shard_retry_attempts`, the shard's remaining lines
+  pace (nightbatch/shards/pace.py), or its attempts fail past `shard_retry_attempts`, the shard's remaining lines
   move to the model's GPU backend (its manifest item's `gpu_fallback`), recorded on the batch (`backend_moved`,
   `backend_moved_to`), so the batch's shards not yet started go there too. A model without weights of its own
   stays on its endpoint.
@@ -42,9 +42,9 @@ from pydantic import BaseModel
 from nightbatch import layout
 from nightbatch.clock import now
 from nightbatch.pipeline import training_jobs
-from nightbatch.pipeline.pace import read_pace
 from nightbatch.pipeline.sizing import wall_seconds
 from nightbatch.services import Services
+from nightbatch.shards.pace import read_pace
 from nightbatch.shards.spec import read_manifest, read_shard
 from nightbatch.storage.records import BatchRecord
 

@@ -112,7 +112,7 @@ def plan_batch(inp: BatchTaskInput, services: Services) -> PlanOutput:
 
 
 def first_backend(settings: Settings, model: str, gpu_backend: str) -> tuple[BackendName, GpuFallback]:
-    """Where a model's shards start, and the GPU backend an endpoint shard moves to (nightbatch/pipeline/pace.py):
+    """Where a model's shards start, and the GPU backend an endpoint shard moves to (nightbatch/shards/pace.py):
     a model with an `endpoint` starts there and, if it has weights of its own, falls back to its `gpuBackend`."""
     gpu: Literal["batch", "sagemaker"] = "sagemaker" if gpu_backend == "sagemaker" else "batch"
     spec = settings.serving.model(model)

@@ -186,7 +186,7 @@ class CapacitySettings(Section):
     # SageMaker Training Jobs (nightbatch/pipeline/training_jobs.py): {"instance_types": {"<model>": "ml.g6.xlarge"},
     # "spot": true, "on_demand": true, "max_pending_seconds": 14400}; empty: no model runs there.
     sagemaker_json: Annotated[str, SAGEMAKER.validator] = ""
-    # Endpoint shards (a model's `endpoint`; nightbatch/pipeline/pace.py): the runner's AWS Batch queue and job
+    # Endpoint shards (a model's `endpoint`; nightbatch/shards/pace.py): the runner's AWS Batch queue and job
     # definition (set by the stack), and how the pace is judged: measured over the last `pace_window_seconds`,
     # and only once an attempt has run `measure_seconds`; then a slack below the margin moves the shard's remaining
     # lines to the model's GPU backend.

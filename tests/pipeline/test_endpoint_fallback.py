@@ -1,7 +1,7 @@
 """Endpoint shards in Plan and Capacity: they start on the model's endpoint (the runner's queue and job definition);
 when the runner stopped because the window's slack would run out at the endpoint's pace, or failed past its retries,
 the shard's remaining lines move to the model's GPU backend, recorded on the batch, and the batch's shards not yet
-started follow. The pace rule itself (nightbatch/pipeline/pace.py) on its numbers."""
+started follow. The pace rule itself (nightbatch/shards/pace.py) on its numbers."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import pytest
 
 from nightbatch.clock import now
 from nightbatch.pipeline.capacity import CapacityDecision, decide
-from nightbatch.pipeline.pace import EndpointPace, endpoint_slack, must_move, read_pace, write_pace
 from nightbatch.services import Services
+from nightbatch.shards.pace import EndpointPace, endpoint_slack, must_move, read_pace, write_pace
 from nightbatch.shards.spec import ShardItem, read_manifest
 from nightbatch.storage.records import BatchRecord
 from tests.pipeline.test_pipeline import run_to_shards

@@ -12,8 +12,8 @@ from gpu_worker.engines.endpoint_engine import EndpointEngine
 from gpu_worker.pace_watch import MOVE_REASON
 from gpu_worker.runner import ShardJob, run_shard
 from nightbatch.models.spec import ModelSpec
-from nightbatch.pipeline.pace import read_pace
 from nightbatch.settings import AdmissionSettings, Settings
+from nightbatch.shards.pace import read_pace
 from tests.support.deterministic_engine import DeterministicEngine
 from tests.support.endpoints import fresh_endpoints  # noqa: F401  (the fixture)
 from tests.support.scripted_server import Answer, Seen, chat_completion, scripted_server

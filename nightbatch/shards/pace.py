@@ -1,7 +1,7 @@
 """An endpoint shard's pace: how fast its lines finish on the endpoint, and whether the window's slack runs out at that
 rate — then the shard's remaining lines move to the model's GPU backend.
 
-The runner measures it and writes it beside the shard's results (`endpoint-pace.json`, gpu_worker/pace_watch.py), and
+The runner measures it and writes it beside the shard's results (layout.pace_key, gpu_worker/pace_watch.py), and
 stops its attempt when `must_move` says so; Capacity (nightbatch/pipeline/capacity.py) reads it and moves the shard.
 One rule for both: `must_move`.
 """
@@ -15,8 +15,6 @@ from pydantic import BaseModel
 
 from nightbatch import layout
 from nightbatch.storage import BlobStore
-
-PACE_NAME = "endpoint-pace.json"
 
 
 class EndpointPace(BaseModel):
@@ -61,14 +59,11 @@ def must_move(pace: EndpointPace, *, margin_seconds: float, measure_seconds: flo
             f"in {finish}, {pace.seconds_left:.0f} s left in the window (margin {margin_seconds:.0f} s)")
 
 
-def pace_key(batch_id: str, shard_id: str) -> str:
-    return layout.results_prefix(batch_id, shard_id) + PACE_NAME
-
-
 def write_pace(blobs: BlobStore, batch_id: str, shard_id: str, pace: EndpointPace) -> None:
-    blobs.put_bytes(pace_key(batch_id, shard_id), pace.model_dump_json().encode(), content_type="application/json")
+    blobs.put_bytes(layout.pace_key(batch_id, shard_id), pace.model_dump_json().encode(),
+                    content_type="application/json")
 
 
 def read_pace(blobs: BlobStore, batch_id: str, shard_id: str) -> EndpointPace | None:
-    raw = blobs.get_bytes(pace_key(batch_id, shard_id))
+    raw = blobs.get_bytes(layout.pace_key(batch_id, shard_id))
     return EndpointPace.model_validate_json(raw) if raw else None
