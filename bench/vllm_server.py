@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,21 @@ from nightbatch.local.aws import free_port
 ROOT = Path(__file__).resolve().parents[2]
 SERVED_NAME = "HuggingFaceTB/SmolLM2-135M-Instruct"  # not nightbatch's name for it: the endpoint maps the two
 API_KEY = "sk-online-fleet"
+
+
+def wait_serving(proc: subprocess.Popen[bytes], base_url: str, api_key: str, *, name: str, timeout: float,
+                 tail: Callable[[], str], interval: float = 1.0) -> None:
+    """Waits until the OpenAI-compatible server `proc` started answers `base_url`/models; a RuntimeError with the
+    end of its log (`tail`) when it exits or does not answer in `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{name} exited early:\n{tail()}")
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(f"{base_url}/models", headers={"authorization": f"Bearer {api_key}"}, timeout=2).is_success:
+                return
+        time.sleep(interval)
+    raise RuntimeError(f"{name} not ready in {timeout} s:\n{tail()}")
 
 
 def chat_model_dir() -> Path:
@@ -61,19 +77,11 @@ class VllmServer:
             self.proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                          start_new_session=True)
         self.starts += 1
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"vllm serve exited early:\n{self.tail()}")
-            try:
-                r = httpx.get(f"{self.url}/v1/models", headers={"authorization": f"Bearer {API_KEY}"}, timeout=2)
-                if r.status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(1)
-        self.stop()
-        raise RuntimeError(f"vllm serve not ready in {timeout} s:\n{self.tail()}")
+        try:
+            wait_serving(self.proc, f"{self.url}/v1", API_KEY, name="vllm serve", timeout=timeout, tail=self.tail)
+        except RuntimeError:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         """SIGTERM to its process group (the API server and its engine core), SIGKILL if it lingers."""

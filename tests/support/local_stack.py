@@ -9,15 +9,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 from openai import OpenAI
 
+from bench.vllm_server import wait_serving
 from nightbatch.local.aws import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,21 +54,6 @@ class LocalStack:
         return str(json.loads(self.state.read_text())["aws_endpoint_url"])
 
 
-def _wait_ready(proc: subprocess.Popen[bytes], base_url: str, log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"nightbatch local exited early:\n{log.read_text()[-4000:]}")
-        try:
-            r = httpx.get(f"{base_url}/models", headers={"Authorization": f"Bearer {API_KEY}"}, timeout=2)
-            if r.status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"nightbatch local not ready in {timeout} s:\n{log.read_text()[-4000:]}")
-
-
 @contextlib.contextmanager
 def running_local(env: dict[str, str], log: Path, *args: str, stop_timeout: float) -> Iterator[LocalStack]:
     """`nightbatch local [args]` on a free port with `env`, ready to answer; stopped (SIGTERM, as a user's
@@ -80,7 +64,8 @@ def running_local(env: dict[str, str], log: Path, *args: str, stop_timeout: floa
                                 stdout=out, stderr=subprocess.STDOUT, cwd=ROOT, start_new_session=True)
     base_url = f"http://127.0.0.1:{port}/v1"
     try:
-        _wait_ready(proc, base_url, log, timeout=120)
+        wait_serving(proc, base_url, API_KEY, name="nightbatch local", timeout=120,
+                     tail=lambda: log.read_text()[-4000:], interval=0.5)
         state = Path(env["XDG_STATE_HOME"]) / "nightbatch" / "local.json" if "XDG_STATE_HOME" in env else None
         yield LocalStack(base_url=base_url, api_key=API_KEY, log=log, state=state)
     finally:
