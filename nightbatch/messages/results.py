@@ -34,7 +34,7 @@ UNRUN_RESULTS = {"batch_cancelled": "canceled", "batch_expired": "expired"}
 
 
 def result_of(line: dict[str, Any]) -> dict[str, Any]:
-    """Anthropic's `result` for one of our result lines (nightbatch.results.lines.ResultLine, decoded)."""
+    """Anthropic's `result` for one of our result lines (nightbatch.results.lines.RequestOutput, decoded)."""
     response = line.get("response")
     if isinstance(response, dict):
         status = int(response.get("status_code") or 500)

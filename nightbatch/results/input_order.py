@@ -42,7 +42,7 @@ END = sys.maxsize  # after every line number
 
 
 @dataclass(frozen=True)
-class Run:
+class SortedRun:
     """Successes of a summarized checkpoint: its lines [lo, hi), whose numbers ascend, but `skip` (ascending
     indices: failed, or a custom_id that won elsewhere); the first of them has input line `first`."""
 
@@ -55,7 +55,7 @@ class Run:
     skip: tuple[int, ...]
 
 
-class _Cursor(Protocol):
+class _MergeCursor(Protocol):
     head: int  # the line number of its next line; END when it has none left
 
     def emit(self, limit: int, out: Output) -> None:
@@ -65,7 +65,7 @@ class _Cursor(Protocol):
 class InputOrder:
     def __init__(self, blobs: BlobStore, batch_id: str) -> None:
         self.blobs, self.batch_id = blobs, batch_id
-        self.runs: list[Run] = []
+        self.runs: list[SortedRun] = []
         self.loose: list[tuple[int, bytes]] = []  # (line number, line): lines of checkpoints without numbers
         self._unnumbered: list[FirstResult] = []  # of the shard being merged
 
@@ -75,7 +75,7 @@ class InputOrder:
             left = tuple(k for k in skip if lo <= k < hi)
             first = lo + next(i for i, k in enumerate([*left, -1]) if k != lo + i)  # the first line kept
             if first < hi:
-                self.runs.append(Run(key, summary.size, summary.etag, lo, hi, summary.numbers[first], left))
+                self.runs.append(SortedRun(key, summary.size, summary.etag, lo, hi, summary.numbers[first], left))
 
     def add_line(self, result: FirstResult) -> None:
         """A winning success of a checkpoint without line numbers (parsed by the merge)."""
@@ -101,8 +101,8 @@ class InputOrder:
 
     def write(self, out: Output) -> None:
         """Every run and loose line into `out`, in input line order."""
-        pending: deque[Run] = deque(sorted(self.runs, key=lambda r: r.first))
-        heap: list[tuple[int, int, _Cursor]] = []
+        pending: deque[SortedRun] = deque(sorted(self.runs, key=lambda r: r.first))
+        heap: list[tuple[int, int, _MergeCursor]] = []
         ties = count()
         if self.loose:
             self.loose.sort(key=lambda x: x[0])
@@ -120,7 +120,7 @@ class InputOrder:
 
 
 class _RunCursor:
-    def __init__(self, blobs: BlobStore, run: Run) -> None:
+    def __init__(self, blobs: BlobStore, run: SortedRun) -> None:
         summary = read_checkpoint_summary(blobs, run.key)
         if (summary is None or summary.size != run.size or summary.etag != run.etag or not summary.numbered()
                 or (run.lo, run.hi) not in summary.ascending()):

@@ -40,8 +40,9 @@ class Error(msgspec.Struct):
     message: str
 
 
-class ResultLine(msgspec.Struct):
-    """One line of an output or error file, as OpenAI writes it: `response` for a request the engine answered
+class RequestOutput(msgspec.Struct):
+    """OpenAI's request output object: one line of an output or error file (the worker's gpu_worker.results
+    ResultLine carries it encoded, with what a checkpoint counts of it). `response` for a request the engine answered
     (its status code says success or failure), `error` for one it never answered. Every result line is encoded
     by `encode` and read by `summarize_result_line`."""
 
@@ -57,7 +58,7 @@ _encode = msgspec.json.Encoder().encode
 def encode(batch_id: str, custom_id: str, *, response: Response | None = None, error: Error | None = None) -> bytes:
     """The line, compact JSON plus its newline (NaN and infinities in an engine's body written as null).
     Raises TypeError or ValueError (UnicodeEncodeError) when the body holds what JSON cannot."""
-    return _encode(ResultLine(batch_request_id(batch_id, custom_id), custom_id, response, error)) + b"\n"
+    return _encode(RequestOutput(batch_request_id(batch_id, custom_id), custom_id, response, error)) + b"\n"
 
 
 def oversized_result_line(batch_id: str, custom_id: str, size: int) -> bytes:
