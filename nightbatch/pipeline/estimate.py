@@ -15,8 +15,8 @@ from pydantic import BaseModel
 
 from nightbatch.batches.cost import PRICES
 from nightbatch.batches.request import window_hours
-from nightbatch.errors import InvalidRequestError
-from nightbatch.models.spec import SCORE_ENDPOINTS
+from nightbatch.errors import check_supported
+from nightbatch.models.spec import ENDPOINTS, SCORE_ENDPOINTS
 from nightbatch.pipeline.sizing import plan_shards, wall_seconds
 from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord
@@ -24,7 +24,6 @@ from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.lines import Validator, line_error
 from nightbatch.validation.requests import estimate_tokens
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings", *SCORE_ENDPOINTS)
 OPEN_WORK_STATUSES = ("validating", "in_progress")
 
 
@@ -51,10 +50,7 @@ def _queue_ahead_seconds(services: Services) -> float:
 
 def estimate(services: Services, tenant: str, req: EstimateRequest) -> dict[str, Any]:
     settings = services.settings
-    if req.endpoint not in ENDPOINTS:
-        raise InvalidRequestError(f"Invalid value: '{req.endpoint}'. Supported values are: "
-                                  f"{', '.join(repr(e) for e in ENDPOINTS)}.", param="endpoint",
-                                  code="invalid_value")
+    check_supported(req.endpoint, ENDPOINTS, param="endpoint")  # a create's endpoints (batches/request.py)
     hours = window_hours(req.completion_window, settings.validation.max_completion_window_hours)
     item = services.files.item(tenant, req.input_file_id)  # 404 for another tenant's file, like every endpoint
     validator = Validator(settings=settings, endpoint=req.endpoint, file_images=services.files.images(tenant))

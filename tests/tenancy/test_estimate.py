@@ -12,7 +12,7 @@ import pytest
 from nightbatch.batches.cost import PRICES
 from nightbatch.pipeline.sizing import plan_shards
 from nightbatch.settings import Settings
-from tests.tenancy.conftest import Stack, chat_lines
+from tests.tenancy.conftest import MODEL, Stack, chat_lines
 
 
 def post_estimate(client: openai.OpenAI, **body: Any) -> dict[str, Any]:
@@ -75,3 +75,17 @@ def test_a_rerank_file_is_all_input(two: Any) -> None:
     assert est["valid"] and est["requests"] == 3 and est["model"] == "all-MiniLM-L6-v2"
     assert est["input_tokens"] == sum(len(line) // 4 + 1 for line in data.splitlines())
     assert est["expected_output_tokens"] == 0
+
+
+def test_a_responses_file_is_estimated(two: Any) -> None:
+    """/v1/responses is a batch endpoint (nightbatch.models.spec.ENDPOINTS), so it can be estimated: input from
+    each line's bytes, output from its `max_output_tokens`."""
+    _stack, a, _ = two
+    lines = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/responses",
+              "body": {"model": MODEL, "input": "hello there", "max_output_tokens": 12}} for i in range(3)]
+    data = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+    f = a.files.create(file=("in.jsonl", data), purpose="batch")
+    est = post_estimate(a, input_file_id=f.id, endpoint="/v1/responses")
+    assert est["valid"] and est["errors"] == [] and est["requests"] == 3
+    assert est["input_tokens"] == sum(len(line) // 4 + 1 for line in data.splitlines())
+    assert est["expected_output_tokens"] == 3 * 12
