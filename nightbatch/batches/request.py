@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -22,7 +23,7 @@ from pydantic import BaseModel
 from nightbatch.batches.recipients import check_notify_options
 from nightbatch.errors import InvalidRequestError, NotFoundError, check_supported
 from nightbatch.files.service import FileService, check_expiry_seconds
-from nightbatch.files.user_buckets import check_uri_options
+from nightbatch.files.user_buckets import BatchUris, check_uri_options
 from nightbatch.models.spec import ENDPOINTS, MESSAGES_ENDPOINT
 from nightbatch.settings import Settings
 from nightbatch.tenancy.scope import Scope
@@ -55,15 +56,23 @@ class CreateBatchRequest(BaseModel):
     nightbatch: dict[str, Any] | None = None
 
 
+@dataclass(frozen=True)
+class CheckedCreate:
+    """What the checks of a create request found: its completion window in hours, and its URIs parsed."""
+
+    hours: int
+    uris: BatchUris
+
+
 def check_create(tenant: str, req: CreateBatchRequest, *, settings: Settings, files: FileService,
-                 wire: str = "openai") -> int:
-    """400 for the first problem of a create request; returns its completion window in hours."""
+                 wire: str = "openai") -> CheckedCreate:
+    """400 for the first problem of a create request."""
     # The Anthropic wire's batches run Messages lines, which OpenAI's POST /v1/batches does not take.
     check_supported(req.endpoint, ENDPOINTS if wire == "openai" else (MESSAGES_ENDPOINT,), param="endpoint")
     hours = window_hours(req.completion_window, settings.validation.max_completion_window_hours)
     check_metadata(req.metadata)
     # Known keys only, a few KB at most; a bad e-mail address is a 400 now rather than a dropped e-mail later.
-    check_options(req.nightbatch, settings, Scope.of(settings, tenant))
+    uris = check_options(req.nightbatch, settings, Scope.of(settings, tenant))
     if req.output_expires_after is not None:
         check_supported(req.output_expires_after.anchor, ("created_at",), param="output_expires_after.anchor")
         check_expiry_seconds(req.output_expires_after.seconds, "output_expires_after.seconds")
@@ -76,7 +85,7 @@ def check_create(tenant: str, req: CreateBatchRequest, *, settings: Settings, fi
                                   code="missing_required_parameter")
     else:
         check_input_file(files, tenant, req.input_file_id)
-    return hours
+    return CheckedCreate(hours, uris)
 
 
 def window_hours(window: str, max_hours: int) -> int:
@@ -130,10 +139,11 @@ def _json_type(v: Any) -> str:
     return "null" if v is None else "a value"
 
 
-def check_options(options: dict[str, Any] | None, settings: Settings, scope: Scope) -> None:
-    """400 for an unknown key, an oversized object, a bad e-mail option, or a URI outside the tenant's scope."""
+def check_options(options: dict[str, Any] | None, settings: Settings, scope: Scope) -> BatchUris:
+    """400 for an unknown key, an oversized object, a bad e-mail option, or a URI outside the tenant's scope;
+    returns the URIs parsed."""
     if not options:
-        return
+        return BatchUris()
     for key, value in options.items():
         if key not in ALLOWED:
             raise InvalidRequestError(
@@ -157,12 +167,13 @@ def check_options(options: dict[str, Any] | None, settings: Settings, scope: Sco
             f"Invalid 'nightbatch': the options take {size} bytes; at most {MAX_OPTIONS_BYTES} are allowed.",
             param="nightbatch", code="invalid_value")
     check_notify_options(options, settings)
-    check_uri_options(options, scope)
+    uris = check_uri_options(options, scope)
     if "output_order" in options and options["output_order"] not in OUTPUT_ORDERS:
         raise InvalidRequestError(
             f"Invalid 'nightbatch.output_order': {json.dumps(options['output_order'], default=str)[:64]}. "
             "Expected one of " + ", ".join(f"'{v}'" for v in OUTPUT_ORDERS) + ".",
             param="nightbatch.output_order", code="invalid_value")
+    return uris
 
 
 def check_input_file(files: FileService, tenant: str, file_id: str) -> None:

@@ -8,7 +8,7 @@ from typing import Any, Protocol
 
 from nightbatch.batches import lifecycle
 from nightbatch.batches.objects import to_wire
-from nightbatch.batches.request import CreateBatchRequest, check_create
+from nightbatch.batches.request import CheckedCreate, CreateBatchRequest, check_create
 from nightbatch.clock import now
 from nightbatch.errors import ConflictError, NotFoundError, StorageConflictError, check_range
 from nightbatch.files.service import FileService
@@ -19,7 +19,6 @@ from nightbatch.settings import Settings
 from nightbatch.storage import Table
 from nightbatch.storage.records import BatchRecord
 from nightbatch.tenancy.limits import admit_batch, release_batch_slot
-from nightbatch.tenancy.scope import Scope
 from nightbatch.wire import Batch, ListPage, list_page
 
 MAX_BATCHES_LIMIT = 100
@@ -59,14 +58,14 @@ class BatchService:
 
     def _create(self, tenant: str, req: CreateBatchRequest, batch_id: str, *, ext: dict[str, Any] | None,
                 wire: str, total: int) -> Batch:
-        hours = check_create(tenant, req, settings=self.settings, files=self.files, wire=wire)
-        input_file_id, where = self._input(tenant, req, batch_id)
+        checked = check_create(tenant, req, settings=self.settings, files=self.files, wire=wire)
+        input_file_id, where = self._input(tenant, req, checked, batch_id)
         ext = {**(ext or {}), **where}
         created = now()
         rec = BatchRecord(
             pk=batch_id, tenant=tenant, status="validating", endpoint=req.endpoint,
             input_file_id=input_file_id, completion_window=req.completion_window, created_at=created,
-            expires_at=created + int(hours * self.settings.validation.hour_seconds),
+            expires_at=created + int(checked.hours * self.settings.validation.hour_seconds),
             request_counts={"total": total, "completed": 0, "failed": 0}, metadata=req.metadata,
             output_expires_after_seconds=req.output_expires_after.seconds if req.output_expires_after else None,
             options=req.nightbatch or None, ext=ext or None, wire=wire,
@@ -80,20 +79,21 @@ class BatchService:
             self.events.publish(rec)
         return to_wire(rec)
 
-    def _input(self, tenant: str, req: CreateBatchRequest, batch_id: str) -> tuple[str, dict[str, str]]:
+    def _input(self, tenant: str, req: CreateBatchRequest, checked: CheckedCreate,
+               batch_id: str) -> tuple[str, dict[str, str]]:
         """The batch's input file id (checked `input_file_id`, or a file made now over `nightbatch.input_uri`'s
         objects) and where its input and output are in the user's buckets, for the batch object."""
         options = req.nightbatch or {}
-        scope = Scope.of(self.settings, tenant)
+        uris = checked.uris
         where = {}
         if "output_order" in options:  # shown on the batch object; Finalize reads it (default "completion")
             where["output_order"] = options["output_order"]
-        if "output_uri" in options:
-            where["output_uri"] = output_location(scope, options["output_uri"], batch_id)
-        if "input_uri" not in options:
+        if uris.output is not None:
+            where["output_uri"] = output_location(uris.output, batch_id)
+        if uris.input is None:
             return req.input_file_id, where
         where["input_uri"] = options["input_uri"]
-        return register_input(self.files, scope, options["input_uri"]).id, where
+        return register_input(self.files, tenant, uris.input).id, where
 
     def item(self, tenant: str, batch_id: str, *, wire: str | None = None) -> BatchRecord:
         """The tenant's batch (of that wire, when one is named: the other wire's id is answered as unknown)."""

@@ -10,6 +10,7 @@ deleting the file deletes the item only.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from nightbatch.errors import InvalidRequestError
@@ -29,18 +30,26 @@ OUTPUT_PARAM = "nightbatch.output_uri"
 OUTPUT_NAMES = {"output": "output.jsonl", "error": "errors.jsonl"}
 
 
-def check_uri_options(options: dict[str, Any], scope: Scope) -> None:
+@dataclass(frozen=True)
+class BatchUris:
+    """A create's `nightbatch.input_uri` and `output_uri`, parsed and allowed for its tenant once
+    (tenancy/scope.py), then handed to the create that uses them."""
+
+    input: S3Uri | None = None  # an object or a prefix the tenant may read
+    output: S3Uri | None = None  # a prefix the tenant may write under
+
+
+def check_uri_options(options: dict[str, Any], scope: Scope) -> BatchUris:
     """The batch's `nightbatch.input_uri` / `output_uri`, checked at create for the calling tenant
     (nightbatch/batches/request.py)."""
-    if "input_uri" in options:
-        scope.readable(options["input_uri"], INPUT_PARAM)
-    if "output_uri" in options:
-        scope.writable(options["output_uri"], OUTPUT_PARAM)
+    return BatchUris(
+        input=scope.readable(options["input_uri"], INPUT_PARAM) if "input_uri" in options else None,
+        output=scope.writable(options["output_uri"], OUTPUT_PARAM) if "output_uri" in options else None)
 
 
-def output_location(scope: Scope, uri: str, batch_id: str) -> str:
+def output_location(output: S3Uri, batch_id: str) -> str:
     """Where the batch's files land: `<output_uri>/<batch_id>/` (output.jsonl, errors.jsonl)."""
-    return f"{scope.writable(uri, OUTPUT_PARAM)}{batch_id}/"
+    return f"{output}{batch_id}/"
 
 
 def input_objects(blobs: BlobStore, settings: Settings, uri: S3Uri) -> list[dict[str, Any]]:
@@ -83,13 +92,13 @@ def pinned(key: str, head: dict[str, Any]) -> dict[str, Any]:
     return {**out, "version_id": version.version_id} if version.version_id else out
 
 
-def register_input(files: FileService, scope: Scope, uri: str) -> FileObject:
-    """A `batch` file over the URI's objects, read in place: OpenAI's file object (filename: the URI, bytes: their
-    total), no bytes stored and none counted against the tenant's storage."""
-    where = scope.readable(uri, INPUT_PARAM)
+def register_input(files: FileService, tenant: str, where: S3Uri) -> FileObject:
+    """A `batch` file over the objects at `where` (checked readable by the tenant: check_uri_options), read in
+    place: OpenAI's file object (filename: the URI, bytes: their total), no bytes stored and none counted against
+    the tenant's storage."""
     objects = input_objects(files.blobs, files.settings, where)
     return files.register(
-        scope.tenant, file_id=new_file_id(), key="", size=sum(int(o["bytes"]) for o in objects),
+        tenant, file_id=new_file_id(), key="", size=sum(int(o["bytes"]) for o in objects),
         filename=str(where)[:255], purpose="batch", extra={"source_bucket": where.bucket, "source_objects": objects})
 
 

@@ -47,7 +47,7 @@ def test_a_create_request_is_answered_with_its_first_problem_in_order(services: 
     assert (exc.value.param, exc.value.code) == ("input_file_id", "invalid_value")
     assert seen == [param for _, _, param in PROBLEMS]
     body["input_file_id"] = good.id
-    assert check_create("t", CreateBatchRequest(**body), settings=services.settings, files=services.files) == 24
+    assert check_create("t", CreateBatchRequest(**body), settings=services.settings, files=services.files).hours == 24
     assert list(services.adapters.table.open_ids("validating")) == []  # the checks write nothing
 
 
