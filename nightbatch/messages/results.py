@@ -43,12 +43,17 @@ def result_of(line: dict[str, Any]) -> dict[str, Any]:
             return {"type": "succeeded", "message": body}
         err = body.get("error") if isinstance(body, dict) else None
         message = err.get("message") if isinstance(err, dict) else None
-        return {"type": "errored", "error": error_body(status, str(message or f"The request failed ({status})."))}
+        return errored(status, str(message or f"The request failed ({status})."))
     error = line.get("error") or {}
     code = error.get("code")
     if code in UNRUN_RESULTS:
         return {"type": UNRUN_RESULTS[code]}
-    return {"type": "errored", "error": error_body(500, str(error.get("message") or "The request failed."))}
+    return errored(500, str(error.get("message") or "The request failed."))
+
+
+def errored(status: int, message: str) -> dict[str, Any]:
+    """Anthropic's `errored` result: the error object its API would have answered the request with."""
+    return {"type": "errored", "error": error_body(status, message)}
 
 
 def convert_line(data: bytes) -> bytes:
@@ -116,7 +121,7 @@ def _refused(services: Services, rec: BatchRecord) -> Iterator[bytes]:
         except (UndecodableLine, AttributeError):
             custom_id = None  # the line itself is what was refused (its error names it by number)
         message = by_line.get(number, general)
-        yield dumps({"custom_id": custom_id, "result": {"type": "errored", "error": error_body(400, message)}}) + b"\n"
+        yield dumps({"custom_id": custom_id, "result": errored(400, message)}) + b"\n"
 
 
 def _lines(services: Services, rec: BatchRecord, file_id: str | None) -> Iterator[tuple[int, bytes]]:
