@@ -110,8 +110,8 @@ class S3Bytes:
 def child_ours(batch_id: str) -> dict[str, Any]:
     from nightbatch import layout
     from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
-    from nightbatch.services import build_services
     from nightbatch.storage import make_adapters
+    from nightbatch.wiring import build_services
 
     class NoWorkflow:
         def start(self, batch_id: str) -> None:

@@ -68,8 +68,8 @@ def start_s3() -> tuple[subprocess.Popen[bytes], str]:
 def prepare(n: int) -> dict[str, Any]:
     """Uploads an n-line input, creates the batch (not timed)."""
     from nightbatch.batches.request import CreateBatchRequest
-    from nightbatch.services import build_services
     from nightbatch.storage import make_adapters
+    from nightbatch.wiring import build_services
 
     class NoWorkflow:
         def start(self, batch_id: str) -> None:

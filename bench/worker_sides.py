@@ -155,7 +155,7 @@ class OurSide:
         self.proc.wait()
 
     def _services(self) -> Any:
-        from nightbatch.services import build_services
+        from nightbatch.wiring import build_services
 
         class NoWorkflow:
             def start(self, batch_id: str) -> None:

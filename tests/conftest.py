@@ -23,10 +23,10 @@ from openai import OpenAI
 
 from functions.api.app import create_app
 from nightbatch.local.aws import AtomicMotoServer
-from nightbatch.services import Services, build_services
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, make_adapters
 from nightbatch.storage.dynamo import create_table
+from nightbatch.wiring import Services, build_services
 from tests.support.local_stack import local_stack  # noqa: F401  (the session's one `nightbatch local`)
 from tests.support.node import use_project_node
 from tests.support.threaded_uvicorn import serving

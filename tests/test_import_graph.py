@@ -31,7 +31,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("nightbatch.shards",),
     ("nightbatch.batches",),
     ("nightbatch.notifications",),
-    ("nightbatch.services",),
+    ("nightbatch.wiring",),
     ("nightbatch.results",),
     ("nightbatch.messages",),
     ("nightbatch.pipeline",),

@@ -24,7 +24,7 @@ from functions.api.routers import (
     webhooks,
 )
 from nightbatch import __version__
-from nightbatch.services import Services, default_services
+from nightbatch.wiring import Services, default_services
 
 
 def create_app(services: Callable[[], Services] = default_services) -> FastAPI:

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 from functions.tasks.tracing import annotate_batch
 from nightbatch.logs import configure_logging, log_context
 from nightbatch.pipeline import BatchTaskInput
-from nightbatch.services import Services, default_services
+from nightbatch.wiring import Services, default_services
 
 configure_logging()
 

@@ -7,7 +7,7 @@ from typing import Any
 from functions.tasks.tracing import annotate_batch, tracer
 from nightbatch.logs import configure_logging, log_context
 from nightbatch.pipeline.capacity import decide
-from nightbatch.services import default_services
+from nightbatch.wiring import default_services
 
 configure_logging()
 

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from functions.tasks.tracing import tracer
-from nightbatch.services import Services, default_services
+from nightbatch.wiring import Services, default_services
 
 log = logging.getLogger("nightbatch.tasks.compose_upload")
 

@@ -8,11 +8,11 @@ from functions.tasks.tracing import annotate_batch, tracer
 from nightbatch.logs import log_context
 from nightbatch.notifications import Notifier, notify_batch
 from nightbatch.notifications.models import NotifyInput
-from nightbatch.services import default_services
+from nightbatch.wiring import default_services
 
 
 def default_notifier() -> Notifier:
-    """The process's notifier (SQS delivery queue, SNS topic, SES sender), wired by nightbatch.services."""
+    """The process's notifier (SQS delivery queue, SNS topic, SES sender), wired by nightbatch.wiring."""
     return default_services().notifier
 
 

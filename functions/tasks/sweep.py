@@ -6,8 +6,8 @@ from typing import Any
 
 from functions.tasks.tracing import tracer
 from nightbatch.pipeline.sweep import sweep
-from nightbatch.services import default_services
 from nightbatch.storage.functions import AsyncInvoker
+from nightbatch.wiring import default_services
 
 
 @tracer.capture_lambda_handler(capture_response=False)

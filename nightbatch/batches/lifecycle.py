@@ -15,7 +15,7 @@ from nightbatch.wire import TERMINAL_STATUSES
 
 class StateChangeEvents(Protocol):
     """Where a transition's state-change event is put (notifications/state_changes.py: StateChanges, wired by
-    nightbatch.services when a bus is configured)."""
+    nightbatch.wiring when a bus is configured)."""
 
     def publish(self, rec: BatchRecord) -> str | None: ...
 

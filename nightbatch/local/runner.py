@@ -11,10 +11,10 @@ from typing import Any
 from nightbatch.local.engines import EngineHost
 from nightbatch.notifications import Notifier, notify_batch
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
-from nightbatch.services import Services
 from nightbatch.shards.spec import ShardItem, read_manifest, read_shard
 from nightbatch.storage import Adapters
 from nightbatch.storage.records import BatchRecord
+from nightbatch.wiring import Services
 
 log = logging.getLogger("nightbatch.local")
 SHARD_ATTEMPTS = 2  # the state machine's Retry on States.TaskFailed, then Catch

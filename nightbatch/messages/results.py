@@ -27,8 +27,8 @@ from nightbatch.jsonl import UndecodableLine, dumps, loads, split_lines
 from nightbatch.messages.errors import error_body
 from nightbatch.messages.objects import wire_id
 from nightbatch.results.lines import MAX_RESULT_LINE
-from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord
+from nightbatch.wiring import Services
 
 UNRUN_RESULTS = {"batch_cancelled": "canceled", "batch_expired": "expired"}
 

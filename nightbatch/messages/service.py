@@ -28,10 +28,10 @@ from nightbatch.messages.objects import (
 )
 from nightbatch.messages.results import serve
 from nightbatch.models.spec import MESSAGES_ENDPOINT
-from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord
 from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.lines import Validator
+from nightbatch.wiring import Services
 
 MAX_LIST_LIMIT = 1000
 # Anthropic's window: every Message Batch expires 24 hours after it is created.

@@ -56,7 +56,7 @@ class NotifyResult(BaseModel):
 
 @dataclass(kw_only=True)
 class Notifier:
-    """Its parts are wired by nightbatch.services (SNS and SES only when configured)."""
+    """Its parts are wired by nightbatch.wiring (SNS and SES only when configured)."""
 
     settings: Settings
     table: Table

@@ -43,10 +43,10 @@ from nightbatch import layout
 from nightbatch.clock import now
 from nightbatch.pipeline import training_jobs
 from nightbatch.pipeline.sizing import wall_seconds
-from nightbatch.services import Services
 from nightbatch.shards.pace import read_pace
 from nightbatch.shards.spec import read_manifest, read_shard
 from nightbatch.storage.records import BatchRecord
+from nightbatch.wiring import Services
 
 Capacity = Literal["spot", "on-demand"]
 Backend = Literal["batch", "sagemaker", "endpoint"]

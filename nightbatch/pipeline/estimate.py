@@ -18,11 +18,11 @@ from nightbatch.batches.request import window_hours
 from nightbatch.errors import check_supported
 from nightbatch.models.spec import ENDPOINTS, SCORE_ENDPOINTS
 from nightbatch.pipeline.sizing import plan_shards, wall_seconds
-from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord
 from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.lines import Validator, line_error
 from nightbatch.validation.requests import estimate_tokens
+from nightbatch.wiring import Services
 
 OPEN_WORK_STATUSES = ("validating", "in_progress")
 

@@ -32,13 +32,13 @@ from nightbatch.results.lines import Tally, unrun_line
 from nightbatch.results.merge import merge_shard
 from nightbatch.results.order import Listing, planned_shards, results_listing
 from nightbatch.results.per_model import per_model_report
-from nightbatch.services import Services
 from nightbatch.shards.lines import shard_ids
 from nightbatch.storage.botoerrors import client_error
 from nightbatch.storage.failures import AWS_ERRORS
 from nightbatch.storage.records import BatchRecord
 from nightbatch.tenancy.scope import Scope, ScopeError
 from nightbatch.wire import TERMINAL_STATUSES
+from nightbatch.wiring import Services
 
 log = logging.getLogger("nightbatch.finalize")
 # Finalize runs that may raise on a batch's data (the workflow's 1 + 2 retries) before it is failed.

@@ -10,12 +10,12 @@ from nightbatch.models.spec import served_model
 from nightbatch.pipeline.models import BatchTaskInput, PlanOutput
 from nightbatch.pipeline.placement import place_by_model, place_by_prefix
 from nightbatch.pipeline.sizing import plan_shards
-from nightbatch.services import Services
 from nightbatch.settings import Settings
 from nightbatch.settings import document as settings_document
 from nightbatch.shards.index import SegmentEntry, read_segments
 from nightbatch.shards.spec import ShardItem, shard_spec, write_manifest, write_shard
 from nightbatch.storage.records import BatchRecord
+from nightbatch.wiring import Services
 
 BackendName = Literal["batch", "sagemaker", "endpoint"]
 GpuFallback = Literal["", "batch", "sagemaker"]

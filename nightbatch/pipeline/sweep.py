@@ -14,12 +14,12 @@ from nightbatch.metrics import emit
 from nightbatch.pipeline.finalize import finalize_batch
 from nightbatch.pipeline.models import BatchTaskInput
 from nightbatch.pipeline.training_jobs import batch_of_job
-from nightbatch.services import Services
 from nightbatch.settings.base import comma_list
 from nightbatch.storage.batch_jobs import ACTIVE, UNSTARTED, BatchJobs
 from nightbatch.storage.records import BatchRecord, EventRecord
 from nightbatch.storage.sagemaker_jobs import TrainingJobStops
 from nightbatch.wire import TERMINAL_STATUSES
+from nightbatch.wiring import Services
 
 log = logging.getLogger("nightbatch.sweep")
 STALE_SECONDS = 300

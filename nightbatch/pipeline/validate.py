@@ -18,7 +18,6 @@ from nightbatch.metrics import emit
 from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
 from nightbatch.pipeline.prefixes import PrefixGroups
 from nightbatch.results.per_model import model_counts
-from nightbatch.services import Services
 from nightbatch.shards.packs import IndexWriter
 from nightbatch.storage import BlobStore
 from nightbatch.storage.records import BatchRecord, FileRecord
@@ -27,6 +26,7 @@ from nightbatch.tenancy.scope import tenant_tags
 from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.lines import MAX_ERRORS_BYTES, Validator, line_error
 from nightbatch.wire import BatchError
+from nightbatch.wiring import Services
 
 log = logging.getLogger("nightbatch.validate")
 KEEP_MARGIN_SECONDS = 86400  # past the batch's expiry: the sweeper's grace, Finalize, retries

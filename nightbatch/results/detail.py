@@ -16,10 +16,10 @@ from nightbatch.notifications.delivery import delivery_id
 from nightbatch.notifications.delivery import to_wire as delivery_to_wire
 from nightbatch.notifications.endpoints import WebhookEndpointService
 from nightbatch.notifications.events import event_pk
-from nightbatch.services import Services
 from nightbatch.storage import BlobStore
 from nightbatch.storage.records import BatchRecord, DeliveryRecord, EventRecord
 from nightbatch.wire import TERMINAL_STATUSES
+from nightbatch.wiring import Services
 
 MAX_SHARDS = 100
 MAX_POINTS = 400

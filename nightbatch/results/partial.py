@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 
 from nightbatch.errors import check_supported
 from nightbatch.results.order import Checkpoint, checkpoints_in_order, first_results, planned_shards
-from nightbatch.services import Services
 from nightbatch.storage import BlobStore
 from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.wire import TERMINAL_STATUSES
+from nightbatch.wiring import Services
 
 KINDS = ("output", "error")
 

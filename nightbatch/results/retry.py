@@ -25,11 +25,11 @@ from nightbatch.ids import custom_id_digest, new_file_id
 from nightbatch.jsonl import UndecodableLine, loads, split_lines
 from nightbatch.layout import file_key
 from nightbatch.results.lines import MAX_RESULT_LINE, summarize_result_line
-from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.tenancy.limits import QUOTA_ATTR, reserve_storage
 from nightbatch.tenancy.scope import tenant_tags
 from nightbatch.wire import TERMINAL_STATUSES, Batch
+from nightbatch.wiring import Services
 
 log = logging.getLogger("nightbatch.batches.retry")
 DEFAULT_CODES = ("shard_failed", "batch_expired", "batch_cancelled")

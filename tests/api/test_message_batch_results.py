@@ -15,7 +15,7 @@ import pytest
 from nightbatch import layout
 from nightbatch.messages.objects import batch_id_of
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, validate_batch
-from nightbatch.services import Services
+from nightbatch.wiring import Services
 from tests.support.pipeline_world import run_shards
 
 if TYPE_CHECKING:

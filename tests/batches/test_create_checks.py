@@ -10,7 +10,7 @@ import pytest
 
 from nightbatch.batches.request import CreateBatchRequest, check_create
 from nightbatch.errors import InvalidRequestError
-from nightbatch.services import Services
+from nightbatch.wiring import Services
 
 # The problems of one request, in the order they are answered: (the field fixed next, its good value, param).
 PROBLEMS: list[tuple[str, Any, str]] = [

@@ -17,8 +17,8 @@ from nightbatch.messages.objects import CreateMessageBatch, MessageBatch, batch_
 from nightbatch.messages.results import result_of
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, validate_batch
 from nightbatch.results import lines as results
-from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord
+from nightbatch.wiring import Services
 from tests.pipeline.test_pipeline import run_to_shards
 from tests.support.pipeline_world import (
     services,  # noqa: F401  (the pipeline's world on moto)

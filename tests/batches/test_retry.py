@@ -11,7 +11,7 @@ import pytest
 from nightbatch.errors import ConflictError, InvalidRequestError, NotFoundError
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
 from nightbatch.results.retry import RetryRequest, retry_batch
-from nightbatch.services import Services
+from nightbatch.wiring import Services
 from tests.pipeline.test_pipeline import read_file, run_to_shards, write_results
 from tests.support.pipeline_world import (
     chat_line,

@@ -15,8 +15,8 @@ import pytest
 from nightbatch.batches.service import CreateBatchRequest
 from nightbatch.errors import InvalidRequestError
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
-from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord
+from nightbatch.wiring import Services
 from tests.pipeline.test_pipeline import read_file, run_to_shards, write_results
 from tests.support.pipeline_world import (
     chat_line,

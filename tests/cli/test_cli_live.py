@@ -15,7 +15,7 @@ from nightbatch import layout
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.local.aws import free_port
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
-from nightbatch.services import Services
+from nightbatch.wiring import Services
 from tests.pipeline.test_pipeline import run_to_shards
 from tests.results.test_partial_results import result
 from tests.support.lifecycle import drive

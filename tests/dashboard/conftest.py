@@ -17,8 +17,8 @@ from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.clock import now, sort_key
 from nightbatch.notifications.delivery import delivery_id
 from nightbatch.notifications.events import event_pk
-from nightbatch.services import Services
 from nightbatch.storage.records import DeliveryRecord, EventRecord, WebhookEndpointRecord
+from nightbatch.wiring import Services
 from tests.support.lifecycle import drive
 
 if TYPE_CHECKING:

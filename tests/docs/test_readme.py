@@ -15,8 +15,8 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
 from functions.api.app import create_app
-from nightbatch.services import Services
 from nightbatch.settings import SETTINGS, JobInputs, Settings
+from nightbatch.wiring import Services
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"

@@ -18,10 +18,10 @@ from functions.api.app import create_app
 from nightbatch.local.aws import FAKE_CREDENTIALS, free_port
 from nightbatch.local.runner import LocalWorkflow
 from nightbatch.local.stack import local_settings
-from nightbatch.services import build_services
 from nightbatch.settings import SETTINGS
 from nightbatch.storage import make_adapters
 from nightbatch.storage.dynamo import create_table
+from nightbatch.wiring import build_services
 from tests.files.stack import API_KEY, Stack
 
 

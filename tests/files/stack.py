@@ -8,8 +8,8 @@ from typing import Any
 import openai
 
 from nightbatch.files.assembly import ThreadUploadJobs
-from nightbatch.services import Services
 from nightbatch.settings import Settings
+from nightbatch.wiring import Services
 
 API_KEY = "sk-uploads-test"
 MiB = 1024 * 1024

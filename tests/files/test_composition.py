@@ -18,9 +18,9 @@ from nightbatch.files.digests import RunningDigests
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.layout import INPUT_TAGS
 from nightbatch.local.runner import LocalWorkflow
-from nightbatch.services import build_services
 from nightbatch.storage.parts import MIN_PART_BYTES, PartStore, plan
 from nightbatch.storage.sqs import SqsUploadJobs
+from nightbatch.wiring import build_services
 from tests.files.stack import MiB, Stack
 
 

@@ -32,8 +32,8 @@ from nightbatch.jsonl import BOM
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.results.partial import partial_results
 from nightbatch.results.retry import RetryRequest, retry_batch
-from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord, FileRecord
+from nightbatch.wiring import Services
 from tests.conftest import unique_name
 from tests.support.pipeline_world import run_shards
 

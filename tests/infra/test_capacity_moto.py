@@ -14,7 +14,7 @@ import nightbatch.clock
 from gpu_worker.engines.base import EngineFailedError, EngineReply
 from nightbatch import layout
 from nightbatch.batches.request import CreateBatchRequest
-from nightbatch.services import Services, default_services
+from nightbatch.wiring import Services, default_services
 from tests.infra.moto_workflow import (
     Deployment,
     JobRecord,

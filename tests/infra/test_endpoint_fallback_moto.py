@@ -21,8 +21,8 @@ import nightbatch.clock
 from nightbatch import layout
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.cli.doctor.api import backends_detail
-from nightbatch.services import Services, default_services
 from nightbatch.shards.pace import read_pace
+from nightbatch.wiring import Services, default_services
 from tests.infra.conftest import ENDPOINT_MODEL, ENDPOINT_SECRET
 from tests.infra.moto_workflow import REGION, Deployment, wait_for_execution, worker_in_process
 from tests.infra.synth import Synth

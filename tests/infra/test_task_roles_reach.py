@@ -27,8 +27,8 @@ from nightbatch.clock import now
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.pipeline.sweep import sweep
-from nightbatch.services import Services
 from nightbatch.storage.records import UploadRecord
+from nightbatch.wiring import Services
 from tests.infra.cfn import of_type
 from tests.infra.iam_eval import allows, role_of_handler, statements_of_role
 from tests.support.pipeline_world import chat_line

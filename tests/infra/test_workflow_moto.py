@@ -24,9 +24,9 @@ from functions.tasks.notify import default_notifier
 from infra.orchestration import TASK_RETRIES
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.notifications.models import CreateWebhookEndpointRequest
-from nightbatch.services import Services, default_services
 from nightbatch.settings import get_settings
 from nightbatch.shards.spec import read_manifest
+from nightbatch.wiring import Services, default_services
 from tests.infra.cfn import of_type, one_of_type
 from tests.infra.moto_workflow import (
     ACCOUNT,

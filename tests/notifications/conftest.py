@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from moto.core.models import DEFAULT_ACCOUNT_ID
 
-from nightbatch.services import build_notifier
+from nightbatch.wiring import build_notifier
 from tests.conftest import REGION, ApiServer, MotoServer, _ApiHost
 from tests.notifications.support import SENDER, ConnectionGuard, Receiver, Stack, is_loopback
 

@@ -17,9 +17,9 @@ from moto.core.models import DEFAULT_ACCOUNT_ID
 from nightbatch.batches import lifecycle
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.notifications import Notifier
-from nightbatch.services import Services
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters
+from nightbatch.wiring import Services
 from tests.conftest import REGION, TEST_API_KEY, ApiServer
 
 SENDER = "nightbatch@example.org"

@@ -14,9 +14,9 @@ from functions.tasks import deliver, notify
 from nightbatch.local.aws import start_embedded_aws
 from nightbatch.local.stack import local_settings
 from nightbatch.notifications.models import DeliveryMessage
-from nightbatch.services import default_services
 from nightbatch.settings import get_settings
 from nightbatch.storage import make_adapters
+from nightbatch.wiring import default_services
 from tests.conftest import REGION
 from tests.notifications.support import deliveries, make_batch
 

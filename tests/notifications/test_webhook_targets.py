@@ -14,7 +14,7 @@ from nightbatch.notifications import transport
 from nightbatch.notifications.delivery import delivery_id
 from nightbatch.notifications.models import CreateWebhookEndpointRequest
 from nightbatch.notifications.targets import TargetRefusedError, refusal, resolve_target
-from nightbatch.services import build_notifier
+from nightbatch.wiring import build_notifier
 from tests.notifications.support import TlsReceiver, deliveries, make_batch, self_signed_certificate
 
 REFUSED_IN_AWS = [

@@ -13,11 +13,11 @@ from nightbatch.clock import now
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.pipeline.capacity import CapacityDecision, decide
 from nightbatch.pipeline.training_jobs import JOB_NAME_RE
-from nightbatch.services import Services
 from nightbatch.settings import DEFAULT_JOB_PREFIX, Settings
 from nightbatch.settings import document as settings_document
 from nightbatch.shards.spec import ShardItem, read_manifest
 from nightbatch.storage.records import BatchRecord
+from nightbatch.wiring import Services
 from tests.pipeline.test_pipeline import run_to_shards
 from tests.support.pipeline_world import chat_line, jsonl, make_batch
 

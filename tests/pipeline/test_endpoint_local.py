@@ -10,7 +10,7 @@ import pytest
 from nightbatch import layout
 from nightbatch.batches.accounting import read_attempts
 from nightbatch.local.runner import LocalWorkflow
-from nightbatch.services import Services
+from nightbatch.wiring import Services
 from tests.support.endpoints import fresh_endpoints  # noqa: F401  (the fixture)
 from tests.support.pipeline_world import chat_line, jsonl, make_batch
 from tests.support.scripted_server import Answer, Seen, chat_completion, scripted_server

@@ -12,8 +12,8 @@ import io
 from gpu_worker.runner import ShardJob, run_shard
 from nightbatch.layout import file_key
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
-from nightbatch.services import Services
 from nightbatch.shards.spec import read_manifest
+from nightbatch.wiring import Services
 from tests.support.deterministic_engine import DeterministicEngine
 from tests.support.pipeline_world import jsonl, make_batch
 from tests.worker.conftest import CHAT_MODEL

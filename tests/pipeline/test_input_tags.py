@@ -18,11 +18,11 @@ from nightbatch.files.inputs import input_source
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.pipeline import validate as validate_module
-from nightbatch.services import Services
 from nightbatch.shards.lines import shard_lines
 from nightbatch.shards.spec import read_manifest, read_shard
 from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.tenancy.scope import tenant_tags
+from nightbatch.wiring import Services
 from tests.support.pipeline_world import chat_line, make_batch
 
 # What a batch's input carries once validated: the input tag, beside its tenant's tag it was stored with

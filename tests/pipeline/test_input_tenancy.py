@@ -13,8 +13,8 @@ from gpu_worker.runner import ShardJob, run_shard
 from nightbatch import layout
 from nightbatch.files.sources import InputSource
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
-from nightbatch.services import Services
 from nightbatch.shards.spec import read_manifest, read_shard, write_shard
+from nightbatch.wiring import Services
 from tests.support.deterministic_engine import DeterministicEngine
 from tests.support.pipeline_world import chat_line, jsonl, make_batch
 from tests.worker.conftest import CHAT_MODEL

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from nightbatch import layout
 from nightbatch.files.sources import InputPart, InputSource
-from nightbatch.services import Services
 from nightbatch.shards.index import (
     LineIndex,
     SegmentEntry,
@@ -21,6 +20,7 @@ from nightbatch.shards.index import (
     write_segment_index,
 )
 from nightbatch.shards.spec import ShardSpec, read_shard, shard_spec, write_shard
+from nightbatch.wiring import Services
 from tests.support.older_formats import line_index_key, read_line_index, segment_key, write_line_index
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from nightbatch.cli.main import build_parser
 from nightbatch.local.runner import LocalWorkflow
-from nightbatch.services import Services
+from nightbatch.wiring import Services
 from tests.support.pipeline_world import chat_line, jsonl, make_batch
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import pytest
 from nightbatch.errors import InvalidRequestError, StorageItemTooLargeError
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, validate_batch
 from nightbatch.pipeline.sweep import sweep
-from nightbatch.services import Services
+from nightbatch.wiring import Services
 from tests.support.pipeline_world import chat_line, jsonl, make_batch
 
 

@@ -10,7 +10,7 @@ from nightbatch.batches import lifecycle
 from nightbatch.ids import new_request_id
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.results import lines as results
-from nightbatch.services import Services
+from nightbatch.wiring import Services
 from tests.support.openai_lines import BatchRequestOutput
 from tests.support.pipeline_world import chat_line, jsonl, make_batch, shard_requests_of
 

@@ -9,8 +9,8 @@ from nightbatch import layout
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.pipeline.placement import place_by_prefix
 from nightbatch.pipeline.prefixes import PrefixGroups
-from nightbatch.services import Services
 from nightbatch.shards.index import SegmentEntry
+from nightbatch.wiring import Services
 from tests.support.pipeline_world import jsonl, make_batch, shard_requests_of
 
 

@@ -20,12 +20,12 @@ from nightbatch.files.sources import InputPart, InputSource
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.jsonl import BOM, split_lines
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
-from nightbatch.services import Services
 from nightbatch.shards import lines as shard_lines_module
 from nightbatch.shards.lines import ShardLine, shard_lines
 from nightbatch.shards.spec import ShardSpec, read_manifest, read_shard
 from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.validation.lines import Validator
+from nightbatch.wiring import Services
 from tests.support.older_formats import read_line_index, segment_key, segment_line
 from tests.support.pipeline_world import chat_line, make_batch
 

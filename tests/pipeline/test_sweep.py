@@ -9,7 +9,7 @@ import pytest
 from nightbatch.metrics import emf_line
 from nightbatch.pipeline import BatchTaskInput, validate_batch
 from nightbatch.pipeline.sweep import sweep
-from nightbatch.services import Services
+from nightbatch.wiring import Services
 from tests.support.pipeline_world import chat_line, jsonl, make_batch
 
 

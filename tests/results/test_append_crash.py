@@ -17,7 +17,7 @@ from nightbatch.ids import custom_id_digest
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
 from nightbatch.results.compose import MIN_PART_BYTES
 from nightbatch.results.partial import partial_results
-from nightbatch.services import Services
+from nightbatch.wiring import Services
 from tests.results.test_input_order import answer
 from tests.support.pipeline_world import planned_shards, shard_requests_of
 

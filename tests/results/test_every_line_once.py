@@ -28,7 +28,7 @@ from nightbatch.jsonl import loads
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, validate_batch
 from nightbatch.results.partial import partial_results
 from nightbatch.results.retry import RetryRequest, retry_batch
-from nightbatch.services import Services
+from nightbatch.wiring import Services
 from tests.support.pipeline_world import run_shards
 
 MODEL = "SmolLM2-135M-Instruct"

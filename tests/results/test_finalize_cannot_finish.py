@@ -9,9 +9,9 @@ import pytest
 from nightbatch import layout
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.pipeline.finalize import FINALIZE_ATTEMPTS
-from nightbatch.services import Services
 from nightbatch.shards.spec import read_manifest
 from nightbatch.tenancy.limits import read_usage
+from nightbatch.wiring import Services
 from tests.support.pipeline_world import chat_line, jsonl, make_batch
 
 

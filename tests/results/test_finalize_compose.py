@@ -13,8 +13,8 @@ from nightbatch.batches.accounting import AttemptRecord, write_attempt
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
 from nightbatch.results import lines as results
 from nightbatch.results.compose import MIN_PART_BYTES, PartComposer
-from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord
+from nightbatch.wiring import Services
 from tests.support.pipeline_world import planned_shards
 
 PAD = "x" * 30_000  # ~30 KB per result line: a few hundred lines pass S3's 5 MiB part floor

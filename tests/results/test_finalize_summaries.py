@@ -27,8 +27,8 @@ from nightbatch.results.lines import (
     summarize_checkpoint,
     write_checkpoint_summary,
 )
-from nightbatch.services import Services
 from nightbatch.storage import BlobStore
+from nightbatch.wiring import Services
 from tests.support.pipeline_world import planned_shards
 
 KINDS = ["chat", "responses", "embeddings", "no_usage", "bad_request", "server_error", "oversized"]

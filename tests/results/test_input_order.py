@@ -19,8 +19,8 @@ from nightbatch import layout
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.results.compose import MIN_PART_BYTES
 from nightbatch.results.lines import read_checkpoint_summary
-from nightbatch.services import Services
 from nightbatch.shards.spec import read_manifest
+from nightbatch.wiring import Services
 from tests.results.test_finalize_summaries import Reads
 from tests.support.pipeline_world import chat_line, jsonl, make_batch, planned_shards, shard_requests_of
 

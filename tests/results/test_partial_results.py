@@ -12,7 +12,7 @@ from nightbatch.errors import InvalidRequestError, NotFoundError
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
 from nightbatch.results import lines as results
 from nightbatch.results.partial import PartialResults, partial_results
-from nightbatch.services import Services
+from nightbatch.wiring import Services
 from tests.pipeline.test_pipeline import run_to_shards
 from tests.support.pipeline_world import chat_line, jsonl, make_batch
 

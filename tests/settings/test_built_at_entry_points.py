@@ -1,5 +1,5 @@
 """A process builds its Settings once, at its entry point, and hands them down: no module below reads the
-environment for settings on its own (the Lambdas through nightbatch/services.py, the worker in
+environment for settings on its own (the Lambdas through nightbatch/wiring.py, the worker in
 gpu_worker/main.py, the CLI commands and the local stack in theirs)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 BUILDS = re.compile(r"\bget_settings\(\)|(?<![\w.])Settings\(|Settings\.from_names\(|\bJobInputs\(")
 ENTRY_POINTS = {
-    "nightbatch/services.py",  # default_services(): every Lambda
+    "nightbatch/wiring.py",  # default_services(): every Lambda
     "gpu_worker/main.py",  # the worker container: its settings and its job's inputs
     "nightbatch/local/stack.py",  # `nightbatch local`
     "nightbatch/cli/keys.py",  # `nightbatch keys`

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from nightbatch.batches import lifecycle
-from nightbatch.services import Services
 from nightbatch.storage.records import BatchRecord
+from nightbatch.wiring import Services
 
 
 def drive(services: Services, batch_id: str, *steps: str, **extra: Any) -> BatchRecord | None:

@@ -22,11 +22,11 @@ from openai import OpenAI
 
 from functions.api.app import create_app
 from nightbatch.local.runner import LocalWorkflow
-from nightbatch.services import Services, build_services
 from nightbatch.settings import Settings
 from nightbatch.storage import Adapters, make_adapters
 from nightbatch.storage.dynamo import create_table
 from nightbatch.tenancy.keys import KeyStore
+from nightbatch.wiring import Services, build_services
 
 BOOTSTRAP_KEY = "nb-bootstrap-test-key-0000000000000000"
 MODEL = "SmolLM2-135M-Instruct"

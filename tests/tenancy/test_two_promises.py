@@ -43,12 +43,12 @@ from nightbatch.messages.objects import CreateMessageBatch
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.results.partial import partial_results
 from nightbatch.results.retry import RetryRequest, retry_batch
-from nightbatch.services import Services
 from nightbatch.shards.spec import read_manifest, read_shard, write_shard
 from nightbatch.storage.records import BatchRecord
 from nightbatch.storage.s3 import tagging
 from nightbatch.tenancy.keys import KeyStore
 from nightbatch.wire import TERMINAL_STATUSES
+from nightbatch.wiring import Services
 from tests.conftest import ApiServer, unique_name
 from tests.support.deterministic_engine import DeterministicEngine
 

@@ -11,11 +11,11 @@ import pytest
 
 from nightbatch import layout
 from nightbatch.pipeline import BatchTaskInput, validate_batch
-from nightbatch.services import Services
 from nightbatch.storage.records import FileRecord
 from nightbatch.tenancy.scope import tenant_tags
 from nightbatch.validation.file_images import FileImages
 from nightbatch.validation.invalid import LineInvalid
+from nightbatch.wiring import Services
 from tests.support.pipeline_world import jsonl, make_batch
 from tests.worker.test_file_images import PNG, file_line
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from nightbatch.pipeline import BatchTaskInput, validate_batch
-from nightbatch.services import Services
 from nightbatch.validation.lines import MAX_ERRORS_BYTES
+from nightbatch.wiring import Services
 from tests.support.pipeline_world import chat_line, jsonl, make_batch
 
 

@@ -5,7 +5,7 @@ each a line-numbered error. (An `s3://` image's size is the worker's to check: t
 from __future__ import annotations
 
 from nightbatch.pipeline import BatchTaskInput, validate_batch
-from nightbatch.services import Services
+from nightbatch.wiring import Services
 from tests.support.pipeline_world import jsonl, make_batch
 from tests.worker.test_s3_images import line
 

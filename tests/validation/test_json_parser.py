@@ -16,12 +16,12 @@ from nightbatch.jsonl import loads
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.results import lines as results
 from nightbatch.results.lines import ResultSummary, summarize_result_line
-from nightbatch.services import Services
 from nightbatch.settings import Settings
 from nightbatch.shards.lines import shard_lines
 from nightbatch.shards.spec import read_shard
 from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.lines import Validator
+from nightbatch.wiring import Services
 from tests.support.pipeline_world import make_batch, shard_requests_of
 
 CHAT = "/v1/chat/completions"

@@ -12,12 +12,12 @@ from typing import Any
 
 from nightbatch import layout
 from nightbatch.pipeline import BatchTaskInput, validate_batch
-from nightbatch.services import Services
 from nightbatch.storage.records import FileRecord
 from nightbatch.tenancy.scope import tenant_tags
 from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.lines import Validator, line_error
 from nightbatch.wire import BatchError
+from nightbatch.wiring import Services
 from tests.support.pipeline_world import jsonl, make_batch
 from tests.worker.test_file_images import PNG, file_line
 from tests.worker.test_s3_images import line

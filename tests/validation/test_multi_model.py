@@ -11,12 +11,12 @@ import pytest
 from gpu_worker.runner import ShardJob, run_shard
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.pipeline.placement import place_by_model
-from nightbatch.services import Services
 from nightbatch.settings import Settings
 from nightbatch.shards.index import SegmentEntry
 from nightbatch.shards.spec import ShardItem, read_manifest, read_shard
 from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.lines import Validator
+from nightbatch.wiring import Services
 from tests.support.deterministic_engine import DeterministicEngine
 from tests.support.pipeline_world import chat_line, jsonl, make_batch
 

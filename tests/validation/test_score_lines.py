@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 
 from nightbatch.pipeline import BatchTaskInput, validate_batch
-from nightbatch.services import Services
 from nightbatch.settings import SETTINGS
+from nightbatch.wiring import Services
 from tests.support.pipeline_world import chat_line, jsonl, make_batch, overridden
 
 EMBED = "all-MiniLM-L6-v2"

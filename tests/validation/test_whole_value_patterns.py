@@ -18,11 +18,11 @@ from infra.user_buckets import UserBuckets
 from nightbatch.batches.recipients import check_notify_options, domain_allowed
 from nightbatch.batches.request import window_hours
 from nightbatch.errors import InvalidRequestError
-from nightbatch.services import Services
 from nightbatch.settings import Settings
 from nightbatch.tenancy.keys import KeyStore, check_tenant
 from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.media import check_media_url
+from nightbatch.wiring import Services
 from tests.support.pipeline_world import services  # noqa: F401
 
 

@@ -14,8 +14,8 @@ from nightbatch import layout
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
 from nightbatch.results.compose import MIN_PART_BYTES
 from nightbatch.results.partial import partial_results
-from nightbatch.services import build_services
 from nightbatch.shards.spec import ShardItem, write_manifest
+from nightbatch.wiring import build_services
 from tests.conftest import RecordingWorkflow
 
 from .conftest import EMBED_MODEL, ShardWorld, chat_requests

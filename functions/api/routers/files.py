@@ -11,9 +11,9 @@ from functions.api.deps import Principal, PrincipalDep, ServicesDep
 from functions.api.idempotency import IdempotencyDep
 from nightbatch.files.downloads import Redirect
 from nightbatch.files.downloads import locate as locate_download
-from nightbatch.services import Services
 from nightbatch.storage.records import FileRecord
 from nightbatch.wire import DeletedFile, FileObject, ListPage
+from nightbatch.wiring import Services
 
 router = APIRouter(prefix="/v1/files", tags=["files"])
 

@@ -9,8 +9,8 @@ from fastapi import APIRouter, File, UploadFile
 from functions.api.deps import Principal, PrincipalDep, ServicesDep
 from functions.api.idempotency import IdempotencyDep
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
-from nightbatch.services import Services
 from nightbatch.wire import Upload, UploadPart
+from nightbatch.wiring import Services
 
 router = APIRouter(prefix="/v1/uploads", tags=["uploads"])
 
