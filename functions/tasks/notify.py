@@ -7,7 +7,7 @@ from typing import Any
 from functions.tasks.tracing import annotate_batch, tracer
 from nightbatch.logs import log_context
 from nightbatch.notifications import Notifier, notify_batch
-from nightbatch.notifications.models import NotifyInput
+from nightbatch.notifications.objects import NotifyInput
 from nightbatch.wiring import default_services
 
 

@@ -23,7 +23,7 @@ from nightbatch.listing import after_sort_key
 from nightbatch.notifications import transport
 from nightbatch.notifications.endpoints import PlainSealer, Sealer, signing_secrets
 from nightbatch.notifications.events import event_body
-from nightbatch.notifications.models import DeliveryAttempt, DeliveryMessage, WebhookDelivery
+from nightbatch.notifications.objects import DeliveryAttempt, DeliveryMessage, WebhookDelivery
 from nightbatch.notifications.queues import DeliveryQueue
 from nightbatch.notifications.signatures import signed_headers
 from nightbatch.notifications.targets import Resolver, TargetRefusedError, resolve_target

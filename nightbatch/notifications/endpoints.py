@@ -9,7 +9,7 @@ from typing import Any, Protocol
 from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError, check_range, check_supported
 from nightbatch.listing import after_sort_key
-from nightbatch.notifications.models import (
+from nightbatch.notifications.objects import (
     BATCH_EVENT_TYPES,
     CreateWebhookEndpointRequest,
     DeletedWebhookEndpoint,

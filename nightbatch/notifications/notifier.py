@@ -22,7 +22,7 @@ from nightbatch.notifications.delivery import Deliveries
 from nightbatch.notifications.email import compose
 from nightbatch.notifications.endpoints import WebhookEndpointService
 from nightbatch.notifications.events import close_event, mark_event, record_event
-from nightbatch.notifications.models import BATCH_EVENT_TYPES, DeliveryAttempt, WebhookEndpointTestResult
+from nightbatch.notifications.objects import BATCH_EVENT_TYPES, DeliveryAttempt, WebhookEndpointTestResult
 from nightbatch.notifications.queues import DeliveryQueue
 from nightbatch.notifications.state_changes import StateChanges
 from nightbatch.settings import Settings

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from nightbatch.pipeline.finalize import finalize_batch
-    from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput, PlanOutput, ValidateOutput
+    from nightbatch.pipeline.payloads import BatchTaskInput, FinalizeOutput, PlanOutput, ValidateOutput
     from nightbatch.pipeline.plan import plan_batch
     from nightbatch.pipeline.validate import validate_batch
 
 _WHERE = {
-    "BatchTaskInput": "models", "FinalizeOutput": "models", "PlanOutput": "models", "ValidateOutput": "models",
+    "BatchTaskInput": "payloads", "FinalizeOutput": "payloads", "PlanOutput": "payloads", "ValidateOutput": "payloads",
     "finalize_batch": "finalize", "plan_batch": "plan", "validate_batch": "validate",
 }
 

@@ -25,7 +25,7 @@ from nightbatch.messages.results import write_results
 from nightbatch.metrics import emit
 from nightbatch.phases import summarize as summarize_phases
 from nightbatch.pipeline.capacity import collect_decisions
-from nightbatch.pipeline.models import BatchTaskInput, FinalizeOutput
+from nightbatch.pipeline.payloads import BatchTaskInput, FinalizeOutput
 from nightbatch.results.compose import PartComposer
 from nightbatch.results.input_order import InputOrder
 from nightbatch.results.lines import Tally, unrun_line

@@ -7,7 +7,7 @@ from typing import Literal
 from nightbatch import layout
 from nightbatch.clock import now
 from nightbatch.models.spec import served_model
-from nightbatch.pipeline.models import BatchTaskInput, PlanOutput
+from nightbatch.pipeline.payloads import BatchTaskInput, PlanOutput
 from nightbatch.pipeline.placement import place_by_model, place_by_prefix
 from nightbatch.pipeline.sizing import plan_shards
 from nightbatch.settings import Settings

@@ -12,7 +12,7 @@ from typing import Any
 from nightbatch.clock import now
 from nightbatch.metrics import emit
 from nightbatch.pipeline.finalize import finalize_batch
-from nightbatch.pipeline.models import BatchTaskInput
+from nightbatch.pipeline.payloads import BatchTaskInput
 from nightbatch.pipeline.training_jobs import batch_of_job
 from nightbatch.settings.base import comma_list
 from nightbatch.storage.batch_jobs import ACTIVE, UNSTARTED, BatchJobs

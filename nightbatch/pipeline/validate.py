@@ -15,7 +15,7 @@ from nightbatch.files.inputs import InputReader, InputUnavailable, keep
 from nightbatch.files.sources import InputSource
 from nightbatch.jsonl import LineBlock, RawLine, block_lines
 from nightbatch.metrics import emit
-from nightbatch.pipeline.models import BatchTaskInput, ValidateOutput
+from nightbatch.pipeline.payloads import BatchTaskInput, ValidateOutput
 from nightbatch.pipeline.prefixes import PrefixGroups
 from nightbatch.results.per_model import model_counts
 from nightbatch.shards.packs import IndexWriter

@@ -23,7 +23,7 @@ from openai.types.webhooks import BatchFailedWebhookEvent
 from functions.tasks.notify import default_notifier
 from infra.orchestration import TASK_RETRIES
 from nightbatch.batches.request import CreateBatchRequest
-from nightbatch.notifications.models import CreateWebhookEndpointRequest
+from nightbatch.notifications.objects import CreateWebhookEndpointRequest
 from nightbatch.settings import get_settings
 from nightbatch.shards.spec import read_manifest
 from nightbatch.wiring import Services, default_services

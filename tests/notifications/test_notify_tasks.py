@@ -13,7 +13,7 @@ from moto.sqs.models import sqs_backends
 from functions.tasks import deliver, notify
 from nightbatch.local.aws import start_embedded_aws
 from nightbatch.local.stack import local_settings
-from nightbatch.notifications.models import DeliveryMessage
+from nightbatch.notifications.objects import DeliveryMessage
 from nightbatch.settings import get_settings
 from nightbatch.storage import make_adapters
 from nightbatch.wiring import default_services

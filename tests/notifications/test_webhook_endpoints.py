@@ -13,7 +13,7 @@ import openai
 import pytest
 from openai.types.webhooks import BatchCompletedWebhookEvent, BatchFailedWebhookEvent
 
-from nightbatch.notifications.models import CreateWebhookEndpointRequest
+from nightbatch.notifications.objects import CreateWebhookEndpointRequest
 from tests.notifications.support import deliveries, event_json
 
 

@@ -12,7 +12,7 @@ import pytest
 
 from nightbatch.notifications import transport
 from nightbatch.notifications.delivery import delivery_id
-from nightbatch.notifications.models import CreateWebhookEndpointRequest
+from nightbatch.notifications.objects import CreateWebhookEndpointRequest
 from nightbatch.notifications.targets import TargetRefusedError, refusal, resolve_target
 from nightbatch.wiring import build_notifier
 from tests.notifications.support import TlsReceiver, deliveries, make_batch, self_signed_certificate

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Query
 
 from functions.api.deps import PrincipalDep, ServicesDep
 from nightbatch.notifications import Notifier
-from nightbatch.notifications.models import (
+from nightbatch.notifications.objects import (
     BATCH_EVENT_TYPES,
     CreateWebhookEndpointRequest,
     DeletedWebhookEndpoint,
