@@ -219,7 +219,7 @@ class OurSide:
 
     def results(self, batch_id: str, shard_id: str = "00000") -> dict[str, Usage]:
         from nightbatch.layout import CHECKPOINT_RE, results_prefix
-        from nightbatch.results.order import first_results
+        from nightbatch.results.precedence import first_results
 
         blobs = self.adapters.blobs
         prefix = results_prefix(batch_id, shard_id)

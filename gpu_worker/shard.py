@@ -11,7 +11,7 @@ from gpu_worker.results import usage_tokens
 from nightbatch import layout
 from nightbatch.ids import custom_id_digest
 from nightbatch.layout import CHECKPOINT_RE
-from nightbatch.results.order import first_results
+from nightbatch.results.precedence import first_results
 from nightbatch.shards.lines import shard_requests
 from nightbatch.shards.spec import ShardSpec, read_shard
 from nightbatch.storage import BlobStore
@@ -61,7 +61,7 @@ class PendingLines:
 
 def read_progress(blobs: BlobStore, prefix: str) -> Progress:
     """The custom_ids every earlier checkpoint of this shard holds, the first result of each counted, read as
-    Finalize reads them (nightbatch.results.order.first_results)."""
+    Finalize reads them (nightbatch.results.precedence.first_results)."""
     progress = Progress()
     for key in sorted(blobs.list_keys(prefix)):
         m = CHECKPOINT_RE.fullmatch(key[len(prefix):])

@@ -30,8 +30,8 @@ from nightbatch.results.compose import PartComposer
 from nightbatch.results.input_order import InputOrder
 from nightbatch.results.lines import Tally, unrun_line
 from nightbatch.results.merge import merge_shard
-from nightbatch.results.order import Listing, planned_shards, results_listing
 from nightbatch.results.per_model import per_model_report
+from nightbatch.results.precedence import Listing, planned_shards, results_listing
 from nightbatch.shards.lines import shard_ids
 from nightbatch.storage.botoerrors import client_error
 from nightbatch.storage.failures import AWS_ERRORS
@@ -203,15 +203,15 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str, listed
     out = PartComposer(blobs, layout.output_key(batch_id))
     err = blobs.writer(layout.error_key(batch_id))
     # `nightbatch.output_order: "input"`: the successes are merged by input line once every shard is read.
-    order = InputOrder(blobs, batch_id) if (batch.ext or {}).get("output_order") == "input" else None
+    by_input = InputOrder(blobs, batch_id) if (batch.ext or {}).get("output_order") == "input" else None
     try:
         for shard in planned_shards(blobs, batch_id):
             seen: set[int] = set()
             if shard.shard_id is not None:
                 merge_shard(blobs, batch_id, shard.shard_id, seen, out, err, tally, listed.get(shard.shard_id, {}),
-                            order)
-                if order is not None:
-                    order.end_shard(shard)
+                            by_input)
+                if by_input is not None:
+                    by_input.end_shard(shard)
             if len(seen) < shard.lines and (spec := shard.spec) is not None:
                 # Named by the line indexes: no input is read, so a changed or deleted input cannot stop this.
                 for _, custom_id in shard_ids(blobs, spec):
@@ -220,8 +220,8 @@ def _write_files(services: Services, batch: BatchRecord, unrun_code: str, listed
                         err.write(unrun_line(batch_id, custom_id, unrun_code))
                         tally.failed += 1
                         tally.unrun[unrun_code] = tally.unrun.get(unrun_code, 0) + 1
-        if order is not None:
-            order.write(out)
+        if by_input is not None:
+            by_input.write(out)
         out_bytes = out.close()
         err_bytes = err.close(keep_empty=False)  # none: no PUT (`register` deletes one an earlier run left)
     except BaseException:

@@ -9,7 +9,7 @@ last lines to its previous checkpoint: usually just each attempt's first), never
 range. The output's lines are therefore not in the checkpoints' order: a merged part's lines come where that
 part is sent (nightbatch.results.input_order orders them, when asked). OpenAI promises no line order
 (clients match by custom_id); which result of a custom_id counts is decided before, by the merge order
-(nightbatch.results.order). A merged part is sent whole, at a line boundary, since copied parts come between
+(nightbatch.results.precedence). A merged part is sent whole, at a line boundary, since copied parts come between
 merged ones. The part layout depends only on the sequence of ranges, so a re-run writes the same object.
 
 Parts are sent by a few threads while the caller reads on: Finalize reads the next checkpoint while S3

@@ -4,7 +4,7 @@ The worker writes each checkpoint's lines in input order, with their input line 
 (gpu_worker/checkpoints.py, results/lines.py: CheckpointSummary.numbers), so every checkpoint is a sorted run
 (or two, once an attempt's last lines were appended to it).
 Which result of a custom_id wins, and what goes to the error file, is decided as for any batch, in the merge
-order (nightbatch.results.merge, nightbatch.results.order); with input order the merge hands each checkpoint's
+order (nightbatch.results.merge, nightbatch.results.precedence); with input order the merge hands each checkpoint's
 winners here instead of to the output: the checkpoint and the indices the output leaves out. Once every shard is
 merged, `write` merges the runs by line number into the output. A run is opened when the merge reaches its first
 number (its summary read again, its bytes through a forward window) and closed at its end; the stretch of a run
@@ -33,7 +33,7 @@ from typing import Protocol
 from nightbatch.ids import custom_id_digest
 from nightbatch.results.lines import CheckpointSummary, read_checkpoint_summary
 from nightbatch.results.merge import Output, Window
-from nightbatch.results.order import FirstResult, PlannedShard
+from nightbatch.results.precedence import FirstResult, PlannedShard
 from nightbatch.shards.lines import shard_ids
 from nightbatch.storage import BlobStore
 

@@ -1,7 +1,7 @@
 """A shard's checkpoints merged into the output and error files: which result of a custom_id counts, and where
 its bytes go.
 
-The rule is `checkpoints_in_order` (nightbatch.results.order, which the partial results read too)
+The rule is `checkpoints_in_order` (nightbatch.results.precedence, which the partial results read too)
 and `merge_shard`: checkpoints in key order (seq, then attempt), the first result per custom_id wins and later
 ones (a zombie attempt's, a re-run's) are dropped. Successful lines go to the output as ranges of the checkpoint
 objects (nightbatch/results/compose.py), the others to the error file. A checkpoint with a summary
@@ -22,7 +22,7 @@ from typing import Protocol
 from nightbatch.ids import custom_id_digests
 from nightbatch.results.compose import Read
 from nightbatch.results.lines import CheckpointSummary, Tally, read_checkpoint_summary, summarize_result_line
-from nightbatch.results.order import Checkpoint, FirstResult, Listing, checkpoints_in_order, first_results
+from nightbatch.results.precedence import Checkpoint, FirstResult, Listing, checkpoints_in_order, first_results
 from nightbatch.storage import BlobStore
 
 log = logging.getLogger("nightbatch.finalize")
@@ -44,7 +44,7 @@ class Errors(Protocol):
     def write(self, data: bytes) -> None: ...
 
 
-class Order(Protocol):
+class InputOrderOutput(Protocol):
     """Where the winning successes go when the output is in input order (results/input_order.py)."""
 
     def add_run(self, key: str, summary: CheckpointSummary, skip: list[int]) -> None: ...
@@ -53,32 +53,32 @@ class Order(Protocol):
 
 
 def merge_shard(blobs: BlobStore, batch_id: str, shard_id: str, seen: set[int], out: Output, err: Errors,
-                tally: Tally, listed: Listing | None = None, order: Order | None = None) -> None:
+                tally: Tally, listed: Listing | None = None, by_input: InputOrderOutput | None = None) -> None:
     """Adds the shard's winning results to `out` and `err` and counts them in `tally`; `seen` holds the
     custom_id digests taken so far, and grows by this shard's. `listed`: the shard's objects, if listed already
-    (nightbatch.results.order.results_listing). `order`: the batch's output goes in input order, so the
+    (nightbatch.results.precedence.results_listing). `by_input`: the batch's output goes in input order, so the
     successes go to it (nightbatch.results.input_order), not to `out`; the errors still go to `err`."""
-    for cp, summary in _with_summaries(blobs, checkpoints_in_order(blobs, batch_id, shard_id, listed), order):
+    for cp, summary in _with_summaries(blobs, checkpoints_in_order(blobs, batch_id, shard_id, listed), by_input):
         if (summary is not None and summary.size == cp.size and summary.etag == cp.etag and summary.consistent()
-                and (order is None or summary.numbered())):
-            _merge_summarized(blobs, cp.key, summary, seen, out, err, tally, order)
+                and (by_input is None or summary.numbered())):
+            _merge_summarized(blobs, cp.key, summary, seen, out, err, tally, by_input)
             continue
-        if _wants_summary(cp, order):
+        if _wants_summary(cp, by_input):
             log.warning("summary of %s unreadable, not matching or without line numbers; its lines are parsed",
                         cp.key, extra={"batch_id": batch_id})
-        _merge_parsed(blobs, batch_id, cp.key, seen, out, err, tally, order)
+        _merge_parsed(blobs, batch_id, cp.key, seen, out, err, tally, by_input)
 
 
-def _wants_summary(cp: Checkpoint, order: Order | None) -> bool:
+def _wants_summary(cp: Checkpoint, by_input: InputOrderOutput | None) -> bool:
     """Whether the checkpoint is placed from its summary (else parsed): it has one and is not under PARSE_BELOW
     (for input order any size: its summary holds the line numbers the order needs)."""
-    return cp.summarized and (cp.size >= PARSE_BELOW or order is not None)
+    return cp.summarized and (cp.size >= PARSE_BELOW or by_input is not None)
 
 
-def _with_summaries(blobs: BlobStore, checkpoints: list[Checkpoint], order: Order | None) -> Iterator[
+def _with_summaries(blobs: BlobStore, checkpoints: list[Checkpoint], by_input: InputOrderOutput | None) -> Iterator[
         tuple[Checkpoint, CheckpointSummary | None]]:
     def fetch(cp: Checkpoint) -> CheckpointSummary | None:
-        return read_checkpoint_summary(blobs, cp.key) if _wants_summary(cp, order) else None
+        return read_checkpoint_summary(blobs, cp.key) if _wants_summary(cp, by_input) else None
 
     todo = iter(checkpoints)
     with ThreadPoolExecutor(AHEAD, thread_name_prefix="summaries") as pool:
@@ -113,7 +113,7 @@ class Window:
 
 
 def _merge_summarized(blobs: BlobStore, key: str, summary: CheckpointSummary, seen: set[int], out: Output,
-                      err: Errors, tally: Tally, order: Order | None) -> None:
+                      err: Errors, tally: Tally, by_input: InputOrderOutput | None) -> None:
     digests = custom_id_digests(summary.custom_ids)
     dropped: set[int] = set()
     if not seen.isdisjoint(digests):
@@ -128,8 +128,8 @@ def _merge_summarized(blobs: BlobStore, key: str, summary: CheckpointSummary, se
     skip = sorted(failed | dropped)  # lines that leave the output's run: usually none
     ends = list(accumulate(summary.lengths)) if skip else []
     window = Window(blobs, key, summary.size)
-    if order is not None:  # the successes are the input order's run; the ranges below only pass them over
-        order.add_run(key, summary, skip)
+    if by_input is not None:  # the successes are the input order's run; the ranges below only pass them over
+        by_input.add_run(key, summary, skip)
         out = _NOWHERE
     less = Tally()  # the dropped duplicates, taken back out of the summary's totals
     pos = 0  # start of the run of lines that go to the output as they are
@@ -171,11 +171,11 @@ _NOWHERE = _Nowhere()
 
 
 def _merge_parsed(blobs: BlobStore, batch_id: str, key: str, seen: set[int], out: Output, err: Errors,
-                  tally: Tally, order: Order | None) -> None:
+                  tally: Tally, by_input: InputOrderOutput | None) -> None:
     for result in first_results(blobs, key, seen):
         if result.summary.ok:
-            if order is not None:
-                order.add_line(result)
+            if by_input is not None:
+                by_input.add_line(result)
             else:
                 out.add_bytes(result.data + b"\n")
             tally.add_success(result.summary.usage)

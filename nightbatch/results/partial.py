@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from nightbatch.errors import check_supported
-from nightbatch.results.order import Checkpoint, checkpoints_in_order, first_results, planned_shards
+from nightbatch.results.precedence import Checkpoint, checkpoints_in_order, first_results, planned_shards
 from nightbatch.storage import BlobStore
 from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.wire import TERMINAL_STATUSES

@@ -16,7 +16,7 @@ from nightbatch import layout
 from nightbatch.batches.cost import ShardTime, collect_shard_times, cost_summary
 from nightbatch.ids import custom_id_digest
 from nightbatch.results.lines import ResultSummary, Tally
-from nightbatch.results.order import checkpoints_in_order, first_results
+from nightbatch.results.precedence import checkpoints_in_order, first_results
 from nightbatch.settings import Settings
 from nightbatch.shards.index import SegmentEntry, SegmentIndex, read_segments
 from nightbatch.shards.lines import shard_ids

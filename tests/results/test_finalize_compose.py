@@ -121,7 +121,7 @@ def test_a_part_that_fails_fails_the_file_and_abort_leaves_no_upload(services: S
 
 def test_finalize_lists_the_batch_results_once(services: Services) -> None:
     """One listing of the batch's results prefix serves the merge (every shard's checkpoints and summaries), the
-    attempts' GPU time and the capacity decisions, however many shards (nightbatch.results.order.results_listing);
+    attempts' GPU time and the capacity decisions, however many shards (nightbatch.results.precedence.results_listing);
     no error line means no PUT of an error file."""
     batch_id, shards = planned_shards(services, 40, segment_max_lines=10, shard_target_tokens=200)
     assert len(shards) > 2
