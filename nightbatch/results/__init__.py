@@ -1,1 +1,1 @@
-"""Result lines and the output/error files they make: one line type, its order and its merge."""
+"""Result lines and the output/error files they make: one line type, the precedence of its results and their merge."""
