@@ -109,8 +109,8 @@ class S3Bytes:
 
 def child_ours(batch_id: str) -> dict[str, Any]:
     from nightbatch import layout
+    from nightbatch.aws import make_adapters
     from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
-    from nightbatch.storage import make_adapters
     from nightbatch.wiring import build_services
 
     class NoWorkflow:
@@ -186,8 +186,8 @@ def profiled(section: str) -> Iterator[None]:
 def child_floor(file_key: str, parser: str) -> dict[str, Any]:
     import msgspec
 
+    from nightbatch.aws import make_adapters
     from nightbatch.jsonl import split_lines
-    from nightbatch.storage import make_adapters
 
     parse = msgspec.json.Decoder().decode if parser == "msgspec" else json.loads
     blobs = make_adapters(settings()).blobs
@@ -234,8 +234,8 @@ def measure(sizes: list[int], repeat: int = 1, baseline: Path | None = None) -> 
     os.environ.update({k: v for k, v in env.items() if k.startswith("AWS_")})
     rows = []
     try:
-        from nightbatch.storage import make_adapters
-        from nightbatch.storage.dynamo import create_table
+        from nightbatch.aws import make_adapters
+        from nightbatch.aws.dynamo import create_table
 
         a = make_adapters(settings())
         a.client("s3").create_bucket(Bucket=BUCKET)

@@ -67,8 +67,8 @@ def start_s3() -> tuple[subprocess.Popen[bytes], str]:
 
 def prepare(n: int) -> dict[str, Any]:
     """Uploads an n-line input, creates the batch (not timed)."""
+    from nightbatch.aws import make_adapters
     from nightbatch.batches.request import CreateBatchRequest
-    from nightbatch.storage import make_adapters
     from nightbatch.wiring import build_services
 
     class NoWorkflow:

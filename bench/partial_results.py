@@ -19,12 +19,12 @@ from moto import mock_aws
 
 from bench.control_plane_world import result_line
 from nightbatch import layout
+from nightbatch.aws import make_adapters
+from nightbatch.aws.dynamo import create_table
+from nightbatch.aws.records import BatchRecord
 from nightbatch.results.partial import partial_results
 from nightbatch.settings import Settings
 from nightbatch.shards.spec import ShardItem, ShardSpec, write_manifest, write_shard
-from nightbatch.storage import make_adapters
-from nightbatch.storage.dynamo import create_table
-from nightbatch.storage.records import BatchRecord
 from nightbatch.wiring import build_services
 
 

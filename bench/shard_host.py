@@ -34,8 +34,8 @@ async def serve(lines: Any, out: Any) -> None:
     from gpu_worker.main import build_engine
     from gpu_worker.runner import ShardJob, run_shard
     from gpu_worker.shard import load_shard
+    from nightbatch.aws import make_adapters
     from nightbatch.settings import get_settings
-    from nightbatch.storage import make_adapters
 
     settings = get_settings()
     adapters = make_adapters(settings)

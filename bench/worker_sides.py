@@ -142,8 +142,8 @@ class OurSide:
             validation={"max_requests_per_batch": 10**7, "max_input_bytes": 10**11},
             limits={"queued_tokens": 0, "queued_requests": 0},
         )
-        from nightbatch.storage import make_adapters
-        from nightbatch.storage.dynamo import create_table
+        from nightbatch.aws import make_adapters
+        from nightbatch.aws.dynamo import create_table
 
         self.adapters = make_adapters(self.settings)
         self.adapters.client("s3").create_bucket(Bucket=BUCKET)

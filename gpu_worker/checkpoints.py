@@ -20,13 +20,13 @@ from dataclasses import dataclass
 import msgspec
 
 from gpu_worker.results import ResultLine
+from nightbatch.aws import BlobStore, Table
+from nightbatch.aws.parts import MIN_PART_BYTES
+from nightbatch.aws.records import BatchRecord
 from nightbatch.errors import StorageConflictError
 from nightbatch.layout import checkpoint_key, progress_key
 from nightbatch.results.lines import CheckpointSummary, join_summaries, summarize_checkpoint, write_checkpoint_summary
 from nightbatch.settings import WorkerSettings
-from nightbatch.storage import BlobStore, Table
-from nightbatch.storage.parts import MIN_PART_BYTES
-from nightbatch.storage.records import BatchRecord
 
 log = logging.getLogger("gpu_worker.checkpoints")
 

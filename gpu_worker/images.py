@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from gpu_worker.engines.base import EngineReply
+from nightbatch.aws import BlobStore
+from nightbatch.aws.botoerrors import client_error, transient
 from nightbatch.errors import openai_error
 from nightbatch.layout import file_key
 from nightbatch.settings import Settings
-from nightbatch.storage import BlobStore
-from nightbatch.storage.botoerrors import client_error, transient
 from nightbatch.tenancy.scope import Scope, is_s3_uri
 from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.media import MediaRef, check_references, references

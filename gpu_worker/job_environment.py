@@ -14,10 +14,10 @@ import os
 from pathlib import Path
 
 from gpu_worker.model_prep import HF_TOKEN_ENV
+from nightbatch.aws import make_adapters
+from nightbatch.aws.secrets import secret_string
 from nightbatch.settings import JobInputs, Settings
 from nightbatch.settings import document as settings_document
-from nightbatch.storage import make_adapters
-from nightbatch.storage.secrets import secret_string
 
 log = logging.getLogger("gpu_worker")
 FAILURE_REASON_CHARS = 1024  # SageMaker keeps the start of it

@@ -26,6 +26,8 @@ from gpu_worker.pace_watch import MOVE_REASON
 from gpu_worker.runner import ShardJob, ShardReport, preflight, run_shard
 from gpu_worker.shard import load_shard
 from gpu_worker.watch import BATCH_REASONS, read_stop_reason
+from nightbatch.aws import Adapters, make_adapters
+from nightbatch.aws.records import BatchRecord
 from nightbatch.batches.accounting import attempt_keys
 from nightbatch.layout import results_prefix
 from nightbatch.logs import configure_logging, log_context
@@ -33,8 +35,6 @@ from nightbatch.metrics import emit
 from nightbatch.models.spec import ModelSpec
 from nightbatch.phases import Phases
 from nightbatch.settings import JobInputs, Settings, get_settings
-from nightbatch.storage import Adapters, make_adapters
-from nightbatch.storage.records import BatchRecord
 
 log = logging.getLogger("gpu_worker")
 

@@ -13,11 +13,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from nightbatch.aws import BlobStore, Table
+from nightbatch.aws.records import BatchRecord
 from nightbatch.clock import now
 from nightbatch.settings import Settings
 from nightbatch.shards.pace import EndpointPace, must_move, write_pace
-from nightbatch.storage import BlobStore, Table
-from nightbatch.storage.records import BatchRecord
 
 log = logging.getLogger("gpu_worker.pace")
 

@@ -23,14 +23,14 @@ from gpu_worker.results import ResultLine, exception_reply, input_failure_line, 
 from gpu_worker.scheduling import OrderPolicy, in_flight_limit, ordered
 from gpu_worker.shard import PendingLines, Progress, load_shard, read_progress
 from gpu_worker.watch import read_stop_reason, watch_batch
+from nightbatch.aws import BlobStore, Table
+from nightbatch.aws.records import BatchRecord
 from nightbatch.batches.accounting import AttemptRecord, DoneMarker, write_attempt, write_done
 from nightbatch.ids import new_request_id
 from nightbatch.layout import done_key, results_prefix
 from nightbatch.phases import Phases
 from nightbatch.settings import Settings
 from nightbatch.shards.spec import ShardSpec
-from nightbatch.storage import BlobStore, Table
-from nightbatch.storage.records import BatchRecord
 from nightbatch.tenancy.scope import Scope
 from nightbatch.validation.line import RequestLine
 

@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 
 from gpu_worker.results import usage_tokens
 from nightbatch import layout
+from nightbatch.aws import BlobStore
 from nightbatch.ids import custom_id_digest
 from nightbatch.layout import CHECKPOINT_RE
 from nightbatch.results.precedence import first_results
 from nightbatch.shards.lines import shard_requests
 from nightbatch.shards.spec import ShardSpec, read_shard
-from nightbatch.storage import BlobStore
 from nightbatch.tenancy.scope import Scope
 from nightbatch.validation.line import RequestLine
 

@@ -7,8 +7,8 @@ import contextlib
 import logging
 import time
 
-from nightbatch.storage import Table
-from nightbatch.storage.records import BatchRecord
+from nightbatch.aws import Table
+from nightbatch.aws.records import BatchRecord
 from nightbatch.wire import TERMINAL_STATUSES
 
 log = logging.getLogger("gpu_worker.watch")

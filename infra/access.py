@@ -13,7 +13,7 @@ from nightbatch.layout import INPUT_TAG_KEY, INPUT_TAGS
 
 _READ = ("s3:GetObject",)
 _WRITE = ("s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts")
-# The table actions each principal's code calls (nightbatch/storage/dynamo.py and quota.py), and no more.
+# The table actions each principal's code calls (nightbatch/aws/dynamo.py and quota.py), and no more.
 _GET, _QUERY, _PUT, _UPDATE, _DELETE = ("dynamodb:GetItem", "dynamodb:Query", "dynamodb:PutItem",
                                         "dynamodb:UpdateItem", "dynamodb:DeleteItem")
 TABLE_ACTIONS: dict[str, tuple[str, ...]] = {

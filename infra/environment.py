@@ -57,7 +57,7 @@ def channels_environment(config: DeployConfig, *, topic_arn: str, webhook_queue_
     channels: dict[str, Any] = {
         "topic_arn": topic_arn,
         "webhook_queue_url": webhook_queue_url,
-        # Webhook signing secrets are sealed with the stack's key (nightbatch/storage/kms.py).
+        # Webhook signing secrets are sealed with the stack's key (nightbatch/aws/kms.py).
         "secrets_kms_key": secrets_kms_key,
     }
     if configuration_set is not None:

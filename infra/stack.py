@@ -298,7 +298,7 @@ class NightbatchStack(cdk.Stack):
             self.notifications.webhook_queue.grant_send_messages(sender)
         self.notifications.grant_send_email(notify_role)
         # The sweeper lists the queue's jobs (ListJobs has no resource-level permissions: "*") and cancels the
-        # unstarted ones of stopped batches (nightbatch/storage/batch_jobs.py); nothing else of Batch.
+        # unstarted ones of stopped batches (nightbatch/aws/batch_jobs.py); nothing else of Batch.
         if self.job_queues:
             sweeper_role.add_to_policy(iam.PolicyStatement(actions=["batch:ListJobs"], resources=["*"]))
             sweeper_role.add_to_policy(iam.PolicyStatement(

@@ -110,12 +110,12 @@ class TrainingJobs(Construct):
         }
 
     def grant_describe(self, role: iam.IGrantable) -> None:
-        """Reading a job's billable seconds (nightbatch/storage/sagemaker_reads.py)."""
+        """Reading a job's billable seconds (nightbatch/aws/sagemaker_reads.py)."""
         iam.Grant.add_to_principal(grantee=role, actions=["sagemaker:DescribeTrainingJob"],
                                    resource_arns=[self.jobs_arn])
 
     def grant_stop(self, role: iam.IGrantable) -> None:
-        """The sweeper stops a cancelled or ended batch's jobs (nightbatch/storage/sagemaker_jobs.py);
+        """The sweeper stops a cancelled or ended batch's jobs (nightbatch/aws/sagemaker_jobs.py);
         ListTrainingJobs takes no resource-level permission."""
         iam.Grant.add_to_principal(grantee=role, actions=["sagemaker:ListTrainingJobs"], resource_arns=["*"])
         iam.Grant.add_to_principal(grantee=role, actions=["sagemaker:StopTrainingJob"],

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from nightbatch.aws import Table
+from nightbatch.aws.records import ListedRecord
 from nightbatch.errors import InvalidRequestError
-from nightbatch.storage import Table
-from nightbatch.storage.records import ListedRecord
 
 L = TypeVar("L", bound=ListedRecord)
 

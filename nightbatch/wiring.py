@@ -11,6 +11,14 @@ import logging
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 
+from nightbatch.aws import Adapters, make_adapters
+from nightbatch.aws.delivery_queue import SqsDeliveryQueue
+from nightbatch.aws.kms import KmsSealer
+from nightbatch.aws.parts import PartStore
+from nightbatch.aws.ses import Mailer
+from nightbatch.aws.sns import Topic
+from nightbatch.aws.sqs import SqsUploadJobs
+from nightbatch.aws.stepfunctions import StepFunctionsWorkflow
 from nightbatch.batches.service import BatchService, Workflow
 from nightbatch.files.assembly import AssemblyService, ThreadUploadJobs, UploadJobs
 from nightbatch.files.service import FileService
@@ -22,14 +30,6 @@ from nightbatch.notifications.queues import DeliveryQueue, InProcessQueue
 from nightbatch.notifications.state_changes import StateChanges
 from nightbatch.notifications.targets import Resolver
 from nightbatch.settings import Settings, get_settings
-from nightbatch.storage import Adapters, make_adapters
-from nightbatch.storage.delivery_queue import SqsDeliveryQueue
-from nightbatch.storage.kms import KmsSealer
-from nightbatch.storage.parts import PartStore
-from nightbatch.storage.ses import Mailer
-from nightbatch.storage.sns import Topic
-from nightbatch.storage.sqs import SqsUploadJobs
-from nightbatch.storage.stepfunctions import StepFunctionsWorkflow
 
 log = logging.getLogger("nightbatch.services")
 

@@ -22,10 +22,10 @@ import pytest
 from openai import OpenAI
 
 from functions.api.app import create_app
+from nightbatch.aws import Adapters, make_adapters
+from nightbatch.aws.dynamo import create_table
 from nightbatch.local.aws import AtomicMotoServer
 from nightbatch.settings import Settings
-from nightbatch.storage import Adapters, make_adapters
-from nightbatch.storage.dynamo import create_table
 from nightbatch.wiring import Services, build_services
 from tests.support.local_stack import local_stack  # noqa: F401  (the session's one `nightbatch local`)
 from tests.support.node import use_project_node

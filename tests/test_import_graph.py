@@ -24,7 +24,7 @@ FLOORS: tuple[tuple[str, ...], ...] = (
     ("nightbatch.clock", "nightbatch.errors", "nightbatch.ids", "nightbatch.jsonl", "nightbatch.lambda_quota",
      "nightbatch.logs", "nightbatch.models", "nightbatch.phases", "nightbatch.wire"),
     ("nightbatch.settings",),
-    ("nightbatch.metrics", "nightbatch.storage"),
+    ("nightbatch.metrics", "nightbatch.aws"),
     ("nightbatch.layout", "nightbatch.listing", "nightbatch.tenancy"),
     ("nightbatch.validation",),
     ("nightbatch.files",),

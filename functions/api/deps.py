@@ -11,8 +11,8 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from nightbatch.aws import Table
 from nightbatch.errors import AuthenticationError
-from nightbatch.storage import Table
 from nightbatch.tenancy.keys import DEFAULT_TENANT, STORED_KEY_RE, BootstrapKeys, KeyCache, KeyStore
 from nightbatch.tenancy.limits import count_request
 from nightbatch.wiring import Services

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from functions.tasks.tracing import tracer
+from nightbatch.aws.functions import AsyncInvoker
 from nightbatch.pipeline.sweep import sweep
-from nightbatch.storage.functions import AsyncInvoker
 from nightbatch.wiring import default_services
 
 

@@ -63,7 +63,7 @@ def resolve_api_key(endpoint: EndpointSpec, secrets_client: Callable[[], Any]) -
             raise LookupError(f"endpoint {endpoint.url}: the environment variable {endpoint.api_key_env} is not set")
         return key
     if endpoint.api_key_secret:
-        from nightbatch.storage.secrets import secret_string
+        from nightbatch.aws.secrets import secret_string
 
         return secret_string(secrets_client(), endpoint.api_key_secret)
     return ""

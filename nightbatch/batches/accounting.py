@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 from nightbatch.layout import ACCOUNTING_RE, accounting_key, done_key
 
 if TYPE_CHECKING:  # the records are read without the AWS adapters
-    from nightbatch.storage import BlobStore
+    from nightbatch.aws import BlobStore
 
 
 class AttemptRecord(BaseModel):

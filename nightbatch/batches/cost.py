@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nightbatch.aws import Adapters, BlobStore
 from nightbatch.batches.accounting import read_attempts
 from nightbatch.settings import Settings
-from nightbatch.storage import Adapters, BlobStore
 
 # USD per instance-hour, us-east-1: AWS's on-demand list prices, and Spot from SkyPilot's AWS catalog (prices drift —
 # override with NIGHTBATCH_INSTANCE_PRICE_PER_HOUR). Spot figures are typical, not guaranteed.
@@ -138,7 +138,7 @@ def training_job_billing(adapters: Adapters, times: ShardTime) -> dict[str, tupl
     if not jobs:
         return {}
     # Here, not at the top: the API imports this module for its price table, and its cold import has no botocore.
-    from nightbatch.storage.sagemaker_reads import billing
+    from nightbatch.aws.sagemaker_reads import billing
 
     return billing(adapters.client("sagemaker"), jobs)
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from nightbatch.aws import Table
+from nightbatch.aws.records import BatchRecord
 from nightbatch.clock import now
 from nightbatch.errors import BatchItemTooLargeError, StorageConflictError, StorageItemTooLargeError
-from nightbatch.storage import Table
-from nightbatch.storage.records import BatchRecord
 from nightbatch.tenancy.limits import release_queue_usage
 from nightbatch.wire import TERMINAL_STATUSES
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from nightbatch.aws.records import BatchRecord
 from nightbatch.clock import now
-from nightbatch.storage.records import BatchRecord
 from nightbatch.wire import Batch, BatchErrors, RequestCounts, Usage
 
 

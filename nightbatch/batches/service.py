@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from nightbatch.aws import Table
+from nightbatch.aws.records import BatchRecord
 from nightbatch.batches import lifecycle
 from nightbatch.batches.objects import to_wire
 from nightbatch.batches.request import CheckedCreate, CreateBatchRequest, check_create
@@ -16,8 +18,6 @@ from nightbatch.files.user_buckets import output_location, register_input
 from nightbatch.ids import new_batch_id
 from nightbatch.listing import after_sort_key
 from nightbatch.settings import Settings
-from nightbatch.storage import Table
-from nightbatch.storage.records import BatchRecord
 from nightbatch.tenancy.limits import admit_batch, release_batch_slot
 from nightbatch.wire import Batch, ListPage, list_page
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from nightbatch.aws.records import KeyRecord
 from nightbatch.errors import NightbatchError
 from nightbatch.settings import Settings
-from nightbatch.storage.records import KeyRecord
 from nightbatch.tenancy.keys import DEFAULT_TENANT, KeyStore
 
 # moto accepts any credentials; a shell that talks to `nightbatch local` may have none configured.
@@ -91,7 +91,7 @@ def _running_local() -> dict[str, Any] | None:
 
 
 def open_store(target: Target) -> KeyStore:
-    from nightbatch.storage import make_adapters
+    from nightbatch.aws import make_adapters
 
     if target.source == "nightbatch local":
         for k, v in LOCAL_CREDENTIALS.items():

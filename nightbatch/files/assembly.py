@@ -17,13 +17,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from nightbatch.aws import Table
+from nightbatch.aws.parts import PartStore
+from nightbatch.aws.records import FileRecord
 from nightbatch.clock import now
 from nightbatch.errors import StorageConflictError
 from nightbatch.layout import INPUT_TAG_KEY, INPUT_TAGS, upload_prefix
 from nightbatch.settings import Settings
-from nightbatch.storage import Table
-from nightbatch.storage.parts import PartStore
-from nightbatch.storage.records import FileRecord
 from nightbatch.tenancy.scope import tenant_tags
 
 log = logging.getLogger("nightbatch.files.uploads")

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nightbatch.aws import BlobStore
+from nightbatch.aws.records import FileRecord
 from nightbatch.errors import ConflictError, InvalidRequestError
 from nightbatch.settings import Settings
-from nightbatch.storage import BlobStore
-from nightbatch.storage.records import FileRecord
 
 # The SDK honours Retry-After up to 120 s; composing a few hundred MB takes seconds.
 ASSEMBLING_RETRY_AFTER_SECONDS = 5

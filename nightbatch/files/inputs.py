@@ -36,16 +36,16 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from nightbatch.aws import BlobStore
+from nightbatch.aws.botoerrors import answer, client_error
+from nightbatch.aws.parts import PartStore
+from nightbatch.aws.s3 import CHUNK_BYTES, Version
 from nightbatch.errors import ConflictError
 from nightbatch.files.sources import InputPart, InputSource, source_parts
 from nightbatch.jsonl import LineBlock, RawLine, lines_of, split_blocks
-from nightbatch.storage import BlobStore
-from nightbatch.storage.botoerrors import answer, client_error
-from nightbatch.storage.parts import PartStore
-from nightbatch.storage.s3 import CHUNK_BYTES, Version
 
 if TYPE_CHECKING:
-    from nightbatch.storage.records import FileRecord
+    from nightbatch.aws.records import FileRecord
     from nightbatch.tenancy.scope import Scope
 
 INPUT_CHANGED = "input_changed"

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from nightbatch.aws import Adapters
+from nightbatch.aws.records import FileRecord
 from nightbatch.clock import now
 from nightbatch.errors import NightbatchError
 from nightbatch.files.service import FileService
 from nightbatch.settings import Settings
-from nightbatch.storage import Adapters
-from nightbatch.storage.records import FileRecord
 from nightbatch.tenancy.keys import KeyStore
 
 DOWNLOAD_PATH = "/v1/nightbatch/files/{file_id}/download"

@@ -7,6 +7,8 @@ import builtins
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, BinaryIO
 
+from nightbatch.aws import BlobStore, Table
+from nightbatch.aws.records import BatchRecord, FileRecord
 from nightbatch.clock import now
 from nightbatch.errors import (
     ConflictError,
@@ -22,8 +24,6 @@ from nightbatch.jsonl import RawLine
 from nightbatch.layout import INPUT_TAGS, file_key
 from nightbatch.listing import after_sort_key
 from nightbatch.settings import Settings
-from nightbatch.storage import BlobStore, Table
-from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.tenancy.limits import QUOTA_ATTR, batches_in_flight, release_storage, reserve_storage
 from nightbatch.tenancy.scope import Scope, tenant_tags
 from nightbatch.validation.file_images import FileImages

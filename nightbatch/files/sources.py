@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from nightbatch.storage.records import FileRecord
+from nightbatch.aws.records import FileRecord
 
 
 class InputPart(BaseModel):

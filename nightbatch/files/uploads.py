@@ -25,6 +25,9 @@ from typing import Any, BinaryIO
 
 from pydantic import BaseModel
 
+from nightbatch.aws import Table
+from nightbatch.aws.parts import PartStore
+from nightbatch.aws.records import FileRecord, UploadRecord
 from nightbatch.clock import now
 from nightbatch.errors import (
     ConflictError,
@@ -40,9 +43,6 @@ from nightbatch.files.service import to_wire as file_to_wire
 from nightbatch.ids import new_file_id, new_part_id, new_upload_id
 from nightbatch.layout import file_key, part_key, parts_prefix, upload_prefix
 from nightbatch.settings import Settings
-from nightbatch.storage import Table
-from nightbatch.storage.parts import PartStore
-from nightbatch.storage.records import FileRecord, UploadRecord
 from nightbatch.tenancy.limits import release_storage, reserve_storage
 from nightbatch.tenancy.scope import tenant_tags
 from nightbatch.wire import FileObject, Upload, UploadPart

@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from nightbatch.aws import BlobStore
+from nightbatch.aws.botoerrors import client_error
+from nightbatch.aws.s3 import Version
 from nightbatch.errors import InvalidRequestError
 from nightbatch.ids import new_file_id
 from nightbatch.settings import Settings
-from nightbatch.storage import BlobStore
-from nightbatch.storage.botoerrors import client_error
-from nightbatch.storage.s3 import Version
 from nightbatch.tenancy.scope import S3Uri, Scope
 
 if TYPE_CHECKING:

@@ -14,9 +14,9 @@ from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoReque
 from moto.server import ThreadedMotoServer
 from werkzeug.serving import make_server
 
+from nightbatch.aws import make_adapters
+from nightbatch.aws.dynamo import create_table
 from nightbatch.settings import Settings
-from nightbatch.storage import make_adapters
-from nightbatch.storage.dynamo import create_table
 
 LOCAL_TOPIC = "nightbatch-events"
 FAKE_CREDENTIALS = {

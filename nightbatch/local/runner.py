@@ -8,12 +8,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from nightbatch.aws import Adapters
+from nightbatch.aws.records import BatchRecord
 from nightbatch.local.engines import EngineHost
 from nightbatch.notifications import Notifier, notify_batch
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.shards.spec import ShardItem, read_manifest, read_shard
-from nightbatch.storage import Adapters
-from nightbatch.storage.records import BatchRecord
 from nightbatch.wiring import Services
 
 log = logging.getLogger("nightbatch.local")

@@ -45,9 +45,9 @@ def serve(host: str = "127.0.0.1", port: int = 8000, *, engines: bool = True) ->
     import uvicorn
 
     from functions.api.app import create_app
+    from nightbatch.aws import make_adapters
     from nightbatch.local.aws import start_embedded_aws
     from nightbatch.local.runner import LocalWorkflow
-    from nightbatch.storage import make_adapters
     from nightbatch.wiring import build_services
 
     # Engine start-up chatter stays out of the way unless asked for; models never come from a hub.

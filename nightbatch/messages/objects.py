@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from nightbatch.storage.records import BatchRecord
+from nightbatch.aws.records import BatchRecord
 from nightbatch.wire import TERMINAL_STATUSES
 
 WIRE = "anthropic"

@@ -21,13 +21,13 @@ from collections.abc import Iterator
 from typing import Any
 
 from nightbatch import layout
+from nightbatch.aws.records import BatchRecord
 from nightbatch.errors import NotFoundError
 from nightbatch.files.downloads import Redirect, locate_object
 from nightbatch.jsonl import UndecodableLine, dumps, loads, split_lines
 from nightbatch.messages.errors import error_body
 from nightbatch.messages.objects import wire_id
 from nightbatch.results.lines import MAX_RESULT_LINE
-from nightbatch.storage.records import BatchRecord
 from nightbatch.wiring import Services
 
 UNRUN_RESULTS = {"batch_cancelled": "canceled", "batch_expired": "expired"}

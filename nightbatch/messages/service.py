@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import Iterator
 
 from nightbatch import layout
+from nightbatch.aws.records import BatchRecord
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError, NotFoundError, check_range
@@ -28,7 +29,6 @@ from nightbatch.messages.objects import (
 )
 from nightbatch.messages.results import serve
 from nightbatch.models.spec import MESSAGES_ENDPOINT
-from nightbatch.storage.records import BatchRecord
 from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.lines import Validator
 from nightbatch.wiring import Services

@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nightbatch.aws import Table
+from nightbatch.aws.records import DeliveryRecord, EventRecord, WebhookEndpointRecord
 from nightbatch.clock import now
 from nightbatch.errors import NightbatchError, StorageConflictError, check_range
 from nightbatch.ids import derived_id
@@ -28,8 +30,6 @@ from nightbatch.notifications.queues import DeliveryQueue
 from nightbatch.notifications.signatures import signed_headers
 from nightbatch.notifications.targets import Resolver, TargetRefusedError, resolve_target
 from nightbatch.settings import Settings
-from nightbatch.storage import Table
-from nightbatch.storage.records import DeliveryRecord, EventRecord, WebhookEndpointRecord
 from nightbatch.wire import ListPage, list_page
 
 log = logging.getLogger("nightbatch.notifications")

@@ -6,6 +6,8 @@ import builtins
 import secrets
 from typing import Any, Protocol
 
+from nightbatch.aws import Table
+from nightbatch.aws.records import WebhookEndpointRecord
 from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError, check_range, check_supported
 from nightbatch.listing import after_sort_key
@@ -20,8 +22,6 @@ from nightbatch.notifications.objects import (
 from nightbatch.notifications.signatures import new_secret, secret_hint
 from nightbatch.notifications.targets import Resolver, resolve_target
 from nightbatch.settings import Settings
-from nightbatch.storage import Table
-from nightbatch.storage.records import WebhookEndpointRecord
 from nightbatch.wire import ListPage, list_page
 
 ENDPOINT_PREFIX = "whep_"
@@ -32,7 +32,7 @@ ROTATION_OVERLAP_SECONDS = 24 * 3600
 
 
 class Sealer(Protocol):
-    """Encrypts a signing secret for the table (nightbatch.storage.kms); the identity when no key is set."""
+    """Encrypts a signing secret for the table (nightbatch.aws.kms); the identity when no key is set."""
 
     def seal(self, plaintext: str, context: str) -> str: ...
 

@@ -6,10 +6,10 @@ import json
 import secrets
 from typing import Any
 
+from nightbatch.aws import Table
+from nightbatch.aws.records import BatchRecord, EventRecord
 from nightbatch.clock import now, sort_key
 from nightbatch.errors import StorageConflictError
-from nightbatch.storage import Table
-from nightbatch.storage.records import BatchRecord, EventRecord
 
 PENDING = EventRecord.PENDING
 EVENT_TYPES: dict[str, str] = {

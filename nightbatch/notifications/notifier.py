@@ -14,6 +14,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from nightbatch.aws import Adapters, Table
+from nightbatch.aws.records import BatchRecord, EventRecord
+from nightbatch.aws.ses import EmailRejectedError, Mailer
+from nightbatch.aws.sns import Topic
 from nightbatch.batches.objects import to_wire as batch_to_wire
 from nightbatch.batches.recipients import recipients
 from nightbatch.errors import NightbatchError, check_supported
@@ -26,10 +30,6 @@ from nightbatch.notifications.objects import BATCH_EVENT_TYPES, DeliveryAttempt,
 from nightbatch.notifications.queues import DeliveryQueue
 from nightbatch.notifications.state_changes import StateChanges
 from nightbatch.settings import Settings
-from nightbatch.storage import Adapters, Table
-from nightbatch.storage.records import BatchRecord, EventRecord
-from nightbatch.storage.ses import EmailRejectedError, Mailer
-from nightbatch.storage.sns import Topic
 from nightbatch.wire import TERMINAL_STATUSES
 
 log = logging.getLogger("nightbatch.notifications")

@@ -1,4 +1,4 @@
-"""Delivery queues: SQS in AWS (nightbatch.storage.delivery_queue), an in-process delayed queue in the local mode.
+"""Delivery queues: SQS in AWS (nightbatch.aws.delivery_queue), an in-process delayed queue in the local mode.
 
 Both carry the same JSON messages to the same consumer (`Notifier.handle_message`), so the local mode runs the
 delivery code path AWS runs.

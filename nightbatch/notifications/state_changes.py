@@ -16,9 +16,9 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from nightbatch.aws.eventbus import EventBus
+from nightbatch.aws.records import BatchRecord
 from nightbatch.batches.objects import to_wire
-from nightbatch.storage.eventbus import EventBus
-from nightbatch.storage.records import BatchRecord
 
 log = logging.getLogger("nightbatch.batches.state_changes")
 

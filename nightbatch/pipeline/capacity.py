@@ -40,12 +40,12 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from nightbatch import layout
+from nightbatch.aws.records import BatchRecord
 from nightbatch.clock import now
 from nightbatch.pipeline import training_jobs
 from nightbatch.pipeline.sizing import wall_seconds
 from nightbatch.shards.pace import read_pace
 from nightbatch.shards.spec import read_manifest, read_shard
-from nightbatch.storage.records import BatchRecord
 from nightbatch.wiring import Services
 
 Capacity = Literal["spot", "on-demand"]

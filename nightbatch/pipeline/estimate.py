@@ -13,12 +13,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from nightbatch.aws.records import BatchRecord
 from nightbatch.batches.cost import PRICES
 from nightbatch.batches.request import window_hours
 from nightbatch.errors import check_supported
 from nightbatch.models.spec import ENDPOINTS, SCORE_ENDPOINTS
 from nightbatch.pipeline.sizing import plan_shards, wall_seconds
-from nightbatch.storage.records import BatchRecord
 from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.lines import Validator, line_error
 from nightbatch.validation.requests import estimate_tokens

@@ -14,6 +14,9 @@ import logging
 from typing import Any
 
 from nightbatch import layout
+from nightbatch.aws.botoerrors import client_error
+from nightbatch.aws.failures import AWS_ERRORS
+from nightbatch.aws.records import BatchRecord
 from nightbatch.batches import lifecycle
 from nightbatch.batches.cost import collect_shard_times, cost_summary, training_job_billing
 from nightbatch.clock import now
@@ -33,9 +36,6 @@ from nightbatch.results.merge import merge_shard
 from nightbatch.results.per_model import per_model_report
 from nightbatch.results.precedence import Listing, planned_shards, results_listing
 from nightbatch.shards.lines import shard_ids
-from nightbatch.storage.botoerrors import client_error
-from nightbatch.storage.failures import AWS_ERRORS
-from nightbatch.storage.records import BatchRecord
 from nightbatch.tenancy.scope import Scope, ScopeError
 from nightbatch.wire import TERMINAL_STATUSES
 from nightbatch.wiring import Services

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from nightbatch import layout
+from nightbatch.aws.records import BatchRecord
 from nightbatch.clock import now
 from nightbatch.models.spec import served_model
 from nightbatch.pipeline.payloads import BatchTaskInput, PlanOutput
@@ -14,7 +15,6 @@ from nightbatch.settings import Settings
 from nightbatch.settings import document as settings_document
 from nightbatch.shards.index import SegmentEntry, read_segments
 from nightbatch.shards.spec import ShardItem, shard_spec, write_manifest, write_shard
-from nightbatch.storage.records import BatchRecord
 from nightbatch.wiring import Services
 
 BackendName = Literal["batch", "sagemaker", "endpoint"]

@@ -9,15 +9,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from nightbatch.aws.batch_jobs import ACTIVE, UNSTARTED, BatchJobs
+from nightbatch.aws.records import BatchRecord, EventRecord
+from nightbatch.aws.sagemaker_jobs import TrainingJobStops
 from nightbatch.clock import now
 from nightbatch.metrics import emit
 from nightbatch.pipeline.finalize import finalize_batch
 from nightbatch.pipeline.payloads import BatchTaskInput
 from nightbatch.pipeline.training_jobs import batch_of_job
 from nightbatch.settings.base import comma_list
-from nightbatch.storage.batch_jobs import ACTIVE, UNSTARTED, BatchJobs
-from nightbatch.storage.records import BatchRecord, EventRecord
-from nightbatch.storage.sagemaker_jobs import TrainingJobStops
 from nightbatch.wire import TERMINAL_STATUSES
 from nightbatch.wiring import Services
 

@@ -8,6 +8,8 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from nightbatch import layout
+from nightbatch.aws import BlobStore
+from nightbatch.aws.records import BatchRecord, FileRecord
 from nightbatch.batches import lifecycle
 from nightbatch.clock import now
 from nightbatch.errors import StorageConflictError
@@ -19,8 +21,6 @@ from nightbatch.pipeline.payloads import BatchTaskInput, ValidateOutput
 from nightbatch.pipeline.prefixes import PrefixGroups
 from nightbatch.results.per_model import model_counts
 from nightbatch.shards.packs import IndexWriter
-from nightbatch.storage import BlobStore
-from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.tenancy.limits import check_queue_limits
 from nightbatch.tenancy.scope import tenant_tags
 from nightbatch.validation.invalid import LineInvalid

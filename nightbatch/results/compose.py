@@ -22,8 +22,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from nightbatch.storage import BlobStore
-from nightbatch.storage.parts import MERGED_PART_BYTES, MIN_PART_BYTES
+from nightbatch.aws import BlobStore
+from nightbatch.aws.parts import MERGED_PART_BYTES, MIN_PART_BYTES
 
 __all__ = ["MERGED_PART_BYTES", "MIN_PART_BYTES", "PartComposer", "Read"]
 

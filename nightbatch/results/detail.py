@@ -12,12 +12,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from nightbatch import layout
+from nightbatch.aws import BlobStore
+from nightbatch.aws.records import BatchRecord, DeliveryRecord, EventRecord
 from nightbatch.notifications.delivery import delivery_id
 from nightbatch.notifications.delivery import to_wire as delivery_to_wire
 from nightbatch.notifications.endpoints import WebhookEndpointService
 from nightbatch.notifications.events import event_pk
-from nightbatch.storage import BlobStore
-from nightbatch.storage.records import BatchRecord, DeliveryRecord, EventRecord
 from nightbatch.wire import TERMINAL_STATUSES
 from nightbatch.wiring import Services
 

@@ -30,12 +30,12 @@ from dataclasses import dataclass
 from itertools import accumulate, count
 from typing import Protocol
 
+from nightbatch.aws import BlobStore
 from nightbatch.ids import custom_id_digest
 from nightbatch.results.lines import CheckpointSummary, read_checkpoint_summary
 from nightbatch.results.merge import Output, Window
 from nightbatch.results.precedence import FirstResult, PlannedShard
 from nightbatch.shards.lines import shard_ids
-from nightbatch.storage import BlobStore
 
 log = logging.getLogger("nightbatch.finalize")
 END = sys.maxsize  # after every line number

@@ -16,7 +16,7 @@ from nightbatch.jsonl import loads
 from nightbatch.layout import checkpoint_summary_key
 
 if TYPE_CHECKING:  # the summaries are read without the AWS adapters
-    from nightbatch.storage import BlobStore
+    from nightbatch.aws import BlobStore
 
 UNRUN_MESSAGES = {
     "batch_cancelled": "This request was not executed because the batch was cancelled.",

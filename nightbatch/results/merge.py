@@ -19,11 +19,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from itertools import accumulate, islice
 from typing import Protocol
 
+from nightbatch.aws import BlobStore
 from nightbatch.ids import custom_id_digests
 from nightbatch.results.compose import Read
 from nightbatch.results.lines import CheckpointSummary, Tally, read_checkpoint_summary, summarize_result_line
 from nightbatch.results.precedence import Checkpoint, FirstResult, Listing, checkpoints_in_order, first_results
-from nightbatch.storage import BlobStore
 
 log = logging.getLogger("nightbatch.finalize")
 WINDOW_BYTES = 1024 * 1024  # least bytes of a ranged GET of a summarized checkpoint

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from nightbatch.aws import BlobStore
+from nightbatch.aws.records import BatchRecord, FileRecord
 from nightbatch.errors import check_supported
 from nightbatch.results.precedence import Checkpoint, checkpoints_in_order, first_results, planned_shards
-from nightbatch.storage import BlobStore
-from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.wire import TERMINAL_STATUSES
 from nightbatch.wiring import Services
 

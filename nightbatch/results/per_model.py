@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from nightbatch import layout
+from nightbatch.aws import BlobStore
 from nightbatch.batches.cost import ShardTime, collect_shard_times, cost_summary
 from nightbatch.ids import custom_id_digest
 from nightbatch.results.lines import ResultSummary, Tally
@@ -21,7 +22,6 @@ from nightbatch.settings import Settings
 from nightbatch.shards.index import SegmentEntry, SegmentIndex, read_segments
 from nightbatch.shards.lines import shard_ids
 from nightbatch.shards.spec import read_manifest, read_shard, shard_spec
-from nightbatch.storage import BlobStore
 
 
 def model_counts(lines: dict[str, int]) -> dict[str, dict[str, Any]]:

@@ -12,13 +12,13 @@ from functools import cached_property
 from typing import NamedTuple
 
 from nightbatch import layout
+from nightbatch.aws import BlobStore
+from nightbatch.aws.parts import PartStore
 from nightbatch.ids import custom_id_digest
 from nightbatch.jsonl import split_lines
 from nightbatch.results.lines import MAX_RESULT_LINE, ResultSummary, summarize_result_line
 from nightbatch.shards.index import read_segments
 from nightbatch.shards.spec import ShardSpec, read_manifest, read_shard, shard_spec
-from nightbatch.storage import BlobStore
-from nightbatch.storage.parts import PartStore
 
 log = logging.getLogger("nightbatch.results")
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from nightbatch.aws.records import BatchRecord, FileRecord
 from nightbatch.batches.request import CreateBatchRequest, ExpiresAfter
 from nightbatch.errors import ConflictError, InvalidRequestError, NotFoundError, StorageConflictError
 from nightbatch.files.inputs import InputUnavailable
@@ -25,7 +26,6 @@ from nightbatch.ids import custom_id_digest, new_file_id
 from nightbatch.jsonl import UndecodableLine, loads, split_lines
 from nightbatch.layout import file_key
 from nightbatch.results.lines import MAX_RESULT_LINE, summarize_result_line
-from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.tenancy.limits import QUOTA_ATTR, reserve_storage
 from nightbatch.tenancy.scope import tenant_tags
 from nightbatch.wire import TERMINAL_STATUSES, Batch

@@ -15,7 +15,7 @@ from nightbatch.files.sources import InputSource
 from nightbatch.layout import segment_index_key
 
 if TYPE_CHECKING:  # the records are read without the AWS adapters
-    from nightbatch.storage import BlobStore as Blobs
+    from nightbatch.aws import BlobStore as Blobs
 
 
 class SegmentEntry(BaseModel):

@@ -18,12 +18,12 @@ import logging
 from collections.abc import Iterable, Iterator
 from typing import NamedTuple
 
+from nightbatch.aws import BlobStore
 from nightbatch.files.inputs import INPUT_CHANGED, InputReader, InputUnavailable
 from nightbatch.jsonl import UndecodableLine, loads, split_lines
 from nightbatch.shards.index import read_line_indexes
 from nightbatch.shards.segments import split_segment_line
 from nightbatch.shards.spec import ShardSpec
-from nightbatch.storage import BlobStore
 from nightbatch.tenancy.scope import Scope
 from nightbatch.validation.line import RequestLine
 

@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from nightbatch import layout
-from nightbatch.storage import BlobStore
+from nightbatch.aws import BlobStore
 
 
 class EndpointPace(BaseModel):

@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from nightbatch import layout
+from nightbatch.aws import BlobStore
 from nightbatch.files.sources import InputSource
 from nightbatch.shards.index import (
     LineIndex,
@@ -29,7 +30,6 @@ from nightbatch.shards.index import (
     write_line_index_pack,
     write_segment_index,
 )
-from nightbatch.storage import BlobStore
 
 PACK_BYTES = 4 * 1024 * 1024  # a pack is sent once it holds this much (1M lines of one model: about one pack)
 

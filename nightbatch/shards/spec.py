@@ -13,7 +13,7 @@ from nightbatch.layout import manifest_key, shard_key
 from nightbatch.shards.index import SegmentEntry, SegmentIndex
 
 if TYPE_CHECKING:  # the records are read without the AWS adapters
-    from nightbatch.storage import BlobStore as Blobs
+    from nightbatch.aws import BlobStore as Blobs
 
 
 class ShardSpec(BaseModel):

@@ -14,10 +14,10 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
+from nightbatch.aws import Table
+from nightbatch.aws.records import IdempotencyRecord
 from nightbatch.clock import now
 from nightbatch.errors import ConflictError, InvalidRequestError, StorageConflictError
-from nightbatch.storage import Table
-from nightbatch.storage.records import IdempotencyRecord
 
 MAX_KEY_CHARS = 255
 

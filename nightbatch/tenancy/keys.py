@@ -17,11 +17,11 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from nightbatch.aws import Table
+from nightbatch.aws.records import KeyRecord
 from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError
 from nightbatch.settings.base import comma_list
-from nightbatch.storage import Table
-from nightbatch.storage.records import KeyRecord
 
 log = logging.getLogger("nightbatch.tenancy.keys")
 
@@ -154,7 +154,7 @@ class KeyCache:
 class BootstrapKeys:
     """The configured keys (tenant "default"): NIGHTBATCH_API_KEY(S), plus the deployment's Secrets Manager
     secret (comma-separated keys). `read_secret` caches the value for `ttl` seconds (Powertools' Parameters,
-    nightbatch/storage/secrets.py), so that a rotation is picked up within `ttl`.
+    nightbatch/aws/secrets.py), so that a rotation is picked up within `ttl`.
 
     A secret that cannot be read is logged and counts as empty for `ttl` seconds: stored keys keep working
     meanwhile, and a failing Secrets Manager is not asked again on every request (Parameters caches only

@@ -3,7 +3,7 @@
 State lives in the one table:
 - `usage#<tenant>`: running totals (`queued_requests`, `queued_tokens`, `batches_in_flight`) plus one
   member per batch that added to them (`q#<batch_id>` from Validate, `f#<batch_id>` from create), so adding
-  and taking back are idempotent per batch (storage/quota.py).
+  and taking back are idempotent per batch (aws/quota.py).
 - `rate#<tenant>#<minute>`: a fixed one-minute window counter with a TTL.
 
 A batch that reaches a terminal status must give back what it holds: `release_queue_usage` does both members.
@@ -19,11 +19,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from nightbatch.aws import Table, quota
+from nightbatch.aws.records import BatchRecord, FileRecord, RateCounter, UploadRecord, UsageCounters
 from nightbatch.clock import now
 from nightbatch.errors import InvalidRequestError, RateLimitError, StorageConflictError
 from nightbatch.settings import Settings, TenantLimits
-from nightbatch.storage import Table, quota
-from nightbatch.storage.records import BatchRecord, FileRecord, RateCounter, UploadRecord, UsageCounters
 from nightbatch.wire import TERMINAL_STATUSES, BatchError
 
 QUEUE_MEMBER = "q#"

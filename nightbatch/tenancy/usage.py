@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from nightbatch.aws import Table
+from nightbatch.aws.records import BatchRecord
 from nightbatch.clock import now, sort_key
 from nightbatch.errors import InvalidRequestError
-from nightbatch.storage import Table
-from nightbatch.storage.records import BatchRecord
 
 
 def tenant_usage(table: Table, tenant: str, *, start: int | None, end: int | None) -> dict[str, Any]:

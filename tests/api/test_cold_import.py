@@ -14,7 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 # Imported on first use, not by `import functions.api.handler`.
-# Powertools: Parameters loads on the first secret read (nightbatch/storage/secrets.py); no Tracer in the API.
+# Powertools: Parameters loads on the first secret read (nightbatch/aws/secrets.py); no Tracer in the API.
 DEFERRED = ("boto3", "botocore", "s3transfer", "aws_lambda_powertools", "aws_xray_sdk")
 # The workflow's steps: the API only needs the estimate's dry run (nightbatch.pipeline.estimate, .sizing).
 DEFERRED_MODULES = ("nightbatch.pipeline.validate", "nightbatch.pipeline.plan", "nightbatch.pipeline.finalize")

@@ -17,9 +17,9 @@ import pytest
 from urllib3.filepost import encode_multipart_formdata
 
 from functions.api.app import default_services
+from nightbatch.aws import Adapters
+from nightbatch.aws.records import WebhookEndpointRecord
 from nightbatch.settings import get_settings
-from nightbatch.storage import Adapters
-from nightbatch.storage.records import WebhookEndpointRecord
 
 EVENT = json.loads((Path(__file__).parent.parent / "events" / "http_api_v2.json").read_text())
 KEY = "nb-lambda-key"

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from nightbatch.aws.records import BatchRecord
 from nightbatch.batches import objects
-from nightbatch.storage.records import BatchRecord
 
 T = 1_800_000_000
 

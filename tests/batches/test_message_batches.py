@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from nightbatch import layout
+from nightbatch.aws.records import BatchRecord
 from nightbatch.files.downloads import Redirect
 from nightbatch.ids import new_request_id
 from nightbatch.messages import service
@@ -17,7 +18,6 @@ from nightbatch.messages.objects import CreateMessageBatch, MessageBatch, batch_
 from nightbatch.messages.results import result_of
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, validate_batch
 from nightbatch.results import lines as results
-from nightbatch.storage.records import BatchRecord
 from nightbatch.wiring import Services
 from tests.pipeline.test_pipeline import run_to_shards
 from tests.support.pipeline_world import (

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from nightbatch.aws.records import BatchRecord
 from nightbatch.batches.service import CreateBatchRequest
 from nightbatch.errors import InvalidRequestError
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
-from nightbatch.storage.records import BatchRecord
 from nightbatch.wiring import Services
 from tests.pipeline.test_pipeline import read_file, run_to_shards, write_results
 from tests.support.pipeline_world import (

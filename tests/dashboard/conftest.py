@@ -13,11 +13,11 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from nightbatch import layout
+from nightbatch.aws.records import DeliveryRecord, EventRecord, WebhookEndpointRecord
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.clock import now, sort_key
 from nightbatch.notifications.delivery import delivery_id
 from nightbatch.notifications.events import event_pk
-from nightbatch.storage.records import DeliveryRecord, EventRecord, WebhookEndpointRecord
 from nightbatch.wiring import Services
 from tests.support.lifecycle import drive
 

@@ -11,12 +11,12 @@ import requests
 from gpu_worker.checkpoints import MAX_SAMPLES, Checkpointer, CheckpointPolicy, thin
 from gpu_worker.results import ResultLine
 from nightbatch import layout
+from nightbatch.aws.records import DeliveryRecord, EventRecord, WebhookEndpointRecord
 from nightbatch.layout import progress_key
 from nightbatch.notifications.delivery import delivery_id
 from nightbatch.notifications.events import event_pk
 from nightbatch.results.detail import progress_series
 from nightbatch.shards.spec import ShardItem, ShardSpec, write_manifest, write_shard
-from nightbatch.storage.records import DeliveryRecord, EventRecord, WebhookEndpointRecord
 from tests.dashboard.conftest import create_batch, put_file
 from tests.support.lifecycle import drive
 

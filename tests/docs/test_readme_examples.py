@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from nightbatch.storage import Adapters
+from nightbatch.aws import Adapters
 from tests.tenancy.conftest import Stack, start_stack, stop_stack, tenancy_settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"

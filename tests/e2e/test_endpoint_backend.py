@@ -23,8 +23,8 @@ from openai import OpenAI
 
 from bench.vllm_server import API_KEY as FLEET_KEY
 from bench.vllm_server import SERVED_NAME, VllmServer
+from nightbatch.aws import Adapters
 from nightbatch.ids import new_batch_id
-from nightbatch.storage import Adapters
 from tests.e2e.conftest import LocalStack
 from tests.e2e.sdk import submit, wait, wait_for_a_result
 from tests.support.endpoint_proxy import EndpointProxy, running_proxy

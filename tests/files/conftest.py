@@ -15,12 +15,12 @@ import uvicorn
 from moto.server import ThreadedMotoServer
 
 from functions.api.app import create_app
+from nightbatch.aws import make_adapters
+from nightbatch.aws.dynamo import create_table
 from nightbatch.local.aws import FAKE_CREDENTIALS, free_port
 from nightbatch.local.runner import LocalWorkflow
 from nightbatch.local.stack import local_settings
 from nightbatch.settings import SETTINGS
-from nightbatch.storage import make_adapters
-from nightbatch.storage.dynamo import create_table
 from nightbatch.wiring import build_services
 from tests.files.stack import API_KEY, Stack
 

@@ -13,13 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from functions.tasks import compose_upload
+from nightbatch.aws.parts import MIN_PART_BYTES, PartStore, plan
+from nightbatch.aws.sqs import SqsUploadJobs
 from nightbatch.errors import NotFoundError
 from nightbatch.files.digests import RunningDigests
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.layout import INPUT_TAGS
 from nightbatch.local.runner import LocalWorkflow
-from nightbatch.storage.parts import MIN_PART_BYTES, PartStore, plan
-from nightbatch.storage.sqs import SqsUploadJobs
 from nightbatch.wiring import build_services
 from tests.files.stack import MiB, Stack
 

@@ -23,6 +23,7 @@ import pytest
 from openai import OpenAI
 
 from nightbatch import layout
+from nightbatch.aws.records import BatchRecord, FileRecord
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.errors import ConflictError
 from nightbatch.files.inputs import KEPT_ETAGS, InputReader
@@ -32,7 +33,6 @@ from nightbatch.jsonl import BOM
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.results.partial import partial_results
 from nightbatch.results.retry import RetryRequest, retry_batch
-from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.wiring import Services
 from tests.conftest import unique_name
 from tests.support.pipeline_world import run_shards

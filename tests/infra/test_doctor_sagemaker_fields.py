@@ -17,11 +17,11 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
+from nightbatch.aws.account import AwsAccount
 from nightbatch.cli.doctor.prerequisites import template_outputs
 from nightbatch.cli.doctor.report import Check, Report
 from nightbatch.cli.doctor.sagemaker_fields import STATE, prove
 from nightbatch.pipeline.training_jobs import UNLISTED_FIELDS, deployment_job_prefix
-from nightbatch.storage.account import AwsAccount
 from tests.infra.synth import Synth
 from tests.infra.test_state_machine_definition import render_definition
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from nightbatch import layout
+from nightbatch.aws.records import BatchRecord
 from nightbatch.pipeline.training_jobs import JOB_NAME_RE, deployment_job_prefix
 from nightbatch.settings import JOB_PREFIX_RE
 from nightbatch.shards.spec import read_manifest
-from nightbatch.storage.records import BatchRecord
 from nightbatch.wiring import Services
 from tests.infra.moto_sagemaker import TrainingJobRecord, TrainingJobs, patch_state_task, patch_training_jobs
 from tests.infra.moto_workflow import Deployment, JobRecord, wait_for_execution

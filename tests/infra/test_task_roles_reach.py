@@ -22,12 +22,12 @@ from typing import Any
 import pytest
 
 from nightbatch import layout
+from nightbatch.aws.records import UploadRecord
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.clock import now
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.pipeline.sweep import sweep
-from nightbatch.storage.records import UploadRecord
 from nightbatch.wiring import Services
 from tests.infra.cfn import of_type
 from tests.infra.iam_eval import allows, role_of_handler, statements_of_role

@@ -58,8 +58,8 @@ def test_table_keys_indexes_ttl_pitr(template: dict[str, Any]) -> None:
 
 
 def test_table_matches_what_the_core_creates_locally(template: dict[str, Any]) -> None:
-    """nightbatch.storage.dynamo.create_table is the local stack's copy of this table: they must agree."""
-    from nightbatch.storage.dynamo import create_table
+    """nightbatch.aws.dynamo.create_table is the local stack's copy of this table: they must agree."""
+    from nightbatch.aws.dynamo import create_table
 
     class Recorder:
         kwargs: dict[str, Any] = {}

@@ -14,11 +14,11 @@ from typing import Any
 import requests
 from moto.core.models import DEFAULT_ACCOUNT_ID
 
+from nightbatch.aws import Adapters
 from nightbatch.batches import lifecycle
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.notifications import Notifier
 from nightbatch.settings import Settings
-from nightbatch.storage import Adapters
 from nightbatch.wiring import Services
 from tests.conftest import REGION, TEST_API_KEY, ApiServer
 

@@ -21,12 +21,12 @@ import pytest
 
 from gpu_worker.main import serve_shard
 from gpu_worker.runner import ShardJob
+from nightbatch.aws import make_adapters
+from nightbatch.aws.records import BatchRecord, EventRecord
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.notifications import NotifyError, notify_batch
 from nightbatch.notifications.state_changes import DETAIL_TYPE, SOURCE
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
-from nightbatch.storage import make_adapters
-from nightbatch.storage.records import BatchRecord, EventRecord
 from nightbatch.wiring import Services, build_notifier, build_services
 from tests.pipeline.test_pipeline import run_to_shards
 from tests.support.pipeline_world import RecordingWorkflow, chat_line, jsonl, make_batch

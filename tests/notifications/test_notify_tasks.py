@@ -11,11 +11,11 @@ from moto.core.models import DEFAULT_ACCOUNT_ID
 from moto.sqs.models import sqs_backends
 
 from functions.tasks import deliver, notify
+from nightbatch.aws import make_adapters
 from nightbatch.local.aws import start_embedded_aws
 from nightbatch.local.stack import local_settings
 from nightbatch.notifications.objects import DeliveryMessage
 from nightbatch.settings import get_settings
-from nightbatch.storage import make_adapters
 from nightbatch.wiring import default_services
 from tests.conftest import REGION
 from tests.notifications.support import deliveries, make_batch

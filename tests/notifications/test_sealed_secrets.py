@@ -8,7 +8,7 @@ import base64
 import pytest
 from botocore.exceptions import ClientError
 
-from nightbatch.storage.kms import PREFIX
+from nightbatch.aws.kms import PREFIX
 from tests.notifications.support import make_batch
 
 

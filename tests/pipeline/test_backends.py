@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from nightbatch import layout
+from nightbatch.aws.records import BatchRecord
 from nightbatch.clock import now
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.pipeline.capacity import CapacityDecision, decide
@@ -16,7 +17,6 @@ from nightbatch.pipeline.training_jobs import JOB_NAME_RE
 from nightbatch.settings import DEFAULT_JOB_PREFIX, Settings
 from nightbatch.settings import document as settings_document
 from nightbatch.shards.spec import ShardItem, read_manifest
-from nightbatch.storage.records import BatchRecord
 from nightbatch.wiring import Services
 from tests.pipeline.test_pipeline import run_to_shards
 from tests.support.pipeline_world import chat_line, jsonl, make_batch

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
+from nightbatch.aws.records import BatchRecord
 from nightbatch.clock import now
 from nightbatch.pipeline.capacity import CapacityDecision, decide
 from nightbatch.shards.pace import EndpointPace, endpoint_slack, must_move, read_pace, write_pace
 from nightbatch.shards.spec import ShardItem, read_manifest
-from nightbatch.storage.records import BatchRecord
 from nightbatch.wiring import Services
 from tests.pipeline.test_pipeline import run_to_shards
 from tests.support.pipeline_world import chat_line, jsonl, make_batch

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from nightbatch import layout
+from nightbatch.aws.records import BatchRecord, FileRecord
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.files.inputs import input_source
 from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
@@ -20,7 +21,6 @@ from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.pipeline import validate as validate_module
 from nightbatch.shards.lines import shard_lines
 from nightbatch.shards.spec import read_manifest, read_shard
-from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.tenancy.scope import tenant_tags
 from nightbatch.wiring import Services
 from tests.support.pipeline_world import chat_line, make_batch

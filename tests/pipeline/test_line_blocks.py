@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nightbatch.aws import Adapters
 from nightbatch.files.sources import InputSource
 from nightbatch.jsonl import BOM, LineBlock, block_lines, split_blocks, split_lines
 from nightbatch.shards.packs import IndexWriter
-from nightbatch.storage import Adapters
 from tests.support.older_formats import read_line_index
 
 

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nightbatch import layout
+from nightbatch.aws.records import BatchRecord, FileRecord
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.files.inputs import InputReader
 from nightbatch.files.sources import InputPart, InputSource
@@ -23,7 +24,6 @@ from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, vali
 from nightbatch.shards import lines as shard_lines_module
 from nightbatch.shards.lines import ShardLine, shard_lines
 from nightbatch.shards.spec import ShardSpec, read_manifest, read_shard
-from nightbatch.storage.records import BatchRecord, FileRecord
 from nightbatch.validation.lines import Validator
 from nightbatch.wiring import Services
 from tests.support.older_formats import read_line_index, segment_key, segment_line

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from nightbatch.storage import Adapters
-from nightbatch.storage.stepfunctions import StepFunctionsWorkflow
+from nightbatch.aws import Adapters
+from nightbatch.aws.stepfunctions import StepFunctionsWorkflow
 
 ROOT = Path(__file__).resolve().parents[2]
 TRACE_ID = "1-5759e988-bd862e3fe1be46a994272793"

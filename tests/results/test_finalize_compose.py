@@ -9,11 +9,11 @@ import pytest
 from botocore.exceptions import ClientError
 
 from nightbatch import layout
+from nightbatch.aws.records import BatchRecord
 from nightbatch.batches.accounting import AttemptRecord, write_attempt
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
 from nightbatch.results import lines as results
 from nightbatch.results.compose import MIN_PART_BYTES, PartComposer
-from nightbatch.storage.records import BatchRecord
 from nightbatch.wiring import Services
 from tests.support.pipeline_world import planned_shards
 

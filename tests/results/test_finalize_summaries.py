@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from gpu_worker.engines.base import EngineReply
 from gpu_worker.results import result_line
 from nightbatch import layout
+from nightbatch.aws import BlobStore
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
 from nightbatch.results import merge
 from nightbatch.results.compose import MIN_PART_BYTES, Read
@@ -27,7 +28,6 @@ from nightbatch.results.lines import (
     summarize_checkpoint,
     write_checkpoint_summary,
 )
-from nightbatch.storage import BlobStore
 from nightbatch.wiring import Services
 from tests.support.pipeline_world import planned_shards
 

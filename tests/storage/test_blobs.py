@@ -7,8 +7,8 @@ import io
 import pytest
 import requests
 
-from nightbatch.storage import Adapters
-from nightbatch.storage.s3 import PART_BYTES
+from nightbatch.aws import Adapters
+from nightbatch.aws.s3 import PART_BYTES
 
 
 def test_put_get_size_delete(adapters: Adapters) -> None:

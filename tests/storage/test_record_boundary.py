@@ -1,5 +1,5 @@
-"""The storage layer (nightbatch/storage/) is the only code that builds or reads raw DynamoDB items: everything
-else goes through the typed records (nightbatch/storage/records.py) and Table's record methods."""
+"""The storage layer (nightbatch/aws/) is the only code that builds or reads raw DynamoDB items: everything
+else goes through the typed records (nightbatch/aws/records.py) and Table's record methods."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("nightbatch", "gpu_worker", "functions")
-STORAGE = ROOT / "nightbatch" / "storage"
+STORAGE = ROOT / "nightbatch" / "aws"
 # An item's key or kind named as a string, a boto3 item argument, or a Table call that takes or returns a raw
 # item (get/put/put_new/update/query_*; their record counterparts are get_record, put_record, update_record,
 # update_attributes, records, page and open_ids).
@@ -36,7 +36,7 @@ def _offenders() -> list[str]:
 
 def test_only_the_storage_layer_touches_raw_items() -> None:
     offenders = _offenders()
-    assert offenders == [], "raw DynamoDB items outside nightbatch/storage/:\n" + "\n".join(offenders)
+    assert offenders == [], "raw DynamoDB items outside nightbatch/aws/:\n" + "\n".join(offenders)
 
 
 def test_the_pattern_would_catch_a_raw_item() -> None:

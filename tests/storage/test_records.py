@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from nightbatch.storage import Adapters
-from nightbatch.storage.records import (
+from nightbatch.aws import Adapters
+from nightbatch.aws.records import (
     KINDS,
     BatchRecord,
     DeliveryRecord,

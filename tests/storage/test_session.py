@@ -1,4 +1,4 @@
-"""The boto3 session the adapters share: its timestamp parser (nightbatch.storage.session.parse_timestamp)."""
+"""The boto3 session the adapters share: its timestamp parser (nightbatch.aws.session.parse_timestamp)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from unittest import mock
 import pytest
 from botocore import utils as botocore_utils
 
-from nightbatch.storage import Adapters
-from nightbatch.storage.session import parse_timestamp
+from nightbatch.aws import Adapters
+from nightbatch.aws.session import parse_timestamp
 
 
 @pytest.mark.parametrize("value", [

@@ -6,8 +6,8 @@ import json
 
 from botocore.config import Config
 
-from nightbatch.storage import Adapters
-from nightbatch.storage.stepfunctions import StepFunctionsWorkflow
+from nightbatch.aws import Adapters
+from nightbatch.aws.stepfunctions import StepFunctionsWorkflow
 
 PASS_DEFINITION = json.dumps({"StartAt": "Done", "States": {"Done": {"Type": "Pass", "End": True}}})
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from nightbatch.aws import Adapters, Table
 from nightbatch.batches import lifecycle
 from nightbatch.clock import sort_key
 from nightbatch.errors import StorageConflictError
-from nightbatch.storage import Adapters, Table
 
 
 def batch_item(pk: str, status: str = "validating", **extra: Any) -> dict[str, Any]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from nightbatch.aws.records import BatchRecord
 from nightbatch.batches import lifecycle
-from nightbatch.storage.records import BatchRecord
 from nightbatch.wiring import Services
 
 

@@ -9,8 +9,8 @@ Validate packed them. These writers go with the readers they feed, in 0.3.
 from __future__ import annotations
 
 from nightbatch import layout
+from nightbatch.aws import BlobStore
 from nightbatch.shards.index import LineIndex, read_line_indexes
-from nightbatch.storage import BlobStore
 
 
 def segment_key(batch_id: str, n: int) -> str:

@@ -12,13 +12,13 @@ import pytest
 from moto import mock_aws
 
 from gpu_worker.runner import ShardJob, run_shard
+from nightbatch.aws import make_adapters
+from nightbatch.aws.dynamo import create_table
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.settings import Settings
 from nightbatch.shards.lines import shard_requests
 from nightbatch.shards.spec import read_manifest, read_shard
-from nightbatch.storage import make_adapters
-from nightbatch.storage.dynamo import create_table
 from nightbatch.validation.line import RequestLine
 from nightbatch.wiring import Services, build_services
 from tests.support.deterministic_engine import DeterministicEngine

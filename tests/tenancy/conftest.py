@@ -21,10 +21,10 @@ import uvicorn
 from openai import OpenAI
 
 from functions.api.app import create_app
+from nightbatch.aws import Adapters, make_adapters
+from nightbatch.aws.dynamo import create_table
 from nightbatch.local.runner import LocalWorkflow
 from nightbatch.settings import Settings
-from nightbatch.storage import Adapters, make_adapters
-from nightbatch.storage.dynamo import create_table
 from nightbatch.tenancy.keys import KeyStore
 from nightbatch.wiring import Services, build_services
 

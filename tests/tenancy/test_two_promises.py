@@ -34,6 +34,8 @@ from hypothesis import strategies as st
 
 from gpu_worker.runner import ShardJob, run_shard
 from nightbatch import layout
+from nightbatch.aws.records import BatchRecord
+from nightbatch.aws.s3 import tagging
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.errors import InvalidRequestError
 from nightbatch.files.inputs import input_source
@@ -44,8 +46,6 @@ from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, vali
 from nightbatch.results.partial import partial_results
 from nightbatch.results.retry import RetryRequest, retry_batch
 from nightbatch.shards.spec import read_manifest, read_shard, write_shard
-from nightbatch.storage.records import BatchRecord
-from nightbatch.storage.s3 import tagging
 from nightbatch.tenancy.keys import KeyStore
 from nightbatch.wire import TERMINAL_STATUSES
 from nightbatch.wiring import Services

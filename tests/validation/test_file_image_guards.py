@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from nightbatch import layout
+from nightbatch.aws.records import FileRecord
 from nightbatch.pipeline import BatchTaskInput, validate_batch
-from nightbatch.storage.records import FileRecord
 from nightbatch.tenancy.scope import tenant_tags
 from nightbatch.validation.file_images import FileImages
 from nightbatch.validation.invalid import LineInvalid

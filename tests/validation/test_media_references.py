@@ -11,8 +11,8 @@ import io
 from typing import Any
 
 from nightbatch import layout
+from nightbatch.aws.records import FileRecord
 from nightbatch.pipeline import BatchTaskInput, validate_batch
-from nightbatch.storage.records import FileRecord
 from nightbatch.tenancy.scope import tenant_tags
 from nightbatch.validation.invalid import LineInvalid
 from nightbatch.validation.lines import Validator, line_error

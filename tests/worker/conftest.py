@@ -14,13 +14,13 @@ import pytest
 from moto import mock_aws
 
 from gpu_worker.images import LineImages
+from nightbatch.aws import Adapters, make_adapters
+from nightbatch.aws.dynamo import create_table
+from nightbatch.aws.records import BatchRecord
 from nightbatch.ids import new_batch_id
 from nightbatch.layout import CHECKPOINT_RE, done_key, results_prefix, shard_key
 from nightbatch.local.aws import FAKE_CREDENTIALS
 from nightbatch.settings import Settings, get_settings
-from nightbatch.storage import Adapters, make_adapters
-from nightbatch.storage.dynamo import create_table
-from nightbatch.storage.records import BatchRecord
 from nightbatch.tenancy.scope import Scope
 from tests.support.older_formats import segment_key, segment_line
 

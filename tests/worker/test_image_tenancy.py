@@ -11,9 +11,9 @@ import base64
 from typing import Any
 
 from nightbatch import layout
+from nightbatch.aws import BlobStore
+from nightbatch.aws.s3 import tagging
 from nightbatch.layout import file_key
-from nightbatch.storage import BlobStore
-from nightbatch.storage.s3 import tagging
 from nightbatch.tenancy.scope import tenant_tags
 from tests.support.deterministic_engine import DeterministicEngine
 

@@ -13,9 +13,9 @@ import pytest
 from gpu_worker.main import main, serve_shard
 from gpu_worker.runner import ShardJob
 from nightbatch import layout
+from nightbatch.aws import make_adapters
 from nightbatch.batches.accounting import attempt_keys
 from nightbatch.settings import get_settings
-from nightbatch.storage import make_adapters
 from tests.support.deterministic_engine import DeterministicEngine
 
 from .conftest import ShardWorld, chat_requests

@@ -9,9 +9,9 @@ from fastapi.responses import RedirectResponse, Response, StreamingResponse
 
 from functions.api.deps import Principal, PrincipalDep, ServicesDep
 from functions.api.idempotency import IdempotencyDep
+from nightbatch.aws.records import FileRecord
 from nightbatch.files.downloads import Redirect
 from nightbatch.files.downloads import locate as locate_download
-from nightbatch.storage.records import FileRecord
 from nightbatch.wire import DeletedFile, FileObject, ListPage
 from nightbatch.wiring import Services
 

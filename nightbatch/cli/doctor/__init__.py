@@ -5,7 +5,7 @@ it checks the key, lists the models, runs a one-line batch per model and endpoin
 was reached — validate, the AWS Batch job's RUNNABLE → STARTING → RUNNING (with --stack), model loaded, first
 result, finalize, notification — and, for a phase that stalls, the specific remedy.
 
-`api.py` is what the OpenAI SDK sees, `aws.py` what the account shows (through `nightbatch.storage.account`),
+`api.py` is what the OpenAI SDK sees, `aws.py` what the account shows (through `nightbatch.aws.account`),
 `webhook.py` the notification as a webhook subscriber sees it (without --stack), `run.py` polls them together,
 `report.py` holds the findings, `remedies.py` what to do about them and `render.py` prints them.
 """
@@ -45,12 +45,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser],
 def handle(args: argparse.Namespace) -> int:
     import openai
 
+    from nightbatch.aws.account import AccountReadError
     from nightbatch.cli.connection import CommandError, connect, explain, resolve_target
     from nightbatch.cli.doctor.render import render
     from nightbatch.cli.doctor.report import Report
     from nightbatch.cli.doctor.run import Doctor, Watcher
     from nightbatch.cli.doctor.webhook import WebhookWatcher
-    from nightbatch.storage.account import AccountReadError
 
     try:
         if args.template:
@@ -96,10 +96,10 @@ def handle(args: argparse.Namespace) -> int:
 def _before_deploy(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from nightbatch.aws.account import AwsAccount
     from nightbatch.cli.doctor.prerequisites import check_template
     from nightbatch.cli.doctor.render import render
     from nightbatch.cli.doctor.report import Report
-    from nightbatch.storage.account import AwsAccount
 
     report = Report(base_url="before the first deploy", stack=args.template)
     check_template(report, AwsAccount.connect(args.region), Path(args.template))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from functools import partial
 
 from nightbatch import lambda_quota
+from nightbatch.aws.account import AccountReadError, AwsAccount, ComputeEnvironmentView, JobView
 from nightbatch.cli.doctor.prerequisites import gpu_quotas, lambda_concurrency, read_or_warn, spot_role
 from nightbatch.cli.doctor.remedies import (
     GATED_MODEL,
@@ -19,7 +20,6 @@ from nightbatch.cli.doctor.remedies import (
 )
 from nightbatch.cli.doctor.report import JOB_PHASES, Check, Phase, Probe, Report
 from nightbatch.cli.doctor.sharing import user_buckets
-from nightbatch.storage.account import AccountReadError, AwsAccount, ComputeEnvironmentView, JobView
 from nightbatch.wire import TERMINAL_STATUSES
 
 # The first job phase each AWS Batch status proves reached.

@@ -13,15 +13,15 @@ from pathlib import Path
 from typing import Any
 
 from nightbatch import lambda_quota
-from nightbatch.cli.doctor.remedies import QUOTAS, gpu_vcpus, lambda_quota_remedy, quota_remedy, spot_role_missing
-from nightbatch.cli.doctor.report import Check, Report
-from nightbatch.cli.doctor.sharing import user_buckets
-from nightbatch.storage.account import (
+from nightbatch.aws.account import (
     SPOT_SERVICE_LINKED_ROLE,
     AccountReadError,
     AwsAccount,
     ComputeEnvironmentView,
 )
+from nightbatch.cli.doctor.remedies import QUOTAS, gpu_vcpus, lambda_quota_remedy, quota_remedy, spot_role_missing
+from nightbatch.cli.doctor.report import Check, Report
+from nightbatch.cli.doctor.sharing import user_buckets
 
 Blocked = list[tuple[str, str]]
 

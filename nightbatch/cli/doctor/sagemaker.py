@@ -11,6 +11,8 @@ the `_` of a batch id), and 0.1.x named them `batch-<hex>-…`; the hex finds bo
 
 from __future__ import annotations
 
+from nightbatch.aws.account import AccountReadError, AwsAccount
+from nightbatch.aws.sagemaker_reads import TrainingJobView, account_training_jobs, account_training_quotas
 from nightbatch.cli.doctor.remedies import (
     GATED_MODEL,
     HF_ERRORS,
@@ -23,8 +25,6 @@ from nightbatch.cli.doctor.remedies import (
 from nightbatch.cli.doctor.report import JOB_PHASES, Check, Phase, Probe, Report
 from nightbatch.cli.doctor.sagemaker_fields import prove
 from nightbatch.pipeline.training_jobs import batch_jobs_marker
-from nightbatch.storage.account import AccountReadError, AwsAccount
-from nightbatch.storage.sagemaker_reads import TrainingJobView, account_training_jobs, account_training_quotas
 from nightbatch.wire import TERMINAL_STATUSES
 
 OUTPUT = "SageMakerInstanceTypes"

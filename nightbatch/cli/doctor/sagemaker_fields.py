@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, Literal
 
+from nightbatch.aws.account import AccountReadError, AwsAccount, StateTest
 from nightbatch.cli.doctor.report import Check, Report
 from nightbatch.pipeline.training_jobs import (
     MAX_JOB_NAME,
@@ -24,7 +25,6 @@ from nightbatch.pipeline.training_jobs import (
     deployment_job_prefix,
     with_fields,
 )
-from nightbatch.storage.account import AccountReadError, AwsAccount, StateTest
 
 STATE = "RunShardSageMaker"
 NAME = "SageMaker field"

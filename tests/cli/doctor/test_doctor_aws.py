@@ -19,10 +19,10 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
+from nightbatch.aws.account import AwsAccount
 from nightbatch.cli.doctor.aws import StackWatcher
 from nightbatch.cli.doctor.report import Probe, Report
 from nightbatch.cli.main import main
-from nightbatch.storage.account import AwsAccount
 from tests.cli.doctor.conftest import fake_credentials
 
 REGION = "us-east-1"

@@ -16,10 +16,10 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
+from nightbatch.aws.account import AwsAccount
 from nightbatch.cli.doctor.prerequisites import check_template
 from nightbatch.cli.doctor.report import Check, Report
 from nightbatch.cli.main import main
-from nightbatch.storage.account import AwsAccount
 from tests.cli.doctor.test_doctor_aws import REGION, lambda_settings, spot_role
 
 TEMPLATE: dict[str, Any] = {

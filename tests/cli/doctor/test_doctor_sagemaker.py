@@ -16,12 +16,12 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
+from nightbatch.aws.account import AwsAccount
 from nightbatch.cli.doctor.aws import StackWatcher
 from nightbatch.cli.doctor.report import Probe, Report
 from nightbatch.cli.doctor.sagemaker import SageMakerWatcher
 from nightbatch.pipeline.training_jobs import batch_jobs_marker, job_name
 from nightbatch.settings import DEFAULT_JOB_PREFIX
-from nightbatch.storage.account import AwsAccount
 
 REGION = "us-east-1"
 BATCH_ID = "batch_0123456789abcdef0123456789abcdef"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nightbatch.storage.botoerrors import client_error
+from nightbatch.aws.botoerrors import client_error
 
 # SES's answers that sending again cannot change (an unverified recipient in the sandbox, a bad address, an
 # unverified sender); throttling and service errors stay ordinary exceptions, worth a retry.

@@ -7,7 +7,7 @@ import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, BinaryIO
 
-from nightbatch.storage.s3 import BlobStore, tagging
+from nightbatch.aws.s3 import BlobStore, tagging
 
 # S3 refuses multipart parts under 5 MiB except the last one; parts that small are merged through a buffer.
 MIN_PART_BYTES = 5 * 1024 * 1024

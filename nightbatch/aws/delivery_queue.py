@@ -7,7 +7,7 @@ import json
 import math
 from typing import Any
 
-from nightbatch.storage.sqs import MAX_DELAY_SECONDS
+from nightbatch.aws.sqs import MAX_DELAY_SECONDS
 
 
 class SqsDeliveryQueue:

@@ -6,9 +6,9 @@ from collections.abc import Callable, Iterator, Mapping
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from nightbatch.aws.botoerrors import client_error
+from nightbatch.aws.records import Record
 from nightbatch.errors import NotFoundError, StorageConflictError, StorageItemTooLargeError
-from nightbatch.storage.botoerrors import client_error
-from nightbatch.storage.records import Record
 
 if TYPE_CHECKING:
     from botocore.exceptions import ClientError

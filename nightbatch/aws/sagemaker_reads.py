@@ -15,7 +15,7 @@ from typing import Any
 
 from botocore.exceptions import BotoCoreError, ClientError
 
-from nightbatch.storage.account import AccountReadError, AwsAccount, _code
+from nightbatch.aws.account import AccountReadError, AwsAccount, _code
 
 log = logging.getLogger("nightbatch.storage.sagemaker")
 

@@ -6,7 +6,7 @@ import json
 import logging
 from typing import Any
 
-from nightbatch.storage.botoerrors import botocore_error, client_error
+from nightbatch.aws.botoerrors import botocore_error, client_error
 
 log = logging.getLogger(__name__)
 

@@ -8,11 +8,11 @@ from email.utils import parsedate_to_datetime
 from functools import cached_property
 from typing import Any
 
+from nightbatch.aws.dynamo import Table
+from nightbatch.aws.eventbus import EventBus
+from nightbatch.aws.s3 import BlobStore
+from nightbatch.aws.secrets import SecretReader
 from nightbatch.settings import Settings
-from nightbatch.storage.dynamo import Table
-from nightbatch.storage.eventbus import EventBus
-from nightbatch.storage.s3 import BlobStore
-from nightbatch.storage.secrets import SecretReader
 
 EVENTS_TIMEOUT_SECONDS = 2
 

@@ -10,7 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, BinaryIO
 from urllib.parse import urlencode
 
-from nightbatch.storage.botoerrors import client_error
+from nightbatch.aws.botoerrors import client_error
 
 if TYPE_CHECKING:
     from botocore.exceptions import ClientError

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from nightbatch.storage.botoerrors import client_error
-from nightbatch.storage.dynamo import Table, _conditional, _from_ddb, _to_ddb
+from nightbatch.aws.botoerrors import client_error
+from nightbatch.aws.dynamo import Table, _conditional, _from_ddb, _to_ddb
 
 
 def reserve(
