@@ -14,7 +14,7 @@ from nightbatch import layout
 from nightbatch.pipeline import BatchTaskInput, finalize_batch
 from tests.pipeline.test_pipeline import run_to_shards
 from tests.results.test_partial_results import result
-from tests.tenancy.conftest import Stack, chat_lines
+from tests.support.tenant_stack import Stack, chat_lines
 
 CHAT = "/v1/chat/completions"
 

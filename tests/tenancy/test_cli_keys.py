@@ -12,7 +12,7 @@ from typing import Any
 import openai
 import pytest
 
-from tests.tenancy.conftest import Stack
+from tests.support.tenant_stack import Stack
 
 ROOT = Path(__file__).resolve().parents[2]
 

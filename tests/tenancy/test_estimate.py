@@ -12,7 +12,7 @@ import pytest
 from nightbatch.batches.cost import PRICES
 from nightbatch.pipeline.sizing import plan_shards
 from nightbatch.settings import Settings
-from tests.tenancy.conftest import MODEL, Stack, chat_lines
+from tests.support.tenant_stack import MODEL, Stack, chat_lines
 
 
 def post_estimate(client: openai.OpenAI, **body: Any) -> dict[str, Any]:

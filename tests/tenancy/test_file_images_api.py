@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from openai import OpenAI
 
-from tests.tenancy.conftest import MODEL, Stack, wait_for
+from tests.support.tenant_stack import MODEL, Stack, wait_for
 from tests.worker.test_file_images import PNG
 
 

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from tests.tenancy.conftest import Stack, chat_lines, fresh_adapters, start_stack, stop_stack
+from tests.support.tenant_stack import Stack, chat_lines, fresh_adapters, start_stack, stop_stack
 
 INTERNALS = re.compile(r"Traceback|File \"|\.py\b|botocore|boto3|ResourceNotFound|nightbatch\.|"
                        r"functions\.api|moto\b", re.IGNORECASE)

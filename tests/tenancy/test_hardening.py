@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from nightbatch.logs import JsonFormatter, log_context, scrub
-from tests.tenancy.conftest import BOOTSTRAP_KEY, Stack, chat_lines, wait_for
+from tests.support.tenant_stack import BOOTSTRAP_KEY, Stack, chat_lines, wait_for
 
 INTERNALS = re.compile(r"Traceback|File \"|\.py\b|botocore|boto3|ResourceNotFound|dynamodb|nightbatch\.|"
                        r"functions\.api|Exception\b|moto", re.IGNORECASE)

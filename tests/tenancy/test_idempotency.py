@@ -16,7 +16,7 @@ from nightbatch.errors import InvalidRequestError
 from nightbatch.tenancy import idempotency
 from nightbatch.tenancy.idempotency import Claim, Fingerprint, IdempotencyStore, Replay, record_pk
 from nightbatch.tenancy.limits import release_queue_usage
-from tests.tenancy.conftest import Stack, chat_lines
+from tests.support.tenant_stack import Stack, chat_lines
 
 CHAT = "/v1/chat/completions"
 

@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from tests.tenancy.conftest import BOOTSTRAP_KEY, Stack, chat_lines, wait_for
+from tests.support.tenant_stack import BOOTSTRAP_KEY, Stack, chat_lines, wait_for
 
 UNKNOWN_FILE = "file-AAAAAAAAAAAAAAAAAAAAAAAA"
 UNKNOWN_BATCH = "batch_00000000000000000000000000000000"

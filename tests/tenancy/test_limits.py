@@ -13,7 +13,7 @@ import pytest
 from nightbatch.batches import lifecycle
 from nightbatch.settings import Settings
 from nightbatch.tenancy.limits import check_queue_limits, limits_for, read_usage, release_queue_usage
-from tests.tenancy.conftest import MODEL, chat_lines, wait_for
+from tests.support.tenant_stack import MODEL, chat_lines, wait_for
 
 CHAT = "/v1/chat/completions"
 

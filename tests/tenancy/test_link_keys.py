@@ -11,7 +11,7 @@ import requests
 
 from nightbatch.files.links import InvalidLinkError, link_keys_from, sign_link, verify_link
 from nightbatch.tenancy.keys import KeyStore
-from tests.tenancy.conftest import Stack, chat_lines
+from tests.support.tenant_stack import Stack, chat_lines
 
 
 def test_keys_rotate_without_breaking_links_in_flight(make_stack: Any) -> None:

@@ -13,7 +13,7 @@ import openai
 import pytest
 import requests
 
-from tests.tenancy.conftest import BOOTSTRAP_KEY, Stack, chat_lines, wait_for
+from tests.support.tenant_stack import BOOTSTRAP_KEY, Stack, chat_lines, wait_for
 
 
 def users_prefix(make_stack: Callable[..., Stack], lines: int, objects: int) -> tuple[Stack, str, str, list[bytes]]:

@@ -1,4 +1,5 @@
-"""Fixtures for the tenancy tests: the real app served by uvicorn per test, over tests/conftest.py's moto.
+"""The real app served by uvicorn per test, over tests/conftest.py's moto, with several tenants' keys: `make_stack`
+and `moto_endpoint` (fixtures tests/conftest.py offers every folder) and the helpers the tests beside them import.
 
 Each stack has its own bucket and table, several tenants' keys in it, and either the recording workflow
 (batches stay `validating`) or the local workflow with engines off (the real pipeline; every line fails).
