@@ -1,7 +1,7 @@
 # ruff: noqa: F811  (the `services` fixture is imported from tests/support/pipeline_world.py, then requested)
 """A value checked against a pattern must match it whole: `re.match(r"…$")` also takes the value followed by a
 newline (`$` matches before a trailing "\\n"), so each check below refuses the value with one appended. (The
-Anthropic `custom_id` is checked through the SDK in tests/api/test_message_batches.py; pydantic's `pattern=`
+Anthropic `custom_id` is checked through the SDK in tests/messages/test_message_batches_api.py; pydantic's `pattern=`
 fields already match whole values.) A scan of the packages keeps such a prefix match from coming back, on a
 value of ours (an S3 key name) as on a user's."""
 
