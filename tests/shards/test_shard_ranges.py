@@ -185,6 +185,6 @@ def test_an_input_the_lifecycle_would_delete_before_the_batch_ends_is_rewritten(
     file_id = (services.adapters.table.get_record(BatchRecord, old) or pytest.fail()).input_file_id
     head = blobs.client.head_object(Bucket=blobs.bucket, Key=layout.file_key(file_id))
     accepted = (services.adapters.table.get_record(FileRecord, file_id) or pytest.fail()).etag or ""
-    # The ETag it had is kept beside it: a reader pinned to it reads on (tests/pipeline/test_pinned_inputs.py).
+    # The ETag it had is kept beside it: a reader pinned to it reads on (tests/files/test_pinned_inputs.py).
     assert head["Metadata"] == {"nightbatch-kept-for": old, "nightbatch-etags": accepted.strip('"')}
     assert blobs.get_bytes(layout.file_key(file_id)) == data
