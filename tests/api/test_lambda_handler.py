@@ -1,6 +1,6 @@
 """The API Lambda entry point (`functions.api.handler.handler`, Mangum) with API Gateway HTTP API v2 events.
 
-The event template is tests/events/http_api_v2.json; the handler builds its services from NIGHTBATCH_*
+The event template is tests/api/http_api_v2.json; the handler builds its services from NIGHTBATCH_*
 settings and reaches moto's server through AWS_ENDPOINT_URL, as the deployed Lambda reaches AWS.
 """
 
@@ -21,7 +21,7 @@ from nightbatch.aws import Adapters
 from nightbatch.aws.records import WebhookEndpointRecord
 from nightbatch.settings import get_settings
 
-EVENT = json.loads((Path(__file__).parent.parent / "events" / "http_api_v2.json").read_text())
+EVENT = json.loads((Path(__file__).parent / "http_api_v2.json").read_text())
 KEY = "nb-lambda-key"
 
 
