@@ -29,8 +29,8 @@ from nightbatch.settings import Settings
 from nightbatch.wiring import Services, build_services
 from tests.support.local_stack import local_stack  # noqa: F401  (the session's one `nightbatch local`)
 from tests.support.node import use_project_node
-from tests.support.threaded_uvicorn import serving
 from tests.support.tenant_stack import make_stack, moto_endpoint  # noqa: F401  (the API served to several tenants)
+from tests.support.threaded_uvicorn import serving
 
 use_project_node()  # before any test module imports aws_cdk
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from nightbatch.aws import Adapters
-from tests.tenancy.conftest import Stack, start_stack, stop_stack, tenancy_settings
+from tests.support.tenant_stack import Stack, start_stack, stop_stack, tenancy_settings
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 HOST = "http://127.0.0.1:8000"
