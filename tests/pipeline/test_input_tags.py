@@ -4,7 +4,6 @@ role reads files/ and uploads/ only through it (infra/access.py), so an untagged
 from __future__ import annotations
 
 import io
-import itertools
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,14 +15,13 @@ from nightbatch import layout
 from nightbatch.aws.records import BatchRecord, FileRecord
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.files.inputs import input_source
-from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.pipeline import validate as validate_module
 from nightbatch.shards.lines import shard_lines
 from nightbatch.shards.spec import read_manifest, read_shard
 from nightbatch.tenancy.scope import tenant_tags
 from nightbatch.wiring import Services
-from tests.support.pipeline_world import chat_line, make_batch
+from tests.support.pipeline_world import chat_line, make_batch, upload_in_parts
 
 # What a batch's input carries once validated: the input tag, beside its tenant's tag it was stored with
 # (tenancy/scope.py); before, or never validated: its tenant's tag only.
@@ -65,17 +63,6 @@ def tags(services: Services, key: str) -> dict[str, str]:
     return services.adapters.blobs.tags(key)
 
 
-def upload(services: Services, cuts: list[int]) -> tuple[str, str]:
-    """An Upload completed but not composed (composition runs minutes later in AWS): (file id, upload id)."""
-    up = services.uploads.create("default", CreateUploadRequest(bytes=len(DATA), filename="in.jsonl",
-                                                                mime_type="text/jsonl", purpose="batch"))
-    parts = [services.uploads.add_part("default", up.id, io.BytesIO(DATA[a:b]), b - a).id
-             for a, b in itertools.pairwise(cuts)]
-    done = services.uploads.complete("default", up.id, CompleteUploadRequest(part_ids=parts))
-    assert done.file is not None
-    return done.file.id, up.id
-
-
 def test_validate_tags_the_input_and_nothing_else(services: Services) -> None:
     batch_id = make_batch(services, DATA)
     bystander = services.files.create("default", filename="ft.jsonl", purpose="fine-tune",
@@ -101,7 +88,8 @@ def test_validate_tags_the_input_and_nothing_else(services: Services) -> None:
 def test_every_key_a_shard_reads_of_an_upload_is_tagged_before_and_after_composition(
         services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(services.uploads.jobs, "compose", lambda *a, **k: None)
-    file_id, upload_id = upload(services, [0, 1, 517, 518, 2000, len(DATA)])  # a one-byte part among them
+    # A one-byte part among them.
+    file_id, upload_id = upload_in_parts(services, DATA, [0, 1, 517, 518, 2000, len(DATA)])
     batch = services.batches.create("default", CreateBatchRequest(
         input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"))
     inp = BatchTaskInput(batch_id=batch.id)
@@ -124,7 +112,7 @@ def test_composition_that_read_the_parts_untagged_still_tags_the_object(
     """Validate tags the parts while composition writes the object (after it read the parts' tags, before it
     drops `parts` from the File): composition's second look after dropping them sees the tag."""
     monkeypatch.setattr(services.uploads.jobs, "compose", lambda *a, **k: None)
-    file_id, upload_id = upload(services, [0, 100, 900, len(DATA)])
+    file_id, upload_id = upload_in_parts(services, DATA, [0, 100, 900, len(DATA)])
     keys = services.files.item("default", file_id).parts or []
 
     def validate_meanwhile(**_: Any) -> None:
@@ -145,7 +133,7 @@ def test_validate_that_saw_the_parts_tags_an_object_composed_meanwhile(
         services: Services, monkeypatch: pytest.MonkeyPatch) -> None:
     """The other order: composition finished (untagged parts) after Validate read the File with its parts."""
     monkeypatch.setattr(services.uploads.jobs, "compose", lambda *a, **k: None)
-    file_id, upload_id = upload(services, [0, 100, 900, len(DATA)])
+    file_id, upload_id = upload_in_parts(services, DATA, [0, 100, 900, len(DATA)])
     stale = services.adapters.table.get_record(FileRecord, file_id)
     assert stale is not None and stale.parts
     source = input_source(services.adapters.blobs, stale)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from nightbatch.jsonl import BOM, RawLine, split_lines
+from tests.support.jsonl_bytes import CHUNK_SIZES, MAX_BYTES, PIECES, chunked
 
 
 def reference(data: bytes, max_bytes: int) -> list[RawLine]:
@@ -28,11 +28,9 @@ def reference(data: bytes, max_bytes: int) -> list[RawLine]:
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(st.sampled_from([b"a", b"bc", b"\n", b"\r", b"\r\n", b"{}", b"xyzw" * 3, BOM])),
-       st.integers(1, 9), st.integers(1, 13))
+@given(PIECES, CHUNK_SIZES, MAX_BYTES)
 def test_split_lines_matches_the_definition(parts: list[bytes], chunk: int, max_bytes: int) -> None:
-    data = b"".join(parts)
-    chunks = [data[i:i + chunk] for i in range(0, len(data), chunk)]
+    data, chunks = chunked(parts, chunk)
     if chunks and len(chunks[0]) < len(BOM) and data.startswith(BOM):
         return  # a BOM split across the first chunks is not recognised (S3 chunks are MiBs)
     assert list(split_lines(chunks, max_bytes=max_bytes)) == reference(data, max_bytes)

@@ -8,21 +8,19 @@ from typing import Any
 
 import pytest
 from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from nightbatch.aws import Adapters
 from nightbatch.files.sources import InputSource
-from nightbatch.jsonl import BOM, LineBlock, block_lines, split_blocks, split_lines
+from nightbatch.jsonl import LineBlock, block_lines, split_blocks, split_lines
 from nightbatch.shards.packs import IndexWriter
+from tests.support.jsonl_bytes import CHUNK_SIZES, MAX_BYTES, PIECES, chunked
 from tests.support.older_formats import read_line_index
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.lists(st.sampled_from([b"a", b"bc", b"\n", b"\r", b"\r\n", b"{}", b"xyzw" * 3, BOM])),
-       st.integers(1, 9), st.integers(1, 13))
+@given(PIECES, CHUNK_SIZES, MAX_BYTES)
 def test_blocks_read_line_by_line_are_split_lines(parts: list[bytes], chunk: int, max_bytes: int) -> None:
-    data = b"".join(parts)
-    chunks = [data[i:i + chunk] for i in range(0, len(data), chunk)]
+    _, chunks = chunked(parts, chunk)
     lines = []
     for item in split_blocks(chunks, max_bytes=max_bytes):
         if isinstance(item, LineBlock):

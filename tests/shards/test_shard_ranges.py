@@ -3,8 +3,6 @@ release's segment copies gave (number, estimate, the request as uploaded), and V
 
 from __future__ import annotations
 
-import io
-import itertools
 import json
 from typing import Any
 from unittest.mock import patch
@@ -18,7 +16,6 @@ from nightbatch.aws.records import BatchRecord, FileRecord
 from nightbatch.batches.request import CreateBatchRequest
 from nightbatch.files.inputs import InputReader
 from nightbatch.files.sources import InputPart, InputSource
-from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.jsonl import BOM, split_lines
 from nightbatch.pipeline import BatchTaskInput, finalize_batch, plan_batch, validate_batch
 from nightbatch.shards import lines as shard_lines_module
@@ -27,7 +24,7 @@ from nightbatch.shards.spec import ShardSpec, read_manifest, read_shard
 from nightbatch.validation.lines import Validator
 from nightbatch.wiring import Services
 from tests.support.older_formats import read_line_index, segment_key, segment_line
-from tests.support.pipeline_world import chat_line, make_batch
+from tests.support.pipeline_world import chat_line, make_batch, upload_in_parts
 
 SYSTEMS = ["You are terse. " * 80, "You answer in French. " * 60]  # long enough for prefix groups
 
@@ -109,13 +106,8 @@ def test_an_upload_is_read_through_its_parts(services: Services, monkeypatch: py
     monkeypatch.setattr(services.uploads.jobs, "compose", lambda *a, **k: None)
     data = b"".join(request(i, i) + b"\r\n" for i in range(30))
     cuts = [0, 1, 517, 518, 2000, len(data)]  # a one-byte part and parts cutting lines anywhere
-    up = services.uploads.create("default", CreateUploadRequest(bytes=len(data), filename="in.jsonl",
-                                                                mime_type="text/jsonl", purpose="batch"))
-    parts = [services.uploads.add_part("default", up.id, io.BytesIO(data[a:b]), b - a).id
-             for a, b in itertools.pairwise(cuts)]
-    done = services.uploads.complete("default", up.id, CompleteUploadRequest(part_ids=parts))
-    assert done.file is not None
-    file = services.files.item("default", done.file.id)
+    file_id, upload_id = upload_in_parts(services, data, cuts)
+    file = services.files.item("default", file_id)
     source = InputSource(key=file.s3_key, bytes=file.bytes,
                                 parts=[InputPart(key=k, bytes=services.adapters.blobs.size(k) or 0)
                                        for k in file.parts or []])
@@ -124,10 +116,10 @@ def test_an_upload_is_read_through_its_parts(services: Services, monkeypatch: py
     for a, b in [(0, len(data)), (1, 518), (517, 519), (300, 2100), (len(data) - 1, len(data))]:
         assert b"".join(reader.stream(a, b, chunk=7)) == data[a:b]
     batch = services.batches.create("default", CreateBatchRequest(
-        input_file_id=done.file.id, endpoint="/v1/chat/completions", completion_window="24h"))
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"))
     assert through_ranges(services, batch.id, chunk=64) == sorted(previous_release(services, data))
     # Composed meanwhile (the parts purged later): the same ranges from the composed object.
-    services.assembly.compose(done.file.id, up.id)
+    services.assembly.compose(file_id, upload_id)
     assert services.adapters.blobs.size(file.s3_key) == len(data)
     composed = InputReader(services.adapters.blobs, source)
     assert b"".join(composed.stream(1, 2001, chunk=5)) == data[1:2001] and composed.composed

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import itertools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -15,6 +16,7 @@ from gpu_worker.runner import ShardJob, run_shard
 from nightbatch.aws import make_adapters
 from nightbatch.aws.dynamo import create_table
 from nightbatch.batches.request import CreateBatchRequest
+from nightbatch.files.uploads import CompleteUploadRequest, CreateUploadRequest
 from nightbatch.pipeline import BatchTaskInput, plan_batch, validate_batch
 from nightbatch.settings import Settings
 from nightbatch.shards.lines import shard_requests
@@ -79,6 +81,18 @@ def shard_requests_of(services: Services, batch_id: str, shard_id: str) -> list[
     spec = read_shard(services.adapters.blobs, batch_id, shard_id)
     assert spec is not None
     return list(shard_requests(services.adapters.blobs, spec))
+
+
+def upload_in_parts(services: Services, data: bytes, cuts: list[int]) -> tuple[str, str]:
+    """`data` as an Upload of parts cut at `cuts`, completed but not composed (composition runs minutes later in
+    AWS): (file id, upload id)."""
+    up = services.uploads.create("default", CreateUploadRequest(bytes=len(data), filename="in.jsonl",
+                                                                mime_type="text/jsonl", purpose="batch"))
+    parts = [services.uploads.add_part("default", up.id, io.BytesIO(data[a:b]), b - a).id
+             for a, b in itertools.pairwise(cuts)]
+    done = services.uploads.complete("default", up.id, CompleteUploadRequest(part_ids=parts))
+    assert done.file is not None
+    return done.file.id, up.id
 
 
 def jsonl(lines: list[dict[str, Any]]) -> bytes:
