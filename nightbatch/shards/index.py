@@ -46,7 +46,7 @@ class LineIndex(BaseModel):
     """A segment's lines as references into the input (version 2): `runs` of [first line number, start, end)
     byte ranges of the input, each a stretch of consecutive input lines of this segment (blank lines inside
     a run are skipped by the reader, as Validate skipped them), and `est`, the estimated tokens of each
-    non-blank line in run order. The reader: nightbatch/pipeline/shard_lines.py.
+    non-blank line in run order. The reader: nightbatch/shards/lines.py.
 
     `ids` (each line's custom_id, in run order) and `counts` (each run's lines) are what Validate accepted, so
     a line is named, and ended, without its input: by Finalize when it got no result, by the worker when its
