@@ -326,7 +326,8 @@ class EventRecord(Record):
     open_status: str | None = None
     created_sk: str | None = None
     sns_message_id: str | None = None
-    bus_event_id: str | None = None  # EventBridge's id of the terminal state-change event (notifications/state_changes.py)
+    # EventBridge's id of the terminal state-change event (notifications/state_changes.py)
+    bus_event_id: str | None = None
     emailed_to: list[str] | None = None
     email_rejected: list[str] | None = None
 
