@@ -73,7 +73,7 @@ class EndpointSpec(BaseModel):
     @classmethod
     def _headers(cls, headers: dict[str, str]) -> dict[str, str]:
         for name, value in headers.items():
-            if not _HEADER_NAME.match(name):
+            if not _HEADER_NAME.fullmatch(name):
                 raise ValueError(f"endpoint header name {name!r} is not a valid HTTP header name")
             if name.lower() in RESERVED_HEADERS:
                 raise ValueError(f"endpoint header {name!r} is set by nightbatch itself")
