@@ -71,7 +71,9 @@ def shard_requests(blobs: BlobStore, spec: ShardSpec, *, scope: Scope | None = N
             continue
         try:
             req = loads(line.raw)
-            custom_id = str(req["custom_id"])
+            custom_id, body = str(req["custom_id"]), req["body"]
+            if not isinstance(body, dict):
+                raise TypeError(f"body is {type(body).__name__}, not an object")
         except (UndecodableLine, KeyError, TypeError) as e:
             # Validate reads with the same decoder, so only an input read unpinned (an index 0.1.x wrote)
             # lands here.
@@ -84,7 +86,7 @@ def shard_requests(blobs: BlobStore, spec: ShardSpec, *, scope: Scope | None = N
         if line.custom_id and custom_id != line.custom_id:
             yield _changed(spec, line, f"holds custom_id {custom_id[:64]!r} at this line, not the one accepted")
             continue
-        yield RequestLine(line.number, custom_id, req["body"], line.est)
+        yield RequestLine(line.number, custom_id, body, line.est)
 
 
 def _changed(spec: ShardSpec, line: ShardLine, why: str) -> RequestLine:

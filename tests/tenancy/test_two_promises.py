@@ -328,6 +328,7 @@ examples = st.builds(
 @example(ex=Example("prefix", "none", "their_spec", False, 3, False))
 @example(ex=Example("upload", "none", "their_pin", False, 2, True))
 @example(ex=Example("object", "none", "their_pin", False, 3, True))
+@example(ex=Example("anthropic", "none", "their_pin", False, 2, True))  # a line left without its `body`
 def test_each_tenant_reaches_only_its_own_data_and_every_accepted_line_ends_once(world: World, ex: Example) -> None:
     ex.b = world.victim()
     ex.a = world.tenant("ta")
