@@ -36,6 +36,7 @@ import httpx
 from gpu_worker.admission import Admission, AdmissionPolicy, Outcome
 from gpu_worker.engines.base import EngineFailedError, EngineReply
 from gpu_worker.saturation import watch_load
+from nightbatch.errors import openai_error
 from nightbatch.models.endpoint import EndpointSpec
 from nightbatch.models.spec import MESSAGES_ENDPOINT, ModelSpec
 from nightbatch.settings import AdmissionSettings, Settings
@@ -310,5 +311,4 @@ def _text(response: httpx.Response) -> str:
 
 
 def _error(message: str, *, status: int) -> dict[str, Any]:
-    kind = "server_error" if status >= 500 else "invalid_request_error"
-    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
+    return openai_error(message, type_="server_error" if status >= 500 else "invalid_request_error", code=status)
